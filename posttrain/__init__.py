@@ -1,0 +1,1 @@
+"""posttrain: RL post-training of language models on Ray."""

@@ -1,0 +1,135 @@
+"""Resource pools: Ray placement groups that worker groups are placed into.
+
+A pool is a list of nodes, each with a number of bundles; one bundle hosts one worker process (which
+may host several colocated roles). Bundles are CPU-only here and carry GPUs on GPU nodes; when
+``max_colocate > 1`` several separately spawned worker groups share each bundle, each taking that
+fraction of its CPUs/GPUs. Ranks are assigned in node order (address, then node name), so the same
+cluster gives the same ranks after a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+TIMEOUT_S = 60.0
+
+
+class ResourceError(RuntimeError):
+    """The cluster cannot hold what a pool asks for."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one rank goes: a placement group and a bundle index in it."""
+
+    placement_group: object
+    bundle_index: int
+    node_id: str
+
+
+@dataclass
+class ResourcePool:
+    name: str
+    bundles_per_node: list[int]
+    cpus_per_bundle: float = 1.0
+    gpus_per_bundle: float = 0.0
+    max_colocate: int = 1
+    _placements: list[Placement] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.bundles_per_node or any(n < 1 for n in self.bundles_per_node):
+            raise ValueError(f"pool {self.name!r}: bundles_per_node must list positive counts, got {self.bundles_per_node}")
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.bundles_per_node)
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.gpus_per_bundle > 0
+
+    def share(self) -> tuple[float, float]:
+        """(cpus, gpus) one worker process takes from its bundle."""
+        return self.cpus_per_bundle / self.max_colocate, self.gpus_per_bundle / self.max_colocate
+
+    def placements(self) -> list[Placement]:
+        """Create the placement groups (once) and return one placement per rank, in rank order."""
+        if not self._placements:
+            self._placements = self._create()
+        return self._placements
+
+    def _create(self) -> list[Placement]:
+        import ray
+        from ray.util.placement_group import placement_group, placement_group_table
+
+        bundle = {"CPU": self.cpus_per_bundle} | ({"GPU": self.gpus_per_bundle} if self.use_gpu else {})
+        groups = [
+            placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_PACK", name=f"{self.name}_{i}")
+            for i, count in enumerate(self.bundles_per_node)
+        ]
+        ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=TIMEOUT_S)
+        if len(ready) < len(groups):
+            for g in groups:
+                ray.util.remove_placement_group(g)
+            raise ResourceError(
+                f"resource pool {self.name!r} asks for {len(groups)} node(s) with bundles {self.bundles_per_node} of {bundle}, "
+                f"but the cluster has {ray.available_resources()} free after {TIMEOUT_S:.0f} s. "
+                "Lower trainer.nnodes / trainer.n_workers_per_node or add nodes."
+            )
+        order = _node_order()
+        placements = []
+        for g in groups:
+            node_of_bundle = placement_group_table(g)["bundles_to_node_id"]
+            placements += [Placement(g, i, node_of_bundle[i]) for i in range(g.bundle_count)]
+        return sorted(placements, key=lambda p: (order.get(p.node_id, ("~", "")), p.node_id, p.bundle_index))
+
+    def release(self) -> None:
+        import ray
+
+        for g in {id(p.placement_group): p.placement_group for p in self._placements}.values():
+            ray.util.remove_placement_group(g)
+        self._placements = []
+
+
+def _node_order() -> dict[str, tuple[str, str]]:
+    import ray
+
+    return {n["NodeID"]: (n["NodeManagerAddress"], n.get("NodeName", "")) for n in ray.nodes() if n["Alive"]}
+
+
+@dataclass
+class ResourcePoolManager:
+    """Which pool each role runs in. Roles that share a pool are colocated in one process per rank."""
+
+    pools: Mapping[str, ResourcePool]
+    role_to_pool: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        unknown = {role: pool for role, pool in self.role_to_pool.items() if pool not in self.pools}
+        if unknown:
+            raise ValueError(f"roles mapped to undefined pools: {unknown}; defined pools: {sorted(self.pools)}")
+
+    def pool_of(self, role: str) -> ResourcePool:
+        if role not in self.role_to_pool:
+            raise KeyError(f"role {role!r} has no pool; mapped roles: {sorted(self.role_to_pool)}")
+        return self.pools[self.role_to_pool[role]]
+
+    def roles_by_pool(self) -> dict[str, list[str]]:
+        grouped: dict[str, list[str]] = {}
+        for role, pool in self.role_to_pool.items():
+            grouped.setdefault(pool, []).append(role)
+        return grouped
+
+    def check_cluster(self) -> None:
+        """Fail before any worker starts if the cluster cannot hold every pool at once."""
+        import ray
+
+        need_cpu = sum(p.cpus_per_bundle * p.world_size for p in self.pools.values())
+        need_gpu = sum(p.gpus_per_bundle * p.world_size for p in self.pools.values())
+        have = ray.cluster_resources()
+        if need_cpu > have.get("CPU", 0) or need_gpu > have.get("GPU", 0):
+            raise ResourceError(
+                f"the resource pools need {need_cpu:g} CPU and {need_gpu:g} GPU in all, the cluster has "
+                f"{have.get('CPU', 0):g} CPU and {have.get('GPU', 0):g} GPU; shrink the pools or colocate roles"
+            )

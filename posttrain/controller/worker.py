@@ -1,0 +1,92 @@
+"""The worker base class: a plain Python object that knows its place in its group.
+
+A worker is constructed with a :class:`WorkerContext` (rank, world size, where the group's rendezvous
+is) followed by its own explicit arguments. The same class runs inside a Ray actor or, in local mode,
+in the controller's process. Where the group asks for it, :meth:`Worker.init_process_group` joins a
+``torch.distributed`` group across the group's ranks (gloo on CPU, NCCL on GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+
+from posttrain.controller.decorator import Dispatch, register
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    num_cpus: float = 1.0
+    use_gpu: bool = False
+
+
+@dataclass(frozen=True)
+class MeshInfo:
+    """A worker's place in a data-parallel mesh: its dp rank, and whether its output is collected
+    (one rank of each tensor-parallel group answers; its peers get the same chunk and stay quiet)."""
+
+    dp_rank: int
+    dp_size: int
+    is_collect: bool
+
+
+class Worker:
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self._mesh = MeshInfo(dp_rank=ctx.rank, dp_size=ctx.world_size, is_collect=True)
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size
+
+    def set_mesh(self, dp_rank: int, dp_size: int, is_collect: bool) -> None:
+        """Declare this worker's data-parallel rank (used by ``Dispatch.DP_MESH``)."""
+        self._mesh = MeshInfo(dp_rank, dp_size, is_collect)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def mesh_info(self) -> MeshInfo:
+        return self._mesh
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def init_process_group(self) -> str:
+        """Join the group's ``torch.distributed`` default process group; returns the backend."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return dist.get_backend()
+        backend = "nccl" if self.ctx.use_gpu and torch.cuda.is_available() else "gloo"
+        os.environ["MASTER_ADDR"] = self.ctx.master_addr
+        os.environ["MASTER_PORT"] = str(self.ctx.master_port)
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, rank=self.ctx.rank, world_size=self.ctx.world_size)
+        return backend
+
+
+def node_address() -> str:
+    """The address other ranks use to reach this process's node."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

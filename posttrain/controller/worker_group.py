@@ -1,0 +1,225 @@
+"""Worker groups: every ``@register``-ed worker method, callable from the controller.
+
+A :class:`WorkerGroup` is one role across its ranks. Its ranks live in :class:`WorkerHost` s — one per
+process — and a host holds one worker object per role colocated there, each of its own class. The
+group binds every registered method of its class onto itself, so ``actor.generate(batch)`` on the
+controller dispatches the batch, runs ``generate`` on the ranks and collects the result.
+
+Two backends run the same hosts: Ray actors placed in a :class:`ResourcePool`, or local mode, where
+the hosts are plain objects in the controller's process (breakpoints work; tests need no cluster).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from posttrain.controller.decorator import Dispatch, Execute, registered_methods
+from posttrain.controller.dispatch import GroupFuture, plan_call
+from posttrain.controller.resource_pool import ResourcePool
+from posttrain.controller.worker import Worker, WorkerContext, free_port, node_address
+
+DEATH_POLL_S = 1.0
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process is gone; the message names the role and the rank."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """A worker class and the arguments it is constructed with after its :class:`WorkerContext`."""
+
+    cls: type[Worker]
+    args: tuple = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+class WorkerHost:
+    """One process's workers, one per colocated role. Runs as a Ray actor or in-process."""
+
+    def __init__(self, specs: Mapping[str, WorkerSpec]) -> None:
+        self.specs = dict(specs)
+        self.workers: dict[str, Worker] = {}
+
+    def rendezvous(self) -> tuple[str, int]:
+        return node_address(), free_port()
+
+    def build(self, ctx: WorkerContext, set_threads: bool) -> None:
+        if set_threads:
+            # Two processes that each use every core thrash a small machine: size the pool by
+            # the CPUs this process was given.
+            import torch
+
+            threads = max(1, int(ctx.num_cpus))
+            torch.set_num_threads(threads)
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+        self.workers = {role: spec.cls(ctx, *spec.args, **dict(spec.kwargs)) for role, spec in self.specs.items()}
+
+    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.workers[role], method)(*args, **kwargs)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class _LocalBackend:
+    """Runs calls at once in this process; a 'ref' is the finished value (or the raised error)."""
+
+    def __init__(self, hosts: list[WorkerHost]) -> None:
+        self.hosts = hosts
+
+    def call(self, rank: int, role: str, method: str, args: tuple, kwargs: dict) -> Any:
+        return self.hosts[rank].call(role, method, *args, **kwargs)
+
+    def fetch(self, refs: list[Any], ranks: list[int], role: str) -> list[Any]:
+        return list(refs)
+
+
+class _RayBackend:
+    def __init__(self, actors: list[Any]) -> None:
+        self.actors = actors
+
+    def call(self, rank: int, role: str, method: str, args: tuple, kwargs: dict) -> Any:
+        # Arguments go top-level so Ray resolves ObjectRefs from earlier calls on the worker side.
+        return self.actors[rank].call.remote(role, method, *args, **kwargs)
+
+    def fetch(self, refs: list[Any], ranks: list[int], role: str) -> list[Any]:
+        """Wait for all refs, failing as soon as any rank's process has died (no hang on its peers)."""
+        import ray
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+        pending = dict(zip(refs, ranks))
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=DEATH_POLL_S)
+            for ref in done:
+                rank = pending.pop(ref)
+                try:
+                    ray.get(ref)
+                except (RayActorError, ActorDiedError, ActorUnavailableError) as err:
+                    raise WorkerDiedError(
+                        f"worker {role!r} rank {rank} died (its process is gone): {type(err).__name__}. "
+                        "Check its log above (out of memory? killed?); the group must be re-created."
+                    ) from err
+        return ray.get(refs)
+
+
+class WorkerGroup:
+    """One role on ``world_size`` ranks; registered methods of ``cls`` become methods of the group."""
+
+    def __init__(self, role: str, cls: type[Worker], backend: _LocalBackend | _RayBackend, world_size: int) -> None:
+        self.role = role
+        self.cls = cls
+        self.world_size = world_size
+        self._backend = backend
+        self._mesh: list[Any] | None = None
+        for name, registration in registered_methods(cls).items():
+            if hasattr(type(self), name):
+                raise TypeError(f"{cls.__name__}.{name} clashes with WorkerGroup.{name}; rename the worker method")
+            setattr(self, name, functools.partial(self._call_registered, name, registration))
+
+    def __repr__(self) -> str:
+        return f"WorkerGroup(role={self.role!r}, cls={self.cls.__name__}, world_size={self.world_size})"
+
+    def _call_registered(self, method: str, registration: Any, *args: Any, **kwargs: Any) -> Any:
+        dispatch = registration.dispatch
+        if registration.execute is Execute.RANK_ZERO and dispatch is not Dispatch.RANK_ZERO:
+            dispatch = Dispatch.RANK_ZERO
+        mesh = self._mesh_info() if dispatch is Dispatch.DP_MESH else None
+        plan = plan_call(dispatch, args, kwargs, self.world_size, mesh)
+        refs = [self._backend.call(r, self.role, method, a, k) for r, a, k in zip(plan.ranks, plan.args, plan.kwargs)]
+        future = GroupFuture(refs, plan.ranks, plan.collect, self._fetch, plan.pad)
+        return future.get() if registration.blocking else future
+
+    def _fetch(self, refs: list[Any], ranks: list[int]) -> list[Any]:
+        return self._backend.fetch(refs, ranks, self.role)
+
+    def _mesh_info(self) -> list[Any]:
+        if self._mesh is None:
+            self._mesh = self.execute_all("mesh_info")
+        return self._mesh
+
+    # ---- calling any method by name ---------------------------------------------------------
+
+    def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> GroupFuture:
+        ranks = list(range(self.world_size))
+        refs = [self._backend.call(r, self.role, method, args, kwargs) for r in ranks]
+        return GroupFuture(refs, ranks, list, self._fetch)
+
+    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return self.execute_all_async(method, *args, **kwargs).get()
+
+    def execute_rank_zero_async(self, method: str, *args: Any, **kwargs: Any) -> GroupFuture:
+        return GroupFuture([self._backend.call(0, self.role, method, args, kwargs)], [0], lambda outs: outs[0], self._fetch)
+
+    def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self.execute_rank_zero_async(method, *args, **kwargs).get()
+
+
+# ---- building groups -----------------------------------------------------------------------
+
+
+def spawn_local(specs: Mapping[str, WorkerSpec], world_size: int = 1) -> dict[str, WorkerGroup]:
+    """Colocated roles on ``world_size`` in-process ranks (no Ray, no process group)."""
+    hosts = [WorkerHost(specs) for _ in range(world_size)]
+    for rank, host in enumerate(hosts):
+        host.build(WorkerContext(rank=rank, world_size=world_size), set_threads=False)
+    backend = _LocalBackend(hosts)
+    return {role: WorkerGroup(role, spec.cls, backend, world_size) for role, spec in specs.items()}
+
+
+def spawn_ray(
+    specs: Mapping[str, WorkerSpec], pool: ResourcePool, *, name_prefix: str = "", env: Mapping[str, str] | None = None
+) -> dict[str, WorkerGroup]:
+    """Colocated roles on one Ray actor per bundle of ``pool``; rank order follows the pool's node order."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    cpus, gpus = pool.share()
+    host_cls = ray.remote(WorkerHost)
+    prefix = name_prefix or "_".join(specs)
+    actors = []
+    for rank, placement in enumerate(pool.placements()):
+        strategy = PlacementGroupSchedulingStrategy(placement.placement_group, placement.bundle_index)
+        actors.append(
+            host_cls.options(
+                num_cpus=cpus,
+                num_gpus=gpus,
+                scheduling_strategy=strategy,
+                name=f"{prefix}_rank{rank}_{os.getpid()}_{time.monotonic_ns()}",
+                runtime_env={"env_vars": dict(env or {})},
+            ).remote(specs)
+        )
+    backend = _RayBackend(actors)
+    role_name = "+".join(specs)
+    master_addr, master_port = backend.fetch([actors[0].rendezvous.remote()], [0], role_name)[0]
+    contexts = [
+        WorkerContext(rank, len(actors), master_addr, master_port, num_cpus=cpus, use_gpu=gpus > 0)
+        for rank in range(len(actors))
+    ]
+    backend.fetch([a.build.remote(ctx, True) for a, ctx in zip(actors, contexts)], list(range(len(actors))), role_name)
+    return {role: WorkerGroup(role, spec.cls, backend, len(actors)) for role, spec in specs.items()}
+
+
+def kill_group(group: WorkerGroup) -> None:
+    """Stop a Ray group's processes (all roles colocated with it go too)."""
+    if isinstance(group._backend, _RayBackend):
+        import ray
+
+        for actor in group._backend.actors:
+            ray.kill(actor)
+
+
+def spawn_pools(manager: Any, specs: Mapping[str, WorkerSpec], env: Mapping[str, str] | None = None) -> dict[str, WorkerGroup]:
+    """Every role in its pool from a :class:`ResourcePoolManager`; roles sharing a pool share processes."""
+    manager.check_cluster()
+    groups: dict[str, WorkerGroup] = {}
+    for pool_name, roles in manager.roles_by_pool().items():
+        wanted = {role: specs[role] for role in roles if role in specs}
+        if wanted:
+            groups |= spawn_ray(wanted, manager.pools[pool_name], env=env)
+    return groups

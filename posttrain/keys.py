@@ -1,0 +1,37 @@
+"""Every Batch key the system uses, named once, with its shape.
+
+B = samples in the batch (prompts × rollout.n), P = prompt length (left-padded),
+T = response length (right-padded), L = P + T.  Masks are 1 for real tokens, 0 for padding; the
+response mask is also 0 on tokens the policy did not generate (environment observations).
+
+Users' own columns may use any other name; these are reserved.
+"""
+
+# ---- tensors ---------------------------------------------------------------------------------
+PROMPT_IDS = "prompts"                      # (B, P) int64, left-padded prompt token ids
+RESPONSE_IDS = "responses"                  # (B, T) int64, right-padded response token ids
+INPUT_IDS = "input_ids"                     # (B, L) int64, prompt followed by response
+ATTENTION_MASK = "attention_mask"           # (B, L) int64, 1 on real tokens
+POSITION_IDS = "position_ids"               # (B, L) int64, positions counting real tokens only
+RESPONSE_MASK = "response_mask"             # (B, T) int64/float, 1 on tokens that carry loss
+BEHAVIOUR_LOGPROBS = "rollout_log_probs"    # (B, T) float32, log π_behaviour(token) from the rollout engine
+OLD_LOGPROBS = "old_log_probs"              # (B, T) float32, log π_old(token) from the training engine
+REF_LOGPROBS = "ref_log_prob"               # (B, T) float32, log π_ref(token)
+ENTROPY = "entropy"                         # (B, T) float32, entropy of the policy at each token
+VALUES = "values"                           # (B, T) float32, critic value per token
+TOKEN_SCORES = "token_level_scores"         # (B, T) float32, task score (placed on the last response token)
+TOKEN_REWARDS = "token_level_rewards"       # (B, T) float32, scores after the in-reward KL penalty
+ADVANTAGES = "advantages"                   # (B, T) float32
+RETURNS = "returns"                         # (B, T) float32
+GROUP_IDS = "group_ids"                     # (B,) int64, samples from the same prompt share an id
+
+# ---- non-tensors (numpy object arrays of length B) -------------------------------------------
+UID = "uid"                                 # str, unique per prompt, shared by its n samples
+DATA_SOURCE = "data_source"                 # str, picks the reward function
+GROUND_TRUTH = "ground_truth"               # Any, the reference answer
+RAW_PROMPT = "raw_prompt"                   # list[dict], chat messages before templating
+EXTRA_INFO = "extra_info"                   # dict, per-sample extras from the dataset
+FINISH_REASON = "finish_reason"             # str, "stop" | "length"
+
+# ---- meta ------------------------------------------------------------------------------------
+WEIGHT_VERSION = "weight_version"           # int, version of the weights that generated the batch

@@ -1,0 +1,301 @@
+"""The Batch: what flows between the controller and the workers (verl calls it DataProto).
+
+A Batch holds
+  * ``tensors``      — torch tensors that all share the first (sample) dimension,
+  * ``non_tensors``  — per-sample Python values as 1-D numpy object arrays of the same length
+                       (strings, dicts, ground truths),
+  * ``meta``         — a small dict that is not per-sample (temperature, metrics, the weight version).
+
+Every operation returns a new Batch and leaves its inputs alone (tensors may be shared, never
+written). Through Ray's object store a Batch travels as numpy buffers that pickle protocol 5 hands
+over out-of-band, so a tensor is never pickled element by element and a worker on the same node
+reads it from shared memory.
+
+The keys the system itself uses are the constants in :mod:`posttrain.keys`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+METRICS_META_KEY = "metrics"
+
+
+class BatchError(ValueError):
+    """A Batch was built or combined inconsistently; the message says which key and how."""
+
+
+def _as_object_array(name: str, values: Any) -> np.ndarray:
+    if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1:
+        return values
+    if isinstance(values, np.ndarray) and values.ndim != 1:
+        raise BatchError(f"non-tensor column {name!r} must be 1-D (one value per sample), got shape {values.shape}")
+    array = np.empty(len(values), dtype=object)
+    array[:] = list(values)
+    return array
+
+
+@dataclass
+class Batch:
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    non_tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.tensors = dict(self.tensors)
+        self.non_tensors = {k: _as_object_array(k, v) for k, v in self.non_tensors.items()}
+        self.meta = dict(self.meta)
+        self._check_lengths()
+
+    # ---- construction and inspection -------------------------------------------------------
+
+    @classmethod
+    def from_dict(
+        cls,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        non_tensors: Mapping[str, Sequence[Any] | np.ndarray] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Batch:
+        return cls(dict(tensors or {}), dict(non_tensors or {}), dict(meta or {}))
+
+    def _check_lengths(self) -> None:
+        lengths = {f"tensor {k!r}": v.shape[0] if v.dim() else None for k, v in self.tensors.items()}
+        lengths |= {f"non-tensor {k!r}": len(v) for k, v in self.non_tensors.items()}
+        if None in lengths.values():
+            scalar = [k for k, n in lengths.items() if n is None]
+            raise BatchError(f"{scalar[0]} is a 0-d tensor; per-sample tensors need a first dimension (put scalars in meta)")
+        if len(set(lengths.values())) > 1:
+            detail = ", ".join(f"{k}: {n}" for k, n in lengths.items())
+            raise BatchError(f"all columns of a Batch must have the same number of samples; got {detail}")
+
+    def __len__(self) -> int:
+        for column in (*self.tensors.values(), *self.non_tensors.values()):
+            return len(column)
+        return 0
+
+    def __getitem__(self, key: str) -> torch.Tensor | np.ndarray:
+        if key in self.tensors:
+            return self.tensors[key]
+        if key in self.non_tensors:
+            return self.non_tensors[key]
+        raise KeyError(f"Batch has no column {key!r}; it has {sorted(self.keys())}")
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors or key in self.non_tensors
+
+    def keys(self) -> list[str]:
+        return [*self.tensors, *self.non_tensors]
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}: {tuple(v.shape)} {v.dtype}" for k, v in self.tensors.items())
+        return f"Batch(len={len(self)}, tensors={{{shapes}}}, non_tensors={list(self.non_tensors)}, meta={list(self.meta)})"
+
+    # ---- selecting columns ------------------------------------------------------------------
+
+    def select(self, keys: Sequence[str] | None = None, meta_keys: Sequence[str] | None = None) -> Batch:
+        """Keep only ``keys`` (tensor or non-tensor) and ``meta_keys`` (default: all meta)."""
+        keys = self.keys() if keys is None else list(keys)
+        missing = [k for k in keys if k not in self]
+        if missing:
+            raise KeyError(f"cannot select {missing}: Batch has {sorted(self.keys())}")
+        meta = self.meta if meta_keys is None else {k: self.meta[k] for k in meta_keys}
+        return Batch(
+            {k: v for k, v in self.tensors.items() if k in keys},
+            {k: v for k, v in self.non_tensors.items() if k in keys},
+            meta,
+        )
+
+    def pop(self, keys: Sequence[str]) -> Batch:
+        """Remove ``keys`` from this Batch and return them as a new Batch (meta is copied)."""
+        popped = self.select(keys)
+        for k in keys:
+            self.tensors.pop(k, None)
+            self.non_tensors.pop(k, None)
+        return popped
+
+    def union(self, other: Batch) -> Batch:
+        """Columns of both; a key present in both must hold equal values, else BatchError."""
+        if len(self) and len(other) and len(self) != len(other):
+            raise BatchError(f"cannot union Batches of {len(self)} and {len(other)} samples")
+        for k in self.tensors.keys() & other.tensors.keys():
+            a, b = self.tensors[k], other.tensors[k]
+            if a.shape != b.shape or not torch.equal(a, b):
+                raise BatchError(f"union: tensor {k!r} differs between the two Batches; pop or rename it on one side first")
+        for k in self.non_tensors.keys() & other.non_tensors.keys():
+            if not np.array_equal(self.non_tensors[k], other.non_tensors[k]):
+                raise BatchError(f"union: non-tensor {k!r} differs between the two Batches; pop or rename it on one side first")
+        for k in self.meta.keys() & other.meta.keys():
+            if not _meta_equal(self.meta[k], other.meta[k]):
+                raise BatchError(f"union: meta {k!r} differs ({self.meta[k]!r} vs {other.meta[k]!r})")
+        return Batch(self.tensors | other.tensors, self.non_tensors | other.non_tensors, self.meta | other.meta)
+
+    # ---- selecting rows ---------------------------------------------------------------------
+
+    def index(self, index: torch.Tensor | np.ndarray | Sequence[int] | slice) -> Batch:
+        """Rows by an index (integer array, boolean mask or slice); meta is kept."""
+        if isinstance(index, slice):
+            return Batch(
+                {k: v[index] for k, v in self.tensors.items()},
+                {k: v[index] for k, v in self.non_tensors.items()},
+                self.meta,
+            )
+        idx = torch.as_tensor(np.asarray(index))
+        if idx.dtype == torch.bool:
+            if idx.shape[0] != len(self):
+                raise BatchError(f"boolean index of length {idx.shape[0]} for a Batch of {len(self)}")
+            idx = idx.nonzero().flatten()
+        idx_np = idx.numpy()
+        return Batch(
+            {k: v.index_select(0, idx) for k, v in self.tensors.items()},
+            {k: v[idx_np] for k, v in self.non_tensors.items()},
+            self.meta,
+        )
+
+    def reorder(self, order: torch.Tensor | np.ndarray | Sequence[int]) -> Batch:
+        """Rows permuted by ``order`` (a permutation of range(len)); see :meth:`index` for subsets."""
+        order_np = np.asarray(order)
+        if sorted(order_np.tolist()) != list(range(len(self))):
+            raise BatchError(f"reorder needs a permutation of range({len(self)}); use index() to take a subset")
+        return self.index(order_np)
+
+    def repeat(self, times: int, interleave: bool = True) -> Batch:
+        """Each sample ``times`` times: interleaved (a a b b: a GRPO group stays contiguous) or tiled (a b a b)."""
+        if times < 1:
+            raise BatchError(f"repeat times must be >= 1, got {times}")
+        if interleave:
+            rep_t = lambda v: v.repeat_interleave(times, dim=0)  # noqa: E731
+            rep_n = lambda v: np.repeat(v, times)  # noqa: E731
+        else:
+            rep_t = lambda v: v.repeat(times, *([1] * (v.dim() - 1)))  # noqa: E731
+            rep_n = lambda v: np.tile(v, times)  # noqa: E731
+        return Batch(
+            {k: rep_t(v) for k, v in self.tensors.items()},
+            {k: rep_n(v) for k, v in self.non_tensors.items()},
+            self.meta,
+        )
+
+    # ---- splitting and joining --------------------------------------------------------------
+
+    def split(self, size: int) -> list[Batch]:
+        """Consecutive pieces of ``size`` samples (the last may be shorter)."""
+        if size < 1:
+            raise BatchError(f"split size must be >= 1, got {size}")
+        return [self.index(slice(start, start + size)) for start in range(0, len(self), size)]
+
+    def chunk(self, chunks: int) -> list[Batch]:
+        """``chunks`` equal pieces; the length must divide (use :meth:`pad_to_divisor` first)."""
+        if chunks < 1 or len(self) % chunks:
+            raise BatchError(
+                f"cannot chunk {len(self)} samples into {chunks} equal parts; pad_to_divisor({chunks}) first"
+            )
+        return self.split(len(self) // chunks) if len(self) else [self] * chunks
+
+    def pad_to_divisor(self, divisor: int) -> tuple[Batch, int]:
+        """Append copies of the first rows until the length divides by ``divisor``.
+
+        Returns the padded Batch and the number of rows added, for :meth:`unpad` after collecting.
+        """
+        pad = -len(self) % divisor
+        if pad == 0:
+            return self, 0
+        if len(self) == 0:
+            raise BatchError("cannot pad an empty Batch")
+        filler = self.index(np.arange(pad) % len(self))
+        return Batch.concat([self, filler]), pad
+
+    def unpad(self, pad: int) -> Batch:
+        return self if pad == 0 else self.index(slice(0, len(self) - pad))
+
+    @staticmethod
+    def concat(batches: Sequence[Batch]) -> Batch:
+        """Join along samples. Meta must agree, except ``metrics`` (dict of name -> value or list),
+        which is merged into lists so per-worker metrics survive the collect."""
+        if not batches:
+            raise BatchError("concat of no Batches")
+        first = batches[0]
+        for b in batches[1:]:
+            if b.tensors.keys() != first.tensors.keys() or b.non_tensors.keys() != first.non_tensors.keys():
+                raise BatchError(f"concat: key sets differ: {sorted(first.keys())} vs {sorted(b.keys())}")
+        tensors = {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors}
+        non_tensors = {k: np.concatenate([b.non_tensors[k] for b in batches]) for k in first.non_tensors}
+        return Batch(tensors, non_tensors, _merge_meta([b.meta for b in batches]))
+
+    def minibatches(self, size: int, *, epochs: int = 1, shuffle: bool = True, seed: int = 0) -> Iterator[Batch]:
+        """Mini-batches of ``size`` for ``epochs`` passes; reshuffled each epoch from ``seed``.
+
+        ``size`` must divide the length, so every mini-batch (and every gradient step) is the same size.
+        """
+        if size < 1 or len(self) % size:
+            raise BatchError(f"mini-batch size {size} must divide the batch of {len(self)} samples")
+        generator = torch.Generator().manual_seed(seed)
+        for _ in range(epochs):
+            order = torch.randperm(len(self), generator=generator) if shuffle else torch.arange(len(self))
+            for start in range(0, len(self), size):
+                yield self.index(order[start : start + size])
+
+    # ---- metrics in meta --------------------------------------------------------------------
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.meta.get(METRICS_META_KEY, {})
+
+    def with_metrics(self, metrics: Mapping[str, Any]) -> Batch:
+        return Batch(self.tensors, self.non_tensors, self.meta | {METRICS_META_KEY: dict(metrics)})
+
+    # ---- transport --------------------------------------------------------------------------
+
+    def __reduce__(self):
+        # Tensors go as numpy arrays (bf16 as raw 16-bit words, which numpy lacks), so pickle
+        # protocol 5 — and with it Ray's object store — moves their buffers without copying
+        # them into the pickle stream.
+        packed = {k: _tensor_to_numpy(v) for k, v in self.tensors.items()}
+        return (_rebuild_batch, (packed, self.non_tensors, self.meta))
+
+
+def _tensor_to_numpy(t: torch.Tensor) -> tuple[np.ndarray, str]:
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy(), "bfloat16"
+    return t.numpy(), ""
+
+
+def _numpy_to_tensor(array: np.ndarray, view_as: str) -> torch.Tensor:
+    # Arrays from Ray's object store are read-only views of shared memory; torch needs a
+    # writable buffer, and a worker must be free to modify its inputs in place.
+    if not array.flags.writeable:
+        array = array.copy()
+    t = torch.from_numpy(array)
+    return t.view(torch.bfloat16) if view_as == "bfloat16" else t
+
+
+def _rebuild_batch(packed: dict[str, tuple[np.ndarray, str]], non_tensors: dict, meta: dict) -> Batch:
+    return Batch({k: _numpy_to_tensor(*v) for k, v in packed.items()}, non_tensors, meta)
+
+
+def _meta_equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except (ValueError, RuntimeError):  # arrays/tensors: elementwise == has no single truth value
+        return a is b
+
+
+def _merge_meta(metas: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    metric_lists: dict[str, list[Any]] = {}
+    for meta in metas:
+        for k, v in meta.items():
+            if k == METRICS_META_KEY:
+                for name, value in v.items():
+                    metric_lists.setdefault(name, []).extend(value if isinstance(value, list) else [value])
+            elif k in merged and not _meta_equal(merged[k], v):
+                raise BatchError(f"concat: meta {k!r} differs between Batches ({merged[k]!r} vs {v!r})")
+            else:
+                merged[k] = v
+    if metric_lists:
+        merged[METRICS_META_KEY] = metric_lists
+    return merged

@@ -1,0 +1,32 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def start_local_ray(num_cpus: int = 4) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=True,
+            # Ray's workers import the test modules' worker classes by name.
+            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO), *sys.path[1:]])}},
+        )
+
+
+@pytest.fixture
+def ray_local():
+    """A local Ray cluster with 4 logical CPUs (shared by the tests that ask for it)."""
+    import ray
+
+    start_local_ray()
+    yield ray

@@ -1,0 +1,71 @@
+"""Every dispatch mode, in local mode (no Ray) and on a local Ray cluster of CPU bundles."""
+
+import pytest
+import torch
+
+from posttrain.controller import ResourcePool, WorkerSpec, spawn_local, spawn_ray
+from posttrain.protocol import Batch
+from tests.controller.workers import Doubler, TensorParallelish
+
+
+def batch(n: int) -> Batch:
+    return Batch.from_dict({"x": torch.arange(n, dtype=torch.float32)})
+
+
+@pytest.fixture(params=["local", "ray"])
+def doublers(request):
+    spec = {"doubler": WorkerSpec(Doubler, kwargs={"factor": 2.0})}
+    if request.param == "local":
+        yield spawn_local(spec, world_size=2)["doubler"]
+        return
+    request.getfixturevalue("ray_local")
+    pool = ResourcePool("test", bundles_per_node=[2])
+    yield spawn_ray(spec, pool)["doubler"]
+    pool.release()
+
+
+def test_dp_compute_proto_pads_chunks_and_unpads(doublers):
+    out = doublers.double(batch(5))  # 5 rows over 2 ranks: padded to 6, 3 rows each
+    assert out["x2"].tolist() == [0, 2, 4, 6, 8]
+    assert out["rank"].tolist() == [0, 0, 0, 1, 1]
+    assert out.metrics == {"rows_seen": [3, 3]}  # per-worker metrics survive the collect
+
+
+def test_non_blocking_futures_chain_without_the_controller(doublers):
+    first = doublers.double_async(batch(5))
+    second = doublers.add_one(first)  # each rank gets its own piece of `first`
+    out = second.get()
+    assert out["x2"].tolist() == [1, 3, 5, 7, 9]
+    assert out["rank_again"].tolist() == [0, 0, 0, 1, 1]  # pieces stayed on the rank that made them
+
+
+def test_one_to_all_all_to_all_rank_zero(doublers):
+    assert doublers.set_state(7) == [0, 1]
+    assert doublers.state_on_rank_zero() == 7
+    assert doublers.take([10, 20]) == [(0, 10), (1, 20)]
+    with pytest.raises(ValueError, match="one entry per rank"):
+        doublers.take([10])
+    assert doublers.whoami() == 0
+
+
+def test_execute_all_and_rank_zero_sync_and_async(doublers):
+    assert doublers.execute_all("sleep_then_return", 0.0) == [0, 1]
+    assert doublers.execute_all_async("sleep_then_return", 0.0).get() == [0, 1]
+    assert doublers.execute_rank_zero("sleep_then_return", 0.0) == 0
+    assert doublers.execute_rank_zero_async("sleep_then_return", 0.0).get() == 0
+
+
+def test_dp_mesh_sends_tensor_parallel_peers_the_same_chunk_and_collects_one():
+    group = spawn_local({"tp": WorkerSpec(TensorParallelish)}, world_size=4)["tp"]
+    out = group.compute(batch(4))
+    assert out["x"].tolist() == [0, 1, 2, 3]
+    assert out["rank"].tolist() == [0, 0, 2, 2]  # dp rank 0 answered by rank 0, dp rank 1 by rank 2
+
+
+def test_dp_mesh_on_ray(ray_local):
+    pool = ResourcePool("mesh", bundles_per_node=[4], cpus_per_bundle=0.5)
+    group = spawn_ray({"tp": WorkerSpec(TensorParallelish)}, pool)["tp"]
+    out = group.compute(batch(3))
+    assert out["x"].tolist() == [0, 1, 2]
+    assert out["rank"].tolist() == [0, 0, 2]
+    pool.release()

@@ -1,0 +1,118 @@
+"""Worker groups on Ray: colocation, process groups, dead workers, pools across two nodes."""
+
+import time
+
+import pytest
+import torch
+
+from posttrain.controller import (
+    ResourceError,
+    ResourcePool,
+    ResourcePoolManager,
+    WorkerDiedError,
+    WorkerSpec,
+    kill_group,
+    spawn_local,
+    spawn_pools,
+    spawn_ray,
+)
+from posttrain.protocol import Batch
+from tests.controller.workers import Counter, Doubler
+
+pytestmark = pytest.mark.ray
+
+
+def test_colocated_roles_share_a_process_but_keep_their_own_classes(ray_local):
+    manager = ResourcePoolManager(
+        pools={"shared": ResourcePool("shared", [2])}, role_to_pool={"doubler": "shared", "counter": "shared"}
+    )
+    groups = spawn_pools(manager, {"doubler": WorkerSpec(Doubler), "counter": WorkerSpec(Counter, kwargs={"start": 10})})
+    assert groups["doubler"].pid() == groups["counter"].pid()  # one process per rank, both roles in it
+    assert len(set(groups["doubler"].pid())) == 2
+    assert groups["counter"].increment() == [11, 11]
+    assert not hasattr(groups["counter"], "double")  # each role exposes only its own methods
+    assert groups["doubler"].double(Batch.from_dict({"x": torch.ones(2)}))["x2"].tolist() == [2, 2]
+    manager.pools["shared"].release()
+
+
+def test_roles_in_separate_pools_get_separate_processes(ray_local):
+    manager = ResourcePoolManager(
+        pools={"a": ResourcePool("a", [1]), "b": ResourcePool("b", [1])}, role_to_pool={"doubler": "a", "counter": "b"}
+    )
+    groups = spawn_pools(manager, {"doubler": WorkerSpec(Doubler), "counter": WorkerSpec(Counter)})
+    assert groups["doubler"].pid() != groups["counter"].pid()
+    for pool in manager.pools.values():
+        pool.release()
+
+
+def test_gloo_all_reduce_across_two_ranks(ray_local):
+    pool = ResourcePool("dist", [2])
+    group = spawn_ray({"doubler": WorkerSpec(Doubler)}, pool)["doubler"]
+    assert group.init_process_group() == ["gloo", "gloo"]
+    assert group.all_reduce(1.5) == [3.0, 3.0]  # 1.5 + 1.5 from the two ranks
+    pool.release()
+
+
+def test_a_dead_worker_is_named_within_seconds(ray_local):
+    pool = ResourcePool("doomed", [2])
+    group = spawn_ray({"doubler": WorkerSpec(Doubler)}, pool)["doubler"]
+    group.execute_rank_zero_async("die")
+    time.sleep(1.0)
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=r"'doubler' rank 0 died"):
+        group.sleep_then_return(30.0)  # rank 1 would answer in 30 s; the error must not wait for it
+    assert time.monotonic() - start < 10
+    kill_group(group)
+    pool.release()
+
+
+def test_a_pool_larger_than_the_cluster_fails_with_the_numbers(ray_local):
+    manager = ResourcePoolManager(pools={"huge": ResourcePool("huge", [64])}, role_to_pool={"doubler": "huge"})
+    with pytest.raises(ResourceError, match="need 64 CPU"):
+        spawn_pools(manager, {"doubler": WorkerSpec(Doubler)})
+
+
+def test_bad_pool_and_role_mappings_are_refused():
+    with pytest.raises(ValueError, match="bundles_per_node"):
+        ResourcePool("p", [])
+    with pytest.raises(ValueError, match="undefined pools"):
+        ResourcePoolManager(pools={}, role_to_pool={"actor": "missing"})
+
+
+def test_local_mode_runs_in_this_process():
+    import os
+
+    group = spawn_local({"c": WorkerSpec(Counter)}, world_size=2)["c"]
+    assert group.pid() == [os.getpid(), os.getpid()]
+    assert group.increment() == [1, 1]
+
+
+@pytest.mark.slow
+def test_two_node_cluster_ranks_follow_node_order():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from tests.conftest import REPO
+
+    ray.shutdown()
+    cluster = Cluster()
+    cluster.add_node(num_cpus=2, resources={"node_a": 1})
+    cluster.add_node(num_cpus=2, resources={"node_b": 1})
+    try:
+        ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+        pool = ResourcePool("spread", bundles_per_node=[2, 2])
+        group = spawn_ray({"doubler": WorkerSpec(Doubler)}, pool)["doubler"]
+        node_ids = group.node_id()
+        assert len(set(node_ids)) == 2
+        assert node_ids[0] == node_ids[1] and node_ids[2] == node_ids[3]  # ranks grouped by node
+        order = {n["NodeID"]: (n["NodeManagerAddress"], n.get("NodeName", "")) for n in ray.nodes()}
+        assert order[node_ids[0]] <= order[node_ids[2]]
+        assert group.init_process_group() == ["gloo"] * 4
+        assert group.all_reduce(1.0) == [4.0] * 4
+        out = group.double(Batch.from_dict({"x": torch.arange(7.0)}))  # padded to 8: 2 rows per rank
+        assert out["x2"].tolist() == [0, 2, 4, 6, 8, 10, 12]
+        assert out["rank"].tolist() == [0, 0, 1, 1, 2, 2, 3]
+        pool.release()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -1,0 +1,107 @@
+"""Small worker classes for the controller tests (importable by Ray's worker processes)."""
+
+import os
+import time
+
+import torch
+
+from posttrain.controller import Dispatch, Execute, Worker, WorkerContext, register
+from posttrain.protocol import Batch
+
+
+class Doubler(Worker):
+    """Doubles a column; records which rank saw which rows."""
+
+    def __init__(self, ctx: WorkerContext, factor: float = 2.0) -> None:
+        super().__init__(ctx)
+        self.factor = factor
+        self.state = 0
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def double(self, batch: Batch) -> Batch:
+        out = Batch.from_dict(
+            {"x2": batch["x"] * self.factor, "rank": torch.full((len(batch),), self.rank)},
+            meta={"metrics": {"rows_seen": len(batch)}},
+        )
+        return out
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def double_async(self, batch: Batch) -> Batch:
+        return self.double(batch)
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def add_one(self, batch: Batch) -> Batch:
+        return Batch.from_dict({"x2": batch["x2"] + 1, "rank_again": torch.full((len(batch),), self.rank)})
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def set_state(self, value: int) -> int:
+        self.state = value
+        return self.rank
+
+    @register(dispatch=Dispatch.ALL_TO_ALL)
+    def take(self, value: int) -> tuple[int, int]:
+        return self.rank, value
+
+    @register(dispatch=Dispatch.RANK_ZERO)
+    def whoami(self) -> int:
+        return self.rank
+
+    @register(dispatch=Dispatch.ONE_TO_ALL, execute=Execute.RANK_ZERO)
+    def state_on_rank_zero(self) -> int:
+        return self.state
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def die(self) -> None:
+        os._exit(1)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def sleep_then_return(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.rank
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def all_reduce(self, value: float) -> float:
+        import torch.distributed as dist
+
+        t = torch.tensor([value])
+        dist.all_reduce(t)
+        return t.item()
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+
+class Counter(Worker):
+    """A second role, to colocate with Doubler in the same process."""
+
+    def __init__(self, ctx: WorkerContext, start: int = 0) -> None:
+        super().__init__(ctx)
+        self.count = start
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def increment(self) -> int:
+        self.count += 1
+        return self.count
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class TensorParallelish(Worker):
+    """Ranks 2k and 2k+1 form a 'tensor-parallel' pair sharing dp rank k; only the first answers."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx)
+        self.set_mesh(dp_rank=ctx.rank // 2, dp_size=ctx.world_size // 2, is_collect=ctx.rank % 2 == 0)
+
+    @register(dispatch=Dispatch.DP_MESH)
+    def compute(self, batch: Batch) -> Batch:
+        return Batch.from_dict({"x": batch["x"], "rank": torch.full((len(batch),), self.rank)})

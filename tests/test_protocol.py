@@ -1,0 +1,142 @@
+"""Batch: every operation on small batches whose contents can be read off by eye."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from posttrain.protocol import Batch, BatchError
+
+
+def make(n: int = 4) -> Batch:
+    return Batch.from_dict(
+        {"ids": torch.arange(n * 3).view(n, 3), "score": torch.arange(n, dtype=torch.float32)},
+        {"name": [f"s{i}" for i in range(n)]},
+        {"temperature": 1.0},
+    )
+
+
+def test_len_and_getitem():
+    b = make(4)
+    assert len(b) == 4
+    assert b["name"].tolist() == ["s0", "s1", "s2", "s3"]
+    assert b["ids"][1].tolist() == [3, 4, 5]
+    with pytest.raises(KeyError, match="no column 'nope'"):
+        b["nope"]
+
+
+def test_mismatched_lengths_are_refused_with_each_length_named():
+    with pytest.raises(BatchError, match=r"tensor 'a': 3, tensor 'b': 2"):
+        Batch.from_dict({"a": torch.zeros(3), "b": torch.zeros(2)})
+    with pytest.raises(BatchError, match="non-tensor 'n': 2"):
+        Batch.from_dict({"a": torch.zeros(3)}, {"n": ["x", "y"]})
+
+
+def test_select_and_pop():
+    b = make()
+    s = b.select(["ids", "name"], meta_keys=[])
+    assert s.keys() == ["ids", "name"] and s.meta == {}
+    popped = b.pop(["score"])
+    assert popped.keys() == ["score"] and "score" not in b
+    with pytest.raises(KeyError, match="cannot select"):
+        b.select(["score"])
+
+
+def test_union_merges_and_refuses_conflicts():
+    b = make()
+    extra = Batch.from_dict({"reward": torch.ones(4)}, meta={"step": 3})
+    u = b.union(extra)
+    assert set(u.keys()) == {"ids", "score", "name", "reward"} and u.meta["step"] == 3
+    same = b.select(["ids"])
+    assert torch.equal(b.union(same)["ids"], b["ids"])  # identical shared key is fine
+    clash = Batch.from_dict({"ids": torch.zeros(4, 3, dtype=torch.long)})
+    with pytest.raises(BatchError, match="tensor 'ids' differs"):
+        b.union(clash)
+    with pytest.raises(BatchError, match="meta 'temperature' differs"):
+        b.union(Batch.from_dict({"x": torch.zeros(4)}, meta={"temperature": 0.5}))
+
+
+def test_repeat_interleaved_and_tiled():
+    b = make(2)
+    inter = b.repeat(3)
+    assert inter["name"].tolist() == ["s0", "s0", "s0", "s1", "s1", "s1"]
+    assert inter["score"].tolist() == [0, 0, 0, 1, 1, 1]
+    tiled = b.repeat(2, interleave=False)
+    assert tiled["name"].tolist() == ["s0", "s1", "s0", "s1"]
+    assert tiled["ids"][:, 0].tolist() == [0, 3, 0, 3]
+
+
+def test_chunk_split_pad_unpad():
+    b = make(5)
+    with pytest.raises(BatchError, match="pad_to_divisor"):
+        b.chunk(2)
+    padded, pad = b.pad_to_divisor(4)
+    assert (len(padded), pad) == (8, 3)
+    assert padded["name"].tolist()[5:] == ["s0", "s1", "s2"]  # padding copies the first rows
+    chunks = padded.chunk(4)
+    assert [len(c) for c in chunks] == [2, 2, 2, 2]
+    back = Batch.concat(chunks).unpad(pad)
+    assert back["name"].tolist() == b["name"].tolist()
+    assert torch.equal(back["ids"], b["ids"])
+    assert [len(p) for p in b.split(2)] == [2, 2, 1]
+    assert b.pad_to_divisor(5)[1] == 0
+
+
+def test_concat_merges_metrics_and_checks_keys():
+    a = make(2).with_metrics({"loss": 1.0})
+    b = make(2).with_metrics({"loss": [2.0, 3.0]})
+    c = Batch.concat([a, b])
+    assert c.metrics == {"loss": [1.0, 2.0, 3.0]}
+    assert c.meta["temperature"] == 1.0
+    with pytest.raises(BatchError, match="key sets differ"):
+        Batch.concat([a, a.select(["ids"])])
+
+
+def test_reorder_and_index():
+    b = make(4)
+    r = b.reorder([3, 1, 0, 2])
+    assert r["name"].tolist() == ["s3", "s1", "s0", "s2"]
+    assert r["score"].tolist() == [3, 1, 0, 2]
+    with pytest.raises(BatchError, match="permutation"):
+        b.reorder([0, 0, 1, 2])
+    picked = b.index(torch.tensor([True, False, True, False]))
+    assert picked["name"].tolist() == ["s0", "s2"]
+
+
+def test_minibatches_cover_every_sample_once_per_epoch_and_follow_the_seed():
+    b = make(8)
+    epochs = list(b.minibatches(4, epochs=2, seed=7))
+    assert len(epochs) == 4
+    for epoch in (epochs[:2], epochs[2:]):
+        assert sorted(sum((m["score"].tolist() for m in epoch), [])) == list(range(8))
+    again = list(b.minibatches(4, epochs=2, seed=7))
+    assert all(torch.equal(x["score"], y["score"]) for x, y in zip(epochs, again))
+    other = list(b.minibatches(4, epochs=1, seed=8))
+    assert not all(torch.equal(x["score"], y["score"]) for x, y in zip(epochs, other))
+    with pytest.raises(BatchError, match="must divide"):
+        next(b.minibatches(3))
+
+
+def test_pickle_round_trip_keeps_dtypes_and_writes_buffers_out_of_band():
+    b = Batch.from_dict(
+        {"ids": torch.arange(1000).view(10, 100), "h": torch.randn(10, 4).to(torch.bfloat16)},
+        {"obj": [{"k": i} for i in range(10)]},
+        {"v": 1},
+    )
+    buffers = []
+    data = pickle.dumps(b, protocol=5, buffer_callback=buffers.append)
+    assert len(data) < 2000  # 8 KB of ids travel out of band, not inside the pickle stream
+    back = pickle.loads(data, buffers=buffers)
+    assert back["h"].dtype == torch.bfloat16 and torch.equal(back["h"], b["h"])
+    assert torch.equal(back["ids"], b["ids"]) and back["obj"][3] == {"k": 3} and back.meta == {"v": 1}
+
+
+def test_empty_batch_and_bad_arguments():
+    assert len(Batch()) == 0
+    with pytest.raises(BatchError, match="repeat times"):
+        make().repeat(0)
+    with pytest.raises(BatchError, match="0-d tensor"):
+        Batch.from_dict({"x": torch.tensor(1.0)})
+    with pytest.raises(BatchError, match="1-D"):
+        Batch.from_dict({}, {"x": np.zeros((2, 2), dtype=object)})
