@@ -30,7 +30,7 @@ class GroupFuture:
     pad: int = 0
 
     def get(self) -> Any:
-        return self.collect(self.fetch(self.refs, self.ranks))
+        return own_batches(self.collect(self.fetch(self.refs, self.ranks)))
 
 
 @dataclass
@@ -121,3 +121,14 @@ def collect_data_parallel(outputs: list[Any], pad: int) -> Any:
     if outputs and all(isinstance(o, Batch) for o in outputs):
         return Batch.concat(outputs).unpad(pad)
     return outputs
+
+
+def own_batches(value: Any) -> Any:
+    """``value`` with every received Batch in it (at top level or in a list/tuple/dict) made writable."""
+    if isinstance(value, Batch):
+        return value.owned()
+    if isinstance(value, (list, tuple)):
+        return type(value)(own_batches(v) for v in value)
+    if isinstance(value, dict):
+        return {k: own_batches(v) for k, v in value.items()}
+    return value

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.controller.decorator import Dispatch, Execute, registered_methods
-from posttrain.controller.dispatch import GroupFuture, plan_call
+from posttrain.controller.dispatch import GroupFuture, own_batches, plan_call
 from posttrain.controller.resource_pool import ResourcePool
 from posttrain.controller.worker import Worker, WorkerContext, free_port, node_address
+from posttrain.protocol import Batch
 
 DEATH_POLL_S = 1.0
 
@@ -61,6 +62,7 @@ class WorkerHost:
         self.workers = {role: spec.cls(ctx, *spec.args, **dict(spec.kwargs)) for role, spec in self.specs.items()}
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = own_batches(args), own_batches(kwargs)
         return getattr(self.workers[role], method)(*args, **kwargs)
 
     def pid(self) -> int:
@@ -74,6 +76,10 @@ class _LocalBackend:
         self.hosts = hosts
 
     def call(self, rank: int, role: str, method: str, args: tuple, kwargs: dict) -> Any:
+        # Copies, as a trip through Ray would make: a worker writing to its input must not
+        # change the controller's Batch in local mode either.
+        args = tuple(a.copy() if isinstance(a, Batch) else a for a in args)
+        kwargs = {k: v.copy() if isinstance(v, Batch) else v for k, v in kwargs.items()}
         return self.hosts[rank].call(role, method, *args, **kwargs)
 
     def fetch(self, refs: list[Any], ranks: list[int], role: str) -> list[Any]:
@@ -86,6 +92,10 @@ class _RayBackend:
 
     def call(self, rank: int, role: str, method: str, args: tuple, kwargs: dict) -> Any:
         # Arguments go top-level so Ray resolves ObjectRefs from earlier calls on the worker side.
+        # A Batch is put first: ray.put writes its buffers to the object store once, where an
+        # inline argument goes through a slower serialise-then-copy path (3x here).
+        args = tuple(_put_batch(a) for a in args)
+        kwargs = {k: _put_batch(v) for k, v in kwargs.items()}
         return self.actors[rank].call.remote(role, method, *args, **kwargs)
 
     def fetch(self, refs: list[Any], ranks: list[int], role: str) -> list[Any]:
@@ -93,19 +103,26 @@ class _RayBackend:
         import ray
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-        pending = dict(zip(refs, ranks))
+        pending = dict(zip(refs, range(len(refs))))
+        values: list[Any] = [None] * len(refs)
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=DEATH_POLL_S)
             for ref in done:
-                rank = pending.pop(ref)
+                position = pending.pop(ref)
                 try:
-                    ray.get(ref)
+                    values[position] = ray.get(ref)
                 except (RayActorError, ActorDiedError, ActorUnavailableError) as err:
                     raise WorkerDiedError(
-                        f"worker {role!r} rank {rank} died (its process is gone): {type(err).__name__}. "
+                        f"worker {role!r} rank {ranks[position]} died (its process is gone): {type(err).__name__}. "
                         "Check its log above (out of memory? killed?); the group must be re-created."
                     ) from err
-        return ray.get(refs)
+        return values
+
+
+def _put_batch(value: Any) -> Any:
+    import ray
+
+    return ray.put(value) if isinstance(value, Batch) else value
 
 
 class WorkerGroup:

@@ -69,3 +69,21 @@ def test_dp_mesh_on_ray(ray_local):
     assert out["x"].tolist() == [0, 1, 2]
     assert out["rank"].tolist() == [0, 0, 2]
     pool.release()
+
+
+def test_received_batches_are_writable_on_both_sides_and_the_input_is_untouched(doublers):
+    sent = batch(4)
+    out = doublers.add_in_place(sent)
+    assert out["x"].tolist() == [100, 101, 102, 103]
+    assert sent["x"].tolist() == [0, 1, 2, 3]
+    out["x"].add_(1)  # the controller may write to what it gets back
+    assert out["x"].tolist() == [101, 102, 103, 104]
+
+
+def test_a_batch_from_the_object_store_is_borrowed_until_owned(ray_local):
+    received = ray_local.get(ray_local.put(batch(3)))
+    assert received.borrowed == {"x"}  # still the store's read-only memory, no copy made
+    owned = received.owned()
+    assert owned.borrowed == frozenset()
+    owned["x"].add_(1)
+    assert owned["x"].tolist() == [1, 2, 3]

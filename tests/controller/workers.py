@@ -33,6 +33,11 @@ class Doubler(Worker):
     def add_one(self, batch: Batch) -> Batch:
         return Batch.from_dict({"x2": batch["x2"] + 1, "rank_again": torch.full((len(batch),), self.rank)})
 
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def add_in_place(self, batch: Batch) -> Batch:
+        batch["x"].add_(100)  # a worker may write to what it receives
+        return batch
+
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def set_state(self, value: int) -> int:
         self.state = value

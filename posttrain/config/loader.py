@@ -1,0 +1,151 @@
+"""Reading a config: defaults ← preset YAML ← ``key=value`` overrides, then validation.
+
+Every problem — an unknown key, a value of the wrong type, a rule from :mod:`validate` — is
+collected and reported together in one :class:`ConfigError`, each with the key, the value, where it
+came from and what to do.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from posttrain.config.schema import PosttrainConfig
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    key: str
+    value: Any
+    source: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"  {self.key} = {self.value!r} (from {self.source}): {self.message}"
+
+
+class ConfigError(ValueError):
+    def __init__(self, problems: Sequence[ConfigProblem]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(str(p) for p in self.problems)
+        super().__init__(f"{len(self.problems)} problem(s) in the config:\n{lines}")
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def preset_path(name: str) -> Path:
+    path = PRESETS_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError([ConfigProblem("--preset", name, "command line", f"no such preset; choose one of {preset_names()}")])
+    return path
+
+
+def load_config(yaml_files: Iterable[str | Path] = (), overrides: Sequence[str] = (), validate: bool = True) -> PosttrainConfig:
+    """Defaults, then each YAML file, then dotted ``key=value`` overrides; all problems at once."""
+    from posttrain.config.validate import validate_config
+
+    merged = OmegaConf.structured(PosttrainConfig)
+    problems: list[ConfigProblem] = []
+    for path in yaml_files:
+        path = Path(path)
+        if not path.exists():
+            problems.append(ConfigProblem("config file", str(path), "command line", "file not found"))
+            continue
+        problems += _apply(merged, _flatten(OmegaConf.load(path)), source=str(path))
+    problems += _apply(merged, _parse_overrides(overrides, problems), source="command line")
+    if problems:
+        raise ConfigError(problems)
+    try:
+        config: PosttrainConfig = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:  # e.g. a ${...} interpolation pointing nowhere
+        raise ConfigError([ConfigProblem("interpolation", "", "config", str(err).splitlines()[0])]) from err
+    if validate:
+        problems = validate_config(config)
+        if problems:
+            raise ConfigError(problems)
+    return config
+
+
+def to_yaml(config: PosttrainConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Dotted leaves of a YAML tree; lists and empty dicts are leaves."""
+    if isinstance(node, DictConfig) and len(node) > 0:
+        return [item for k, v in node.items_ex(resolve=False) for item in _flatten(v, f"{prefix}{k}.")]
+    value = OmegaConf.to_container(node, resolve=False) if isinstance(node, (DictConfig, ListConfig)) else node
+    return [(prefix.rstrip("."), value)]
+
+
+def _parse_overrides(overrides: Sequence[str], problems: list[ConfigProblem]) -> list[tuple[str, Any]]:
+    pairs = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            problems.append(ConfigProblem(item, None, "command line", "overrides are key=value, e.g. data.train_batch_size=16"))
+            continue
+        parsed = OmegaConf.from_dotlist([f"value={raw}"]) if raw else {"value": ""}
+        value = parsed["value"]
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = OmegaConf.to_container(value, resolve=False)
+        pairs.append((key.strip(), value))
+    return pairs
+
+
+def _apply(config: DictConfig, pairs: list[tuple[str, Any]], source: str) -> list[ConfigProblem]:
+    problems = []
+    for key, value in pairs:
+        if not _key_exists(config, key):
+            problems.append(ConfigProblem(key, value, source, _unknown_key_message(config, key)))
+            continue
+        try:
+            OmegaConf.update(config, key, value, merge=False)
+        except OmegaConfBaseException as err:
+            problems.append(ConfigProblem(key, value, source, _type_message(config, key, err)))
+    return problems
+
+
+def _key_exists(config: DictConfig, key: str) -> bool:
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            # A dict-typed field (e.g. reward_kwargs) accepts any sub-key.
+            return isinstance(node, DictConfig) and node._metadata.object_type in (None, dict)
+        node = node._get_node(part)
+    return True
+
+
+def _all_keys(node: Any, prefix: str = "") -> list[str]:
+    if not isinstance(node, DictConfig):
+        return [prefix.rstrip(".")]
+    keys = [prefix.rstrip(".")] if prefix else []
+    for k in node.keys():
+        keys += _all_keys(node._get_node(k), f"{prefix}{k}.")
+    return keys
+
+
+def _unknown_key_message(config: DictConfig, key: str) -> str:
+    close = difflib.get_close_matches(key, _all_keys(config), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}?" if close else "run `posttrain config` to list every key"
+    return f"unknown key; {hint}"
+
+
+def _type_message(config: DictConfig, key: str, err: OmegaConfBaseException) -> str:
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(config, parent_key) if parent_key else config
+    node = parent._get_node(leaf) if isinstance(parent, DictConfig) else None
+    expected = getattr(getattr(node, "_metadata", None), "ref_type", None)
+    name = getattr(expected, "__name__", None) or str(expected).replace("typing.", "")
+    first_line = str(err).splitlines()[0]
+    return f"wrong type, expected {name}: {first_line}" if expected else first_line

@@ -1,0 +1,180 @@
+"""The typed config tree. Key names follow verl's where the concept is the same.
+
+Batch sizes follow verl's units: ``data.train_batch_size`` and ``*.ppo_mini_batch_size`` count
+prompts (each becomes ``rollout.n`` samples); ``*micro_batch_size_per_gpu`` counts samples on one
+rank ("gpu" kept for verl users: on CPU it means one worker process).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+    prompt_key: str = "prompt"
+    max_prompt_length: int = 256
+    max_response_length: int = 128
+    train_batch_size: int = 8
+    val_batch_size: Optional[int] = None
+    truncation: str = "error"  # error | left | right
+    filter_overlong_prompts: bool = True
+    shuffle: bool = True
+    seed: int = 42
+
+
+@dataclass
+class ModelConfig:
+    path: str = "smollm2-135m-instruct"
+    enable_gradient_checkpointing: bool = False
+    lora_rank: int = 0  # 0 = full fine-tuning
+    lora_alpha: int = 16
+    target_modules: str = "all-linear"
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_scheduler: str = "constant"  # constant | cosine
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
+class ActorConfig:
+    ppo_mini_batch_size: int = 8
+    ppo_micro_batch_size_per_gpu: int = 4
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 4096
+    ppo_epochs: int = 1
+    shuffle: bool = True
+    policy_loss: str = "vanilla"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    grad_clip: float = 1.0
+    dtype: str = "bfloat16"  # autocast dtype; master weights stay float32
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass
+class ValidationSampling:
+    n: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "vllm"  # vllm | hf
+    n: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    gpu_memory_utilization: float = 0.5
+    cpu_kv_cache_gb: float = 2.0
+    enforce_eager: bool = True
+    log_prob_micro_batch_size_per_gpu: int = 8
+    val_kwargs: ValidationSampling = field(default_factory=ValidationSampling)
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int = 8
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+
+
+@dataclass
+class CriticConfig:
+    enable: Optional[bool] = None  # None: on exactly when the advantage estimator needs values (gae)
+    model_path: Optional[str] = None  # None: the policy's model
+    ppo_mini_batch_size: int = 8
+    ppo_micro_batch_size_per_gpu: int = 4
+    ppo_epochs: int = 1
+    cliprange_value: float = 0.5
+    grad_clip: float = 1.0
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = False
+    model_path: Optional[str] = None
+    micro_batch_size_per_gpu: int = 8
+
+
+@dataclass
+class CustomRewardConfig:
+    path: Optional[str] = None
+    name: str = "compute_score"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 10.0
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "posttrain"
+    experiment_name: str = "run"
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    nnodes: int = 1
+    n_workers_per_node: int = 1  # ranks per node: GPUs on a GPU node, worker processes on CPU
+    device: str = "auto"  # auto | cpu | cuda
+    total_epochs: int = 1
+    total_training_steps: Optional[int] = None
+    critic_warmup: int = 0
+    test_freq: int = -1
+    save_freq: int = -1
+    val_before_train: bool = True
+    default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
+    resume_mode: str = "auto"  # auto | disable | a checkpoint path
+    max_ckpt_to_keep: Optional[int] = None
+    ray_address: Optional[str] = None  # None: start a local Ray; "auto": join the running cluster
+    seed: int = 1
+
+
+@dataclass
+class PosttrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)

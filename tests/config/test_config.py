@@ -1,0 +1,85 @@
+"""Config: YAML and dotted overrides over typed defaults; every problem reported at once."""
+
+import subprocess
+import sys
+
+import pytest
+
+from posttrain.config import ConfigError, load_config, to_yaml
+from posttrain.config.schema import PosttrainConfig
+
+
+def test_defaults_are_typed_dataclasses():
+    config = load_config()
+    assert isinstance(config, PosttrainConfig)
+    assert config.actor_rollout_ref.rollout.n == 4
+    assert config.trainer.default_local_dir == "runs/posttrain/run"  # interpolation resolved
+
+
+def test_yaml_then_overrides_last_one_wins(tmp_path):
+    yaml = tmp_path / "run.yaml"
+    yaml.write_text("data:\n  train_batch_size: 16\n  max_prompt_length: 64\ntrainer:\n  experiment_name: exp\n")
+    config = load_config([yaml], ["data.train_batch_size=32", "trainer.logger=[console,tensorboard]"])
+    assert config.data.train_batch_size == 32
+    assert config.data.max_prompt_length == 64
+    assert config.trainer.logger == ["console", "tensorboard"]
+    assert config.trainer.default_local_dir == "runs/posttrain/exp"
+    assert load_config([], ["custom_reward_function.reward_kwargs.alpha=0.5"]).custom_reward_function.reward_kwargs == {"alpha": 0.5}
+
+
+def test_every_problem_is_reported_together_with_key_value_source_and_fix(tmp_path):
+    yaml = tmp_path / "bad.yaml"
+    yaml.write_text("data:\n  train_batch_sise: 16\n")
+    with pytest.raises(ConfigError) as info:
+        load_config([yaml], ["data.max_prompt_length=abc", "algorithm.kl_ctrl.type=pid", "novalue"])
+    problems = {p.key: p for p in info.value.problems}
+    assert set(problems) == {"data.train_batch_sise", "data.max_prompt_length", "novalue"}
+    assert "did you mean data.train_batch_size" in problems["data.train_batch_sise"].message
+    assert problems["data.train_batch_sise"].source == str(yaml)
+    assert "expected int" in problems["data.max_prompt_length"].message
+    assert "key=value" in problems["novalue"].message
+    # value problems are checked only once the keys and types are right
+    with pytest.raises(ConfigError, match="must be one of fixed, adaptive"):
+        load_config([], ["algorithm.kl_ctrl.type=pid"])
+
+
+def test_batch_arithmetic_names_the_numbers():
+    with pytest.raises(ConfigError) as info:
+        load_config([], ["data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=8"])
+    (problem,) = info.value.problems
+    assert problem.key == "actor_rollout_ref.actor.ppo_mini_batch_size"
+    assert "data.train_batch_size=12" in problem.message and "set it to 6" in problem.message
+
+    with pytest.raises(ConfigError) as info:
+        load_config([], [
+            "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=3",
+            "trainer.n_workers_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.enable=false",
+        ])
+    (problem,) = info.value.problems
+    # 4 prompts x 3 = 12 samples over 2 ranks = 6 per rank, which micro-batches of 4 do not divide
+    assert "6 samples each rank" in problem.message and "set it to 3" in problem.message
+
+    with pytest.raises(ConfigError, match="do not split over 5 rank"):
+        load_config([], ["trainer.n_workers_per_node=5"])
+    # the critic's sizes are checked only when a critic runs (gae needs one)
+    load_config([], ["critic.ppo_mini_batch_size=3"])
+    with pytest.raises(ConfigError, match="critic.ppo_mini_batch_size"):
+        load_config([], ["critic.ppo_mini_batch_size=3", "algorithm.adv_estimator=gae"])
+
+
+def test_non_positive_sizes_are_refused():
+    with pytest.raises(ConfigError, match="rollout.n = 0 .*must be >= 1"):
+        load_config([], ["actor_rollout_ref.rollout.n=0"])
+
+
+def test_yaml_round_trip():
+    config = load_config([], ["data.train_batch_size=16"])
+    text = to_yaml(config)
+    assert "train_batch_size: 16" in text
+
+
+def test_cli_config_prints_yaml_and_fails_cleanly_on_bad_keys():
+    ok = subprocess.run([sys.executable, "-m", "posttrain.cli", "config", "data.train_batch_size=16"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "train_batch_size: 16" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "posttrain.cli", "config", "data.bogus=1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "data.bogus" in bad.stderr and "Traceback" not in bad.stderr
