@@ -10,12 +10,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
-def start_local_ray(num_cpus: int = 4) -> None:
+def start_local_ray(num_cpus: int = 4, num_gpus: int = 0) -> None:
     import ray
 
     if not ray.is_initialized():
         ray.init(
             num_cpus=num_cpus,
+            num_gpus=num_gpus,
             include_dashboard=False,
             log_to_driver=True,
             # Ray's workers import the test modules' worker classes by name.

@@ -77,6 +77,20 @@ class Doubler(Worker):
         return t.item()
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
+    def all_reduce_on_device(self, value: float) -> tuple[float, str]:
+        import torch.distributed as dist
+
+        t = torch.tensor([value], device="cuda" if self.ctx.use_gpu else "cpu")
+        dist.all_reduce(t)
+        return t.item(), t.device.type
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def visible_gpus(self) -> list[str]:
+        import ray
+
+        return [str(g) for g in ray.get_gpu_ids()]
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
     def node_id(self) -> str:
         import ray
 

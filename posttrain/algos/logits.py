@@ -1,0 +1,134 @@
+"""Log-probability of chosen tokens and entropy of the next-token distribution, from logits.
+
+    logprobs_from_logits(logits, labels)  # (..., V), (...) -> (...) float32*
+    entropy_from_logits(logits)           # (..., V) -> (...) float32*
+    (* float64 for float64 logits; bf16 and fp16 logits are computed in float32)
+
+    log pi(y) = z_y - logsumexp(z)
+    H(pi)     = -sum_i p_i log p_i,  p = softmax(z)   (p_i log p_i taken as 0 where z_i = -inf)
+
+Memory. A float32 log-softmax over a (B * T, V) batch with a 150k vocabulary is several GiB, and
+autograd would keep it for the backward pass. Both functions therefore work on row chunks: the
+forward pass upcasts one chunk of rows to float32 at a time, and the backward pass recomputes the
+softmax chunk by chunk instead of storing it (a custom autograd function). The only full-size
+allocation is the gradient of the logits itself, in the logits' own dtype. Chunks hold about
+`_CHUNK_ELEMENTS` float32 values unless `chunk_rows` says otherwise. Double backward is not
+supported (no loss in this package needs it). A non-contiguous `logits` (e.g. `logits[:, :-1]`) is
+copied once by the flattening reshape; slice the hidden states before the LM head to avoid it.
+Sampling temperature is the caller's: divide the logits before calling.
+
+Gradients, used by the backward passes (p = softmax(z), g the incoming gradient):
+    d log pi(y) / dz_i = 1[i = y] - p_i
+    d H / dz_i         = -p_i * (log p_i + H)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+__all__ = ["logprobs_from_logits", "entropy_from_logits"]
+
+# 2**24 float32 values = 64 MiB per chunk: small next to a model, large enough to keep kernels busy.
+_CHUNK_ELEMENTS = 2**24
+
+
+def _rows_per_chunk(vocab_size: int, chunk_rows: int | None) -> int:
+    if chunk_rows is not None:
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        return chunk_rows
+    return max(1, _CHUNK_ELEMENTS // max(vocab_size, 1))
+
+
+def _compute_dtype(logits: Tensor) -> torch.dtype:
+    # bf16/fp16 logits are upcast (their log-softmax loses too much); float64 stays float64.
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
+def _chunks(num_rows: int, rows: int) -> list[slice]:
+    return [slice(start, min(start + rows, num_rows)) for start in range(0, num_rows, rows)]
+
+
+class _ChunkedTokenLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, logits: Tensor, labels: Tensor, rows: int) -> Tensor:  # (N, V), (N,) -> (N,)
+        ctx.compute_dtype = _compute_dtype(logits)
+        out = torch.empty(logits.shape[0], dtype=ctx.compute_dtype, device=logits.device)
+        for part in _chunks(logits.shape[0], rows):
+            chunk = logits[part].to(ctx.compute_dtype)
+            chosen = chunk.gather(-1, labels[part].unsqueeze(-1)).squeeze(-1)
+            out[part] = chosen - torch.logsumexp(chunk, dim=-1)
+        ctx.save_for_backward(logits, labels)
+        ctx.rows = rows
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_out: Tensor) -> tuple[Tensor, None, None]:
+        logits, labels = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for part in _chunks(logits.shape[0], ctx.rows):
+            g = grad_out[part].to(ctx.compute_dtype).unsqueeze(-1)
+            chunk_grad = torch.softmax(logits[part].to(ctx.compute_dtype), dim=-1).mul_(-g)
+            chunk_grad.scatter_add_(-1, labels[part].unsqueeze(-1), g)
+            grad[part] = chunk_grad.to(grad.dtype)
+        return grad, None, None
+
+
+def _finite_log_softmax(chunk: Tensor) -> Tensor:
+    # Logits of -inf (a vocabulary masked by top-k, say) give p = 0 and log p = -inf, and 0 * -inf
+    # is NaN where the limit of p log p is 0. Clamping log p to the dtype's lowest finite value
+    # keeps p * log p = 0 there without a second full-size mask.
+    return torch.log_softmax(chunk, dim=-1).clamp_(min=torch.finfo(chunk.dtype).min)
+
+
+class _ChunkedEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, logits: Tensor, rows: int) -> Tensor:  # (N, V) -> (N,)
+        ctx.compute_dtype = _compute_dtype(logits)
+        out = torch.empty(logits.shape[0], dtype=ctx.compute_dtype, device=logits.device)
+        for part in _chunks(logits.shape[0], rows):
+            log_probs = _finite_log_softmax(logits[part].to(ctx.compute_dtype))
+            out[part] = -(log_probs.exp() * log_probs).sum(dim=-1)
+        ctx.save_for_backward(logits, out)
+        ctx.rows = rows
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_out: Tensor) -> tuple[Tensor, None]:
+        logits, entropy = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for part in _chunks(logits.shape[0], ctx.rows):
+            log_probs = _finite_log_softmax(logits[part].to(ctx.compute_dtype))
+            probs = log_probs.exp()
+            # -p * (log p + H) * g, in place to hold at most two chunk-sized buffers.
+            log_probs.add_(entropy[part].unsqueeze(-1)).mul_(probs)
+            log_probs.mul_(-grad_out[part].to(ctx.compute_dtype).unsqueeze(-1))
+            grad[part] = log_probs.to(grad.dtype)
+        return grad, None
+
+
+def logprobs_from_logits(logits: Tensor, labels: Tensor, *, chunk_rows: int | None = None) -> Tensor:
+    """Log-probability of `labels` under softmax(`logits`).  # (..., V), (...) -> (...) float32*
+
+    `labels` must be an integer tensor shaped like `logits` without its last dimension.
+    """
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"labels shape {tuple(labels.shape)} must equal logits shape {tuple(logits.shape)} "
+            "without its last (vocabulary) dimension"
+        )
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    rows = _rows_per_chunk(logits.shape[-1], chunk_rows)
+    flat = _ChunkedTokenLogprob.apply(flat_logits, labels.reshape(-1).long(), rows)
+    return flat.reshape(labels.shape)
+
+
+def entropy_from_logits(logits: Tensor, *, chunk_rows: int | None = None) -> Tensor:
+    """Entropy (nats) of softmax(`logits`) over the last dimension.  # (..., V) -> (...) float32*"""
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    rows = _rows_per_chunk(logits.shape[-1], chunk_rows)
+    return _ChunkedEntropy.apply(flat_logits, rows).reshape(logits.shape[:-1])

@@ -1,0 +1,93 @@
+import math
+
+import pytest
+import torch
+
+from posttrain.algos import entropy_from_logits, logprobs_from_logits
+
+
+def _loop_logprob(row: list[float], label: int) -> float:
+    log_norm = math.log(sum(math.exp(z) for z in row))
+    return row[label] - log_norm
+
+
+def _loop_entropy(row: list[float]) -> float:
+    norm = sum(math.exp(z) for z in row)
+    probs = [math.exp(z) / norm for z in row]
+    return -sum(p * math.log(p) for p in probs if p > 0)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 2), (2, 3, 7), (3, 5, 11)])
+@pytest.mark.parametrize("chunk_rows", [1, 4, None])
+def test_values_match_loops(shape, chunk_rows, gen):
+    logits = torch.randn(shape, generator=gen, dtype=torch.float64) * 3
+    labels = torch.randint(0, shape[-1], shape[:-1], generator=gen)
+    logprobs = logprobs_from_logits(logits, labels, chunk_rows=chunk_rows)
+    entropy = entropy_from_logits(logits, chunk_rows=chunk_rows)
+    assert logprobs.shape == entropy.shape == shape[:-1]
+    for index in torch.cartesian_prod(*[torch.arange(n) for n in shape[:-1]]).reshape(-1, len(shape) - 1):
+        position = tuple(index.tolist())
+        row = logits[position].tolist()
+        assert logprobs[position].item() == pytest.approx(_loop_logprob(row, int(labels[position])), abs=1e-5)
+        assert entropy[position].item() == pytest.approx(_loop_entropy(row), abs=1e-5)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, None])
+def test_gradients_match_autograd_through_log_softmax(chunk_rows, gen):
+    logits = torch.randn(2, 5, 9, generator=gen, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 9, (2, 5), generator=gen)
+    weights = torch.randn(2, 5, generator=gen, dtype=torch.float64)
+    ours = (logprobs_from_logits(logits, labels, chunk_rows=chunk_rows) * weights).sum()
+    ours = ours + (entropy_from_logits(logits, chunk_rows=chunk_rows) * weights.flip(0)).sum()
+    (grad_ours,) = torch.autograd.grad(ours, logits)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    reference = (log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1) * weights).sum()
+    reference = reference + (-(log_probs.exp() * log_probs).sum(-1) * weights.flip(0)).sum()
+    (grad_reference,) = torch.autograd.grad(reference, logits)
+    torch.testing.assert_close(grad_ours, grad_reference)
+
+
+def test_hand_worked_two_token_vocabulary():
+    # logits (0, ln 3): p = (1/4, 3/4); log p(1) = ln 3 - ln 4 = -0.287682
+    # H = -(1/4 ln 1/4 + 3/4 ln 3/4) = 0.346574 + 0.215762 = 0.562335
+    logits = torch.tensor([[0.0, math.log(3.0)]])
+    assert logprobs_from_logits(logits, torch.tensor([1])).item() == pytest.approx(-0.287682, abs=1e-6)
+    assert entropy_from_logits(logits).item() == pytest.approx(0.562335, abs=1e-6)
+
+
+def test_bfloat16_logits_compute_in_float32_and_keep_gradient_dtype(gen):
+    logits = (torch.randn(4, 50, generator=gen) * 4).to(torch.bfloat16).requires_grad_()
+    labels = torch.randint(0, 50, (4,), generator=gen)
+    logprobs = logprobs_from_logits(logits, labels, chunk_rows=2)
+    assert logprobs.dtype == torch.float32
+    expected = torch.log_softmax(logits.detach().float(), -1).gather(-1, labels[:, None]).squeeze(-1)
+    torch.testing.assert_close(logprobs, expected)
+    logprobs.sum().backward()
+    assert logits.grad.dtype == torch.bfloat16
+
+
+def test_masked_vocabulary_entries_give_finite_entropy_and_gradient():
+    # Two live entries of equal logit: H = ln 2, and the -inf entries contribute nothing.
+    logits = torch.tensor([[1.0, float("-inf"), 1.0, float("-inf")]], requires_grad=True)
+    entropy = entropy_from_logits(logits)
+    assert entropy.item() == pytest.approx(math.log(2.0))
+    entropy.sum().backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+def test_label_shape_mismatch_raises():
+    with pytest.raises(ValueError, match=r"labels shape \(2, 4\).*logits shape \(2, 3, 5\)"):
+        logprobs_from_logits(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_autograd_saves_no_float32_copy_of_the_logits(gen):
+    # The memory promise: for backward only the bf16 logits themselves (plus per-row vectors) are
+    # kept, not a float32 (N, V) log-softmax as autograd through torch.log_softmax would keep.
+    logits = torch.randn(6, 40, generator=gen).to(torch.bfloat16).requires_grad_()
+    labels = torch.randint(0, 40, (6,), generator=gen)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        logprobs_from_logits(logits, labels, chunk_rows=2)
+        entropy_from_logits(logits, chunk_rows=2)
+    large = [t for t in saved if t.numel() >= logits.numel()]
+    assert large and all(t.dtype == torch.bfloat16 and t.data_ptr() == logits.data_ptr() for t in large)

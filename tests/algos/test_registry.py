@@ -1,0 +1,75 @@
+import pytest
+import torch
+
+from posttrain.algos import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    AdvantageInputs,
+    cispo_policy_loss,
+    get_advantage_estimator,
+    get_kl_estimator,
+    get_policy_loss,
+    grpo_advantages,
+    gspo_policy_loss,
+    kl_k3,
+    ppo_policy_loss,
+)
+
+# verl's config names, which a trainer will look up.
+VERL_ESTIMATORS = {"gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "grpo_passk"}
+
+
+def _full_inputs(gen: torch.Generator) -> AdvantageInputs:
+    mask = torch.ones(4, 3)
+    return AdvantageInputs(token_rewards=torch.randn(4, 3, generator=gen), response_mask=mask,
+                           group_ids=torch.tensor([0, 0, 1, 1]), values=torch.randn(4, 3, generator=gen),
+                           baseline_scores=torch.randn(4, generator=gen))
+
+
+def test_registries_hold_the_config_names():
+    assert VERL_ESTIMATORS | {"drgrpo"} == set(ADVANTAGE_ESTIMATORS)
+    assert POLICY_LOSSES == {"vanilla": ppo_policy_loss, "ppo": ppo_policy_loss, "gspo": gspo_policy_loss,
+                             "cispo": cispo_policy_loss}
+    assert {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k3+", "low_var_kl+"} == set(KL_ESTIMATORS)
+    assert get_kl_estimator("low_var_kl") is kl_k3
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+def test_every_estimator_runs_by_name(name, gen):
+    out = get_advantage_estimator(name)(_full_inputs(gen))
+    assert out.advantages.shape == out.returns.shape == (4, 3)
+    assert torch.isfinite(out.advantages).all()
+
+
+def test_lookup_by_name_binds_options_and_matches_the_function(gen):
+    batch = _full_inputs(gen)
+    by_name = get_advantage_estimator("grpo", eps=0.5)(batch)
+    direct = grpo_advantages(batch.token_rewards, batch.response_mask, batch.group_ids, eps=0.5)
+    torch.testing.assert_close(by_name.advantages, direct.advantages)
+    loss = get_policy_loss("vanilla", clip_ratio_high=0.28)
+    logprobs, advantages = torch.randn(4, 3, generator=gen), torch.randn(4, 3, generator=gen)
+    torch.testing.assert_close(loss(logprobs, logprobs + 0.3, advantages, batch.response_mask).loss,
+                               ppo_policy_loss(logprobs, logprobs + 0.3, advantages, batch.response_mask,
+                                               clip_ratio_high=0.28).loss)
+
+
+def test_unknown_names_and_options_list_the_valid_ones():
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'; valid names: gae, grpo"):
+        get_advantage_estimator("ppo")
+    with pytest.raises(ValueError, match="unknown policy loss 'dapo'; valid names: vanilla, ppo, gspo, cispo"):
+        get_policy_loss("dapo")
+    with pytest.raises(ValueError, match="unknown KL estimator 'k4'"):
+        get_kl_estimator("k4")
+    with pytest.raises(ValueError, match="policy loss 'gspo' takes no option clip_ratio_dual; its options: clip_"):
+        get_policy_loss("gspo", clip_ratio_dual=3.0)
+    with pytest.raises(ValueError, match="advantage estimator 'rloo' takes no option gamma; its options: none"):
+        get_advantage_estimator("rloo", gamma=0.9)
+
+
+@pytest.mark.parametrize("name,missing", [("gae", "values"), ("grpo", "group_ids"), ("remax", "baseline_scores")])
+def test_missing_inputs_are_named(name, missing, gen):
+    batch = _full_inputs(gen)
+    batch = AdvantageInputs(**{**batch.__dict__, missing: None})
+    with pytest.raises(ValueError, match=f"advantage estimator '{name}' needs {missing}"):
+        get_advantage_estimator(name)(batch)
