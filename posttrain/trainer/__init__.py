@@ -1,0 +1,1 @@
+"""The loops (sync, later async), validation, checkpoints, tracking and reports."""

@@ -1,0 +1,189 @@
+"""Where metrics go: console (a live progress bar), JSONL, TensorBoard, Weights & Biases (offline),
+MLflow (local file store). Chosen by name from ``trainer.logger``; every tracker takes the same flat
+``{name: number}`` dict per step, with verl's namespaced names (``critic/score/mean``, ``timing_s/gen``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+# What the console shows next to the bar, when present: (metric name, label).
+HEADLINE_METRICS = (
+    ("critic/score/mean", "reward"),
+    ("val/acc", "val acc"),
+    ("response_length/mean", "resp len"),
+    ("timing_s/step", "s/step"),
+)
+
+
+class Tracker(Protocol):
+    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _finite_numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class ConsoleTracker:
+    """A progress bar with the headline metrics and ETA on a terminal; one line per step elsewhere (CI, logs)."""
+
+    def __init__(self, total_steps: int, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=False)
+        self.total_steps = total_steps
+        self.latest: dict[str, float] = {}
+        self.live = self.console.is_terminal
+        self.progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console, disable=not self.live,
+        )
+        self.task = self.progress.add_task("", total=total_steps)
+        if self.live:
+            self.progress.start()
+
+    def headline(self) -> str:
+        parts = []
+        for name, label in HEADLINE_METRICS:
+            matches = [v for k, v in self.latest.items() if k == name or (name == "val/acc" and k.startswith("val/") and "/acc/" in k)]
+            if matches:
+                parts.append(f"{label} {matches[0]:.3g}")
+        return " · ".join(parts)
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.latest |= _finite_numbers(metrics)
+        self.progress.update(self.task, completed=min(step, self.total_steps), description=self.headline())
+        if not self.live:
+            self.console.print(f"step {step}/{self.total_steps} · {self.headline()}", highlight=False)
+
+    def close(self) -> None:
+        if self.live:
+            self.progress.stop()
+
+
+class JsonlTracker:
+    """One JSON object per step: ``{"step": n, "time": unix_s, "metrics": {...}}``; NaN/inf written as null."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.file = path.open("a", encoding="utf-8")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        clean = {k: (v if math.isfinite(v) else None) for k, v in _finite_numbers(metrics).items()}
+        self.file.write(json.dumps({"step": step, "time": time.time(), "metrics": clean}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorBoardTracker:
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        for name, value in _finite_numbers(metrics).items():
+            self.writer.add_scalar(name, value, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    """Weights & Biases in offline mode: runs land in ``<dir>/wandb`` for a later ``wandb sync``."""
+
+    def __init__(self, project: str, name: str, run_dir: Path, config: Mapping[str, Any]) -> None:
+        import wandb
+
+        self.run = wandb.init(project=project, name=name, dir=str(run_dir), config=dict(config), mode="offline", reinit="finish_previous")
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.run.log(_finite_numbers(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowTracker:
+    """MLflow with a local file store at ``<dir>/mlruns`` (``mlflow ui --backend-store-uri file:<dir>/mlruns``)."""
+
+    def __init__(self, experiment: str, name: str, run_dir: Path, config: Mapping[str, Any]) -> None:
+        import os
+
+        import mlflow
+
+        # MLflow 3 refuses the file store unless asked; a local directory is the point here
+        # (no database server on a laptop run).
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.mlflow = mlflow
+        mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
+        mlflow.set_experiment(experiment)
+        self.run = mlflow.start_run(run_name=name)
+        flat = _flatten(config)
+        mlflow.log_params({k: str(v)[:500] for k, v in list(flat.items())[:100]})
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        safe = {k.replace("@", "_at_"): v for k, v in _finite_numbers(metrics).items() if math.isfinite(v)}
+        self.mlflow.log_metrics(safe, step=step)
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            flat |= _flatten(v, f"{prefix}{k}.")
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
+
+
+TRACKERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+
+
+class Tracking:
+    """Fans each step's metrics out to the trackers named in ``trainer.logger``."""
+
+    def __init__(
+        self, names: Sequence[str], *, run_dir: Path, project: str, experiment: str, total_steps: int,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        unknown = [n for n in names if n not in TRACKERS]
+        if unknown:
+            raise ValueError(f"trainer.logger: unknown tracker(s) {unknown}; choose from {list(TRACKERS)}")
+        config = dict(config or {})
+        builders = {
+            "console": lambda: ConsoleTracker(total_steps),
+            "jsonl": lambda: JsonlTracker(run_dir / "metrics.jsonl"),
+            "tensorboard": lambda: TensorBoardTracker(run_dir / "tensorboard"),
+            "wandb": lambda: WandbTracker(project, experiment, run_dir, config),
+            "mlflow": lambda: MlflowTracker(project, experiment, run_dir, config),
+        }
+        self.trackers: dict[str, Tracker] = {name: builders[name]() for name in dict.fromkeys(names)}
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        for tracker in self.trackers.values():
+            tracker.log(metrics, step)
+
+    def close(self) -> None:
+        for tracker in self.trackers.values():
+            tracker.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The steps a JsonlTracker wrote, in order (what reports and tests read back)."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
