@@ -9,6 +9,7 @@ Users' own columns may use any other name; these are reserved.
 
 # ---- tensors ---------------------------------------------------------------------------------
 PROMPT_IDS = "prompts"                      # (B, P) int64, left-padded prompt token ids
+PROMPT_MASK = "prompt_attention_mask"       # (B, P) int64, 1 on real prompt tokens
 RESPONSE_IDS = "responses"                  # (B, T) int64, right-padded response token ids
 INPUT_IDS = "input_ids"                     # (B, L) int64, prompt followed by response
 ATTENTION_MASK = "attention_mask"           # (B, L) int64, 1 on real tokens

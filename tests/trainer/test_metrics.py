@@ -1,0 +1,33 @@
+import torch
+
+from posttrain import keys
+from posttrain.protocol import Batch
+from posttrain.trainer.metrics import data_metrics, timing_metrics
+
+
+def batch() -> Batch:
+    # two samples: response lengths 3 and 1 (max 3), prompt lengths 2 and 4
+    return Batch.from_dict({
+        keys.RESPONSE_MASK: torch.tensor([[1, 1, 1], [1, 0, 0]]),
+        keys.PROMPT_MASK: torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]),
+        keys.TOKEN_SCORES: torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 0.0]]),
+        keys.ADVANTAGES: torch.tensor([[1.0, 2.0, 3.0], [-4.0, 99.0, 99.0]]),  # 99 sits under the mask
+    })
+
+
+def test_data_metrics_by_hand():
+    m = data_metrics(batch(), max_response_length=3)
+    assert m["critic/score/mean"] == 0.75 and m["critic/score/max"] == 1.0 and m["critic/score/min"] == 0.5
+    assert m["critic/advantages/mean"] == 0.5  # (1 + 2 + 3 - 4) / 4: masked entries ignored
+    assert m["critic/advantages/max"] == 3.0 and m["critic/advantages/min"] == -4.0
+    assert m["response_length/mean"] == 2.0 and m["response_length/clip_ratio"] == 0.5
+    assert m["prompt_length/mean"] == 3.0
+    assert "critic/values/mean" not in m
+
+
+def test_timing_metrics_by_hand():
+    m = timing_metrics({"gen": 2.0, "update_actor": 5.0, "step": 10.0}, batch())
+    # 4 response tokens, 6 prompt tokens -> 10 tokens
+    assert m["timing_per_token_ms/gen"] == 500.0
+    assert m["timing_per_token_ms/update_actor"] == 500.0
+    assert m["perf/total_num_tokens"] == 10 and m["perf/throughput"] == 1.0 and m["timing_s/step"] == 10.0
