@@ -208,7 +208,7 @@ def spawn_ray(
                 num_gpus=gpus,
                 scheduling_strategy=strategy,
                 name=f"{prefix}_rank{rank}_{os.getpid()}_{time.monotonic_ns()}",
-                runtime_env={"env_vars": dict(env or {})},
+                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(max(1, int(cpus)))} | dict(env or {})},
             ).remote(specs)
         )
     backend = _RayBackend(actors)

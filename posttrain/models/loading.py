@@ -1,0 +1,133 @@
+"""Finding and loading causal language models and their tokenizers (Hugging Face format).
+
+A model is named either by a local directory in Hugging Face format (``config.json`` plus
+safetensors weights and tokenizer files) or by a built-in name (see :data:`BUILTIN_MODELS`).
+Nothing is downloaded: every machine this project runs on is offline.
+
+Padding policy (:func:`ensure_pad_token`): if a tokenizer has no pad token, its eos token is used;
+if it has no eos either, a dedicated ``<|pad|>`` token is added, but only when the model's
+embedding already has a spare row for it (no resizing). Padding is never trained on: batches mark
+real tokens with attention and response masks built from sequence lengths, never by comparing ids
+with ``pad_token_id``, so a pad token that equals eos does not hide the eos that ends a response.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from posttrain.models.smollm2 import SMOLLM2_NAME, smollm2_model_dir
+
+DEFAULT_MODEL = SMOLLM2_NAME
+BUILTIN_MODELS: dict[str, Callable[[], Path]] = {SMOLLM2_NAME: smollm2_model_dir}
+DEDICATED_PAD_TOKEN = "<|pad|>"
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def resolve_model(name_or_path: str | Path) -> Path:
+    """Return the local HF directory for a built-in model name or a model directory path.
+
+    Built-in names (``smollm2-135m-instruct``) are materialised into the cache on first use.
+    A path must be an existing directory with a ``config.json``; otherwise a ``FileNotFoundError``
+    names the path and what to pass instead.
+    """
+    key = str(name_or_path)
+    if key in BUILTIN_MODELS:
+        return BUILTIN_MODELS[key]()
+    path = Path(key).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"Model '{key}' is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor an "
+            f"existing directory (looked at {path.resolve()}). Models are not downloaded (no "
+            "internet): pass a local Hugging Face model directory, e.g. one written with "
+            "model.save_pretrained(dir) and tokenizer.save_pretrained(dir)."
+        )
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"Model directory {path.resolve()} has no config.json, so it is not a Hugging Face "
+            "model directory. Point to the directory that holds config.json and the *.safetensors "
+            f"files, or use the built-in '{DEFAULT_MODEL}'."
+        )
+    return path.resolve()
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``torch.float32`` for ``"float32"``/``"fp32"``/``torch.float32``, and likewise bf16, fp16."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"Unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}.")
+    return _DTYPES[dtype]
+
+
+def _read_config_json(path: Path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
+def ensure_pad_token(tokenizer, vocab_size: int | None = None):
+    """Give ``tokenizer`` a pad token if it has none (see the module docstring); returns it."""
+    if tokenizer.pad_token is not None:
+        return tokenizer
+    if tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
+    if vocab_size is not None and len(tokenizer) < vocab_size:
+        tokenizer.add_special_tokens({"pad_token": DEDICATED_PAD_TOKEN})
+        return tokenizer
+    raise ValueError(
+        f"Tokenizer {tokenizer.name_or_path!r} has neither a pad nor an eos token, and the model's "
+        f"embedding (vocab_size={vocab_size}) has no spare row for a dedicated pad token. Set "
+        "pad_token in the model directory's tokenizer_config.json."
+    )
+
+
+def load_tokenizer(name_or_path: str | Path):
+    """Load the tokenizer of a model (built-in name or directory), with a pad token ensured."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return ensure_pad_token(tokenizer, _read_config_json(path).get("vocab_size"))
+
+
+def check_causal_lm_config(path: Path) -> None:
+    """Raise ``ValueError`` unless ``path/config.json`` describes a decoder-only causal LM."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = _read_config_json(path).get("model_type")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(
+            f"{path / 'config.json'} declares model_type={model_type!r}, which transformers "
+            "cannot load as a causal language model (AutoModelForCausalLM). posttrain trains and "
+            "samples decoder-only models with a language-model head (e.g. llama, qwen2, mistral); "
+            "point to such a model."
+        )
+
+
+def load_causal_lm(
+    name_or_path: str | Path,
+    dtype: str | torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+):
+    """Load a causal LM (built-in name or directory) in ``dtype`` on ``device``, in eval mode.
+
+    Raises ``FileNotFoundError`` for a missing directory and ``ValueError`` for a config that is
+    not a causal LM. The caller switches to ``train()`` when it trains.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model(name_or_path)
+    check_causal_lm_config(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype))
+    return model.to(device).eval()
