@@ -1,6 +1,7 @@
 """The ``posttrain`` command.
 
   posttrain config [--preset NAME] [key=value ...]   print the resolved config (or every problem in it)
+  posttrain prepare NAME --out DIR [key=value ...]   write a dataset (gsm8k, arithmetic) as verl-format Parquet
   posttrain demo                                     the single controller at work on local Ray
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from posttrain.config import ConfigError, load_config, preset_names, preset_path, to_yaml
 
@@ -16,6 +18,19 @@ def _config_command(args: argparse.Namespace) -> int:
     files = [preset_path(args.preset)] if args.preset else []
     files += args.config or []
     print(to_yaml(load_config(files, args.overrides)), end="")
+    return 0
+
+
+def _prepare_command(args: argparse.Namespace) -> int:
+    from posttrain.data import parse_options, prepare
+
+    try:
+        paths = prepare(args.name, args.out, **parse_options(args.name, args.options))
+    except ValueError as err:
+        print(f"posttrain: {err}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
     return 0
 
 
@@ -36,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. data.train_batch_size=16")
     config.set_defaults(run=_config_command)
 
+    prep = commands.add_parser("prepare", help="write a dataset (gsm8k, arithmetic) as verl-format Parquet")
+    prep.add_argument("name", help="gsm8k or arithmetic")
+    prep.add_argument("--out", required=True, type=Path, help="directory for train.parquet and test.parquet")
+    prep.add_argument("options", nargs="*", help="key=value options, e.g. train_size=100 operators=+-")
+    prep.set_defaults(run=_prepare_command)
+
     demo = commands.add_parser("demo", help="run the single-controller demo on local Ray")
     demo.add_argument("--ranks", type=int, default=2)
     demo.set_defaults(run=_demo_command)
@@ -43,7 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value items after an option (``prepare x --out d k=v``) land in `extra`; they belong to
+    # the command's own key=value list.
+    listed = "overrides" if hasattr(args, "overrides") else "options" if hasattr(args, "options") else None
+    if extra and (listed is None or not all("=" in item and not item.startswith("-") for item in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        setattr(args, listed, [*getattr(args, listed), *extra])
     try:
         return args.run(args)
     except ConfigError as err:

@@ -31,3 +31,11 @@ def ray_local():
 
     start_local_ray()
     yield ray
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The SmolLM2 tokenizer (ChatML template; <|im_end|> is eos and pad) of the cached tiny model."""
+    from posttrain.models import cached_tiny_model, load_tokenizer
+
+    return load_tokenizer(cached_tiny_model("llama"))

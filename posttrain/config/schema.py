@@ -116,6 +116,7 @@ class CriticConfig:
 
 @dataclass
 class RewardModelConfig:
+    reward_manager: str = "naive"  # naive: one score call per sample | batch: one call with lists
     enable: bool = False
     model_path: Optional[str] = None
     micro_batch_size_per_gpu: int = 8

@@ -15,6 +15,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "critic.optim.lr_scheduler": ("constant", "cosine"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "trainer.device": ("auto", "cpu", "cuda"),
+    "reward_model.reward_manager": ("naive", "batch"),
 }
 
 POSITIVE: tuple[str, ...] = (

@@ -1,0 +1,135 @@
+"""The RL prompt dataset: verl-format Parquet rows, chat-templated and tokenised once, up front.
+
+Each prompt's chat messages go through the tokenizer's chat template with
+``add_generation_prompt=True`` (so the model continues as the assistant) and are tokenised without
+adding special tokens again (the template already holds them). All prompts are tokenised when the
+dataset is built, because filtering overlong prompts needs every length, and because batches then
+cost only a padding copy.
+
+Prompts longer than ``max_prompt_length`` tokens are, in this order:
+  1. dropped when ``filter_overlong_prompts`` is true (the count is logged and kept in
+     :attr:`RLDataset.num_filtered`);
+  2. otherwise handled by ``truncation``: ``"error"`` raises, naming the first such sample;
+     ``"left"`` keeps the last ``max_prompt_length`` tokens (the generation prompt survives);
+     ``"right"`` keeps the first ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from posttrain.data.format import PromptRow, read_rows
+
+logger = logging.getLogger(__name__)
+
+TRUNCATION_MODES = ("error", "left", "right")
+
+
+@dataclass(frozen=True)
+class PromptSample:
+    """One prompt ready for batching."""
+
+    prompt_ids: list[int]               # chat-templated token ids, at most max_prompt_length
+    messages: list[dict[str, str]]      # the chat messages before templating
+    data_source: str
+    ground_truth: Any
+    extra_info: dict[str, Any]
+
+
+class PromptTooLongError(ValueError):
+    """A prompt exceeds max_prompt_length while truncation is "error"."""
+
+
+class RLDataset:
+    """Prompts from one or more verl-format Parquet files (concatenated in the order given).
+
+    ``tokenizer`` is a Hugging Face tokenizer with a chat template and a pad token (as
+    :func:`posttrain.models.load_tokenizer` returns). Indexing gives :class:`PromptSample`.
+    """
+
+    def __init__(
+        self,
+        files: str | Path | Sequence[str | Path],
+        tokenizer: Any,
+        *,
+        prompt_key: str = "prompt",
+        max_prompt_length: int = 256,
+        truncation: str = "error",
+        filter_overlong_prompts: bool = True,
+    ) -> None:
+        if truncation not in TRUNCATION_MODES:
+            raise ValueError(f"truncation={truncation!r} (data.truncation) is not one of {TRUNCATION_MODES}")
+        if max_prompt_length < 1:
+            raise ValueError(f"max_prompt_length={max_prompt_length} (data.max_prompt_length) must be at least 1")
+        rows = read_rows(files, prompt_key)
+        token_ids = tokenize_prompts([row.messages for row in rows], tokenizer)
+        kept = range(len(rows))
+        if filter_overlong_prompts:
+            kept = [i for i in kept if len(token_ids[i]) <= max_prompt_length]
+            self.num_filtered = len(rows) - len(kept)
+            if self.num_filtered:
+                logger.warning(
+                    "dropped %d of %d prompts longer than max_prompt_length=%d tokens",
+                    self.num_filtered, len(rows), max_prompt_length,
+                )
+        else:
+            self.num_filtered = 0
+        self.samples = [
+            _make_sample(rows[i], _fit(token_ids[i], i, rows[i], max_prompt_length, truncation)) for i in kept
+        ]
+        if not self.samples:
+            raise ValueError(
+                f"no prompts left out of {len(rows)} in {sorted({str(r.file) for r in rows})}: all are longer "
+                f"than max_prompt_length={max_prompt_length}; raise data.max_prompt_length"
+            )
+        self.max_prompt_length = max_prompt_length
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> PromptSample:
+        return self.samples[index]
+
+
+def tokenize_prompts(conversations: list[list[dict[str, str]]], tokenizer: Any) -> list[list[int]]:
+    """Token ids of each conversation after the chat template with the generation prompt added."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template, so chat "
+            "prompts cannot be formatted; use an instruct/chat model's tokenizer or set chat_template "
+            "in its tokenizer_config.json"
+        )
+    if not conversations:
+        return []
+    texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)
+    # The template already placed the special tokens (BOS, role markers); adding them again would double them.
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def _fit(ids: list[int], index: int, row: PromptRow, max_length: int, truncation: str) -> list[int]:
+    if len(ids) <= max_length:
+        return ids
+    if truncation == "left":
+        return ids[-max_length:]
+    if truncation == "right":
+        return ids[:max_length]
+    raise PromptTooLongError(
+        f"prompt {index} (row {row.row} of {row.file}) is {len(ids)} tokens after the chat template, "
+        f"over max_prompt_length={max_length}. Raise data.max_prompt_length to at least {len(ids)}, drop "
+        "such prompts with data.filter_overlong_prompts=true, or cut them with data.truncation=left "
+        "(keeps the end, where the question usually is) or data.truncation=right"
+    )
+
+
+def _make_sample(row: PromptRow, prompt_ids: list[int]) -> PromptSample:
+    return PromptSample(
+        prompt_ids=list(prompt_ids),
+        messages=row.messages,
+        data_source=row.data_source,
+        ground_truth=row.ground_truth,
+        extra_info=row.extra_info,
+    )

@@ -1,0 +1,81 @@
+"""Dataset preparers: write a named dataset as verl-format Parquet (``posttrain prepare NAME --out DIR``).
+
+A preparer is a function ``(out_dir: Path, *, option=default, ...) -> list[Path]`` registered in
+:data:`PREPARERS`. Its keyword options are its documentation: :func:`parse_options` turns
+``key=value`` strings from the command line into them, using the options' type annotations.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from posttrain.data.preparers.arithmetic import prepare_arithmetic
+from posttrain.data.preparers.gsm8k import prepare_gsm8k
+
+Preparer = Callable[..., list[Path]]
+PREPARERS: dict[str, Preparer] = {"gsm8k": prepare_gsm8k, "arithmetic": prepare_arithmetic}
+
+
+def preparer_names() -> list[str]:
+    return sorted(PREPARERS)
+
+
+def get_preparer(name: str) -> Preparer:
+    if name not in PREPARERS:
+        raise ValueError(f"unknown dataset {name!r}; the preparers are {preparer_names()}")
+    return PREPARERS[name]
+
+
+def describe_options(name: str) -> str:
+    """The options of preparer ``name`` with their defaults, e.g. ``"train_size=2000, seed=0"``."""
+    parameters = list(inspect.signature(get_preparer(name)).parameters.values())[1:]
+    return ", ".join(f"{p.name}={p.default!r}" for p in parameters)
+
+
+def prepare(name: str, out_dir: str | Path, **options: Any) -> list[Path]:
+    """Write dataset ``name`` into ``out_dir``; returns the Parquet files written."""
+    preparer = get_preparer(name)
+    try:
+        inspect.signature(preparer).bind(Path(out_dir), **options)
+    except TypeError as error:
+        raise ValueError(f"bad options {sorted(options)} for dataset {name!r} ({error}); its options are: {describe_options(name)}") from None
+    return preparer(Path(out_dir), **options)
+
+
+def parse_options(name: str, assignments: Sequence[str]) -> dict[str, Any]:
+    """``["train_size=100", "operators=+-"]`` → ``{"train_size": 100, "operators": "+-"}`` for preparer ``name``.
+
+    Values are converted to the option's annotated type (int, float, bool, str, Path; ``none`` for
+    an optional one).
+    """
+    preparer = get_preparer(name)
+    hints = typing.get_type_hints(preparer)
+    options: dict[str, Any] = {}
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        if not sep or key not in hints or key == "return" or key == "out_dir":
+            raise ValueError(f"expected key=value with a key among: {describe_options(name)}; got {assignment!r}")
+        options[key] = _convert(text, hints[key], key)
+    return options
+
+
+def _convert(text: str, hint: Any, key: str) -> Any:
+    kinds = [k for k in typing.get_args(hint) if k is not type(None)] or [hint]
+    if type(None) in typing.get_args(hint) and text.lower() in ("none", "null"):
+        return None
+    kind = kinds[0]
+    if kind is bool:
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"{key}={text!r}: expected true or false")
+        return text.lower() in ("true", "1")
+    try:
+        return kind(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}={text!r}: expected a value of type {getattr(kind, '__name__', kind)}") from None
+
+
+__all__ = ["PREPARERS", "Preparer", "describe_options", "get_preparer", "parse_options", "prepare", "preparer_names"]

@@ -1,0 +1,130 @@
+"""Procedural integer arithmetic problems (``37 + 8 * 12``), seeded, in verl's row format.
+
+Each problem has ``num_operands`` operands of exactly ``digits`` digits (0–9 when ``digits`` is 1)
+joined by operators drawn from ``operators`` (``+``, ``-``, ``*``; ``*`` binds tighter, as usual).
+The ground truth is the integer value as a string.
+
+The prompt (:func:`prompt_text`) asks for the final answer at the end, after ``####``. Measured with
+SmolLM2-135M-Instruct (greedy, 48 one-digit problems of ``+-*``): it almost never writes ``####``
+(1 of 48) but ends its reply with the right number 30 times ("7 + 9 = 16"); with two-digit operands
+only 3 times. Hence the defaults — one digit, two operands, the 300 such problems split 240/60 —
+and :func:`posttrain.rewards.arithmetic.compute_score` reading the last number by default, which
+is the number after ``####`` whenever the model follows the prompt.
+
+Problems are drawn without repetition from ``random.Random(seed)``: the first ``train_size`` distinct
+expressions form the train split and the next ``val_size`` the held-out split (``test.parquet``),
+so the two never share an expression, and the same arguments always give the same files.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from posttrain.data.format import make_row, write_rows
+
+DATA_SOURCE = "arithmetic"
+SUPPORTED_OPERATORS = "+-*"
+INSTRUCTION = 'End your reply with the final answer after "####".'
+# Rejection sampling gives up after this many draws per wanted problem (a nearly exhausted space).
+_DRAWS_PER_PROBLEM = 50
+
+
+@dataclass(frozen=True)
+class Problem:
+    operands: tuple[int, ...]
+    operators: tuple[str, ...]
+
+    @property
+    def expression(self) -> str:
+        parts = [str(self.operands[0])]
+        for operator, operand in zip(self.operators, self.operands[1:]):
+            parts += [operator, str(operand)]
+        return " ".join(parts)
+
+    @property
+    def value(self) -> int:
+        """The value with ``*`` before ``+``/``-``, left to right."""
+        terms, signs = [self.operands[0]], []
+        for operator, operand in zip(self.operators, self.operands[1:]):
+            if operator == "*":
+                terms[-1] *= operand
+            else:
+                signs.append(operator)
+                terms.append(operand)
+        total = terms[0]
+        for sign, term in zip(signs, terms[1:]):
+            total = total + term if sign == "+" else total - term
+        return total
+
+
+def prompt_text(problem: Problem) -> str:
+    return f"What is {problem.expression}? {INSTRUCTION}"
+
+
+def generate_problems(count: int, *, digits: int, num_operands: int, operators: str, seed: int) -> list[Problem]:
+    """``count`` distinct problems in a fixed order for ``seed``."""
+    _check_options(count, digits, num_operands, operators)
+    low, high = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+    rng = random.Random(seed)
+    seen: set[Problem] = set()
+    problems: list[Problem] = []
+    for _ in range(count * _DRAWS_PER_PROBLEM):
+        problem = Problem(
+            tuple(rng.randint(low, high) for _ in range(num_operands)),
+            tuple(rng.choice(operators) for _ in range(num_operands - 1)),
+        )
+        if problem not in seen:
+            seen.add(problem)
+            problems.append(problem)
+            if len(problems) == count:
+                return problems
+    raise ValueError(
+        f"found only {len(problems)} distinct problems of the {count} asked for; use more digits, "
+        "operands or operators, or fewer problems"
+    )
+
+
+def _check_options(count: int, digits: int, num_operands: int, operators: str) -> None:
+    if digits < 1 or num_operands < 2 or count < 1:
+        raise ValueError(f"need digits >= 1, num_operands >= 2 and at least one problem; got {digits=}, {num_operands=}, {count=}")
+    unknown = sorted(set(operators) - set(SUPPORTED_OPERATORS))
+    if not operators or unknown:
+        raise ValueError(f"operators={operators!r}: use a non-empty string of {SUPPORTED_OPERATORS!r}, e.g. '+-'")
+    distinct_values = 10**digits - (0 if digits == 1 else 10 ** (digits - 1))
+    space = distinct_values**num_operands * len(set(operators)) ** (num_operands - 1)
+    if count > space:
+        raise ValueError(
+            f"asked for {count} distinct problems but only {space} exist with {digits} digit(s), "
+            f"{num_operands} operands and operators {operators!r}; lower train_size/val_size or widen the problems"
+        )
+
+
+def prepare_arithmetic(
+    out_dir: Path,
+    *,
+    train_size: int = 240,
+    val_size: int = 60,
+    digits: int = 1,
+    num_operands: int = 2,
+    operators: str = "+-*",
+    seed: int = 0,
+) -> list[Path]:
+    """Write ``train.parquet`` and ``test.parquet`` (the held-out split) into ``out_dir``."""
+    problems = generate_problems(
+        train_size + val_size, digits=digits, num_operands=num_operands, operators=operators, seed=seed
+    )
+    splits = {"train": problems[:train_size], "test": problems[train_size:]}
+    return [write_rows([_row(p, split, i) for i, p in enumerate(items)], Path(out_dir) / f"{split}.parquet")
+            for split, items in splits.items()]
+
+
+def _row(problem: Problem, split: str, index: int) -> dict:
+    return make_row(
+        data_source=DATA_SOURCE,
+        messages=[{"role": "user", "content": prompt_text(problem)}],
+        ground_truth=str(problem.value),
+        ability="arithmetic",
+        extra_info={"split": split, "index": index, "expression": problem.expression},
+    )

@@ -1,0 +1,285 @@
+"""Reward managers: responses in a Batch → a score on each response's last token.
+
+Both managers read from the Batch (see :mod:`posttrain.keys`)
+  RESPONSE_IDS (B, T), and RESPONSE_MASK (B, T) or else the last T columns of ATTENTION_MASK (B, L);
+  DATA_SOURCE, GROUND_TRUTH and (optionally) EXTRA_INFO, one per sample;
+decode each response up to its last valid token (the mask's last 1) with special tokens skipped,
+score it, and return a :class:`RewardResult` whose ``token_scores`` (B, T) hold each sample's score
+at that last valid position and zeros elsewhere (an empty response's score sits at position 0).
+
+:class:`RewardManager` calls a score function once per sample, chosen by ``data_source`` from a
+table (:data:`~posttrain.rewards.registry.DEFAULT_SCORE_FUNCTIONS`) unless one ``score_function``
+scores everything (the user's custom function). :class:`BatchRewardManager` calls one function once
+with lists (``solution_strs``, ``ground_truths``, ...), for scorers that batch (a model, an API).
+
+Failures are contained: a call that raises, returns something other than a number or a dict with a
+finite ``"score"``, or runs past its deadline scores 0 and is counted in ``metrics``
+(``reward/errors``, ``reward/timeouts``); the first failure of each call is logged with its reason.
+``timeout_s`` is the deadline per sample (see :mod:`posttrain.rewards.sandbox`); the batched call
+gets ``timeout_s`` times the batch size. ``timeout_s=None`` scores in this process with no deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from posttrain import keys
+from posttrain.protocol import Batch
+from posttrain.rewards.custom import FileScoreFunction
+from posttrain.rewards.registry import (
+    BATCHED_CONTEXT_KEYWORDS,
+    BATCHED_REQUIRED_KEYWORDS,
+    DEFAULT_SCORE_FUNCTIONS,
+    ScoreFunction,
+    check_callable_with,
+    context_keywords,
+    score_function_for,
+)
+from posttrain.rewards.sandbox import CallOutcome, InlineScorer, ProcessScorer, check_picklable
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RewardResult:
+    token_scores: torch.Tensor                                     # (B, T) float32, score on the last valid response token
+    scores: torch.Tensor                                           # (B,) float32
+    extra: dict[str, np.ndarray] = field(default_factory=dict)     # name -> (B,) values besides "score" (e.g. acc); NaN/None where missing
+    metrics: dict[str, float] = field(default_factory=dict)        # reward/errors, reward/timeouts, reward/empty_responses
+
+    def to_batch(self) -> Batch:
+        """TOKEN_SCORES as a Batch to union into the step's batch; extras as ``reward_extra/<name>``, metrics in meta."""
+        extra = {f"reward_extra/{name}": values for name, values in self.extra.items()}
+        return Batch.from_dict({keys.TOKEN_SCORES: self.token_scores}, extra).with_metrics(self.metrics)
+
+
+@dataclass(frozen=True)
+class DecodedResponses:
+    texts: list[str]
+    last_positions: torch.Tensor  # (B,) int64, index of the last valid response token, -1 if none
+    width: int                    # T
+
+
+def decode_responses(batch: Batch, tokenizer: Any) -> DecodedResponses:
+    """Each response's text up to its last valid token (special tokens skipped)."""
+    if keys.RESPONSE_IDS not in batch:
+        raise KeyError(f"the reward manager needs {keys.RESPONSE_IDS!r} (B, T) in the Batch; it has {sorted(batch.keys())}")
+    response_ids = batch[keys.RESPONSE_IDS].cpu()
+    width = response_ids.shape[1]
+    mask = _response_mask(batch, width).cpu()
+    if mask.shape != response_ids.shape:
+        raise ValueError(f"response mask of shape {tuple(mask.shape)} does not match {keys.RESPONSE_IDS!r} of shape {tuple(response_ids.shape)}")
+    positions = torch.arange(width).expand_as(mask)
+    last = torch.where(mask.bool(), positions, torch.full_like(positions, -1)).max(dim=1).values
+    texts = tokenizer.batch_decode(
+        [response_ids[row, : int(end) + 1].tolist() for row, end in enumerate(last)], skip_special_tokens=True
+    )
+    return DecodedResponses(texts, last, width)
+
+
+def _response_mask(batch: Batch, width: int) -> torch.Tensor:
+    if keys.RESPONSE_MASK in batch:
+        return batch[keys.RESPONSE_MASK]
+    if keys.ATTENTION_MASK in batch:
+        return batch[keys.ATTENTION_MASK][:, -width:]
+    raise KeyError(
+        f"the reward manager needs {keys.RESPONSE_MASK!r} (B, T) or {keys.ATTENTION_MASK!r} (B, P+T) to find "
+        f"where each response ends; the Batch has {sorted(batch.keys())}"
+    )
+
+
+def place_scores(scores: torch.Tensor, last_positions: torch.Tensor, width: int) -> torch.Tensor:
+    """(B,) scores → (B, T) zeros with each score at its last valid position (position 0 if none)."""
+    token_scores = torch.zeros((scores.shape[0], width), dtype=torch.float32)
+    token_scores[torch.arange(scores.shape[0]), last_positions.clamp(min=0)] = scores.to(torch.float32)
+    return token_scores
+
+
+def _per_sample(batch: Batch, key: str, required: bool = True) -> list[Any]:
+    if key in batch.non_tensors:
+        return list(batch.non_tensors[key])
+    if not required:
+        return [None] * len(batch)
+    raise KeyError(f"the reward manager needs the non-tensor column {key!r}; the Batch has {sorted(batch.keys())}")
+
+
+def _make_scorer(timeout_s: float | None) -> InlineScorer | ProcessScorer:
+    return InlineScorer() if timeout_s is None else ProcessScorer(timeout_s)
+
+
+class RewardManager:
+    """Scores each sample with the function for its data source (or with ``score_function``)."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        score_functions: Mapping[str, ScoreFunction] = DEFAULT_SCORE_FUNCTIONS,
+        score_function: ScoreFunction | None = None,
+        timeout_s: float | None = 10.0,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.score_functions = dict(score_functions)
+        self.score_function = score_function
+        candidates = {"custom": score_function} if score_function is not None else self.score_functions
+        for name, function in candidates.items():
+            check_callable_with(function, repr(name))
+            if timeout_s is not None:
+                check_picklable(function, repr(name))
+        self.scorer = _make_scorer(timeout_s)
+
+    def __call__(self, batch: Batch) -> RewardResult:
+        decoded = decode_responses(batch, self.tokenizer)
+        sources = _per_sample(batch, keys.DATA_SOURCE)
+        truths = _per_sample(batch, keys.GROUND_TRUTH)
+        infos = _per_sample(batch, keys.EXTRA_INFO, required=False)
+        if self.score_function is not None:
+            functions = [self.score_function] * len(batch)
+        else:  # every data source is looked up before any scoring, so an unknown one fails fast
+            functions = [score_function_for(source, self.score_functions) for source in sources]
+        table = {function: index for index, function in enumerate(dict.fromkeys(functions))}
+        accepted = {function: context_keywords(function) for function in table}
+        calls = []
+        for text, truth, source, info, function in zip(decoded.texts, truths, sources, infos, functions):
+            context = {"data_source": source, "extra_info": info}
+            arguments = {"solution_str": text, "ground_truth": truth} | {k: context[k] for k in accepted[function]}
+            calls.append((table[function], arguments))
+        outcomes = self.scorer.run(list(table), calls)
+        return _collect(outcomes, decoded)
+
+    def close(self) -> None:
+        """Stop the scoring process (it is also stopped when the manager is garbage-collected)."""
+        self.scorer.close()
+
+
+class BatchRewardManager:
+    """Scores the whole batch with one call of ``score_function(solution_strs=..., ground_truths=..., ...)``.
+
+    The function returns one float or dict per sample, in order. If the call fails, every sample
+    scores 0 and counts as an error (or a timeout).
+    """
+
+    def __init__(self, tokenizer: Any, score_function: ScoreFunction, *, timeout_s: float | None = 10.0) -> None:
+        check_callable_with(score_function, "custom (batched)", BATCHED_REQUIRED_KEYWORDS, BATCHED_CONTEXT_KEYWORDS)
+        if timeout_s is not None:
+            check_picklable(score_function, "custom (batched)")
+        self.tokenizer, self.score_function, self.timeout_s = tokenizer, score_function, timeout_s
+        self.scorer = _make_scorer(timeout_s)
+
+    def __call__(self, batch: Batch) -> RewardResult:
+        decoded = decode_responses(batch, self.tokenizer)
+        context = {"data_sources": _per_sample(batch, keys.DATA_SOURCE), "extra_infos": _per_sample(batch, keys.EXTRA_INFO, required=False)}
+        arguments = {"solution_strs": decoded.texts, "ground_truths": _per_sample(batch, keys.GROUND_TRUTH)}
+        arguments |= {k: context[k] for k in context_keywords(self.score_function, BATCHED_CONTEXT_KEYWORDS)}
+        deadline = None if self.timeout_s is None else self.timeout_s * max(len(batch), 1)
+        (outcome,) = self.scorer.run([self.score_function], [(0, arguments)], timeout_s=deadline)
+        return _collect(_split_batched(outcome, len(batch)), decoded)
+
+    def close(self) -> None:
+        self.scorer.close()
+
+
+def build_reward_manager(
+    tokenizer: Any,
+    *,
+    custom_path: str | None = None,
+    custom_name: str = "compute_score",
+    reward_kwargs: Mapping[str, Any] | None = None,
+    timeout_s: float | None = 10.0,
+    batched: bool = False,
+) -> RewardManager | BatchRewardManager:
+    """The manager a run uses, from ``custom_reward_function``'s fields given one by one.
+
+    Without ``custom_path``: a :class:`RewardManager` over the built-in data sources. With it: the
+    function ``custom_name`` from that file, ``reward_kwargs`` bound, scores every sample — in a
+    :class:`BatchRewardManager` when ``batched``.
+    """
+    if custom_path is None:
+        if batched or reward_kwargs:
+            raise ValueError(
+                "batched scoring and reward_kwargs apply to a custom function; set custom_reward_function.path"
+            )
+        return RewardManager(tokenizer, timeout_s=timeout_s)
+    function = FileScoreFunction(custom_path, custom_name, reward_kwargs, batched=batched)
+    if batched:
+        return BatchRewardManager(tokenizer, function, timeout_s=timeout_s)
+    return RewardManager(tokenizer, score_function=function, timeout_s=timeout_s)
+
+
+def _split_batched(outcome: CallOutcome, size: int) -> list[CallOutcome]:
+    if not outcome.ok:
+        return [outcome] * size
+    values = outcome.value
+    if not isinstance(values, Sequence) or isinstance(values, (str, bytes)) or len(values) != size:
+        length = len(values) if isinstance(values, Sequence) else "no list"
+        error = f"the batched score function returned {type(values).__name__} ({length}); return a list of {size} floats or dicts"
+        return [CallOutcome(error=error)] * size
+    return [CallOutcome(value=v) for v in values]
+
+
+def _as_score_dict(value: Any) -> dict[str, Any]:
+    """A score function's return value as a dict with a finite float "score"; ValueError otherwise."""
+    if isinstance(value, dict):
+        result = dict(value)
+    elif isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+        result = {"score": value}
+    else:
+        raise ValueError(f"returned {type(value).__name__} {value!r:.80}; return a float or a dict with a 'score'")
+    try:
+        result["score"] = float(result["score"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"returned a dict without a numeric 'score' ({sorted(result)})") from None
+    if not math.isfinite(result["score"]):
+        raise ValueError(f"returned a non-finite score {result['score']}")
+    return result
+
+
+def _collect(outcomes: Sequence[CallOutcome], decoded: DecodedResponses) -> RewardResult:
+    results: list[dict[str, Any] | None] = []
+    errors, timeouts, first_failure = 0, 0, None
+    for index, outcome in enumerate(outcomes):
+        failure = "timed out" if outcome.timed_out else outcome.error
+        if failure is None:
+            try:
+                results.append(_as_score_dict(outcome.value))
+                continue
+            except ValueError as error:
+                failure = f"the score function {error}"
+        results.append(None)
+        timeouts += outcome.timed_out
+        errors += not outcome.timed_out
+        first_failure = first_failure or f"sample {index}: {failure}"
+    if first_failure is not None:
+        logger.warning("reward: %d of %d samples scored 0 (%d errors, %d timeouts); first, %s",
+                       errors + timeouts, len(outcomes), errors, timeouts, first_failure)
+    scores = torch.tensor([r["score"] if r else 0.0 for r in results], dtype=torch.float32)
+    metrics = {
+        "reward/errors": float(errors),
+        "reward/timeouts": float(timeouts),
+        "reward/empty_responses": float((decoded.last_positions < 0).sum()),
+    }
+    return RewardResult(place_scores(scores, decoded.last_positions, decoded.width), scores, _extra_columns(results), metrics)
+
+
+def _extra_columns(results: Sequence[dict[str, Any] | None]) -> dict[str, np.ndarray]:
+    """Per-key (B,) arrays of the non-score values: float64 with NaN gaps if all numbers, else object with None."""
+    names = list(dict.fromkeys(k for r in results if r for k in r if k != "score"))
+    columns = {}
+    for name in names:
+        values = [r.get(name) if r else None for r in results]
+        present = [v for v in values if v is not None]
+        if all(isinstance(v, (int, float, bool, np.number)) for v in present):
+            columns[name] = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+        else:
+            column = np.empty(len(values), dtype=object)
+            for row, value in enumerate(values):  # one by one, so a list value stays one object
+                column[row] = value
+            columns[name] = column
+    return columns

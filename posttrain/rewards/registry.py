@@ -1,0 +1,92 @@
+"""Which score function scores which ``data_source``.
+
+A score function is a plain callable ``score(solution_str, ground_truth, **kwargs) -> float | dict``
+(a dict holds at least ``"score"``, plus extras such as ``"acc"``). It may also take ``data_source``
+and ``extra_info`` keywords; the reward manager passes them only to functions that accept them.
+
+To score a data source of your own, either give the manager a table with it added::
+
+    RewardManager(tokenizer, score_functions={**DEFAULT_SCORE_FUNCTIONS, "my_source": my_score})
+
+or point ``custom_reward_function.path`` / ``.name`` at a function in a .py file, which then scores
+every sample whatever its data source. Bind options with ``functools.partial``
+(``partial(gsm8k.compute_score, format_score=0.1)``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from posttrain.rewards import arithmetic, gsm8k, math_answer
+
+ScoreFunction = Callable[..., "float | dict[str, Any]"]
+
+# Keyword arguments of one call: what every score function takes, and what it may take.
+REQUIRED_KEYWORDS = ("solution_str", "ground_truth")
+CONTEXT_KEYWORDS = ("data_source", "extra_info")
+# The batched calling convention: the same, one list per keyword.
+BATCHED_REQUIRED_KEYWORDS = ("solution_strs", "ground_truths")
+BATCHED_CONTEXT_KEYWORDS = ("data_sources", "extra_infos")
+
+DEFAULT_SCORE_FUNCTIONS: Mapping[str, ScoreFunction] = MappingProxyType(
+    {
+        "openai/gsm8k": gsm8k.compute_score,
+        "gsm8k": gsm8k.compute_score,
+        "arithmetic": arithmetic.compute_score,
+        "math": math_answer.compute_score,
+        "lighteval/MATH": math_answer.compute_score,
+        "DigitalLearningGmbH/MATH-lighteval": math_answer.compute_score,
+        "HuggingFaceH4/MATH-500": math_answer.compute_score,
+    }
+)
+
+
+class UnknownDataSourceError(KeyError):
+    """No score function is registered for a sample's data_source."""
+
+    def __str__(self) -> str:  # KeyError would print the message with quotes around it
+        return str(self.args[0])
+
+
+def score_function_for(data_source: str, functions: Mapping[str, ScoreFunction] = DEFAULT_SCORE_FUNCTIONS) -> ScoreFunction:
+    """The function that scores ``data_source``; UnknownDataSourceError says how to add one."""
+    try:
+        return functions[data_source]
+    except KeyError:
+        raise UnknownDataSourceError(
+            f"no score function for data_source {data_source!r}; known data sources: {sorted(functions)}. "
+            "Write the data_source column with one of these, set custom_reward_function.path (a .py "
+            "file) and custom_reward_function.name (a function score(solution_str, ground_truth, ...)) "
+            "to score every sample with your own function, or pass "
+            "score_functions={**DEFAULT_SCORE_FUNCTIONS, data_source: fn} to the reward manager"
+        ) from None
+
+
+def context_keywords(function: ScoreFunction, optional: Sequence[str] = CONTEXT_KEYWORDS) -> tuple[str, ...]:
+    """The names in ``optional`` that ``function`` accepts as keyword arguments."""
+    parameters = inspect.signature(function).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return tuple(optional)
+    names = {p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    return tuple(name for name in optional if name in names)
+
+
+def check_callable_with(
+    function: ScoreFunction,
+    label: str,
+    required: Sequence[str] = REQUIRED_KEYWORDS,
+    optional: Sequence[str] = CONTEXT_KEYWORDS,
+) -> None:
+    """Raise TypeError, naming ``label`` and the fix, unless the manager's keyword call fits ``function``."""
+    names = [*required, *context_keywords(function, optional)]
+    try:
+        inspect.signature(function).bind(**dict.fromkeys(names))
+    except TypeError as error:
+        raise TypeError(
+            f"score function {label} cannot be called as {label}({', '.join(f'{n}=...' for n in names)}): "
+            f"{error}. A score function takes keyword arguments {', '.join(required)} (and may take "
+            f"{', '.join(optional)}); give every other parameter a default or set it through reward_kwargs"
+        ) from None

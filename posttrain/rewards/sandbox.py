@@ -1,0 +1,200 @@
+"""Running score functions so that one that raises or hangs costs a sample, never the run.
+
+:class:`ProcessScorer` runs the calls in a child process, one after another, and gives each call
+its own deadline. A call past its deadline has the whole child killed (SIGKILL), is reported as
+timed out, and a fresh child carries on with the remaining calls. A process is used rather than a
+thread because a thread cannot be stopped: a score function stuck in a regex or in sympy would keep
+a core busy, and hold the GIL, for the rest of the run. The child is started with ``spawn`` (a
+clean interpreter, safe beside the threads of torch and Ray in this process) and imports only what
+the score functions need; the :mod:`posttrain.rewards` package root is kept free of torch for that
+reason. Score functions therefore must be picklable: module-level functions, ``functools.partial``
+of them, or :class:`~posttrain.rewards.custom.FileScoreFunction`.
+
+:class:`InlineScorer` calls in this process with no deadline (``timeout_s=None``): exceptions are
+still contained, but a hanging function hangs the caller. It is for trusted, fast functions and for
+functions that cannot be pickled.
+
+Both return one :class:`CallOutcome` per call, in order. Neither is thread-safe.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import traceback
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# (index into the function table, keyword arguments): one score-function call.
+Call = tuple[int, dict[str, Any]]
+# Starting the child and loading the score functions' modules there (math-verify imports sympy) is
+# not charged to any call; it gets this long.
+DEFAULT_START_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    value: Any = None
+    error: str | None = None  # "ValueError: ... (file.py:12 in f)" when the call raised or its process died
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.timed_out
+
+
+def describe_exception(error: BaseException) -> str:
+    """``"Type: message (file:line in function)"``, the innermost frame being where it was raised."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" ({frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"
+
+
+def _call(functions: Sequence[Callable[..., Any]], call: Call) -> CallOutcome:
+    index, arguments = call
+    try:
+        return CallOutcome(value=functions[index](**arguments))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # SystemExit from a user's function must not end the scorer either
+        return CallOutcome(error=describe_exception(error))
+
+
+class InlineScorer:
+    """Calls in this process, exceptions contained, no deadline."""
+
+    def run(self, functions: Sequence[Callable[..., Any]], calls: Sequence[Call], timeout_s: float | None = None) -> list[CallOutcome]:
+        return [_call(functions, call) for call in calls]
+
+    def close(self) -> None:
+        pass
+
+
+def check_picklable(function: Callable[..., Any], label: str) -> None:
+    """TypeError naming ``label`` and the fixes if ``function`` cannot be sent to the scoring process."""
+    try:
+        pickle.dumps(function)
+    except Exception as error:
+        raise TypeError(
+            f"score function {label} cannot be sent to the scoring process ({type(error).__name__}: {error}); "
+            "lambdas and functions defined inside other functions cannot be pickled. Define it at module "
+            "level or in a .py file (custom_reward_function.path), or score in-process without a "
+            "timeout (timeout_s=None)"
+        ) from None
+
+
+class ProcessScorer:
+    """Calls in a child process, each with a deadline of ``timeout_s`` seconds."""
+
+    def __init__(self, timeout_s: float, start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}; use InlineScorer for no deadline")
+        self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
+        self._context = multiprocessing.get_context("spawn")
+        self._process: Any = None
+        self._connection: Any = None
+        self._finalizer: weakref.finalize | None = None
+
+    def run(self, functions: Sequence[Callable[..., Any]], calls: Sequence[Call], timeout_s: float | None = None) -> list[CallOutcome]:
+        """One outcome per call; ``timeout_s`` overrides the per-call deadline for this run."""
+        deadline_s = timeout_s or self.timeout_s
+        blob = pickle.dumps(list(functions))
+        outcomes: list[CallOutcome] = []
+        try:
+            while len(outcomes) < len(calls):
+                outcomes += self._run_until_failure(blob, calls[len(outcomes):], deadline_s)
+        except BaseException:
+            self._stop()  # a child left mid-run would answer the next run with stale results
+            raise
+        return outcomes
+
+    def _run_until_failure(self, blob: bytes, calls: Sequence[Call], deadline_s: float) -> list[CallOutcome]:
+        """Outcomes of a prefix of ``calls``, ending at the first timeout or death of the child (included)."""
+        load_error = self._start_run(blob, calls)
+        if load_error is not None:
+            return [CallOutcome(error=load_error) for _ in calls]
+        outcomes = []
+        for _ in calls:
+            if not self._connection.poll(deadline_s):
+                self._stop()
+                return outcomes + [CallOutcome(timed_out=True)]
+            try:
+                outcomes.append(self._connection.recv())
+            except (EOFError, OSError):
+                exit_code = self._stop()
+                return outcomes + [CallOutcome(error=f"the scoring process died (exit code {exit_code})")]
+        return outcomes
+
+    def _start_run(self, blob: bytes, calls: Sequence[Call]) -> str | None:
+        """Send the functions and calls; returns an error message if the child could not load them."""
+        if self._process is None or not self._process.is_alive():
+            self._start()
+        try:
+            self._connection.send((blob, list(calls)))
+        except OSError:  # the child died before reading (e.g. it could not start)
+            return f"the scoring process died before it could score (exit code {self._stop()})"
+        if not self._connection.poll(self.start_timeout_s):
+            self._stop()
+            return f"loading the score functions in the scoring process took over {self.start_timeout_s:.0f} s"
+        try:
+            status, message = self._connection.recv()
+        except (EOFError, OSError):
+            return f"the scoring process died while loading the score functions (exit code {self._stop()})"
+        return message if status == "load_error" else None
+
+    def _start(self) -> None:
+        self._stop()
+        parent_end, child_end = self._context.Pipe()
+        # daemon: the child must never outlive this process (it is killed when this process exits).
+        process = self._context.Process(target=_serve, args=(child_end,), daemon=True, name="posttrain-scorer")
+        process.start()
+        child_end.close()
+        self._process, self._connection = process, parent_end
+        self._finalizer = weakref.finalize(self, _kill, process, parent_end)
+
+    def _stop(self) -> int | None:
+        """Kill the child if there is one; returns its exit code."""
+        if self._finalizer is not None:
+            self._finalizer()
+        exit_code = self._process.exitcode if self._process is not None else None
+        self._process, self._connection, self._finalizer = None, None, None
+        return exit_code
+
+    def close(self) -> None:
+        self._stop()
+
+    def __enter__(self) -> ProcessScorer:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def _kill(process: Any, connection: Any) -> None:
+    if process.is_alive():
+        process.kill()
+    process.join(timeout=10)
+    connection.close()
+
+
+def _serve(connection: Any) -> None:
+    """The child's loop: receive (pickled functions, calls), answer "loaded", then one outcome per call."""
+    while True:
+        try:
+            blob, calls = connection.recv()
+        except (EOFError, OSError):  # the parent closed its end or died: nothing more to do
+            return
+        try:
+            functions = pickle.loads(blob)
+        except BaseException as error:
+            connection.send(("load_error", f"cannot load the score functions: {describe_exception(error)}"))
+            continue
+        connection.send(("loaded", None))
+        for call in calls:
+            outcome = _call(functions, call)
+            try:
+                connection.send(outcome)
+            except Exception as error:  # e.g. a result that cannot be pickled
+                connection.send(CallOutcome(error=f"the score function's result cannot be sent back: {describe_exception(error)}"))

@@ -1,0 +1,104 @@
+"""Preparers: arithmetic (seeded, disjoint splits, right answers) and GSM8K (rows and ground truths)."""
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from posttrain.data import parse_options, prepare, preparer_names, read_rows
+from posttrain.data.preparers.arithmetic import Problem, generate_problems
+from posttrain.data.preparers.gsm8k import INSTRUCTION, VENDORED_DIR, final_answer
+
+
+def _rows(path):
+    return pq.read_table(path).to_pylist()
+
+
+def test_registry_and_option_errors(tmp_path):
+    assert preparer_names() == ["arithmetic", "gsm8k"]
+    with pytest.raises(ValueError, match="unknown dataset 'mnist'.*'arithmetic', 'gsm8k'"):
+        prepare("mnist", tmp_path)
+    with pytest.raises(ValueError, match="bad options \\['size'\\].*train_size=240"):
+        prepare("arithmetic", tmp_path, size=3)
+
+
+def test_parse_options_converts_by_annotation():
+    assert parse_options("arithmetic", ["train_size=10", "operators=+-", "seed=7"]) == {"train_size": 10, "operators": "+-", "seed": 7}
+    assert parse_options("gsm8k", ["limit=none"]) == {"limit": None}
+    assert parse_options("gsm8k", ["limit=5"]) == {"limit": 5}
+    with pytest.raises(ValueError, match="train_size='ten': expected a value of type int"):
+        parse_options("arithmetic", ["train_size=ten"])
+    with pytest.raises(ValueError, match="key=value with a key among"):
+        parse_options("arithmetic", ["colour=red"])
+
+
+def test_problem_values_by_hand():
+    assert Problem((37, 8, 12), ("+", "*")).value == 133  # * first: 37 + 96
+    assert Problem((37, 8, 12), ("*", "-")).value == 284  # 296 - 12
+    assert Problem((5, 9, 2), ("-", "-")).value == -6  # left to right
+    assert Problem((3, 4, 5, 6), ("*", "+", "*")).value == 42
+    assert Problem((37, 8, 12), ("+", "*")).expression == "37 + 8 * 12"
+
+
+def test_problem_values_match_python_on_many_draws():
+    for problem in generate_problems(200, digits=2, num_operands=4, operators="+-*", seed=1):
+        assert problem.value == eval(problem.expression)  # noqa: S307 - our own digits and operators
+
+
+def test_arithmetic_is_deterministic_and_splits_are_disjoint(tmp_path):
+    options = dict(train_size=50, val_size=20, digits=2, num_operands=3, operators="+-", seed=4)
+    train, test = prepare("arithmetic", tmp_path / "a", **options)
+    again, _ = prepare("arithmetic", tmp_path / "b", **options)
+    other, _ = prepare("arithmetic", tmp_path / "c", **(options | {"seed": 5}))
+    assert (train.name, test.name) == ("train.parquet", "test.parquet")
+    assert _rows(train) == _rows(again) and _rows(train) != _rows(other)
+    train_rows, test_rows = _rows(train), _rows(test)
+    assert len(train_rows) == 50 and len(test_rows) == 20
+    expressions = [r["extra_info"]["expression"] for r in train_rows + test_rows]
+    assert len(set(expressions)) == 70  # distinct within and across the splits
+    for row in train_rows + test_rows:
+        expression = row["extra_info"]["expression"]
+        operands = expression.split()[::2]
+        assert len(operands) == 3 and all(10 <= int(x) <= 99 for x in operands)
+        assert set(expression.split()[1::2]) <= {"+", "-"}
+        assert row["reward_model"]["ground_truth"] == str(eval(expression))  # noqa: S307
+        assert row["data_source"] == "arithmetic" and expression in row["prompt"][0]["content"]
+        assert "####" in row["prompt"][0]["content"]
+    assert {r["extra_info"]["split"] for r in test_rows} == {"test"}
+
+
+def test_arithmetic_refuses_more_problems_than_exist(tmp_path):
+    # one digit, two operands, one operator: 10 * 10 = 100 problems
+    with pytest.raises(ValueError, match="only 100 exist"):
+        prepare("arithmetic", tmp_path, train_size=90, val_size=11, digits=1, operators="+")
+    with pytest.raises(ValueError, match="operators='/'"):
+        prepare("arithmetic", tmp_path, operators="/")
+    train, test = prepare("arithmetic", tmp_path, train_size=90, val_size=10, digits=1, operators="+")
+    assert len(_rows(train)) + len(_rows(test)) == 100  # the whole space, still without repeats
+
+
+def test_gsm8k_final_answer_by_hand():
+    assert final_answer("Natalia sold 48+24 = 72 clips.\n#### 72") == "72"
+    assert final_answer("...\n#### 1,080") == "1080"
+    with pytest.raises(ValueError, match="no '#### <number>' line"):
+        final_answer("no marker here")
+
+
+def test_gsm8k_rows_parse_and_ground_truths_match(tmp_path):
+    train, test = prepare("gsm8k", tmp_path, limit=30)
+    originals = [json.loads(line) for line in (VENDORED_DIR / "train.jsonl").read_text().splitlines()[:30]]
+    rows = read_rows([train])  # through the dataset's own reader: the format round-trips
+    assert len(rows) == 30 and len(read_rows([test])) == 30
+    for row, original in zip(rows, originals):
+        assert row.data_source == "openai/gsm8k" and row.ability == "math"
+        assert row.messages == [{"role": "user", "content": f"{original['question']} {INSTRUCTION}"}]
+        assert row.ground_truth == original["answer"].split("####")[-1].strip().replace(",", "")
+        assert row.extra_info["split"] == "train" and row.extra_info["answer"] == original["answer"]
+    assert rows[0].ground_truth == "72"  # Natalia's clips: 48 + 24
+    assert [r.extra_info["index"] for r in rows] == list(range(30))
+
+
+def test_gsm8k_vendored_copy_is_complete():
+    assert (VENDORED_DIR / "LICENSE").read_text().startswith("MIT License")
+    lines = {split: (VENDORED_DIR / f"{split}.jsonl").read_text().splitlines() for split in ("train", "test")}
+    assert (len(lines["train"]), len(lines["test"])) == (7473, 1319)
