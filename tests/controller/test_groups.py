@@ -88,6 +88,7 @@ def test_local_mode_runs_in_this_process():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_two_node_cluster_ranks_follow_node_order():
     import ray
     from ray.cluster_utils import Cluster
