@@ -1,5 +1,6 @@
 """The ``posttrain`` command.
 
+  posttrain train [--preset NAME] [key=value ...]    train (PPO/GRPO, synchronous) on local Ray or a cluster
   posttrain config [--preset NAME] [key=value ...]   print the resolved config (or every problem in it)
   posttrain prepare NAME --out DIR [key=value ...]   write a dataset (gsm8k, arithmetic) as verl-format Parquet
   posttrain demo                                     the single controller at work on local Ray
@@ -14,11 +15,23 @@ from pathlib import Path
 from posttrain.config import ConfigError, load_config, preset_names, preset_path, to_yaml
 
 
-def _config_command(args: argparse.Namespace) -> int:
+DEFAULT_PRESET = "arithmetic_grpo"
+
+
+def _resolved_config(args: argparse.Namespace):
     files = [preset_path(args.preset)] if args.preset else []
-    files += args.config or []
-    print(to_yaml(load_config(files, args.overrides)), end="")
+    return load_config(files + (args.config or []), args.overrides)
+
+
+def _config_command(args: argparse.Namespace) -> int:
+    print(to_yaml(_resolved_config(args)), end="")
     return 0
+
+
+def _train_command(args: argparse.Namespace) -> int:
+    from posttrain.trainer.run import run_training
+
+    return run_training(_resolved_config(args))
 
 
 def _prepare_command(args: argparse.Namespace) -> int:
@@ -45,11 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain", description="RL post-training of language models on Ray.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    config = commands.add_parser("config", help="print the resolved config", description="Print the resolved config as YAML.")
-    config.add_argument("--preset", help=f"start from a preset ({', '.join(preset_names()) or 'none yet'})")
-    config.add_argument("--config", action="append", help="a YAML file merged over the preset (repeatable)")
-    config.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. data.train_batch_size=16")
-    config.set_defaults(run=_config_command)
+    for name, run, help_text, default in (
+        ("train", _train_command, "train a policy (PPO/GRPO)", DEFAULT_PRESET),
+        ("config", _config_command, "print the resolved config as YAML", None),
+    ):
+        command = commands.add_parser(name, help=help_text, description=help_text)
+        command.add_argument(
+            "--preset", default=default,
+            help=f"start from a preset: {', '.join(preset_names())}" + (f" (default {default})" if default else ""),
+        )
+        command.add_argument("--config", action="append", help="a YAML file merged over the preset (repeatable)")
+        command.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. data.train_batch_size=16")
+        command.set_defaults(run=run)
 
     prep = commands.add_parser("prepare", help="write a dataset (gsm8k, arithmetic) as verl-format Parquet")
     prep.add_argument("name", help="gsm8k or arithmetic")

@@ -15,6 +15,10 @@ from typing import Any, Optional
 class DataConfig:
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
+    # A built-in dataset (`posttrain prepare NAME`) to write once into the cache and use when
+    # train_files is empty: its train split for training, its test split for validation.
+    builtin: Optional[str] = None
+    builtin_options: dict[str, Any] = field(default_factory=dict)
     prompt_key: str = "prompt"
     max_prompt_length: int = 256
     max_response_length: int = 128
@@ -156,6 +160,7 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     nnodes: int = 1
     n_workers_per_node: int = 1  # ranks per node: GPUs on a GPU node, worker processes on CPU
+    cpus_per_worker: Optional[int] = None  # None: this machine's CPUs split evenly over its workers
     device: str = "auto"  # auto | cpu | cuda
     total_epochs: int = 1
     total_training_steps: Optional[int] = None
@@ -163,6 +168,7 @@ class TrainerConfig:
     test_freq: int = -1
     save_freq: int = -1
     val_before_train: bool = True
+    val_samples_in_report: int = 4
     default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
     resume_mode: str = "auto"  # auto | disable | a checkpoint path
     max_ckpt_to_keep: Optional[int] = None

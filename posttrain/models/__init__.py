@@ -6,7 +6,7 @@
 - :func:`make_tiny_model` / :func:`cached_tiny_model` write tiny random models for tests.
 """
 
-from posttrain.models.cache import cache_root, models_cache_dir
+from posttrain.models.cache import build_atomically, cache_root, models_cache_dir
 from posttrain.models.loading import (
     BUILTIN_MODELS,
     DEFAULT_MODEL,
@@ -24,6 +24,7 @@ __all__ = [
     "BUILTIN_MODELS",
     "DEFAULT_MODEL",
     "TINY_ARCHS",
+    "build_atomically",
     "cache_root",
     "cached_tiny_model",
     "check_causal_lm_config",

@@ -1,0 +1,111 @@
+"""The training engine's settings: one flat, explicit dataclass.
+
+Workers build it from their config section (``actor_rollout_ref.actor``, ``critic``); the engine
+never reads the config tree itself. Every problem is collected and reported at once, naming the
+field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STRATEGIES = ("auto", "none", "ddp", "fsdp")
+LR_SCHEDULERS = ("constant", "cosine")
+DTYPES = ("float32", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class TrainingEngineConfig:
+    """How to build and train one model.
+
+    model_path:    local Hugging Face directory (or a built-in name of ``posttrain.models``).
+    value_head:    False: the causal LM (a policy or reference). True: the same backbone with a
+                   scalar value head (``AutoModelForTokenClassification``, ``num_labels=1``), a critic.
+    dtype:         the autocast compute dtype, ``bfloat16`` or ``float32`` (autocast off). Master
+                   weights, gradients and optimizer state are always float32. float16 is refused:
+                   it needs loss scaling, which the engine does not do.
+    lr, betas, eps, weight_decay: AdamW's (decay applies to every trainable parameter, as verl).
+    lr_scheduler:  ``constant`` or ``cosine``, both after ``warmup_steps`` of linear warmup; cosine
+                   decays to ``min_lr_ratio * lr`` over ``total_steps`` (needed for cosine).
+    grad_clip:     max global gradient norm; None or 0 computes the norm but does not clip.
+    gradient_checkpointing: recompute activations in the backward pass (less memory, ~30% slower).
+    lora_rank:     0 trains every weight; > 0 trains LoRA adapters (``peft``) of this rank on
+                   ``lora_target_modules`` with scale ``lora_alpha / lora_rank``.
+    strategy:      ``auto`` (world size 1: none; CPU: ddp; CUDA: fsdp), ``none``, ``ddp``, ``fsdp``.
+    cpu_offload:   FSDP2 only: sharded parameters, gradients and optimizer state live on the CPU and
+                   the optimizer step runs there (``CPUOffloadPolicy``).
+    device:        ``auto`` (CUDA if available, else CPU), ``cpu`` or ``cuda``.
+    metric_prefix: namespace of the metrics the engine reports (``actor/grad_norm``).
+    init_seed:     seeds the random parts of model construction (LoRA adapters, value head), so
+                   every rank builds the same initial weights.
+    """
+
+    model_path: str
+    value_head: bool = False
+    dtype: str = "bfloat16"
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    lr_scheduler: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int | None = None
+    min_lr_ratio: float = 0.0
+    grad_clip: float | None = 1.0
+    gradient_checkpointing: bool = False
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    lora_target_modules: str | tuple[str, ...] = "all-linear"
+    strategy: str = "auto"
+    cpu_offload: bool = False
+    device: str = "auto"
+    metric_prefix: str = "actor"
+    init_seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "betas", tuple(self.betas))
+        if not isinstance(self.lora_target_modules, str):
+            object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
+        problems = self.problems()
+        if problems:
+            raise ValueError("Invalid TrainingEngineConfig: " + "; ".join(problems) + ".")
+
+    def problems(self) -> list[str]:
+        """Every inconsistency, each as 'field=value: what to do'."""
+        found = _choice_problems(self) + _range_problems(self)
+        if self.lr_scheduler == "cosine" and self.total_steps is None:
+            found.append("lr_scheduler='cosine' needs total_steps (the number of optimizer steps to decay over)")
+        if self.total_steps is not None and self.total_steps < max(1, self.warmup_steps):
+            found.append(f"total_steps={self.total_steps} must be >= 1 and >= warmup_steps={self.warmup_steps}")
+        if self.cpu_offload and self.strategy in ("none", "ddp"):
+            found.append(f"cpu_offload=True needs strategy 'fsdp' or 'auto' on CUDA, not {self.strategy!r}")
+        return found
+
+
+def _choice_problems(config: TrainingEngineConfig) -> list[str]:
+    choices = {"strategy": STRATEGIES, "lr_scheduler": LR_SCHEDULERS, "dtype": DTYPES, "device": DEVICES}
+    return [
+        f"{name}={getattr(config, name)!r}: use one of {', '.join(allowed)}"
+        for name, allowed in choices.items()
+        if getattr(config, name) not in allowed
+    ]
+
+
+def _range_problems(config: TrainingEngineConfig) -> list[str]:
+    found = []
+    if not config.lr > 0:
+        found.append(f"lr={config.lr}: must be > 0")
+    if len(config.betas) != 2 or not all(0 <= b < 1 for b in config.betas):
+        found.append(f"betas={config.betas}: need two numbers in [0, 1)")
+    if config.weight_decay < 0 or config.eps <= 0:
+        found.append(f"weight_decay={config.weight_decay}, eps={config.eps}: need weight_decay >= 0 and eps > 0")
+    if config.warmup_steps < 0:
+        found.append(f"warmup_steps={config.warmup_steps}: must be >= 0")
+    if not 0 <= config.min_lr_ratio <= 1:
+        found.append(f"min_lr_ratio={config.min_lr_ratio}: must be in [0, 1]")
+    if config.grad_clip is not None and config.grad_clip < 0:
+        found.append(f"grad_clip={config.grad_clip}: must be >= 0, or None for no clipping")
+    if config.lora_rank < 0 or (config.lora_rank > 0 and config.lora_alpha <= 0):
+        found.append(f"lora_rank={config.lora_rank}, lora_alpha={config.lora_alpha}: need rank >= 0 and alpha > 0")
+    return found

@@ -1,0 +1,59 @@
+"""The run's datasets and loaders, from ``data.*`` (built-in datasets prepared once into the cache)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from posttrain.config.schema import DataConfig
+from posttrain.data import PromptDataLoader, RLDataset, prepare
+from posttrain.models import build_atomically, cache_root
+
+
+@dataclass
+class RunData:
+    train: PromptDataLoader
+    val: PromptDataLoader | None
+    val_dataset: RLDataset | None
+
+
+def resolve_files(data: DataConfig) -> tuple[list[str], list[str]]:
+    """(train files, validation files): as configured, or a built-in dataset's splits."""
+    if data.train_files:
+        return list(data.train_files), list(data.val_files)
+    if not data.builtin:
+        raise ValueError(
+            "no training data: set data.train_files=[path.parquet,...] (verl's row format; "
+            "`posttrain prepare` writes it) or data.builtin=arithmetic|gsm8k"
+        )
+    options = dict(data.builtin_options)
+    tag = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    directory = build_atomically(cache_root() / "data" / f"{data.builtin}-{tag}", lambda tmp: _prepare(data.builtin, tmp, options))
+    return [str(directory / "train.parquet")], list(data.val_files) or [str(directory / "test.parquet")]
+
+
+def _prepare(name: str, out_dir: Path, options: dict[str, Any]) -> None:
+    prepare(name, out_dir, **options)
+
+
+def build_run_data(data: DataConfig, tokenizer: Any, seed: int) -> RunData:
+    train_files, val_files = resolve_files(data)
+    common = {
+        "prompt_key": data.prompt_key, "max_prompt_length": data.max_prompt_length,
+        "truncation": data.truncation, "filter_overlong_prompts": data.filter_overlong_prompts,
+    }
+    train_set = RLDataset(train_files, tokenizer, **common)
+    if len(train_set) < data.train_batch_size:
+        raise ValueError(
+            f"data.train_batch_size={data.train_batch_size} but the training set has only {len(train_set)} prompts "
+            f"(after filtering {train_set.num_filtered} overlong ones); lower the batch size or add data"
+        )
+    train = PromptDataLoader(train_set, data.train_batch_size, tokenizer.pad_token_id, shuffle=data.shuffle, seed=data.seed)
+    if not val_files:
+        return RunData(train, None, None)
+    val_set = RLDataset(val_files, tokenizer, **common)
+    val = PromptDataLoader(val_set, data.val_batch_size or len(val_set), tokenizer.pad_token_id, shuffle=False, drop_last=False)
+    return RunData(train, val, val_set)

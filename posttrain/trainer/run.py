@@ -1,0 +1,44 @@
+"""``posttrain train``: start Ray, run the trainer, say what happened."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from rich.console import Console
+
+from posttrain.config.schema import PosttrainConfig
+
+
+def run_training(config: PosttrainConfig) -> int:
+    import ray
+
+    from posttrain.trainer.sync import SyncTrainer
+
+    console = Console()
+    start = time.perf_counter()
+    trainer = SyncTrainer(config)
+    address = config.trainer.ray_address
+    ray.init(
+        address=address, include_dashboard=False, log_to_driver=False,
+        **({} if address else {"num_cpus": os.cpu_count()}),
+    )
+    try:
+        console.print(
+            f"[bold]posttrain[/] {config.algorithm.adv_estimator} on {config.actor_rollout_ref.model.path}: "
+            f"{trainer.total_steps} steps → {trainer.run_dir}"
+        )
+        trainer.fit()
+    finally:
+        ray.shutdown()
+    _summary(console, trainer, time.perf_counter() - start)
+    return 0
+
+
+def _summary(console: Console, trainer, seconds: float) -> None:
+    history = trainer.val_history
+    if history:
+        first, last = history[0], history[-1]
+        for name in sorted(k for k in last if "/acc/" in k):
+            console.print(f"{name}: {first.get(name, float('nan')):.3f} → {last[name]:.3f}")
+    console.print(f"wall time {seconds / 60:.1f} min · report: {trainer.run_dir / 'report' / 'report.md'}")

@@ -1,0 +1,232 @@
+"""The synchronous trainer: PPO / GRPO, generating and training in turns on the same workers.
+
+    for each batch of prompts:
+        rollout      repeat each prompt n times (a group), generate with the current weights
+        reward       rule scores (and/or a reward model) on each response's last token
+        old logprobs the training engine's logprobs of the sampled tokens (PPO's π_old)
+        reference    π_ref logprobs, when KL is used (in the reward, or as a loss)
+        values       the critic's values, when the estimator needs them (GAE)
+        advantages   by the configured estimator, on the controller
+        update       critic (then actor, after critic_warmup steps)
+        sync         new weights into the rollout engine, version + 1
+    validation every test_freq steps, a checkpoint every save_freq steps, metrics every step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from posttrain import keys
+from posttrain.algos import get_advantage_estimator, masked_mean
+from posttrain.config.schema import PosttrainConfig
+from posttrain.models import load_tokenizer, resolve_model
+from posttrain.protocol import Batch
+from posttrain.rewards import build_reward_manager
+from posttrain.trainer.checkpoint import CheckpointManager, step_of
+from posttrain.trainer.data_setup import build_run_data
+from posttrain.trainer.metrics import data_metrics, timing_metrics
+from posttrain.trainer.phases import apply_kl_in_reward, compute_advantages, kl_controller, repeat_for_groups, validation_metrics
+from posttrain.trainer.report import Sample, write_report
+from posttrain.trainer.roles import Roles, start_roles
+from posttrain.trainer.tracking import Tracking
+from posttrain.workers.policy import VALIDATE_META_KEY
+
+
+class SyncTrainer:
+    def __init__(self, config: PosttrainConfig) -> None:
+        self.config = config
+        self.run_dir = Path(config.trainer.default_local_dir)
+        self.tokenizer = load_tokenizer(resolve_model(config.actor_rollout_ref.model.path))
+        self.data = build_run_data(config.data, self.tokenizer, config.trainer.seed)
+        epochs_steps = len(self.data.train) * config.trainer.total_epochs
+        self.total_steps = min(config.trainer.total_training_steps or epochs_steps, epochs_steps)
+        algorithm, reward = config.algorithm, config.custom_reward_function
+        options = {"gamma": algorithm.gamma, "lam": algorithm.lam} if algorithm.adv_estimator == "gae" else {}
+        if algorithm.adv_estimator == "grpo":
+            options["scale_by_std"] = algorithm.norm_adv_by_std_in_grpo
+        self.estimator = get_advantage_estimator(algorithm.adv_estimator, **options)
+        self.kl_controller = kl_controller(algorithm.kl_ctrl.type, algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon)
+        self.reward_manager = build_reward_manager(
+            self.tokenizer, custom_path=reward.path, custom_name=reward.name, reward_kwargs=reward.reward_kwargs,
+            timeout_s=reward.timeout_s, batched=config.reward_model.reward_manager == "batch",
+        )
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=config.trainer.max_ckpt_to_keep)
+        self.step = 0
+        self.roles: Roles | None = None
+        self.first_val_samples: list[Sample] = []
+        self.last_val_samples: list[Sample] = []
+        self.val_history: list[dict[str, float]] = []
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, float]:
+        """Train to ``total_steps``; returns the last validation metrics."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.config)))
+        torch.manual_seed(self.config.trainer.seed)
+        self.roles = start_roles(self.config, self.total_steps)
+        self._resume()
+        tracking = Tracking(
+            self.config.trainer.logger, run_dir=self.run_dir, project=self.config.trainer.project_name,
+            experiment=self.config.trainer.experiment_name, total_steps=self.total_steps,
+            config=OmegaConf.to_container(OmegaConf.structured(self.config)),
+        )
+        try:
+            if self.config.trainer.val_before_train and self.step == 0 and self.data.val:
+                tracking.log(self.validate(), self.step)
+            for epoch, batch in self._batches():
+                self.step += 1
+                metrics = self.train_step(batch) | {"training/epoch": float(epoch)}
+                if self._due(self.config.trainer.test_freq) and self.data.val:
+                    metrics |= self.validate()
+                tracking.log(metrics, self.step)
+                if self._due(self.config.trainer.save_freq):
+                    self.save_checkpoint()
+        finally:
+            tracking.close()
+            self.roles.release()
+        write_report(self.run_dir, self.first_val_samples, self.last_val_samples)
+        return self.val_history[-1] if self.val_history else {}
+
+    def _batches(self) -> Iterator[tuple[int, Batch]]:
+        """(epoch, prompts) until total_steps; a run resumed at an epoch's end starts the next one."""
+        loader = self.data.train
+        while loader.epoch < self.config.trainer.total_epochs and self.step < self.total_steps:
+            epoch = loader.epoch
+            for batch in loader:
+                yield epoch, batch
+                if self.step >= self.total_steps:
+                    return
+
+    def _due(self, freq: int) -> bool:
+        return freq > 0 and (self.step % freq == 0 or self.step == self.total_steps)
+
+    def train_step(self, prompts: Batch) -> dict[str, float]:
+        timings: dict[str, float] = {}
+        roles, config = self.roles, self.config
+        metrics: dict[str, float] = {}
+        with _timed(timings, "step"):
+            with _timed(timings, "gen"):
+                batch = repeat_for_groups(prompts, config.actor_rollout_ref.rollout.n)
+                batch = batch.union(roles.actor.generate(batch))
+            with _timed(timings, "reward"):
+                batch, reward_metrics = self._score(batch)
+                metrics |= reward_metrics
+            with _timed(timings, "old_log_prob"):
+                old = roles.actor.compute_log_prob(batch)
+                batch = batch.union(old.select([keys.OLD_LOGPROBS]))
+                metrics["actor/entropy"] = float(masked_mean(old[keys.ENTROPY], batch[keys.RESPONSE_MASK]))
+            if roles.ref is not None:
+                with _timed(timings, "ref"):
+                    batch = batch.union(roles.ref.compute_ref_log_prob(batch))
+            if roles.critic is not None:
+                with _timed(timings, "values"):
+                    batch = batch.union(roles.critic.compute_values(batch))
+            with _timed(timings, "adv"):
+                if config.algorithm.use_kl_in_reward:
+                    batch, kl_metrics = apply_kl_in_reward(batch, self.kl_controller, config.algorithm.kl_penalty)
+                    metrics |= kl_metrics
+                batch = compute_advantages(batch, self.estimator)
+            if roles.critic is not None:
+                with _timed(timings, "update_critic"):
+                    metrics |= _mean_of_ranks(roles.critic.update(batch).metrics)
+            if self.step > config.trainer.critic_warmup:
+                with _timed(timings, "update_actor"):
+                    metrics |= _mean_of_ranks(roles.actor.update(batch).metrics)
+                with _timed(timings, "sync"):
+                    roles.actor.sync_weights(self.step)
+        metrics |= data_metrics(batch, config.data.max_response_length)
+        metrics |= timing_metrics(timings, batch)
+        metrics["training/weight_version"] = float(batch.meta.get(keys.WEIGHT_VERSION, 0))
+        return metrics
+
+    def _score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        result = self.reward_manager(batch)
+        scored = batch.union(result.to_batch().select(meta_keys=[]))
+        if self.roles.reward_model is not None:
+            model_scores = self.roles.reward_model.compute_rm_score(batch)[keys.TOKEN_SCORES]
+            scored.tensors[keys.TOKEN_SCORES] = scored[keys.TOKEN_SCORES] + model_scores
+        return scored, {k: float(v) for k, v in result.metrics.items()}
+
+    # ---- validation -------------------------------------------------------------------------
+
+    def validate(self) -> dict[str, float]:
+        n = self.config.actor_rollout_ref.rollout.val_kwargs.n
+        pieces = []
+        for prompts in self.data.val:
+            batch = prompts.repeat(n, interleave=True)
+            generated = self.roles.actor.generate(Batch(batch.tensors, batch.non_tensors, batch.meta | {VALIDATE_META_KEY: True}))
+            pieces.append(self._score(batch.union(generated.select(meta_keys=[])))[0])
+        self.data.val.load_state_dict({**self.data.val.state_dict(), "epoch": 0, "index": 0})
+        batch = Batch.concat(pieces)
+        metrics = validation_metrics(batch, n)
+        samples = self._samples(batch)
+        if not self.first_val_samples:
+            self.first_val_samples = samples
+        self.last_val_samples = samples
+        self.val_history.append(metrics)
+        return metrics
+
+    def _samples(self, batch: Batch) -> list[Sample]:
+        count = min(self.config.trainer.val_samples_in_report, len(batch))
+        scores = batch[keys.TOKEN_SCORES].sum(-1)
+        samples = []
+        for row in range(count):
+            length = int(batch[keys.RESPONSE_MASK][row].sum())
+            prompt = self.tokenizer.decode(batch[keys.PROMPT_IDS][row][batch[keys.PROMPT_MASK][row].bool()], skip_special_tokens=False)
+            response = self.tokenizer.decode(batch[keys.RESPONSE_IDS][row, :length], skip_special_tokens=True)
+            samples.append(Sample(prompt, response, float(scores[row])))
+        return samples
+
+    # ---- checkpoints ------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        directory = self.checkpoints.begin(self.step)
+        self.roles.actor.save_checkpoint(str(directory / "actor"))
+        if self.roles.critic is not None:
+            self.roles.critic.save_checkpoint(str(directory / "critic"))
+        state = {
+            "step": self.step,
+            "dataloader": self.data.train.state_dict(),
+            "kl_coef": self.kl_controller.coef,
+        }
+        (directory / "trainer_state.json").write_text(json.dumps(state))
+        (directory / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.config)))
+        torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state()}, directory / "rng.pt")
+        return self.checkpoints.commit(self.step)
+
+    def _resume(self) -> None:
+        directory = self.checkpoints.resolve_resume(self.config.trainer.resume_mode)
+        if directory is None:
+            return
+        state = json.loads((directory / "trainer_state.json").read_text())
+        self.step = step_of(directory)
+        self.data.train.load_state_dict(state["dataloader"])
+        self.kl_controller.coef = state["kl_coef"]
+        rng = torch.load(directory / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        self.roles.actor.load_checkpoint(str(directory / "actor"), self.step)
+        if self.roles.critic is not None:
+            self.roles.critic.load_checkpoint(str(directory / "critic"))
+        print(f"posttrain: resumed from {directory} (step {self.step})")
+
+
+@contextmanager
+def _timed(timings: dict[str, float], phase: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    timings[phase] = time.perf_counter() - start
+
+
+def _mean_of_ranks(metrics: dict[str, list[float]]) -> dict[str, float]:
+    return {name: float(np.mean(values)) for name, values in metrics.items()}
+

@@ -1,0 +1,58 @@
+"""The critic worker: a value model (the policy's backbone with a scalar head), for GAE."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from posttrain import keys
+from posttrain.config.schema import CriticConfig, ModelConfig
+from posttrain.controller import Dispatch, Worker, WorkerContext, register
+from posttrain.models import resolve_model
+from posttrain.protocol import Batch
+from posttrain.workers.engines import training_engine
+from posttrain.workers.objectives import ValueObjective
+from posttrain.workers.policy import mean_metrics
+
+
+class CriticWorker(Worker):
+    def __init__(
+        self, ctx: WorkerContext, model: ModelConfig, critic: CriticConfig, *, rollout_n: int, loss_agg_mode: str,
+        max_response_length: int, dtype: str, total_steps: int | None = None, seed: int = 0,
+    ) -> None:
+        super().__init__(ctx)
+        self.critic, self.rollout_n, self.seed = critic, rollout_n, seed
+        self.engine = training_engine(
+            str(resolve_model(critic.model_path or model.path)), model, critic.optim, dtype=dtype,
+            grad_clip=critic.grad_clip, total_steps=total_steps, value_head=True, metric_prefix="critic", seed=seed,
+        )
+        self.objective = ValueObjective.from_config(critic, loss_agg_mode, max_response_length)
+        self.loss_agg_mode = loss_agg_mode
+        self.updates = 0
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, batch: Batch) -> Batch:
+        values = self.engine.compute_values(batch, micro_batch_size=self.critic.ppo_micro_batch_size_per_gpu)
+        return Batch.from_dict({keys.VALUES: values})
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def update(self, batch: Batch) -> Batch:
+        per_rank = self.critic.ppo_mini_batch_size * self.rollout_n // self.world_size
+        steps = [
+            self.engine.train_mini_batch(
+                mini_batch, self.objective, micro_batch_size=self.critic.ppo_micro_batch_size_per_gpu,
+                loss_agg_mode=self.loss_agg_mode,
+            )
+            for mini_batch in batch.minibatches(
+                min(per_rank, len(batch)), epochs=self.critic.ppo_epochs, seed=self.seed + self.updates
+            )
+        ]
+        self.updates += 1
+        return Batch().with_metrics(mean_metrics(steps))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, directory: str) -> None:
+        self.engine.save_checkpoint(Path(directory))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, directory: str) -> None:
+        self.engine.load_checkpoint(Path(directory))

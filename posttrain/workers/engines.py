@@ -1,0 +1,42 @@
+"""Building the engines a worker owns from its config sections (the one place that maps config
+fields onto engine settings)."""
+
+from __future__ import annotations
+
+from posttrain.config.schema import ModelConfig, OptimConfig, RolloutConfig
+from posttrain.engines.rollout import GenerationParams, HFRolloutEngine, RolloutEngine, VLLMRolloutEngine
+from posttrain.engines.training import TrainingEngine, TrainingEngineConfig
+
+
+def training_engine(
+    model_path: str, model: ModelConfig, optim: OptimConfig, *, dtype: str, grad_clip: float, total_steps: int | None,
+    value_head: bool = False, metric_prefix: str = "actor", device: str = "auto", seed: int = 0,
+) -> TrainingEngine:
+    return TrainingEngine(TrainingEngineConfig(
+        model_path=model_path, value_head=value_head, dtype=dtype, lr=optim.lr, betas=tuple(optim.betas),
+        weight_decay=optim.weight_decay, lr_scheduler=optim.lr_scheduler, warmup_steps=optim.warmup_steps,
+        total_steps=total_steps, min_lr_ratio=optim.min_lr_ratio, grad_clip=grad_clip,
+        gradient_checkpointing=model.enable_gradient_checkpointing, lora_rank=model.lora_rank,
+        lora_alpha=model.lora_alpha, lora_target_modules=model.target_modules, metric_prefix=metric_prefix,
+        device=device, init_seed=seed,
+    ))
+
+
+def rollout_engine(model_path: str, rollout: RolloutConfig, *, max_model_len: int, seed: int) -> RolloutEngine:
+    if rollout.name == "vllm":
+        return VLLMRolloutEngine(
+            model_path, max_model_len=max_model_len, seed=seed, enforce_eager=rollout.enforce_eager,
+            gpu_memory_utilization=rollout.gpu_memory_utilization, kv_cache_bytes=int(rollout.cpu_kv_cache_gb * 2**30),
+        )
+    if rollout.name == "hf":
+        return HFRolloutEngine(model_path, max_model_len=max_model_len)
+    raise ValueError(f"actor_rollout_ref.rollout.name={rollout.name!r}: use vllm or hf")
+
+
+def generation_params(rollout: RolloutConfig, max_new_tokens: int, *, validation: bool, seed: int | None) -> GenerationParams:
+    """Sampling for training rollouts (one sample per row: rows are already repeated n times) or validation."""
+    sampling = rollout.val_kwargs if validation else rollout
+    return GenerationParams(
+        max_new_tokens=max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+        top_k=None if sampling.top_k < 1 else sampling.top_k, n=1, seed=seed,
+    )

@@ -1,0 +1,101 @@
+"""The losses the workers hand to the training engine, composed from :mod:`posttrain.algos`.
+
+A loss function takes the engine's forward outputs for one micro-batch, the micro-batch and the
+mini-batch's global normaliser, and returns the loss (normalised by that normaliser, so micro-batch
+losses add up to the mini-batch loss) and metrics that are means over the micro-batch.
+
+Policy: the configured policy loss (PPO clip / GSPO / CISPO), minus ``entropy_coeff`` × entropy,
+plus ``kl_loss_coef`` × KL(π ‖ π_ref) when the KL is a loss rather than a reward penalty (GRPO).
+Critic: the clipped value loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from posttrain import keys
+from posttrain.algos import aggregate_loss, get_kl_estimator, get_policy_loss, masked_mean, value_loss
+from posttrain.config.schema import ActorConfig, CriticConfig
+from posttrain.engines.training.modeling import ForwardOutputs
+from posttrain.protocol import Batch
+
+LossFn = Callable[[ForwardOutputs, Batch, Tensor], tuple[Tensor, dict[str, Tensor]]]
+
+
+@dataclass(frozen=True)
+class PolicyObjective:
+    """What the actor's loss is made of; built once from the actor's config section."""
+
+    loss_name: str
+    loss_options: dict
+    loss_agg_mode: str
+    max_response_length: int
+    entropy_coeff: float
+    kl_loss_coef: float | None  # None: no KL loss
+    kl_loss_type: str
+
+    @classmethod
+    def from_config(cls, actor: ActorConfig, max_response_length: int) -> PolicyObjective:
+        options = {
+            "clip_ratio_low": actor.clip_ratio_low,
+            "clip_ratio_high": actor.clip_ratio_high,
+            "loss_agg_mode": actor.loss_agg_mode,
+            "max_response_length": max_response_length,
+        }
+        if actor.policy_loss in ("vanilla", "ppo"):
+            options["clip_ratio_dual"] = actor.clip_ratio_c
+        get_policy_loss(actor.policy_loss, **options)  # unknown names and options fail here, at start-up
+        if actor.use_kl_loss:
+            get_kl_estimator(actor.kl_loss_type)
+        return cls(
+            actor.policy_loss, options, actor.loss_agg_mode, max_response_length, actor.entropy_coeff,
+            actor.kl_loss_coef if actor.use_kl_loss else None, actor.kl_loss_type,
+        )
+
+    def __call__(self, outputs: ForwardOutputs, batch: Batch, normalizer: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        mask = batch[keys.RESPONSE_MASK]
+        policy_loss = get_policy_loss(self.loss_name, **self.loss_options)
+        result = policy_loss(outputs.logprobs, batch[keys.OLD_LOGPROBS], batch[keys.ADVANTAGES], mask, global_normalizer=normalizer)
+        loss = result.loss
+        local = policy_loss(outputs.logprobs, batch[keys.OLD_LOGPROBS], batch[keys.ADVANTAGES], mask).loss.detach()
+        metrics = {
+            "pg_loss": local,
+            "pg_clipfrac": result.clipfrac,
+            "pg_clipfrac_lower": result.clipfrac_lower,
+            "ppo_kl": result.approx_kl,
+        }
+        if outputs.entropy is not None:
+            metrics["entropy"] = masked_mean(outputs.entropy, mask).detach()
+            if self.entropy_coeff:
+                loss = loss - self.entropy_coeff * self._aggregate(outputs.entropy, mask, normalizer)
+        if self.kl_loss_coef is not None:
+            kl = get_kl_estimator(self.kl_loss_type)(outputs.logprobs, batch[keys.REF_LOGPROBS])
+            loss = loss + self.kl_loss_coef * self._aggregate(kl, mask, normalizer)
+            metrics["kl_loss"] = masked_mean(kl, mask).detach()
+        return loss, metrics
+
+    def _aggregate(self, per_token: Tensor, mask: Tensor, normalizer: Tensor) -> Tensor:
+        return aggregate_loss(
+            per_token, mask, self.loss_agg_mode, global_normalizer=normalizer, max_response_length=self.max_response_length
+        )
+
+
+@dataclass(frozen=True)
+class ValueObjective:
+    clip_range: float
+    loss_agg_mode: str
+    max_response_length: int
+
+    @classmethod
+    def from_config(cls, critic: CriticConfig, loss_agg_mode: str, max_response_length: int) -> ValueObjective:
+        return cls(critic.cliprange_value, loss_agg_mode, max_response_length)
+
+    def __call__(self, outputs: ForwardOutputs, batch: Batch, normalizer: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        mask = batch[keys.RESPONSE_MASK]
+        common = {"clip_range": self.clip_range, "loss_agg_mode": self.loss_agg_mode, "max_response_length": self.max_response_length}
+        result = value_loss(outputs.values, batch[keys.VALUES], batch[keys.RETURNS], mask, global_normalizer=normalizer, **common)
+        local = value_loss(outputs.values, batch[keys.VALUES], batch[keys.RETURNS], mask, **common)
+        return result.loss, {"vf_loss": local.loss.detach(), "vf_clipfrac": result.clipfrac, "vpred_mean": masked_mean(outputs.values, mask).detach()}

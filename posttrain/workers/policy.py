@@ -1,0 +1,119 @@
+"""The policy worker: the hybrid engine, training engine and rollout engine in one process.
+
+generate → compute_log_prob → update → sync_weights: the rollout engine samples with the current
+weights; the training engine recomputes their logprobs (the "old" policy of PPO) and updates; the
+new weights go into the rollout engine in place, with the next version number, never through disk.
+On GPU the rollout engine sleeps (frees its KV cache) while the training engine works.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from posttrain import keys
+from posttrain.config.schema import ActorConfig, DataConfig, ModelConfig, RolloutConfig
+from posttrain.controller import Dispatch, Worker, WorkerContext, register
+from posttrain.models import load_tokenizer, resolve_model
+from posttrain.protocol import Batch
+from posttrain.workers.engines import generation_params, rollout_engine, training_engine
+from posttrain.workers.objectives import PolicyObjective
+from posttrain.workers.rollout_batch import generations_to_batch, prompt_token_lists
+
+VALIDATE_META_KEY = "validate"  # meta flag: sample with rollout.val_kwargs instead of training settings
+
+
+def mean_metrics(per_step: list[dict[str, float]]) -> dict[str, float]:
+    names = {name for metrics in per_step for name in metrics}
+    return {name: statistics.fmean(m[name] for m in per_step if name in m) for name in sorted(names)}
+
+
+class PolicyWorker(Worker):
+    def __init__(
+        self, ctx: WorkerContext, model: ModelConfig, actor: ActorConfig, rollout: RolloutConfig, data: DataConfig,
+        *, total_steps: int | None = None, seed: int = 0,
+    ) -> None:
+        super().__init__(ctx)
+        self.actor, self.rollout_config, self.data = actor, rollout, data
+        self.seed = seed
+        model_path = str(resolve_model(model.path))
+        self.tokenizer = load_tokenizer(model_path)
+        self.engine = training_engine(
+            model_path, model, actor.optim, dtype=actor.dtype, grad_clip=actor.grad_clip, total_steps=total_steps, seed=seed,
+        )
+        self.rollout = rollout_engine(
+            model_path, rollout, max_model_len=data.max_prompt_length + data.max_response_length, seed=seed + ctx.rank
+        )
+        self.objective = PolicyObjective.from_config(actor, data.max_response_length)
+        self.updates = 0
+        self.generate_calls = 0
+
+    # ---- rollout --------------------------------------------------------------------------------
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def generate(self, batch: Batch) -> Batch:
+        """Prompts (PROMPT_IDS, PROMPT_MASK) → the same rows with responses and model inputs added."""
+        validate = bool(batch.meta.get(VALIDATE_META_KEY, False))
+        params = generation_params(
+            self.rollout_config, self.data.max_response_length, validation=validate,
+            seed=self.seed + 1000 * self.generate_calls + self.rank,
+        )
+        self.generate_calls += 1
+        self.rollout.wake_up()
+        generations = self.rollout.generate(prompt_token_lists(batch), params)
+        self.rollout.sleep()
+        pad = self.tokenizer.pad_token_id
+        return generations_to_batch(batch, generations, self.data.max_response_length, pad)
+
+    # ---- training -------------------------------------------------------------------------------
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """OLD_LOGPROBS and ENTROPY under the current weights, at the rollout's temperature."""
+        logprobs, entropy = self.engine.compute_logprobs(
+            batch, micro_batch_size=self.rollout_config.log_prob_micro_batch_size_per_gpu,
+            temperature=self.rollout_config.temperature, with_entropy=True,
+        )
+        return Batch.from_dict({keys.OLD_LOGPROBS: logprobs, keys.ENTROPY: entropy})
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def update(self, batch: Batch) -> Batch:
+        """PPO epochs over shuffled mini-batches of this rank's share; returns metrics in meta."""
+        per_rank = self.actor.ppo_mini_batch_size * self.rollout_config.n // self.world_size
+        micro = {"max_tokens": self.actor.ppo_max_token_len_per_gpu} if self.actor.use_dynamic_bsz else {
+            "micro_batch_size": self.actor.ppo_micro_batch_size_per_gpu}
+        steps = [
+            self.engine.train_mini_batch(
+                mini_batch, self.objective, loss_agg_mode=self.actor.loss_agg_mode,
+                temperature=self.rollout_config.temperature, with_entropy=True, **micro,
+            )
+            for mini_batch in batch.minibatches(
+                min(per_rank, len(batch)), epochs=self.actor.ppo_epochs, shuffle=self.actor.shuffle,
+                seed=self.seed + self.updates,
+            )
+        ]
+        self.updates += 1
+        return Batch().with_metrics(mean_metrics(steps))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def sync_weights(self, version: int) -> int:
+        """The training engine's weights into the rollout engine, in place, as ``version``."""
+        self.rollout.wake_up()
+        self.rollout.load_weights(self.engine.named_weights(), version)
+        self.rollout.sleep()
+        return self.rollout.version
+
+    # ---- persistence ----------------------------------------------------------------------------
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, directory: str) -> None:
+        self.engine.save_checkpoint(Path(directory))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, directory: str, version: int) -> None:
+        self.engine.load_checkpoint(Path(directory))
+        self.sync_weights(version)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def export(self, directory: str) -> str:
+        return str(self.engine.export_hf(Path(directory)))
