@@ -4,4 +4,4 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup.sh"
 cd "$root"
-exec .venv/bin/posttrain demo "$@"
+exec .venv/bin/posttrain train "$@"

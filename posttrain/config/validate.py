@@ -10,7 +10,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.truncation": ("error", "left", "right"),
     "actor_rollout_ref.rollout.name": ("vllm", "hf"),
     "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
-    "actor_rollout_ref.actor.dtype": ("bfloat16", "float32", "float16"),
+    "actor_rollout_ref.actor.dtype": ("bfloat16", "float32"),  # float16 would need loss scaling
     "actor_rollout_ref.actor.optim.lr_scheduler": ("constant", "cosine"),
     "critic.optim.lr_scheduler": ("constant", "cosine"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),

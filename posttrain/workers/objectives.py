@@ -11,7 +11,6 @@ Critic: the clipped value loss.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -21,8 +20,6 @@ from posttrain.algos import aggregate_loss, get_kl_estimator, get_policy_loss, m
 from posttrain.config.schema import ActorConfig, CriticConfig
 from posttrain.engines.training.modeling import ForwardOutputs
 from posttrain.protocol import Batch
-
-LossFn = Callable[[ForwardOutputs, Batch, Tensor], tuple[Tensor, dict[str, Tensor]]]
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,11 @@ One optimizer step per mini-batch (:meth:`train_mini_batch`):
      otherwise gradients are clipped to ``grad_clip`` and AdamW and the schedule step.
 
 ``loss_fn(outputs: ForwardOutputs, micro_batch: Batch, global_normalizer: Tensor) -> (loss,
-metrics)``: ``loss`` is a scalar normalised by ``global_normalizer``; ``metrics`` maps names to
-scalars that are *means over this micro-batch*. The engine reports each metric as the mean over
-the mini-batch on all ranks, weighting micro-batches by their share of the normaliser (exact for a
-mean over the normaliser's units, e.g. a clip fraction over tokens under token-mean).
+metrics)``: ``loss`` is a scalar normalised by ``global_normalizer``; ``metrics`` maps names
+(without the prefix: ``pg_clipfrac``) to scalars that are *means over this micro-batch*. The engine
+reports each as ``<metric_prefix>/<name>``, the mean over the mini-batch on all ranks, weighting
+micro-batches by their share of the normaliser (exact for a mean over the normaliser's units, e.g.
+a clip fraction over tokens under token-mean).
 
 Reported metrics (prefix ``config.metric_prefix``): ``loss`` (mini-batch loss, summed over
 micro-batches and ranks), ``grad_norm`` (before clipping; inf/nan when skipped), ``lr`` (of this
@@ -112,13 +113,19 @@ class TrainingEngine:
         max_tokens: int | None = None,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        without_adapters: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """log pi(response token) (B, T) and, if asked, the entropy (B, T), float32 on CPU, no grad.
 
         Logits are divided by ``temperature`` (the rollout's sampling temperature). Padding gets 0.
+        ``without_adapters``: with LoRA, the frozen base model's logprobs (a reference policy for free).
         """
         self._check_policy("compute_logprobs")
-        outputs = self._forward_batch(batch, micro_batch_size, max_tokens, temperature, with_entropy)
+        if without_adapters and self.config.lora_rank == 0:
+            raise ValueError("without_adapters=True needs a LoRA engine (lora_rank > 0); use a separate reference engine")
+        adapters_off = self.module.disable_adapter() if without_adapters else contextlib.nullcontext()
+        with adapters_off:
+            outputs = self._forward_batch(batch, micro_batch_size, max_tokens, temperature, with_entropy)
         return outputs.logprobs, outputs.entropy
 
     def compute_values(
@@ -153,7 +160,9 @@ class TrainingEngine:
         merged = {name: scatter_rows(parts, groups, len(batch)) for name, parts in pieces.items()}
         return ForwardOutputs(**merged)
 
-    def _forward(self, model: torch.nn.Module, micro_batch: Batch, temperature: float, with_entropy: bool) -> ForwardOutputs:
+    def _forward(
+        self, model: torch.nn.Module, micro_batch: Batch, temperature: float, with_entropy: bool
+    ) -> ForwardOutputs:
         return forward_micro_batch(
             model, micro_batch, device=self.device, dtype=self.compute_dtype, value_head=self.config.value_head,
             temperature=temperature, with_entropy=with_entropy,
@@ -170,8 +179,7 @@ class TrainingEngine:
             groups = split_by_count(len(batch), micro_batch_size)
         if self.world_size > 1:
             # Every rank runs the same number of forward passes (FSDP gathers in each one).
-            count = parallel.all_reduce(torch.tensor(len(groups)), parallel.dist.ReduceOp.MAX)
-            groups = equalize_group_count(groups, int(count))
+            groups = equalize_group_count(groups, parallel.max_over_ranks(len(groups)))
         return groups
 
     # ---- training ----------------------------------------------------------------------------
@@ -211,7 +219,8 @@ class TrainingEngine:
             if group:
                 totals.add(loss, metrics, loss_normalizer(micro_batch[mask_key], loss_agg_mode).to(self.device))
         step_metrics = self._optimizer_step()
-        return {**totals.reduce(self.config.metric_prefix), **step_metrics, self._name("micro_batches"): float(len(groups))}
+        step_metrics[self._name("micro_batches")] = float(len(groups))
+        return {**totals.reduce(self.config.metric_prefix), **step_metrics}
 
     def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         # DDP: all-reduce once, in the last micro-batch's backward. FSDP2 reduce-scatters in every

@@ -61,6 +61,23 @@ def build_model_inputs(
     }
 
 
+def random_model_inputs(
+    prompt_lengths: Tensor, response_lengths: Tensor, prompt_width: int, response_width: int, *,
+    vocab_size: int, generator: torch.Generator | None = None,
+) -> dict[str, Tensor]:
+    """Synthetic inputs for tests and benchmarks: uniform random ids (pad id 0) of the given lengths.
+
+    Returns :func:`build_model_inputs`'s tensors plus RESPONSE_MASK (float, 1 on response tokens).
+    """
+    prompt_mask = lengths_to_mask(prompt_lengths, prompt_width, left_padded=True)
+    response_attention = lengths_to_mask(response_lengths, response_width, left_padded=False)
+    prompt_ids = torch.randint(1, vocab_size, (len(prompt_lengths), prompt_width), generator=generator) * prompt_mask
+    response_ids = torch.randint(1, vocab_size, (len(response_lengths), response_width), generator=generator)
+    tensors = build_model_inputs(prompt_ids, prompt_mask, response_ids * response_attention, response_attention)
+    tensors[keys.RESPONSE_MASK] = response_attention.float()
+    return tensors
+
+
 def check_batch(batch: Batch, required: Sequence[str], purpose: str) -> None:
     """Raise KeyError naming every missing key, or ValueError for inconsistent shapes."""
     missing = [k for k in required if k not in batch.tensors]
@@ -72,7 +89,9 @@ def check_batch(batch: Batch, required: Sequence[str], purpose: str) -> None:
     length = batch[keys.INPUT_IDS].shape[1]
     for key in (keys.ATTENTION_MASK, keys.POSITION_IDS):
         if batch[key].shape != batch[keys.INPUT_IDS].shape:
-            raise ValueError(f"{key} has shape {tuple(batch[key].shape)}, input_ids {tuple(batch[keys.INPUT_IDS].shape)}; they must match")
+            raise ValueError(
+                f"{key} has shape {tuple(batch[key].shape)}, input_ids {tuple(batch[keys.INPUT_IDS].shape)}; they must match"
+            )
     response_length = batch[keys.RESPONSE_IDS].shape[1]
     if not 0 < response_length < length:
         raise ValueError(

@@ -26,7 +26,8 @@ def split_by_count(num_samples: int, micro_batch_size: int | None) -> list[list[
         return [list(range(num_samples))]
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size={micro_batch_size} must be >= 1")
-    return [list(range(start, min(start + micro_batch_size, num_samples))) for start in range(0, num_samples, micro_batch_size)]
+    starts = range(0, num_samples, micro_batch_size)
+    return [list(range(start, min(start + micro_batch_size, num_samples))) for start in starts]
 
 
 def split_by_token_budget(token_counts: Tensor, max_tokens: int) -> list[list[int]]:

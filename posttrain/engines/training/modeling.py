@@ -88,7 +88,8 @@ def _add_lora(model: nn.Module, config: TrainingEngineConfig) -> nn.Module:
     targets = config.lora_target_modules
     if config.value_head and targets == "all-linear":
         # peft's "all-linear" would adapt the value head too; name the decoder's Linears instead.
-        targets = sorted({name.rsplit(".", 1)[-1] for name, m in model.model.named_modules() if isinstance(m, nn.Linear)})
+        linears = [name for name, m in model.base_model.named_modules() if isinstance(m, nn.Linear)]
+        targets = sorted({name.rsplit(".", 1)[-1] for name in linears})
     lora = LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,

@@ -59,7 +59,9 @@ def resolve_strategy(setting: str, device: torch.device, world_size: int) -> str
             "init_process_group() before building the engine, or use strategy='auto'"
         )
     if setting == "none" and world_size > 1:
-        raise ValueError(f"strategy='none' with {world_size} ranks would train {world_size} diverging copies; use 'ddp' or 'fsdp'")
+        raise ValueError(
+            f"strategy='none' with {world_size} ranks would train {world_size} diverging copies; use 'ddp' or 'fsdp'"
+        )
     return setting
 
 
@@ -116,6 +118,11 @@ def all_reduce(tensor: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) 
     reduced = tensor.detach().to(_comm_device(), copy=True)
     dist.all_reduce(reduced, op=op)
     return reduced.to(tensor.device)
+
+
+def max_over_ranks(value: int) -> int:
+    """The largest ``value`` any rank passed (a collective)."""
+    return int(all_reduce(torch.tensor(value), dist.ReduceOp.MAX))
 
 
 def barrier() -> None:

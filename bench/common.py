@@ -1,0 +1,58 @@
+"""Shared set-up for the benchmarks: a policy worker on local Ray and chat prompts as a Batch."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from posttrain import keys
+from posttrain.config.schema import ActorConfig, DataConfig, ModelConfig, RolloutConfig
+from posttrain.controller import ResourcePool, WorkerGroup, WorkerSpec, spawn_ray
+from posttrain.protocol import Batch
+from posttrain.trainer.roles import WORKER_ENV
+from posttrain.workers.policy import PolicyWorker
+
+
+def chat_prompt_ids(tokenizer, count: int, seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    numbers = torch.randint(10, 99, (count, 2), generator=generator).tolist()
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}? Explain briefly."}], add_generation_prompt=True, tokenize=True, return_dict=False)
+        for a, b in numbers
+    ]
+
+
+def prompt_batch(prompts: list[list[int]], pad_token_id: int) -> Batch:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_token_id)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    return Batch.from_dict({keys.PROMPT_IDS: ids, keys.PROMPT_MASK: mask})
+
+
+def start_policy(model: str, max_prompt: int, max_response: int, temperature: float = 1.0, dtype: str = "bfloat16") -> tuple[WorkerGroup, ResourcePool]:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    pool = ResourcePool("bench", [1], cpus_per_bundle=os.cpu_count() or 1)
+    actor = ActorConfig(ppo_mini_batch_size=1_000_000, ppo_micro_batch_size_per_gpu=16, dtype=dtype)
+    spec = WorkerSpec(PolicyWorker, (ModelConfig(path=model), actor, RolloutConfig(n=1, temperature=temperature),
+                                      DataConfig(max_prompt_length=max_prompt, max_response_length=max_response)))
+    return spawn_ray({"actor": spec}, pool, env=WORKER_ENV)["actor"], pool
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)

@@ -1,0 +1,88 @@
+"""Small models, batches and losses shared by the training-engine tests (and their spawned ranks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from posttrain import keys
+from posttrain.algos import aggregate_loss, ppo_policy_loss, value_loss
+from posttrain.engines.training import ForwardOutputs, TrainingEngineConfig
+from posttrain.engines.training.inputs import random_model_inputs
+from posttrain.protocol import Batch
+
+VOCAB = 256
+
+
+def make_small_lm(out_dir: Path, *, tie_word_embeddings: bool = False, seed: int = 0) -> Path:
+    """A random 2-layer llama (hidden 64, vocab 256) in HF format, without a tokenizer: loads in milliseconds."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=128, max_position_embeddings=256, tie_word_embeddings=tie_word_embeddings,
+        initializer_range=0.1, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+def engine_config(model_dir: Path, **overrides) -> TrainingEngineConfig:
+    """float32 (exact comparisons), lr large enough that one step visibly moves the weights."""
+    settings = {"model_path": str(model_dir), "dtype": "float32", "lr": 1e-3, "grad_clip": 1.0, "device": "cpu"}
+    return TrainingEngineConfig(**(settings | overrides))
+
+
+def make_batch(batch_size: int, *, prompt_length: int = 8, response_length: int = 8, seed: int = 0,
+               vocab: int = VOCAB) -> Batch:
+    """Left-padded prompts and right-padded responses of random lengths, with PPO's tensors.
+
+    Row 0 has a full prompt and a full response so no column is padding in every row.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    prompt_lengths = torch.randint(1, prompt_length + 1, (batch_size,), generator=generator)
+    response_lengths = torch.randint(1, response_length + 1, (batch_size,), generator=generator)
+    prompt_lengths[0], response_lengths[0] = prompt_length, response_length
+    tensors = random_model_inputs(prompt_lengths, response_lengths, prompt_length, response_length,
+                                  vocab_size=vocab, generator=generator)
+    tensors[keys.ADVANTAGES] = torch.randn(batch_size, response_length, generator=generator)
+    tensors[keys.OLD_LOGPROBS] = -torch.rand(batch_size, response_length, generator=generator) * 3 - 3
+    tensors[keys.RETURNS] = torch.randn(batch_size, response_length, generator=generator)
+    tensors[keys.VALUES] = torch.randn(batch_size, response_length, generator=generator)
+    return Batch.from_dict(tensors)
+
+
+def ppo_loss(outputs: ForwardOutputs, micro_batch: Batch, global_normalizer: Tensor) -> tuple[Tensor, dict]:
+    """PPO's clipped surrogate under token-mean with the global normaliser, as an actor worker would."""
+    result = ppo_policy_loss(
+        outputs.logprobs, micro_batch[keys.OLD_LOGPROBS], micro_batch[keys.ADVANTAGES], micro_batch[keys.RESPONSE_MASK],
+        loss_agg_mode="token-mean", global_normalizer=global_normalizer,
+    )
+    return result.loss, {"pg_clipfrac": result.clipfrac, "ppo_kl": result.approx_kl}
+
+
+def ppo_entropy_loss(outputs: ForwardOutputs, micro_batch: Batch, global_normalizer: Tensor) -> tuple[Tensor, dict]:
+    """PPO minus 0.1 x entropy (token-mean), to exercise the entropy's gradient."""
+    loss, metrics = ppo_loss(outputs, micro_batch, global_normalizer)
+    bonus = aggregate_loss(outputs.entropy, micro_batch[keys.RESPONSE_MASK], global_normalizer=global_normalizer)
+    return loss - 0.1 * bonus, metrics
+
+
+def critic_loss(outputs: ForwardOutputs, micro_batch: Batch, global_normalizer: Tensor) -> tuple[Tensor, dict]:
+    result = value_loss(outputs.values, micro_batch[keys.VALUES], micro_batch[keys.RETURNS],
+                        micro_batch[keys.RESPONSE_MASK], clip_range=0.5, global_normalizer=global_normalizer)
+    return result.loss, {"vf_clipfrac": result.clipfrac}
+
+
+def parameters(engine) -> dict[str, Tensor]:
+    """A copy of every weight under its HF name (merged, gathered)."""
+    return {name: tensor.detach().clone().cpu() for name, tensor in engine.named_weights()}
+
+
+def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)

@@ -1,0 +1,129 @@
+"""Checkpoint round trips, export to a plain HF directory, and named weights for the rollout engine."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from posttrain import keys
+from posttrain.engines.training import TrainingEngine
+from posttrain.engines.training.weights import export_hf
+from posttrain.models import cached_tiny_model
+from tests.engines.training.helpers import engine_config, make_batch, max_difference, parameters, ppo_loss
+
+
+def _checkpoint_names(model_dir):
+    names = set()
+    for path in model_dir.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            names.update(f.keys())
+    return names
+
+
+def _logits(model, batch):
+    with torch.no_grad():
+        return model(input_ids=batch[keys.INPUT_IDS], attention_mask=batch[keys.ATTENTION_MASK],
+                     position_ids=batch[keys.POSITION_IDS]).logits
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_a_checkpoint_round_trip_gives_the_identical_next_update(small_lm, tmp_path, lora_rank):
+    first, second = make_batch(4, seed=1), make_batch(4, seed=2)
+    config = engine_config(small_lm, warmup_steps=3, lora_rank=lora_rank)
+    original = TrainingEngine(config)
+    original.train_mini_batch(first, ppo_loss, micro_batch_size=2)
+    original.save_checkpoint(tmp_path / "ckpt")
+    draw = torch.rand(3)
+    expected = original.train_mini_batch(second, ppo_loss, micro_batch_size=2)
+
+    resumed = TrainingEngine(config)
+    assert max_difference(parameters(resumed), parameters(original)) > 0
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    assert torch.equal(torch.rand(3), draw)  # the random state came back too
+    metrics = resumed.train_mini_batch(second, ppo_loss, micro_batch_size=2)
+    assert metrics["actor/lr"] == expected["actor/lr"] == pytest.approx(2 / 3 * 1e-3)  # the schedule resumed
+    assert metrics["actor/grad_norm"] == expected["actor/grad_norm"]
+    assert resumed.global_step == original.global_step == 2
+    after, reference = parameters(resumed), parameters(original)
+    assert all(torch.equal(after[k], reference[k]) for k in reference)  # bitwise
+
+
+def test_loading_a_directory_that_is_not_a_checkpoint_says_so(small_lm, tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a complete training-engine checkpoint"):
+        TrainingEngine(engine_config(small_lm)).load_checkpoint(tmp_path)
+
+
+def test_export_loads_in_transformers_with_the_same_logits_and_tokenizer(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = cached_tiny_model("llama")  # has the SmolLM2 tokenizer
+    engine = TrainingEngine(engine_config(source))
+    batch = make_batch(3, seed=3, vocab=1000)
+    engine.train_mini_batch(batch, ppo_loss)
+    engine.export_hf(tmp_path / "export")
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32)
+    torch.testing.assert_close(_logits(exported, batch), _logits(engine.module.eval(), batch), atol=1e-5, rtol=0)
+    assert max_difference(parameters(engine), dict(exported.state_dict())) == 0
+    assert AutoTokenizer.from_pretrained(tmp_path / "export").chat_template
+    assert _checkpoint_names(tmp_path / "export") == _checkpoint_names(source)
+
+
+def test_tied_embeddings_are_exported_once_and_stay_tied(small_lm_tied, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    engine = TrainingEngine(engine_config(small_lm_tied))
+    names = [name for name, _ in engine.named_weights()]
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+    engine.train_mini_batch(make_batch(2), ppo_loss)
+    engine.export_hf(tmp_path)
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert exported.lm_head.weight.data_ptr() == exported.model.embed_tokens.weight.data_ptr()
+    batch = make_batch(2)
+    torch.testing.assert_close(_logits(exported, batch), _logits(engine.module.eval(), batch), atol=1e-5, rtol=0)
+
+
+def test_lora_export_is_merged_and_equals_the_adapted_model(small_lm, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    engine = TrainingEngine(engine_config(small_lm, lora_rank=4, lora_alpha=8))
+    base = parameters(engine)
+    trainable = {n for n, p in engine.module.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)  # the base is frozen
+    batch = make_batch(4, seed=4)
+    for _ in range(2):  # lora_B starts at 0: the first step leaves the merged weights unchanged
+        engine.train_mini_batch(batch, ppo_loss)
+    merged = parameters(engine)
+    assert merged.keys() == base.keys() == _checkpoint_names(small_lm)
+    assert max_difference(merged, base) > 1e-4
+    assert torch.equal(merged["model.norm.weight"], base["model.norm.weight"])  # not a LoRA target
+    engine.export_hf(tmp_path)
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    torch.testing.assert_close(_logits(exported, batch), _logits(engine.module.eval(), batch), atol=1e-5, rtol=0)
+    # With the adapters off, the engine is its own frozen reference policy.
+    reference, _ = TrainingEngine(engine_config(small_lm)).compute_logprobs(batch)
+    adapted, _ = engine.compute_logprobs(batch)
+    assert torch.equal(engine.compute_logprobs(batch, without_adapters=True)[0], reference)
+    assert (adapted - reference).abs().max() > 1e-4
+
+
+def test_critic_export_reloads_as_a_token_classifier(small_lm, tmp_path):
+    from transformers import AutoModelForTokenClassification
+
+    engine = TrainingEngine(engine_config(small_lm, value_head=True, lora_rank=4))
+    batch = make_batch(3, seed=5)
+    engine.export_hf(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["LlamaForTokenClassification"]
+    exported = AutoModelForTokenClassification.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    torch.testing.assert_close(_logits(exported, batch), _logits(engine.module.eval(), batch), atol=1e-5, rtol=0)
+
+
+def test_a_large_model_is_exported_in_shards_with_an_index(small_lm, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    engine = TrainingEngine(engine_config(small_lm))
+    export_hf(engine.module, tmp_path, source_dir=small_lm, write=True, max_shard_bytes=100_000)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 2
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert max_difference(parameters(engine), dict(exported.state_dict())) == 0
