@@ -1,6 +1,8 @@
 """The ``posttrain`` command.
 
   posttrain train [--preset NAME] [key=value ...]    train (PPO/GRPO, synchronous) on local Ray or a cluster
+  posttrain eval [--preset NAME] [--checkpoint DIR] [key=value ...]   validation only, from a checkpoint or the base model
+  posttrain export CHECKPOINT --out DIR              a checkpoint's policy as a Hugging Face directory
   posttrain config [--preset NAME] [key=value ...]   print the resolved config (or every problem in it)
   posttrain prepare NAME --out DIR [key=value ...]   write a dataset (gsm8k, arithmetic) as verl-format Parquet
   posttrain demo                                     the single controller at work on local Ray
@@ -34,6 +36,23 @@ def _train_command(args: argparse.Namespace) -> int:
     return run_training(_resolved_config(args))
 
 
+def _eval_command(args: argparse.Namespace) -> int:
+    from posttrain.trainer.run import run_evaluation
+
+    return run_evaluation(_resolved_config(args), args.checkpoint)
+
+
+def _export_command(args: argparse.Namespace) -> int:
+    from posttrain.trainer.export import export_checkpoint
+
+    try:
+        print(export_checkpoint(args.checkpoint, args.out))
+    except FileNotFoundError as err:
+        print(f"posttrain: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _prepare_command(args: argparse.Namespace) -> int:
     from posttrain.data import parse_options, prepare
 
@@ -60,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, run, help_text, default in (
         ("train", _train_command, "train a policy (PPO/GRPO)", DEFAULT_PRESET),
+        ("eval", _eval_command, "validate a policy (a checkpoint's, or the configured model)", DEFAULT_PRESET),
         ("config", _config_command, "print the resolved config as YAML", None),
     ):
         command = commands.add_parser(name, help=help_text, description=help_text)
@@ -70,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--config", action="append", help="a YAML file merged over the preset (repeatable)")
         command.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. data.train_batch_size=16")
         command.set_defaults(run=run)
+        if name == "eval":
+            command.add_argument("--checkpoint", help="a global_step_N directory or a run directory (its latest checkpoint)")
+
+    export = commands.add_parser("export", help="write a checkpoint's policy as a Hugging Face directory")
+    export.add_argument("checkpoint", help="a global_step_N directory or a run directory (its latest checkpoint)")
+    export.add_argument("--out", required=True, type=Path)
+    export.set_defaults(run=_export_command)
 
     prep = commands.add_parser("prepare", help="write a dataset (gsm8k, arithmetic) as verl-format Parquet")
     prep.add_argument("name", help="gsm8k or arithmetic")

@@ -35,6 +35,35 @@ def run_training(config: PosttrainConfig) -> int:
     return 0
 
 
+def run_evaluation(config: PosttrainConfig, checkpoint: str | None) -> int:
+    """Validation only: the configured model, or the policy of ``checkpoint``, on data.val_files."""
+    import ray
+
+    from posttrain.trainer.export import checkpoint_dir
+    from posttrain.trainer.roles import start_roles
+    from posttrain.trainer.sync import SyncTrainer
+
+    console = Console()
+    trainer = SyncTrainer(config)
+    if trainer.data.val is None:
+        console.print("posttrain: no validation data: set data.val_files (or data.builtin)")
+        return 2
+    ray.init(address=config.trainer.ray_address, include_dashboard=False, log_to_driver=False)
+    try:
+        trainer.roles = start_roles(config, trainer.total_steps)
+        if checkpoint:
+            directory = checkpoint_dir(checkpoint)
+            trainer.roles.actor.load_checkpoint(str(directory / "actor"), 1)
+            console.print(f"policy from {directory}")
+        metrics = trainer.validate()
+        trainer.roles.release()
+    finally:
+        ray.shutdown()
+    for name, value in sorted(metrics.items()):
+        console.print(f"{name}: {value:.4f}")
+    return 0
+
+
 def _summary(console: Console, trainer, seconds: float) -> None:
     history = trainer.val_history
     if history:

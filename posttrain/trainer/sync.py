@@ -49,6 +49,11 @@ class SyncTrainer:
         epochs_steps = len(self.data.train) * config.trainer.total_epochs
         self.total_steps = min(config.trainer.total_training_steps or epochs_steps, epochs_steps)
         algorithm, reward = config.algorithm, config.custom_reward_function
+        if algorithm.adv_estimator == "remax":
+            raise ValueError(
+                "algorithm.adv_estimator=remax needs a greedy rollout per prompt as its baseline, which this "
+                "trainer does not generate yet; use grpo, drgrpo, rloo, reinforce_plus_plus(_baseline), grpo_passk or gae"
+            )
         options = {"gamma": algorithm.gamma, "lam": algorithm.lam} if algorithm.adv_estimator == "gae" else {}
         if algorithm.adv_estimator == "grpo":
             options["scale_by_std"] = algorithm.norm_adv_by_std_in_grpo

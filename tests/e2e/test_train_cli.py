@@ -55,6 +55,22 @@ def test_grpo_two_steps(tmp_path):
     assert (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "2"
     assert (tmp_path / "report" / "report.md").exists() and (tmp_path / "report" / "reward.png").exists()
 
+    # The trained policy: exported as a Hugging Face directory, and validated again from its checkpoint.
+    export = subprocess.run([sys.executable, "-m", "posttrain.cli", "export", str(tmp_path), "--out", str(tmp_path / "hf")],
+                            capture_output=True, text=True, timeout=300)
+    assert export.returncode == 0, export.stderr[-2000:]
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf").config.num_hidden_layers == 2
+    evaluation = subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", "eval", "--checkpoint", str(tmp_path),
+         f"actor_rollout_ref.model.path={cached_tiny_model('llama')}", f"trainer.default_local_dir={tmp_path / 'eval'}", *TINY_RUN],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert evaluation.returncode == 0, evaluation.stdout[-2000:] + evaluation.stderr[-2000:]
+    reported = dict(line.split(": ") for line in evaluation.stdout.splitlines() if line.startswith("val/"))
+    assert float(reported["val/arithmetic/acc/mean@1"]) == records[2]["metrics"]["val/arithmetic/acc/mean@1"]
+
 
 def test_ppo_with_a_critic_and_kl_in_the_reward(tmp_path):
     records = train(

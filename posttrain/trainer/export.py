@@ -1,0 +1,33 @@
+"""``posttrain export``: a run's policy checkpoint as a plain Hugging Face directory (safetensors,
+config, tokenizer; LoRA merged) that transformers and vLLM load. Runs in this process, no Ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from posttrain.config import load_config
+from posttrain.trainer.checkpoint import CheckpointManager
+from posttrain.workers.engines import training_engine
+
+
+def checkpoint_dir(path: str | Path) -> Path:
+    """A ``global_step_N`` directory, or a run directory (its latest checkpoint)."""
+    path = Path(path)
+    if (path / "actor").is_dir():
+        return path
+    latest = CheckpointManager(path / "checkpoints").latest() or CheckpointManager(path).latest()
+    if latest is None:
+        raise FileNotFoundError(f"{path}: neither a global_step_N checkpoint nor a run directory with checkpoints")
+    return latest
+
+
+def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
+    directory = checkpoint_dir(path)
+    config = load_config([directory / "config.yaml"], validate=False)
+    arr = config.actor_rollout_ref
+    engine = training_engine(
+        arr.model.path, arr.model, arr.actor.optim, dtype=arr.actor.dtype, grad_clip=arr.actor.grad_clip,
+        total_steps=config.trainer.total_training_steps, seed=config.trainer.seed, device="cpu",
+    )
+    engine.load_checkpoint(directory / "actor")
+    return engine.export_hf(Path(out_dir))
