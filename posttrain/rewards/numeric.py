@@ -51,18 +51,20 @@ def score_numeric_answer(
     format_score: float = 0.0,
     score: float = 1.0,
     integer_only: bool = False,
-) -> dict[str, float]:
+) -> dict[str, float | str | None]:
     """Score a final numeric answer.
 
-    Returns ``{"score", "acc", "format"}``: ``score`` when the answer equals ``ground_truth``,
+    Returns ``{"score", "acc", "format", "pred"}``: ``score`` when the answer equals ``ground_truth``,
     ``format_score`` when an answer was found (``format`` = 1) but is wrong, and 0 when none was
-    found. With ``integer_only`` an answer with a fractional part is wrong.
+    found. With ``integer_only`` an answer with a fractional part is wrong. ``pred`` is the answer
+    read (normalised, for majority votes), None when there was none.
     """
     answer = extract_answer(solution_str, method)
     if answer is None:
-        return {"score": 0.0, "acc": 0.0, "format": 0.0}
+        return {"score": 0.0, "acc": 0.0, "format": 0.0, "pred": None}
     value, reference = normalize_number(answer), normalize_number(ground_truth)
     if reference is None:
         raise ValueError(f"ground truth {ground_truth!r} is not a number")
     correct = value is not None and value == reference and not (integer_only and value != value.to_integral_value())
-    return {"score": float(score if correct else format_score), "acc": float(correct), "format": 1.0}
+    pred = format(value.normalize(), "f") if value is not None else answer
+    return {"score": float(score if correct else format_score), "acc": float(correct), "format": 1.0, "pred": pred}

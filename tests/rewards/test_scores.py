@@ -33,10 +33,10 @@ def test_extract_answer_strict_takes_last_marker_and_flexible_last_number():
 
 def test_gsm8k_strict():
     correct = "48 / 2 = 24 in May, 48 + 24 = 72.\n#### 72"
-    assert gsm8k.compute_score(correct, "72") == {"score": 1.0, "acc": 1.0, "format": 1.0}
+    assert gsm8k.compute_score(correct, "72") == {"score": 1.0, "acc": 1.0, "format": 1.0, "pred": "72"}
     assert gsm8k.compute_score("so #### $1,000.00", "1000")["acc"] == 1.0
-    assert gsm8k.compute_score("#### 71", "72") == {"score": 0.0, "acc": 0.0, "format": 1.0}
-    assert gsm8k.compute_score("The answer is 72.", "72") == {"score": 0.0, "acc": 0.0, "format": 0.0}
+    assert gsm8k.compute_score("#### 71", "72") == {"score": 0.0, "acc": 0.0, "format": 1.0, "pred": "71"}
+    assert gsm8k.compute_score("The answer is 72.", "72") == {"score": 0.0, "acc": 0.0, "format": 0.0, "pred": None}
 
 
 def test_gsm8k_format_score_only_for_well_formed_wrong_answers():
@@ -48,14 +48,15 @@ def test_gsm8k_format_score_only_for_well_formed_wrong_answers():
 def test_gsm8k_flexible():
     assert gsm8k.compute_score("She sold 48 + 24 = 72 clips.", "72", method="flexible")["score"] == 1.0
     assert gsm8k.compute_score("72 clips, or 73", "72", method="flexible", format_score=0.2)["score"] == pytest.approx(0.2)
-    assert gsm8k.compute_score("no idea", "72", method="flexible") == {"score": 0.0, "acc": 0.0, "format": 0.0}
+    assert gsm8k.compute_score("no idea", "72", method="flexible") == {"score": 0.0, "acc": 0.0, "format": 0.0, "pred": None}
 
 
 def test_arithmetic_default_reads_last_number():
     assert arithmetic.compute_score("7 + 9 = 16", "16")["score"] == 1.0
     assert arithmetic.compute_score("7 + 9 = 16\n#### 16", "16")["score"] == 1.0
     assert arithmetic.compute_score("-3", "-3")["score"] == 1.0
-    assert arithmetic.compute_score("7 + 9 = 15", "16") == {"score": 0.0, "acc": 0.0, "format": 1.0}
+    assert arithmetic.compute_score("7 + 9 = 15", "16") == {"score": 0.0, "acc": 0.0, "format": 1.0, "pred": "15"}
+    assert arithmetic.compute_score("#### 16.0", "16")["pred"] == "16"  # normalised, so votes for 16 and 16.0 agree
     assert arithmetic.compute_score("sixteen", "16")["format"] == 0.0
 
 

@@ -31,3 +31,21 @@ def test_timing_metrics_by_hand():
     assert m["timing_per_token_ms/gen"] == 500.0
     assert m["timing_per_token_ms/update_actor"] == 500.0
     assert m["perf/total_num_tokens"] == 10 and m["perf/throughput"] == 1.0 and m["timing_s/step"] == 10.0
+
+
+def test_validation_metrics_mean_best_and_majority_by_hand():
+    import numpy as np
+
+    from posttrain.trainer.phases import validation_metrics
+
+    # prompt a: samples right, wrong, right (preds 4, 5, 4); prompt b: wrong, wrong, right (preds 1, 1, 2)
+    acc = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    batch = Batch.from_dict(
+        {keys.TOKEN_SCORES: torch.tensor(acc)[:, None]},
+        {keys.DATA_SOURCE: ["arith"] * 6, keys.UID: ["a"] * 3 + ["b"] * 3,
+         "reward_extra/acc": np.array(acc), "reward_extra/pred": np.array(["4", "5", "4", "1", "1", "2"], dtype=object)},
+    )
+    m = validation_metrics(batch, n=3)
+    assert m["val/arith/acc/mean@3"] == 0.5  # (2/3 + 1/3) / 2
+    assert m["val/arith/acc/best@3"] == 1.0
+    assert m["val/arith/acc/maj@3"] == 0.5  # a's majority (4) is right, b's (1) is wrong
