@@ -127,5 +127,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -149,7 +149,8 @@ class Batch:
                 {k: v[index] for k, v in self.non_tensors.items()},
                 self.meta,
             )
-        idx = torch.as_tensor(np.asarray(index))
+        array = np.asarray(index)
+        idx = torch.as_tensor(array if array.dtype == bool else array.astype(np.int64))
         if idx.dtype == torch.bool:
             if idx.shape[0] != len(self):
                 raise BatchError(f"boolean index of length {idx.shape[0]} for a Batch of {len(self)}")

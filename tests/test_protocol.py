@@ -134,6 +134,7 @@ def test_pickle_round_trip_keeps_dtypes_and_writes_buffers_out_of_band():
 
 def test_empty_batch_and_bad_arguments():
     assert len(Batch()) == 0
+    assert len(make().index([])) == 0
     with pytest.raises(BatchError, match="repeat times"):
         make().repeat(0)
     with pytest.raises(BatchError, match="0-d tensor"):

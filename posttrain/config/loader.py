@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -61,7 +62,12 @@ def load_config(yaml_files: Iterable[str | Path] = (), overrides: Sequence[str] 
         if not path.exists():
             problems.append(ConfigProblem("config file", str(path), "command line", "file not found"))
             continue
-        problems += _apply(merged, _flatten(OmegaConf.load(path)), source=str(path))
+        try:
+            loaded = OmegaConf.load(path)
+        except (OmegaConfBaseException, yaml.YAMLError) as err:
+            problems.append(ConfigProblem("config file", str(path), str(path), f"not valid YAML: {str(err).splitlines()[0]}"))
+            continue
+        problems += _apply(merged, _flatten(loaded), source=str(path))
     problems += _apply(merged, _parse_overrides(overrides, problems), source="command line")
     if problems:
         raise ConfigError(problems)
@@ -95,10 +101,12 @@ def _parse_overrides(overrides: Sequence[str], problems: list[ConfigProblem]) ->
         if not sep or not key:
             problems.append(ConfigProblem(item, None, "command line", "overrides are key=value, e.g. data.train_batch_size=16"))
             continue
-        parsed = OmegaConf.from_dotlist([f"value={raw}"]) if raw else {"value": ""}
-        value = parsed["value"]
-        if isinstance(value, (DictConfig, ListConfig)):
-            value = OmegaConf.to_container(value, resolve=False)
+        try:
+            # resolve=False keeps ${...} interpolations for the merged config to resolve.
+            value = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={raw}"]), resolve=False)["value"] if raw else ""
+        except (OmegaConfBaseException, yaml.YAMLError) as err:
+            problems.append(ConfigProblem(key, raw, "command line", f"cannot parse the value: {str(err).splitlines()[0]}"))
+            continue
         pairs.append((key.strip(), value))
     return pairs
 

@@ -49,7 +49,10 @@ def _check_choices(config: PosttrainConfig) -> list[ConfigProblem]:
 
 
 def _check_positive(config: PosttrainConfig) -> list[ConfigProblem]:
-    return [ConfigProblem(key, get(config, key), "config", "must be >= 1") for key in POSITIVE if get(config, key) < 1]
+    problems = [ConfigProblem(key, get(config, key), "config", "must be >= 1") for key in POSITIVE if get(config, key) < 1]
+    if config.trainer.critic_warmup < 0:
+        problems.append(ConfigProblem("trainer.critic_warmup", config.trainer.critic_warmup, "config", "must be >= 0"))
+    return problems
 
 
 def check_batch_arithmetic(config: PosttrainConfig) -> list[ConfigProblem]:

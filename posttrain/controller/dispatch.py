@@ -28,6 +28,7 @@ class GroupFuture:
     collect: Callable[[list[Any]], Any]
     fetch: Callable[[list[Any], list[int]], list[Any]]
     pad: int = 0
+    layout: tuple | None = None  # (dp rank of each called rank, dp size) of a data-parallel split
 
     def get(self) -> Any:
         return own_batches(self.collect(self.fetch(self.refs, self.ranks)))
@@ -42,6 +43,7 @@ class Plan:
     kwargs: list[dict]
     collect: Callable[[list[Any]], Any]
     pad: int = 0
+    layout: tuple | None = None
 
 
 def plan_call(
@@ -90,6 +92,7 @@ def _plan_all_to_all(args: tuple, kwargs: dict, world_size: int) -> Plan:
 
 def _plan_data_parallel(args: tuple, kwargs: dict, ranks: list[int], dp_of_rank: list[int], dp_size: int) -> Plan:
     pads = set()
+    layout = (tuple(dp_of_rank), dp_size)
 
     def pieces(value: Any) -> list[Any] | None:
         if isinstance(value, Batch):
@@ -97,7 +100,7 @@ def _plan_data_parallel(args: tuple, kwargs: dict, ranks: list[int], dp_of_rank:
             pads.add(pad)
             chunks = padded.chunk(dp_size)
             return [chunks[dp] for dp in dp_of_rank]
-        if isinstance(value, GroupFuture) and value.ranks == ranks:
+        if isinstance(value, GroupFuture) and value.ranks == ranks and value.layout == layout:
             pads.add(value.pad)
             return list(value.refs)
         if isinstance(value, GroupFuture):
@@ -113,7 +116,7 @@ def _plan_data_parallel(args: tuple, kwargs: dict, ranks: list[int], dp_of_rank:
     per_rank_kwargs = [
         {k: (s[i] if s is not None else kwargs[k]) for k, s in split_kwargs.items()} for i in range(len(ranks))
     ]
-    return Plan(ranks, per_rank_args, per_rank_kwargs, lambda outs: collect_data_parallel(outs, pad), pad)
+    return Plan(ranks, per_rank_args, per_rank_kwargs, lambda outs: collect_data_parallel(outs, pad), pad, layout)
 
 
 def collect_data_parallel(outputs: list[Any], pad: int) -> Any:

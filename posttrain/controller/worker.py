@@ -61,17 +61,22 @@ class Worker:
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def init_process_group(self) -> str:
         """Join the group's ``torch.distributed`` default process group; returns the backend."""
-        import torch.distributed as dist
+        return init_process_group(self.ctx)
 
-        if dist.is_initialized():
-            return dist.get_backend()
-        backend = "nccl" if self.ctx.use_gpu and torch.cuda.is_available() else "gloo"
-        os.environ["MASTER_ADDR"] = self.ctx.master_addr
-        os.environ["MASTER_PORT"] = str(self.ctx.master_port)
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend, rank=self.ctx.rank, world_size=self.ctx.world_size)
-        return backend
+
+def init_process_group(ctx: WorkerContext) -> str:
+    """This process joins its group's default process group (once): gloo on CPU, NCCL on GPU."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.get_backend()
+    backend = "nccl" if ctx.use_gpu and torch.cuda.is_available() else "gloo"
+    os.environ["MASTER_ADDR"] = ctx.master_addr
+    os.environ["MASTER_PORT"] = str(ctx.master_port)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, rank=ctx.rank, world_size=ctx.world_size)
+    return backend
 
 
 def node_address() -> str:

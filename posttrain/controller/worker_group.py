@@ -21,7 +21,7 @@ from typing import Any
 from posttrain.controller.decorator import Dispatch, Execute, registered_methods
 from posttrain.controller.dispatch import GroupFuture, own_batches, plan_call
 from posttrain.controller.resource_pool import ResourcePool
-from posttrain.controller.worker import Worker, WorkerContext, free_port, node_address
+from posttrain.controller.worker import Worker, WorkerContext, free_port, init_process_group, node_address
 from posttrain.protocol import Batch
 
 DEATH_POLL_S = 1.0
@@ -50,7 +50,9 @@ class WorkerHost:
     def rendezvous(self) -> tuple[str, int]:
         return node_address(), free_port()
 
-    def build(self, ctx: WorkerContext, set_threads: bool) -> None:
+    def build(self, ctx: WorkerContext, set_threads: bool, distributed: bool = False) -> None:
+        """Construct this process's workers; with ``distributed``, join the process group first so
+        that workers (a training engine choosing DDP or FSDP) see their group when they are built."""
         if set_threads:
             # Two processes that each use every core thrash a small machine: size the pool by
             # the CPUs this process was given.
@@ -59,6 +61,8 @@ class WorkerHost:
             threads = max(1, int(ctx.num_cpus))
             torch.set_num_threads(threads)
             os.environ["OMP_NUM_THREADS"] = str(threads)
+        if distributed:
+            init_process_group(ctx)
         self.workers = {role: spec.cls(ctx, *spec.args, **dict(spec.kwargs)) for role, spec in self.specs.items()}
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -149,7 +153,7 @@ class WorkerGroup:
         mesh = self._mesh_info() if dispatch is Dispatch.DP_MESH else None
         plan = plan_call(dispatch, args, kwargs, self.world_size, mesh)
         refs = [self._backend.call(r, self.role, method, a, k) for r, a, k in zip(plan.ranks, plan.args, plan.kwargs)]
-        future = GroupFuture(refs, plan.ranks, plan.collect, self._fetch, plan.pad)
+        future = GroupFuture(refs, plan.ranks, plan.collect, self._fetch, plan.pad, plan.layout)
         return future.get() if registration.blocking else future
 
     def _fetch(self, refs: list[Any], ranks: list[int]) -> list[Any]:
@@ -190,9 +194,13 @@ def spawn_local(specs: Mapping[str, WorkerSpec], world_size: int = 1) -> dict[st
 
 
 def spawn_ray(
-    specs: Mapping[str, WorkerSpec], pool: ResourcePool, *, name_prefix: str = "", env: Mapping[str, str] | None = None
+    specs: Mapping[str, WorkerSpec], pool: ResourcePool, *, name_prefix: str = "", env: Mapping[str, str] | None = None,
+    distributed: bool = False,
 ) -> dict[str, WorkerGroup]:
-    """Colocated roles on one Ray actor per bundle of ``pool``; rank order follows the pool's node order."""
+    """Colocated roles on one Ray actor per bundle of ``pool``; rank order follows the pool's node order.
+
+    ``distributed``: every rank joins the group's process group before its workers are constructed.
+    """
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -218,7 +226,7 @@ def spawn_ray(
         WorkerContext(rank, len(actors), master_addr, master_port, num_cpus=cpus, use_gpu=gpus > 0)
         for rank in range(len(actors))
     ]
-    backend.fetch([a.build.remote(ctx, True) for a, ctx in zip(actors, contexts)], list(range(len(actors))), role_name)
+    backend.fetch([a.build.remote(ctx, True, distributed) for a, ctx in zip(actors, contexts)], list(range(len(actors))), role_name)
     return {role: WorkerGroup(role, spec.cls, backend, len(actors)) for role, spec in specs.items()}
 
 
@@ -231,12 +239,14 @@ def kill_group(group: WorkerGroup) -> None:
             ray.kill(actor)
 
 
-def spawn_pools(manager: Any, specs: Mapping[str, WorkerSpec], env: Mapping[str, str] | None = None) -> dict[str, WorkerGroup]:
+def spawn_pools(
+    manager: Any, specs: Mapping[str, WorkerSpec], env: Mapping[str, str] | None = None, distributed: bool = False
+) -> dict[str, WorkerGroup]:
     """Every role in its pool from a :class:`ResourcePoolManager`; roles sharing a pool share processes."""
     manager.check_cluster()
     groups: dict[str, WorkerGroup] = {}
     for pool_name, roles in manager.roles_by_pool().items():
         wanted = {role: specs[role] for role in roles if role in specs}
         if wanted:
-            groups |= spawn_ray(wanted, manager.pools[pool_name], env=env)
+            groups |= spawn_ray(wanted, manager.pools[pool_name], env=env, distributed=distributed)
     return groups

@@ -39,7 +39,7 @@ def _prepare(name: str, out_dir: Path, options: dict[str, Any]) -> None:
     prepare(name, out_dir, **options)
 
 
-def build_run_data(data: DataConfig, tokenizer: Any, seed: int) -> RunData:
+def build_run_data(data: DataConfig, tokenizer: Any) -> RunData:
     train_files, val_files = resolve_files(data)
     common = {
         "prompt_key": data.prompt_key, "max_prompt_length": data.max_prompt_length,

@@ -46,16 +46,23 @@ def uses_reference(config: PosttrainConfig) -> bool:
     return config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
 
 
+def optimizer_steps(config: PosttrainConfig, trainer_steps: int, mini_batch_size: int, epochs: int) -> int:
+    """Optimizer steps over a run: one per mini-batch per PPO epoch per trainer step (the LR schedule's unit)."""
+    return trainer_steps * epochs * (config.data.train_batch_size // mini_batch_size)
+
+
 def worker_specs(config: PosttrainConfig, total_steps: int) -> dict[str, WorkerSpec]:
     arr, seed = config.actor_rollout_ref, config.trainer.seed
-    specs = {"actor": WorkerSpec(PolicyWorker, (arr.model, arr.actor, arr.rollout, config.data), {"total_steps": total_steps, "seed": seed})}
+    actor_steps = optimizer_steps(config, total_steps, arr.actor.ppo_mini_batch_size, arr.actor.ppo_epochs)
+    critic_steps = optimizer_steps(config, total_steps, config.critic.ppo_mini_batch_size, config.critic.ppo_epochs)
+    specs = {"actor": WorkerSpec(PolicyWorker, (arr.model, arr.actor, arr.rollout, config.data), {"total_steps": actor_steps, "seed": seed})}
     if uses_reference(config):
         specs["ref"] = WorkerSpec(ReferenceWorker, (arr.model, arr.actor, arr.ref, arr.rollout), {"seed": seed})
     if critic_enabled(config):
         specs["critic"] = WorkerSpec(CriticWorker, (arr.model, config.critic), {
             "rollout_n": arr.rollout.n, "loss_agg_mode": arr.actor.loss_agg_mode,
             "max_response_length": config.data.max_response_length, "dtype": arr.actor.dtype,
-            "total_steps": total_steps, "seed": seed,
+            "total_steps": critic_steps, "seed": seed,
         })
     if config.reward_model.enable:
         specs["reward_model"] = WorkerSpec(RewardModelWorker, (config.reward_model,))
@@ -69,9 +76,8 @@ def start_roles(config: PosttrainConfig, total_steps: int) -> Roles:
     pool = ResourcePool("global_pool", [trainer.n_workers_per_node] * trainer.nnodes, cpus_per_bundle=cpus, gpus_per_bundle=gpus)
     specs = worker_specs(config, total_steps)
     manager = ResourcePoolManager({"global_pool": pool}, {role: "global_pool" for role in specs})
-    groups = spawn_pools(manager, specs, env=WORKER_ENV)
-    if trainer.n_workers_per_node * trainer.nnodes > 1:
-        groups["actor"].init_process_group()
+    # Several ranks: the process group exists before the engines are built, so they pick DDP/FSDP.
+    groups = spawn_pools(manager, specs, env=WORKER_ENV, distributed=pool.world_size > 1)
     return Roles(groups["actor"], groups.get("ref"), groups.get("critic"), groups.get("reward_model"), manager)
 
 

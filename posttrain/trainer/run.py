@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from rich.console import Console
@@ -17,12 +18,12 @@ def run_training(config: PosttrainConfig) -> int:
 
     console = Console()
     start = time.perf_counter()
-    trainer = SyncTrainer(config)
-    address = config.trainer.ray_address
-    ray.init(
-        address=address, include_dashboard=False, log_to_driver=False,
-        **({} if address else {"num_cpus": os.cpu_count()}),
-    )
+    try:
+        trainer = SyncTrainer(config)
+    except (ValueError, FileNotFoundError) as err:  # refused before any worker starts: say why, no traceback
+        print(f"posttrain: {err}", file=sys.stderr)
+        return 2
+    _start_ray(config.trainer.ray_address)
     try:
         console.print(
             f"[bold]posttrain[/] {config.algorithm.adv_estimator} on {config.actor_rollout_ref.model.path}: "
@@ -48,20 +49,29 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None) -> int:
     if trainer.data.val is None:
         console.print("posttrain: no validation data: set data.val_files (or data.builtin)")
         return 2
-    ray.init(address=config.trainer.ray_address, include_dashboard=False, log_to_driver=False)
+    _start_ray(config.trainer.ray_address)
     try:
         trainer.roles = start_roles(config, trainer.total_steps)
-        if checkpoint:
-            directory = checkpoint_dir(checkpoint)
-            trainer.roles.actor.load_checkpoint(str(directory / "actor"), 1)
-            console.print(f"policy from {directory}")
-        metrics = trainer.validate()
-        trainer.roles.release()
+        try:
+            if checkpoint:
+                directory = checkpoint_dir(checkpoint)
+                trainer.roles.actor.load_checkpoint(str(directory / "actor"), 1)
+                console.print(f"policy from {directory}")
+            metrics = trainer.validate()
+        finally:
+            trainer.roles.release()
     finally:
         ray.shutdown()
     for name, value in sorted(metrics.items()):
         console.print(f"{name}: {value:.4f}")
     return 0
+
+
+def _start_ray(address: str | None) -> None:
+    """Join ``address`` (``auto``: the running cluster) or start a local Ray with this machine's CPUs."""
+    import ray
+
+    ray.init(address=address, include_dashboard=False, log_to_driver=False, **({} if address else {"num_cpus": os.cpu_count()}))
 
 
 def _summary(console: Console, trainer, seconds: float) -> None:

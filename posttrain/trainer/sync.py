@@ -25,7 +25,7 @@ import torch
 from omegaconf import OmegaConf
 
 from posttrain import keys
-from posttrain.algos import get_advantage_estimator, masked_mean
+from posttrain.algos import get_advantage_estimator, get_kl_estimator, masked_mean
 from posttrain.config.schema import PosttrainConfig
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
@@ -37,6 +37,7 @@ from posttrain.trainer.phases import apply_kl_in_reward, compute_advantages, kl_
 from posttrain.trainer.report import Sample, write_report
 from posttrain.trainer.roles import Roles, start_roles
 from posttrain.trainer.tracking import Tracking
+from posttrain.workers.objectives import PolicyObjective
 from posttrain.workers.policy import VALIDATE_META_KEY
 
 
@@ -45,7 +46,7 @@ class SyncTrainer:
         self.config = config
         self.run_dir = Path(config.trainer.default_local_dir)
         self.tokenizer = load_tokenizer(resolve_model(config.actor_rollout_ref.model.path))
-        self.data = build_run_data(config.data, self.tokenizer, config.trainer.seed)
+        self.data = build_run_data(config.data, self.tokenizer)
         epochs_steps = len(self.data.train) * config.trainer.total_epochs
         self.total_steps = min(config.trainer.total_training_steps or epochs_steps, epochs_steps)
         algorithm, reward = config.algorithm, config.custom_reward_function
@@ -57,7 +58,11 @@ class SyncTrainer:
         options = {"gamma": algorithm.gamma, "lam": algorithm.lam} if algorithm.adv_estimator == "gae" else {}
         if algorithm.adv_estimator == "grpo":
             options["scale_by_std"] = algorithm.norm_adv_by_std_in_grpo
+        # Every name that selects a function is looked up now, before any worker starts.
         self.estimator = get_advantage_estimator(algorithm.adv_estimator, **options)
+        PolicyObjective.from_config(config.actor_rollout_ref.actor, config.data.max_response_length)
+        if algorithm.use_kl_in_reward:
+            get_kl_estimator(algorithm.kl_penalty)
         self.kl_controller = kl_controller(algorithm.kl_ctrl.type, algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon)
         self.reward_manager = build_reward_manager(
             self.tokenizer, custom_path=reward.path, custom_name=reward.name, reward_kwargs=reward.reward_kwargs,
@@ -201,7 +206,7 @@ class SyncTrainer:
         state = {
             "step": self.step,
             "dataloader": self.data.train.state_dict(),
-            "kl_coef": self.kl_controller.coef,
+            "kl_controller": self.kl_controller.state_dict(),
         }
         (directory / "trainer_state.json").write_text(json.dumps(state))
         (directory / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.config)))
@@ -215,7 +220,7 @@ class SyncTrainer:
         state = json.loads((directory / "trainer_state.json").read_text())
         self.step = step_of(directory)
         self.data.train.load_state_dict(state["dataloader"])
-        self.kl_controller.coef = state["kl_coef"]
+        self.kl_controller.load_state_dict(state["kl_controller"])
         rng = torch.load(directory / "rng.pt", weights_only=False)
         torch.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])

@@ -27,7 +27,6 @@ class CriticWorker(Worker):
         )
         self.objective = ValueObjective.from_config(critic, loss_agg_mode, max_response_length)
         self.loss_agg_mode = loss_agg_mode
-        self.updates = 0
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, batch: Batch) -> Batch:
@@ -43,10 +42,9 @@ class CriticWorker(Worker):
                 loss_agg_mode=self.loss_agg_mode,
             )
             for mini_batch in batch.minibatches(
-                min(per_rank, len(batch)), epochs=self.critic.ppo_epochs, seed=self.seed + self.updates
+                min(per_rank, len(batch)), epochs=self.critic.ppo_epochs, seed=self.seed + self.engine.global_step
             )
         ]
-        self.updates += 1
         return Batch().with_metrics(mean_metrics(steps))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)

@@ -45,8 +45,6 @@ class PolicyWorker(Worker):
             model_path, rollout, max_model_len=data.max_prompt_length + data.max_response_length, seed=seed + ctx.rank
         )
         self.objective = PolicyObjective.from_config(actor, data.max_response_length)
-        self.updates = 0
-        self.generate_calls = 0
 
     # ---- rollout --------------------------------------------------------------------------------
 
@@ -54,11 +52,12 @@ class PolicyWorker(Worker):
     def generate(self, batch: Batch) -> Batch:
         """Prompts (PROMPT_IDS, PROMPT_MASK) → the same rows with responses and model inputs added."""
         validate = bool(batch.meta.get(VALIDATE_META_KEY, False))
+        # Seeded by the weight version (restored with a checkpoint), so a resumed run samples as
+        # the uninterrupted one would have.
         params = generation_params(
             self.rollout_config, self.data.max_response_length, validation=validate,
-            seed=self.seed + 1000 * self.generate_calls + self.rank,
+            seed=self.seed + 1000 * self.rollout.version + self.rank,
         )
-        self.generate_calls += 1
         self.rollout.wake_up()
         generations = self.rollout.generate(prompt_token_lists(batch), params)
         self.rollout.sleep()
@@ -89,10 +88,9 @@ class PolicyWorker(Worker):
             )
             for mini_batch in batch.minibatches(
                 min(per_rank, len(batch)), epochs=self.actor.ppo_epochs, shuffle=self.actor.shuffle,
-                seed=self.seed + self.updates,
+                seed=self.seed + self.engine.global_step,  # optimizer steps so far: restored on resume
             )
         ]
-        self.updates += 1
         return Batch().with_metrics(mean_metrics(steps))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)

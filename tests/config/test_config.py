@@ -67,6 +67,15 @@ def test_batch_arithmetic_names_the_numbers():
         load_config([], ["critic.ppo_mini_batch_size=3", "algorithm.adv_estimator=gae"])
 
 
+def test_unparsable_values_and_broken_yaml_are_collected(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("data: [unclosed\n")
+    with pytest.raises(ConfigError) as info:
+        load_config([broken], ["data.train_batch_size=[1,"])
+    assert [p.key for p in info.value.problems] == ["config file", "data.train_batch_size"]
+    assert load_config([], ["data.val_batch_size=${data.train_batch_size}"]).data.val_batch_size == 8
+
+
 def test_non_positive_sizes_are_refused():
     with pytest.raises(ConfigError, match="rollout.n = 0 .*must be >= 1"):
         load_config([], ["actor_rollout_ref.rollout.n=0"])

@@ -87,3 +87,12 @@ def test_a_batch_from_the_object_store_is_borrowed_until_owned(ray_local):
     assert owned.borrowed == frozenset()
     owned["x"].add_(1)
     assert owned["x"].tolist() == [1, 2, 3]
+
+
+def test_a_future_split_one_way_is_re_split_for_a_call_split_another_way():
+    from tests.controller.workers import SeesItsGroup
+
+    groups = spawn_local({"tp": WorkerSpec(TensorParallelish), "echo": WorkerSpec(SeesItsGroup)}, world_size=4)
+    future = groups["echo"].echo_later(batch(8))  # DP_COMPUTE_PROTO: 2 rows on each of 4 ranks
+    out = groups["tp"].compute(future)  # DP_MESH: 2 data-parallel ranks of 4 rows
+    assert out["x"].tolist() == list(range(8))

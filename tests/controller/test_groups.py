@@ -53,6 +53,15 @@ def test_gloo_all_reduce_across_two_ranks(ray_local):
     pool.release()
 
 
+def test_distributed_groups_exist_before_workers_are_built(ray_local):
+    from tests.controller.workers import SeesItsGroup
+
+    pool = ResourcePool("early", [2])
+    group = spawn_ray({"w": WorkerSpec(SeesItsGroup)}, pool, distributed=True)["w"]
+    assert group.group_seen() == [2, 2]  # a training engine built in __init__ can pick DDP
+    pool.release()
+
+
 def test_a_dead_worker_is_named_within_seconds(ray_local):
     pool = ResourcePool("doomed", [2])
     group = spawn_ray({"doubler": WorkerSpec(Doubler)}, pool)["doubler"]

@@ -124,3 +124,21 @@ class TensorParallelish(Worker):
     @register(dispatch=Dispatch.DP_MESH)
     def compute(self, batch: Batch) -> Batch:
         return Batch.from_dict({"x": batch["x"], "rank": torch.full((len(batch),), self.rank)})
+
+
+class SeesItsGroup(Worker):
+    """Records, while being constructed, whether its process group already exists."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx)
+        import torch.distributed as dist
+
+        self.group_at_construction = dist.get_world_size() if dist.is_initialized() else None
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def group_seen(self) -> int | None:
+        return self.group_at_construction
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def echo_later(self, batch: Batch) -> Batch:
+        return batch
