@@ -25,6 +25,7 @@ TOKEN_REWARDS = "token_level_rewards"       # (B, T) float32, scores after the i
 ADVANTAGES = "advantages"                   # (B, T) float32
 RETURNS = "returns"                         # (B, T) float32
 GROUP_IDS = "group_ids"                     # (B,) int64, samples from the same prompt share an id
+BASELINE_SCORES = "reward_baselines"        # (B,) float32, score of the prompt's greedy response (ReMax)
 
 # ---- non-tensors (numpy object arrays of length B) -------------------------------------------
 UID = "uid"                                 # str, unique per prompt, shared by its n samples

@@ -46,10 +46,10 @@ def kl_controller(kind: str, coef: float, target_kl: float, horizon: int) -> Fix
 def compute_advantages(batch: Batch, estimator: Callable[[AdvantageInputs], AdvantageOutput]) -> Batch:
     """ADVANTAGES and RETURNS by the configured estimator (rewards: TOKEN_REWARDS, else TOKEN_SCORES)."""
     rewards = batch[keys.TOKEN_REWARDS] if keys.TOKEN_REWARDS in batch else batch[keys.TOKEN_SCORES]
+    optional = lambda key: batch[key] if key in batch else None  # noqa: E731
     inputs = AdvantageInputs(
-        token_rewards=rewards, response_mask=batch[keys.RESPONSE_MASK],
-        group_ids=batch[keys.GROUP_IDS] if keys.GROUP_IDS in batch else None,
-        values=batch[keys.VALUES] if keys.VALUES in batch else None,
+        token_rewards=rewards, response_mask=batch[keys.RESPONSE_MASK], group_ids=optional(keys.GROUP_IDS),
+        values=optional(keys.VALUES), baseline_scores=optional(keys.BASELINE_SCORES),
     )
     out = estimator(inputs)
     return batch.union(Batch.from_dict({keys.ADVANTAGES: out.advantages, keys.RETURNS: out.returns}))

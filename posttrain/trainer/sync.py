@@ -50,11 +50,6 @@ class SyncTrainer:
         epochs_steps = len(self.data.train) * config.trainer.total_epochs
         self.total_steps = min(config.trainer.total_training_steps or epochs_steps, epochs_steps)
         algorithm, reward = config.algorithm, config.custom_reward_function
-        if algorithm.adv_estimator == "remax":
-            raise ValueError(
-                "algorithm.adv_estimator=remax needs a greedy rollout per prompt as its baseline, which this "
-                "trainer does not generate yet; use grpo, drgrpo, rloo, reinforce_plus_plus(_baseline), grpo_passk or gae"
-            )
         options = {"gamma": algorithm.gamma, "lam": algorithm.lam} if algorithm.adv_estimator == "gae" else {}
         if algorithm.adv_estimator == "grpo":
             options["scale_by_std"] = algorithm.norm_adv_by_std_in_grpo
@@ -127,6 +122,9 @@ class SyncTrainer:
             with _timed(timings, "gen"):
                 batch = repeat_for_groups(prompts, config.actor_rollout_ref.rollout.n)
                 batch = batch.union(roles.actor.generate(batch))
+            if config.algorithm.adv_estimator == "remax":
+                with _timed(timings, "gen_max"):
+                    batch = batch.union(self._greedy_baseline(prompts))
             with _timed(timings, "reward"):
                 batch, reward_metrics = self._score(batch)
                 metrics |= reward_metrics
@@ -157,6 +155,13 @@ class SyncTrainer:
         metrics |= timing_metrics(timings, batch)
         metrics["training/weight_version"] = float(batch.meta.get(keys.WEIGHT_VERSION, 0))
         return metrics
+
+    def _greedy_baseline(self, prompts: Batch) -> Batch:
+        """ReMax's baseline: each prompt's greedy response, scored, repeated over its group."""
+        greedy = Batch(prompts.tensors, prompts.non_tensors, prompts.meta | {VALIDATE_META_KEY: True})
+        scored, _ = self._score(prompts.union(self.roles.actor.generate(greedy).select(meta_keys=[])))
+        baseline = scored[keys.TOKEN_SCORES].sum(-1).repeat_interleave(self.config.actor_rollout_ref.rollout.n)
+        return Batch.from_dict({keys.BASELINE_SCORES: baseline})
 
     def _score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         result = self.reward_manager(batch)

@@ -83,6 +83,12 @@ def test_ppo_with_a_critic_and_kl_in_the_reward(tmp_path):
             finite(record, name)
 
 
+def test_remax_scores_a_greedy_baseline(tmp_path):
+    records = train(tmp_path, "trainer.total_training_steps=1", "algorithm.adv_estimator=remax", "trainer.val_before_train=false")
+    finite(records[0], "timing_s/gen_max")
+    finite(records[0], "critic/advantages/mean")
+
+
 def test_resume_continues_from_the_saved_step(tmp_path):
     train(tmp_path, "trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.total_epochs=3")
     records = train(tmp_path, "trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.total_epochs=3")
