@@ -2,6 +2,9 @@
 
 ``dispatch`` decides what each rank receives, ``execute`` which ranks run, ``blocking`` whether the
 controller waits (a non-blocking call returns futures that can be handed to the next call as they are).
+``borrow_inputs=True`` declares that the method never writes to the Batches it receives, so on Ray
+their tensors stay views of the object store's read-only shared memory instead of being copied
+(one copy of every input saved; a write into such a tensor would corrupt the stored object).
 """
 
 from __future__ import annotations
@@ -35,14 +38,17 @@ class Registration:
     dispatch: Dispatch
     execute: Execute
     blocking: bool
+    borrow_inputs: bool = False
 
 
-def register(dispatch: Dispatch = Dispatch.ALL_TO_ALL, execute: Execute = Execute.ALL, blocking: bool = True) -> Callable[[F], F]:
+def register(
+    dispatch: Dispatch = Dispatch.ALL_TO_ALL, execute: Execute = Execute.ALL, blocking: bool = True, borrow_inputs: bool = False
+) -> Callable[[F], F]:
     if not isinstance(dispatch, Dispatch) or not isinstance(execute, Execute):
         raise TypeError(f"register(dispatch=Dispatch.X, execute=Execute.Y); got {dispatch!r}, {execute!r}")
 
     def mark(method: F) -> F:
-        setattr(method, REGISTER_ATTR, Registration(dispatch, execute, blocking))
+        setattr(method, REGISTER_ATTR, Registration(dispatch, execute, blocking, borrow_inputs))
         return method
 
     return mark

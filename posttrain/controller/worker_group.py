@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.controller.decorator import Dispatch, Execute, registered_methods
+from posttrain.controller.decorator import REGISTER_ATTR, Dispatch, Execute, registered_methods
 from posttrain.controller.dispatch import GroupFuture, own_batches, plan_call
 from posttrain.controller.resource_pool import ResourcePool
 from posttrain.controller.worker import Worker, WorkerContext, free_port, init_process_group, node_address
@@ -66,8 +66,11 @@ class WorkerHost:
         self.workers = {role: spec.cls(ctx, *spec.args, **dict(spec.kwargs)) for role, spec in self.specs.items()}
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        args, kwargs = own_batches(args), own_batches(kwargs)
-        return getattr(self.workers[role], method)(*args, **kwargs)
+        bound = getattr(self.workers[role], method)
+        registration = getattr(bound, REGISTER_ATTR, None)
+        if registration is None or not registration.borrow_inputs:
+            args, kwargs = own_batches(args), own_batches(kwargs)
+        return bound(*args, **kwargs)
 
     def pid(self) -> int:
         return os.getpid()

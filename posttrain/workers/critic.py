@@ -28,7 +28,7 @@ class CriticWorker(Worker):
         self.objective = ValueObjective.from_config(critic, loss_agg_mode, max_response_length)
         self.loss_agg_mode = loss_agg_mode
 
-    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO, borrow_inputs=True)
     def compute_values(self, batch: Batch) -> Batch:
         values = self.engine.compute_values(batch, micro_batch_size=self.critic.ppo_micro_batch_size_per_gpu)
         return Batch.from_dict({keys.VALUES: values})

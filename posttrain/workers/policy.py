@@ -66,7 +66,7 @@ class PolicyWorker(Worker):
 
     # ---- training -------------------------------------------------------------------------------
 
-    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO, borrow_inputs=True)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """OLD_LOGPROBS and ENTROPY under the current weights, at the rollout's temperature."""
         logprobs, entropy = self.engine.compute_logprobs(

@@ -22,7 +22,7 @@ class ReferenceWorker(Worker):
             total_steps=None, metric_prefix="ref", seed=seed,
         )
 
-    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO, borrow_inputs=True)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         logprobs, _ = self.engine.compute_logprobs(
             batch, micro_batch_size=self.ref.log_prob_micro_batch_size_per_gpu, temperature=self.temperature

@@ -26,7 +26,7 @@ class RewardModelWorker(Worker):
         self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32).eval()
         self.micro_batch_size = config.micro_batch_size_per_gpu
 
-    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO, borrow_inputs=True)
     @torch.no_grad()
     def compute_rm_score(self, batch: Batch) -> Batch:
         scores = torch.cat([self._score(piece) for piece in batch.split(self.micro_batch_size)])

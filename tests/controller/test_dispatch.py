@@ -96,3 +96,11 @@ def test_a_future_split_one_way_is_re_split_for_a_call_split_another_way():
     future = groups["echo"].echo_later(batch(8))  # DP_COMPUTE_PROTO: 2 rows on each of 4 ranks
     out = groups["tp"].compute(future)  # DP_MESH: 2 data-parallel ranks of 4 rows
     assert out["x"].tolist() == list(range(8))
+
+
+def test_borrow_inputs_skips_the_copy_only_where_declared(ray_local):
+    pool = ResourcePool("borrow", bundles_per_node=[2])
+    group = spawn_ray({"doubler": WorkerSpec(Doubler)}, pool)["doubler"]
+    assert group.borrowed_keys(batch(4))["borrowed"].tolist() == [1, 1, 1, 1]  # x stays in shared memory
+    assert group.owned_keys(batch(4))["borrowed"].tolist() == [0, 0, 0, 0]  # copied before the method runs
+    pool.release()

@@ -38,6 +38,14 @@ class Doubler(Worker):
         batch["x"].add_(100)  # a worker may write to what it receives
         return batch
 
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO, borrow_inputs=True)
+    def borrowed_keys(self, batch: Batch) -> Batch:
+        return Batch.from_dict({"borrowed": torch.full((len(batch),), len(batch.borrowed))})
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def owned_keys(self, batch: Batch) -> Batch:
+        return Batch.from_dict({"borrowed": torch.full((len(batch),), len(batch.borrowed))})
+
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def set_state(self, value: int) -> int:
         self.state = value
