@@ -1,7 +1,9 @@
 """The ``posttrain`` command.
 
   posttrain train [--preset NAME] [key=value ...]    train (PPO/GRPO, synchronous) on local Ray or a cluster
-  posttrain eval [--preset NAME] [--checkpoint DIR] [key=value ...]   validation only, from a checkpoint or the base model
+  posttrain sft [--preset NAME] [key=value ...]      supervised fine-tuning on chat transcripts, exported for train
+  posttrain eval [--preset NAME] [--checkpoint DIR] [--dump-episodes F.jsonl] [--by KEY] [key=value ...]
+                                                     validation only, from a checkpoint or the base model
   posttrain export CHECKPOINT --out DIR              a checkpoint's policy as a Hugging Face directory
   posttrain config [--preset NAME] [key=value ...]   print the resolved config (or every problem in it)
   posttrain prepare NAME --out DIR [key=value ...]   write a dataset (gsm8k, arithmetic, synthetic-search) as verl-format Parquet
@@ -37,10 +39,16 @@ def _train_command(args: argparse.Namespace) -> int:
     return run_training(_resolved_config(args))
 
 
+def _sft_command(args: argparse.Namespace) -> int:
+    from posttrain.trainer.run import run_sft
+
+    return run_sft(_resolved_config(args))
+
+
 def _eval_command(args: argparse.Namespace) -> int:
     from posttrain.trainer.run import run_evaluation
 
-    return run_evaluation(_resolved_config(args), args.checkpoint)
+    return run_evaluation(_resolved_config(args), args.checkpoint, args.dump_episodes, args.by)
 
 
 def _export_command(args: argparse.Namespace) -> int:
@@ -91,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, run, help_text, default in (
         ("train", _train_command, "train a policy (PPO/GRPO)", DEFAULT_PRESET),
+        ("sft", _sft_command, "supervised fine-tuning on chat transcripts (the sft.* section), exported for train", None),
         ("eval", _eval_command, "validate a policy (a checkpoint's, or the configured model)", DEFAULT_PRESET),
         ("config", _config_command, "print the resolved config as YAML", None),
     ):
@@ -104,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(run=run)
         if name == "eval":
             command.add_argument("--checkpoint", help="a global_step_N directory or a run directory (its latest checkpoint)")
+            command.add_argument("--dump-episodes", metavar="FILE.jsonl",
+                                 help="write every validation episode (messages, reward, success, stats) to this file; `posttrain sft` reads it")
+            command.add_argument("--by", metavar="KEY", help="also summarise the episodes per value of extra_info[KEY], e.g. hops")
 
     export = commands.add_parser("export", help="write a checkpoint's policy as a Hugging Face directory")
     export.add_argument("checkpoint", help="a global_step_N directory or a run directory (its latest checkpoint)")

@@ -26,6 +26,7 @@ ADVANTAGES = "advantages"                   # (B, T) float32
 RETURNS = "returns"                         # (B, T) float32
 GROUP_IDS = "group_ids"                     # (B,) int64, samples from the same prompt share an id
 BASELINE_SCORES = "reward_baselines"        # (B,) float32, score of the prompt's greedy response (ReMax)
+LOGPROBS = "log_probs"                      # (B, T) float32, log π(token) of the current weights at temperature 1 (SFT loss)
 
 # ---- non-tensors (numpy object arrays of length B) -------------------------------------------
 UID = "uid"                                 # str, unique per prompt, shared by its n samples
@@ -38,6 +39,9 @@ FINISH_REASON = "finish_reason"             # str, "stop" | "length"
 TURN_CONTEXT_IDS = "turn_context_ids"       # list[int], prompt + response so far
 TURN_TOKEN_IDS = "turn_token_ids"           # list[int], the turn's tokens exactly as sampled
 TURN_LOGPROBS = "turn_log_probs"            # list[float], their behaviour logprobs
+# validation episodes only (dumped by `posttrain eval --dump-episodes`)
+TRANSCRIPT = "transcript"                   # list[dict], the episode as chat messages: prompt, agent turns, observations
+EPISODE_STATS = "episode_stats"             # dict[str, float], turns, valid actions and the environment's counters
 
 # ---- meta ------------------------------------------------------------------------------------
 WEIGHT_VERSION = "weight_version"           # int, version of the weights that generated the batch

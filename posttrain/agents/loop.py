@@ -84,6 +84,8 @@ class Episode:
     turn_ends: list[int] = field(default_factory=list)      # index of each agent turn's last token
     turn_rewards: list[float] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)   # the text shown after each non-final turn
+    prompt_messages: list[dict[str, str]] = field(default_factory=list)  # the chat prompt, as extended at reset
     valid_actions: int = 0
     effective_actions: int = 0
     success: bool = False
@@ -94,6 +96,7 @@ class Episode:
     observations_truncated: int = 0
     counts: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     weight_version: int = 0
+    observation_role: str = "user"
 
     @property
     def num_turns(self) -> int:
@@ -114,6 +117,16 @@ class Episode:
     @property
     def context(self) -> list[int]:
         return self.prompt_ids + self.response_ids
+
+    def messages(self) -> list[dict[str, str]]:
+        """The episode as chat messages (prompt, then agent turns and observations): the layout
+        ``posttrain sft`` reads, so successful episodes can be imitated (rejection-sampling fine-tuning)."""
+        turns: list[dict[str, str]] = []
+        for i, action in enumerate(self.actions):
+            turns.append({"role": "assistant", "content": action})
+            if i < len(self.observations):
+                turns.append({"role": self.observation_role, "content": self.observations[i]})
+        return [*self.prompt_messages, *turns]
 
     def append_agent_turn(self, turn: TurnOutput) -> None:
         tokens = turn.token_ids[: self.room]  # the engine may overshoot the budget; keep what fits
@@ -198,15 +211,17 @@ def _start(
 ) -> Episode:
     """Reset the environment; an observation from reset, or a zero turn budget, extends the prompt."""
     extra = [text for text in (env.reset(sample), env.final_turn_instruction() if budget == 0 else "") if text]
+    messages = list(sample.prompt)
     if extra:
-        messages = list(sample.prompt) + [{"role": renderer.role, "content": text} for text in extra]
+        messages += [{"role": renderer.role, "content": text} for text in extra]
         extended = list(renderer.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
         # The added messages come out of the response budget, so prompt + response still fits the engine.
         response_budget = config.max_response_length - max(len(extended) - len(prompt), 0)
         prompt = extended
     else:
         response_budget = config.max_response_length
-    episode = Episode(prompt_ids=prompt, turn_budget=budget, response_budget=response_budget)
+    episode = Episode(prompt_ids=prompt, turn_budget=budget, response_budget=response_budget,
+                      prompt_messages=messages, observation_role=renderer.role)
     episode.in_final_turn = episode.forced_final = budget == 0
     if response_budget < 1:
         episode.done = episode.out_of_tokens = True
@@ -246,5 +261,6 @@ def _continue(episode: Episode, env: Environment, result: StepResult, renderer: 
         episode.in_final_turn = False
         return
     episode.append_observation(rendered.token_ids)
+    episode.observations.append("\n".join(text for text in (result.observation, instruction) if text))
     episode.observations_truncated += int(rendered.truncated)
     episode.forced_final = episode.in_final_turn

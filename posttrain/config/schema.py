@@ -183,6 +183,32 @@ class EnvConfig:
 
 
 @dataclass
+class SFTConfig:
+    """Supervised fine-tuning (``posttrain sft``): the policy learns the assistant turns of transcripts.
+
+    The model is ``actor_rollout_ref.model``; run directory, trackers and checkpoints are ``trainer.*``;
+    the validation rollout (the RL task's reward on ``data.val_files`` / ``data.builtin``, in ``env.*``
+    when set) runs before and after training when ``val_rollout`` is on.
+    """
+
+    train_files: list[str] = field(default_factory=list)  # empty: the sft.parquet beside the RL training data
+    val_files: list[str] = field(default_factory=list)  # validation loss; empty: sft_val.parquet there, if any
+    messages_key: str = "messages"
+    max_length: int = 1024  # prompt + response tokens of one transcript
+    truncation: str = "drop"  # error | drop | left (cut the prompt's start)
+    require_success: bool = False  # keep only rows whose `success` is true (a dump of the policy's own episodes)
+    train_batch_size: int = 16  # transcripts per optimizer step
+    micro_batch_size_per_gpu: int = 8
+    total_epochs: int = 2
+    total_training_steps: Optional[int] = None  # None: the epochs decide
+    grad_clip: float = 1.0
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, lr_scheduler="cosine", warmup_steps=5, min_lr_ratio=0.1))
+    test_freq: int = -1  # validation loss every N steps (and always at the start and end)
+    val_rollout: bool = True  # the RL task's validation (reward, accuracy) before and after; needs validation prompts
+    seed: int = 42
+
+
+@dataclass
 class TrainerConfig:
     project_name: str = "posttrain"
     experiment_name: str = "run"
@@ -214,4 +240,5 @@ class PosttrainConfig:
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -19,6 +19,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "env.observation_role": ("user", "tool"),
     "env.reward_norm": ("none", "group", "batch"),
     "env.retriever.index": ("bm25", "dense"),
+    "sft.truncation": ("error", "drop", "left"),
+    "sft.optim.lr_scheduler": ("constant", "cosine"),
 }
 
 POSITIVE: tuple[str, ...] = (
@@ -27,6 +29,7 @@ POSITIVE: tuple[str, ...] = (
     "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
     "actor_rollout_ref.rollout.n", "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu",
     "critic.ppo_epochs", "trainer.nnodes", "trainer.n_workers_per_node", "trainer.total_epochs",
+    "sft.max_length", "sft.train_batch_size", "sft.micro_batch_size_per_gpu", "sft.total_epochs",
 )
 
 
@@ -42,7 +45,25 @@ def validate_config(config: PosttrainConfig) -> list[ConfigProblem]:
         problems += check_batch_arithmetic(config)
     if config.env.name is not None:
         problems += check_env(config)
-    return problems
+    return problems + check_sft(config)
+
+
+def check_sft(config: PosttrainConfig) -> list[ConfigProblem]:
+    """The SFT section's batch arithmetic: transcripts per step split over ranks, then micro-batches."""
+    sft, ranks = config.sft, config.trainer.nnodes * config.trainer.n_workers_per_node
+    if min(sft.train_batch_size, sft.micro_batch_size_per_gpu, ranks) < 1:
+        return []  # reported by _check_positive
+    if sft.train_batch_size % ranks:
+        return [ConfigProblem("sft.train_batch_size", sft.train_batch_size, "config",
+                              f"must be a multiple of the {ranks} rank(s) (trainer.nnodes × trainer.n_workers_per_node)")]
+    per_rank = sft.train_batch_size // ranks
+    if per_rank % sft.micro_batch_size_per_gpu:
+        return [ConfigProblem("sft.micro_batch_size_per_gpu", sft.micro_batch_size_per_gpu, "config",
+                              f"must divide the {per_rank} transcripts each rank gets per step; e.g. set it to "
+                              f"{_largest_divisor_at_most(per_rank, sft.micro_batch_size_per_gpu)}")]
+    if sft.total_training_steps is not None and sft.total_training_steps < 1:
+        return [ConfigProblem("sft.total_training_steps", sft.total_training_steps, "config", "must be >= 1, or null for sft.total_epochs")]
+    return []
 
 
 def check_env(config: PosttrainConfig) -> list[ConfigProblem]:

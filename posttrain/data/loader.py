@@ -24,13 +24,13 @@ Each batch holds (see :mod:`posttrain.keys`)
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from posttrain import keys
-from posttrain.data.dataset import PromptSample, RLDataset
+from posttrain.data.dataset import PromptSample
 from posttrain.protocol import Batch, pad_rows
 
 # (B, P) int64, 1 on real prompt tokens. keys.ATTENTION_MASK is (B, L) over prompt+response, and a
@@ -105,22 +105,28 @@ class EpochSampler:
 
 
 class PromptDataLoader:
-    """Batches of a :class:`RLDataset` as :class:`Batch` (see the module docstring for the keys)."""
+    """Batches of a :class:`RLDataset` as :class:`Batch` (see the module docstring for the keys).
+
+    ``collate(samples, pad_token_id) -> Batch`` makes a batch of another dataset's samples (SFT
+    transcripts); the sampling and the resumable position are the same.
+    """
 
     def __init__(
         self,
-        dataset: RLDataset,
+        dataset: Sequence[Any],
         batch_size: int,
         pad_token_id: int,
         *,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = True,
+        collate: Callable[[list[Any], int], Batch] | None = None,
     ) -> None:
         if pad_token_id is None:
             raise ValueError("pad_token_id is None; load the tokenizer with posttrain.models.load_tokenizer, which sets one")
         self.dataset = dataset
         self.pad_token_id = pad_token_id
+        self.collate = collate or collate_prompts
         self.sampler = EpochSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
 
     @property
@@ -132,7 +138,7 @@ class PromptDataLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         for indices in self.sampler:
-            yield collate_prompts([self.dataset[int(i)] for i in indices], self.pad_token_id)
+            yield self.collate([self.dataset[int(i)] for i in indices], self.pad_token_id)
 
     def state_dict(self) -> dict[str, int]:
         return self.sampler.state_dict()

@@ -16,6 +16,11 @@ from posttrain.algos import explained_variance
 from posttrain.protocol import Batch
 
 
+def mean_of_ranks(metrics: Mapping[str, list[float]]) -> dict[str, float]:
+    """A worker group's metrics (one value per rank) as one mean each."""
+    return {name: float(sum(values) / len(values)) for name, values in metrics.items()}
+
+
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     if values.numel() == 0:
         return {}

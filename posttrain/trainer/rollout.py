@@ -35,10 +35,23 @@ from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.engines.training.inputs import build_model_inputs
 from posttrain.protocol import Batch, pad_rows
+from posttrain.rewards import build_reward_manager
 from posttrain.trainer.metrics import timed
 from posttrain.trainer.retriever_service import RetrieverHandle, corpus_path, open_retriever
 from posttrain.workers.policy import VALIDATE_META_KEY
 from posttrain.workers.rollout_batch import prompt_token_lists
+
+
+def build_rollout(config: PosttrainConfig, tokenizer: Any, data_dir: Path | None) -> SingleTurnRollout | AgentRollout:
+    """The rollout ``env.name`` asks for: agent episodes in that environment, or single responses
+    scored by the reward manager (``custom_reward_function``, ``reward_model.reward_manager``)."""
+    if config.env.name is not None:
+        return AgentRollout(config, tokenizer, data_dir)
+    reward = config.custom_reward_function
+    return SingleTurnRollout(build_reward_manager(
+        tokenizer, custom_path=reward.path, custom_name=reward.name, reward_kwargs=reward.reward_kwargs,
+        timeout_s=reward.timeout_s, batched=config.reward_model.reward_manager == "batch",
+    ))
 
 
 def validation_view(batch: Batch) -> Batch:
@@ -91,7 +104,8 @@ class AgentRollout:
         self.resources = wanted_resources(self.env_class)
         # Before any worker starts: option names, and values (one environment built with stand-ins).
         check_options(self.env_class, env.options, self.resources)
-        env_factory(self.env_class, env.options, {name: _StandIn(name) for name in self.resources})()
+        probe = env_factory(self.env_class, env.options, {name: _StandIn(name) for name in self.resources})()
+        self.stop_strings = probe.stop_strings  # what ends an agent turn inside the engine
         if "retriever" in self.resources and not env.retriever.url:
             corpus_path(env.retriever, data_dir)
         self.retriever: RetrieverHandle | None = None
@@ -149,7 +163,7 @@ class AgentRollout:
         rest = Batch({k: v for k, v in batch.tensors.items() if k not in (keys.PROMPT_IDS, keys.PROMPT_MASK)}, batch.non_tensors, batch.meta)
         scored = rest.union(episodes_to_batch(episodes, self.config.data.max_response_length, self.tokenizer.pad_token_id))
         if validate:
-            return scored, metrics
+            return scored.union(episode_records(episodes)), metrics
         # filtering looks at the raw rewards' spread (after group normalisation every spread is ~1)
         scored, metrics = filter_groups(scored, self.config.env.filter_groups_quantile, self.batch_shape, metrics)
         return normalize_rewards(scored, self.config.env.reward_norm), metrics
@@ -191,6 +205,16 @@ def episodes_to_batch(episodes: Sequence[Episode], max_response_length: int, pad
         },
         {keys.WEIGHT_VERSION: max(e.weight_version for e in episodes)},
     )
+
+
+def episode_records(episodes: Sequence[Episode]) -> Batch:
+    """TRANSCRIPT and EPISODE_STATS columns: what `posttrain eval --dump-episodes` writes per episode."""
+    stats = [
+        {"num_turns": float(e.num_turns), "valid_actions": float(e.valid_actions), "forced_final": float(e.forced_final),
+         "out_of_tokens": float(e.out_of_tokens), **{name: float(value) for name, value in e.counts.items()}}
+        for e in episodes
+    ]
+    return Batch.from_dict(non_tensors={keys.TRANSCRIPT: [e.messages() for e in episodes], keys.EPISODE_STATS: stats})
 
 
 def final_token_positions(batch: Batch) -> torch.Tensor:

@@ -36,20 +36,61 @@ def run_training(config: PosttrainConfig) -> int:
         return 2
     finally:
         ray.shutdown()
-    _summary(console, trainer, time.perf_counter() - start)
+    _summary(console, trainer.val_history, trainer.run_dir, time.perf_counter() - start)
     return 0
 
 
-def run_evaluation(config: PosttrainConfig, checkpoint: str | None) -> int:
-    """Validation only: the configured model, or the policy of ``checkpoint``, on data.val_files."""
+def run_sft(config: PosttrainConfig) -> int:
+    """``posttrain sft``: supervised fine-tuning, then the policy exported for ``posttrain train``."""
+    import ray
+
+    from posttrain.trainer.sft import SFTTrainer
+
+    console = Console()
+    start = time.perf_counter()
+    try:
+        trainer = SFTTrainer(config)
+    except (ValueError, FileNotFoundError) as err:  # refused before any worker starts
+        print(f"posttrain: {err}", file=sys.stderr)
+        return 2
+    _start_ray(config.trainer.ray_address)
+    try:
+        console.print(
+            f"[bold]posttrain sft[/] on {config.actor_rollout_ref.model.path}: {len(trainer.train_set)} transcripts"
+            f" ({trainer.train_set.num_dropped} dropped as too long), {trainer.total_steps} steps → {trainer.run_dir}"
+        )
+        export = trainer.fit()
+    except RetrieverError as err:
+        print(f"posttrain: {err}", file=sys.stderr)
+        return 2
+    finally:
+        ray.shutdown()
+    if len(trainer.loss_history) >= 2:
+        console.print(f"val/sft_loss: {trainer.loss_history[0]:.3f} → {trainer.loss_history[-1]:.3f}")
+    _summary(console, trainer.validator.history if trainer.validator else [], trainer.run_dir, time.perf_counter() - start)
+    console.print(f"policy: {export}  (RL from it: posttrain train actor_rollout_ref.model.path={export})")
+    return 0
+
+
+def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episodes: str | None = None, by: str | None = None) -> int:
+    """Validation only: the configured model, or the policy of ``checkpoint``, on data.val_files.
+
+    ``dump_episodes``: write every validation episode to this JSON-lines file (the layout
+    ``posttrain sft`` reads); ``by``: also print the summary per value of ``extra_info[by]``.
+    """
     import ray
 
     from posttrain.trainer.export import checkpoint_dir
     from posttrain.trainer.roles import start_roles
     from posttrain.trainer.sync import SyncTrainer
+    from posttrain.trainer.validation import episode_rows, summarize_rows, write_jsonl
 
     console = Console()
-    trainer = SyncTrainer(config)
+    try:
+        trainer = SyncTrainer(config)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"posttrain: {err}", file=sys.stderr)
+        return 2
     if trainer.data.val is None:
         console.print("posttrain: no validation data: set data.val_files (or data.builtin)")
         return 2
@@ -70,6 +111,12 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None) -> int:
         ray.shutdown()
     for name, value in sorted(metrics.items()):
         console.print(f"{name}: {value:.4f}")
+    rows = episode_rows(trainer.validator.last_batch, trainer.tokenizer)
+    if by is not None:
+        for group, summary in summarize_rows(rows, by).items():
+            console.print(f"{group}: " + " · ".join(f"{name} {value:.3f}" for name, value in summary.items()), highlight=False)
+    if dump_episodes:
+        console.print(f"episodes: {write_jsonl(rows, dump_episodes)}")
     return 0
 
 
@@ -80,10 +127,9 @@ def _start_ray(address: str | None) -> None:
     ray.init(address=address, include_dashboard=False, log_to_driver=False, **({} if address else {"num_cpus": os.cpu_count()}))
 
 
-def _summary(console: Console, trainer, seconds: float) -> None:
-    history = trainer.val_history
+def _summary(console: Console, history: list[dict[str, float]], run_dir, seconds: float) -> None:
     if history:
         first, last = history[0], history[-1]
         for name in sorted(k for k in last if "/acc/" in k):
             console.print(f"{name}: {first.get(name, float('nan')):.3f} → {last[name]:.3f}")
-    console.print(f"wall time {seconds / 60:.1f} min · report: {trainer.run_dir / 'report' / 'report.md'}")
+    console.print(f"wall time {seconds / 60:.1f} min · report: {run_dir / 'report' / 'report.md'}")

@@ -27,18 +27,16 @@ from posttrain.algos import get_advantage_estimator, get_kl_estimator, masked_me
 from posttrain.config.schema import PosttrainConfig
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
-from posttrain.rewards import build_reward_manager
 from posttrain.trainer.checkpoint import CheckpointManager, step_of
 from posttrain.trainer.data_setup import build_run_data
-from posttrain.trainer.metrics import data_metrics, timed, timing_metrics
-from posttrain.trainer.phases import apply_kl_in_reward, compute_advantages, kl_controller, repeat_for_groups, validation_metrics
-from posttrain.trainer.report import Sample, write_report
+from posttrain.trainer.metrics import data_metrics, mean_of_ranks, timed, timing_metrics
+from posttrain.trainer.phases import apply_kl_in_reward, compute_advantages, kl_controller, repeat_for_groups
+from posttrain.trainer.report import write_report
 from posttrain.trainer.roles import Roles, start_roles
 from posttrain.trainer.tracking import Tracking
-from posttrain.engines.training.inputs import response_attention_mask
-from posttrain.trainer.rollout import AgentRollout, SingleTurnRollout
+from posttrain.trainer.validation import Validator
+from posttrain.trainer.rollout import build_rollout
 from posttrain.workers.objectives import PolicyObjective
-from posttrain.workers.policy import mean_metrics
 
 
 class SyncTrainer:
@@ -49,7 +47,7 @@ class SyncTrainer:
         self.data = build_run_data(config.data, self.tokenizer)
         epochs_steps = len(self.data.train) * config.trainer.total_epochs
         self.total_steps = min(config.trainer.total_training_steps or epochs_steps, epochs_steps)
-        algorithm, reward = config.algorithm, config.custom_reward_function
+        algorithm = config.algorithm
         options = {"gamma": algorithm.gamma, "lam": algorithm.lam} if algorithm.adv_estimator == "gae" else {}
         if algorithm.adv_estimator == "grpo":
             options["scale_by_std"] = algorithm.norm_adv_by_std_in_grpo
@@ -59,19 +57,14 @@ class SyncTrainer:
         if algorithm.use_kl_in_reward:
             get_kl_estimator(algorithm.kl_penalty)
         self.kl_controller = kl_controller(algorithm.kl_ctrl.type, algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon)
-        if config.env.name is None:
-            self.rollout: SingleTurnRollout | AgentRollout = SingleTurnRollout(build_reward_manager(
-                self.tokenizer, custom_path=reward.path, custom_name=reward.name, reward_kwargs=reward.reward_kwargs,
-                timeout_s=reward.timeout_s, batched=config.reward_model.reward_manager == "batch",
-            ))
-        else:
-            self.rollout = AgentRollout(config, self.tokenizer, self.data.data_dir)
+        self.rollout = build_rollout(config, self.tokenizer, self.data.data_dir)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=config.trainer.max_ckpt_to_keep)
         self.step = 0
         self.roles: Roles | None = None
-        self.first_val_samples: list[Sample] = []
-        self.last_val_samples: list[Sample] = []
-        self.val_history: list[dict[str, float]] = []
+        self.validator = Validator(
+            self.rollout, self.data.val, config.actor_rollout_ref.rollout.val_kwargs.n, self.tokenizer,
+            config.trainer.val_samples_in_report,
+        ) if self.data.val else None
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -107,7 +100,10 @@ class SyncTrainer:
             tracking.close()
             self.roles.release()
             self.rollout.close()
-        write_report(self.run_dir, self.first_val_samples, self.last_val_samples)
+        if self.validator:
+            write_report(self.run_dir, self.validator.first_samples, self.validator.last_samples)
+        else:
+            write_report(self.run_dir)
         return self.val_history[-1] if self.val_history else {}
 
     def _batches(self) -> Iterator[tuple[int, Batch]]:
@@ -151,10 +147,10 @@ class SyncTrainer:
                 batch = compute_advantages(batch, self.estimator)
             if roles.critic is not None:
                 with timed(timings, "update_critic"):
-                    metrics |= _mean_of_ranks(roles.critic.update(batch).metrics)
+                    metrics |= mean_of_ranks(roles.critic.update(batch).metrics)
             if self.step > config.trainer.critic_warmup:
                 with timed(timings, "update_actor"):
-                    metrics |= _mean_of_ranks(roles.actor.update(batch).metrics)
+                    metrics |= mean_of_ranks(roles.actor.update(batch).metrics)
                 with timed(timings, "sync"):
                     roles.actor.sync_weights(self.step)
         metrics |= data_metrics(batch, config.data.max_response_length)
@@ -171,32 +167,11 @@ class SyncTrainer:
     # ---- validation -------------------------------------------------------------------------
 
     def validate(self) -> dict[str, float]:
-        n = self.config.actor_rollout_ref.rollout.val_kwargs.n
-        pieces, rollout_metrics = [], []
-        for prompts in self.data.val:
-            piece, piece_metrics = self.rollout(self.roles, prompts.repeat(n, interleave=True), validate=True)
-            pieces.append(piece)
-            rollout_metrics.append(piece_metrics)
-        self.data.val.load_state_dict({**self.data.val.state_dict(), "epoch": 0, "index": 0})
-        batch = Batch.concat(pieces)
-        metrics = validation_metrics(batch, n) | {f"val/{name}": value for name, value in mean_metrics(rollout_metrics).items()}
-        samples = self._samples(batch)
-        if not self.first_val_samples:
-            self.first_val_samples = samples
-        self.last_val_samples = samples
-        self.val_history.append(metrics)
-        return metrics
+        return self.validator(self.roles)
 
-    def _samples(self, batch: Batch) -> list[Sample]:
-        count = min(self.config.trainer.val_samples_in_report, len(batch))
-        scores = batch[keys.TOKEN_SCORES].sum(-1)
-        samples = []
-        for row in range(count):
-            length = int(response_attention_mask(batch)[row].sum())  # agent turns and observations
-            prompt = self.tokenizer.decode(batch[keys.PROMPT_IDS][row][batch[keys.PROMPT_MASK][row].bool()], skip_special_tokens=False)
-            response = self.tokenizer.decode(batch[keys.RESPONSE_IDS][row, :length], skip_special_tokens=True)
-            samples.append(Sample(prompt, response, float(scores[row])))
-        return samples
+    @property
+    def val_history(self) -> list[dict[str, float]]:
+        return self.validator.history if self.validator else []
 
     # ---- checkpoints ------------------------------------------------------------------------
 
@@ -230,8 +205,4 @@ class SyncTrainer:
         if self.roles.critic is not None:
             self.roles.critic.load_checkpoint(str(directory / "critic"))
         print(f"posttrain: resumed from {directory} (step {self.step})")
-
-
-def _mean_of_ranks(metrics: dict[str, list[float]]) -> dict[str, float]:
-    return {name: float(np.mean(values)) for name, values in metrics.items()}
 

@@ -7,6 +7,7 @@ losses add up to the mini-batch loss) and metrics that are means over the micro-
 Policy: the configured policy loss (PPO clip / GSPO / CISPO), minus ``entropy_coeff`` × entropy,
 plus ``kl_loss_coef`` × KL(π ‖ π_ref) when the KL is a loss rather than a reward penalty (GRPO).
 Critic: the clipped value loss.
+SFT: the negative log-likelihood of the assistant tokens (RESPONSE_MASK), averaged over those tokens.
 """
 
 from __future__ import annotations
@@ -96,3 +97,10 @@ class ValueObjective:
         result = value_loss(outputs.values, batch[keys.VALUES], batch[keys.RETURNS], mask, global_normalizer=normalizer, **common)
         local = value_loss(outputs.values, batch[keys.VALUES], batch[keys.RETURNS], mask, **common)
         return result.loss, {"vf_loss": local.loss.detach(), "vf_clipfrac": result.clipfrac, "vpred_mean": masked_mean(outputs.values, mask).detach()}
+
+
+def sft_objective(outputs: ForwardOutputs, batch: Batch, normalizer: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """Supervised fine-tuning: mean negative log-likelihood over the mini-batch's assistant tokens."""
+    mask = batch[keys.RESPONSE_MASK]
+    loss = aggregate_loss(-outputs.logprobs, mask, "token-mean", global_normalizer=normalizer)
+    return loss, {"nll": masked_mean(-outputs.logprobs, mask).detach()}

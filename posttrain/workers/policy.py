@@ -18,7 +18,7 @@ from posttrain.controller import Dispatch, Worker, WorkerContext, register
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
 from posttrain.workers.engines import generation_params, rollout_engine, training_engine
-from posttrain.workers.objectives import PolicyObjective
+from posttrain.workers.objectives import PolicyObjective, sft_objective
 from posttrain.workers.rollout_batch import generations_to_batch, prompt_token_lists
 
 RANK_SEED_STRIDE = 1_000_003  # ranks' sampling seeds far apart: a rank's requests take base, base+1, ...
@@ -128,6 +128,20 @@ class PolicyWorker(Worker):
             )
         ]
         return Batch().with_metrics(mean_metrics(steps))
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def sft_step(self, batch: Batch) -> Batch:
+        """One optimizer step of supervised fine-tuning on this rank's share of transcripts (loss on RESPONSE_MASK)."""
+        metrics = self.engine.train_mini_batch(
+            batch, sft_objective, micro_batch_size=self.actor.ppo_micro_batch_size_per_gpu, loss_agg_mode="token-mean",
+        )
+        return Batch().with_metrics(metrics)
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO, borrow_inputs=True)
+    def compute_sft_logprobs(self, batch: Batch) -> Batch:
+        """LOGPROBS of the response tokens at temperature 1 (the SFT validation loss)."""
+        logprobs, _ = self.engine.compute_logprobs(batch, micro_batch_size=self.actor.ppo_micro_batch_size_per_gpu)
+        return Batch.from_dict({keys.LOGPROBS: logprobs})
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def sync_weights(self, version: int) -> int:

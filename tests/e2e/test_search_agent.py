@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 TINY_SEARCH_RUN = [
     "data.builtin_options.train_size=8", "data.builtin_options.val_size=4", "data.builtin_options.num_people=20",
-    "data.builtin_options.num_places=8", "data.builtin_options.num_organisations=6", "data.train_batch_size=4",
+    "data.builtin_options.num_places=8", "data.builtin_options.num_organisations=6", "data.builtin_options.sft_size=0",
+    "data.train_batch_size=4",
     "data.max_response_length=96", "env.max_turns=2", "env.max_turn_tokens=16", "env.max_obs_length=48",
     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
     "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.0625",

@@ -32,6 +32,14 @@ one user message, :func:`search_instruction` of the question, and the ground tru
 ``{"target": [answer, *aliases]}`` (a river also answers to ``"<Name> River"``). ``extra_info`` holds
 ``split, index, question, hops, relation, subject, bridge`` (``bridge`` is ``""`` for one hop).
 The same arguments always give byte-identical files.
+
+Expert transcripts (``sft_size > 0``): ``sft.parquet`` (``sft_size`` rows) and ``sft_val.parquet``
+(``sft_val_size`` rows), each a ``messages`` column for ``posttrain sft``, made from TRAIN questions
+only (the held-out split never appears). A scripted expert plays the real :class:`SearchEnv` over a
+real BM25 index of this corpus (``sft_topk`` hits, as the environment shows them): it searches the
+name of the question's subject; on a two-hop question it then searches the bridge entity named in
+the subject's document; then it answers. ``sft_two_hop_fraction`` of the transcripts are two-hop. A question whose searches do not
+retrieve the answer's evidence is skipped, so the expert never answers what it has not read.
 """
 
 from __future__ import annotations
@@ -278,10 +286,18 @@ def prepare_synthetic_search(
     val_size: int = 100,
     two_hop_fraction: float = 0.5,
     seed: int = 0,
+    sft_size: int = 0,
+    sft_val_size: int = 50,
+    sft_two_hop_fraction: float = 0.0,
+    sft_topk: int = 2,
 ) -> list[Path]:
-    """Write ``train.parquet`` and ``test.parquet`` (returned) and, beside them, ``corpus.jsonl`` (:data:`CORPUS_FILE`)."""
+    """Write ``train.parquet`` and ``test.parquet`` (returned) and, beside them, ``corpus.jsonl`` (:data:`CORPUS_FILE`);
+    with ``sft_size > 0`` also ``sft.parquet`` and ``sft_val.parquet`` (returned after them)."""
     _check_options({"num_people": num_people, "num_places": num_places, "num_organisations": num_organisations,
                     "train_size": train_size, "val_size": val_size}, two_hop_fraction)
+    if sft_size < 0 or sft_val_size < 0 or not 0.0 <= sft_two_hop_fraction <= 1.0:
+        raise ValueError(f"sft_size={sft_size}, sft_val_size={sft_val_size} must be >= 0 and sft_two_hop_fraction="
+                         f"{sft_two_hop_fraction} in [0, 1]")
     world = build_world(num_people, num_places, num_organisations, seed)
     # questions draw from their own stream, so the world does not change with the split sizes
     splits = split_questions(world, train_size, val_size, two_hop_fraction, random.Random(f"questions-{seed}"))
@@ -289,8 +305,82 @@ def prepare_synthetic_search(
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / CORPUS_FILE, "w", encoding="utf-8") as corpus:
         corpus.writelines(json.dumps(doc, ensure_ascii=False) + "\n" for doc in corpus_documents(world))
-    return [write_rows([_row(q, split, i) for i, q in enumerate(questions)], out_dir / f"{split}.parquet")
-            for split, questions in splits.items()]
+    paths = [write_rows([_row(q, split, i) for i, q in enumerate(questions)], out_dir / f"{split}.parquet")
+             for split, questions in splits.items()]
+    if sft_size:
+        paths += write_expert_transcripts(world, splits["train"], out_dir, sft_size, sft_val_size, sft_two_hop_fraction, sft_topk)
+    return paths
+
+
+def write_expert_transcripts(world: World, train: list[Question], out_dir: Path, size: int, val_size: int,
+                             two_hop_fraction: float, topk: int) -> list[Path]:
+    """``sft.parquet`` and ``sft_val.parquet`` of expert transcripts over ``train`` questions (module docstring)."""
+    from posttrain.agents.retriever.index import BM25Index
+    from posttrain.agents.retriever.types import Document
+
+    index = BM25Index([Document(d["id"], d["contents"]) for d in corpus_documents(world)])
+    wanted = {2: round(size * two_hop_fraction) + round(val_size * two_hop_fraction)}
+    wanted[1] = size + val_size - wanted[2]
+    made: dict[int, list[list[dict[str, str]]]] = {1: [], 2: []}
+    skipped = 0
+    for question in train:
+        if len(made[question.hops]) >= wanted[question.hops]:
+            continue
+        messages = expert_transcript(question, _IndexRetriever(index), topk)
+        if messages is None:
+            skipped += 1
+        else:
+            made[question.hops].append(messages)
+    for hops, count in wanted.items():
+        if len(made[hops]) < count:
+            raise ValueError(
+                f"asked for {count} {hops}-hop expert transcripts but the training split yields only {len(made[hops])} "
+                f"({skipped} questions skipped: their searches missed the evidence); raise train_size or lower sft_size"
+            )
+    val_two = round(val_size * two_hop_fraction)
+    val = made[2][:val_two] + made[1][: val_size - val_two]
+    train_rows = made[2][val_two:] + made[1][val_size - val_two:]
+    random.Random(f"sft-{len(train_rows)}").shuffle(train_rows)
+    return [_write_messages(train_rows, out_dir / "sft.parquet"), _write_messages(val, out_dir / "sft_val.parquet")]
+
+
+class _IndexRetriever:
+    """The retriever protocol over an in-process index: the service's own BM25, without HTTP."""
+
+    def __init__(self, index) -> None:
+        self.index = index
+
+    def retrieve(self, queries: list[str], topk: int):
+        return self.index.search(queries, topk)
+
+
+def expert_transcript(question: Question, retriever, topk: int) -> list[dict[str, str]] | None:
+    """The scripted expert's episode in :class:`SearchEnv` as chat messages, or None when its
+    searches did not retrieve the evidence holding the answer."""
+    from posttrain.agents.env import EpisodeSample
+    from posttrain.agents.search import SearchEnv
+
+    prompt = [{"role": "user", "content": search_instruction(question.text)}]
+    env = SearchEnv(retriever, topk=topk)
+    env.reset(EpisodeSample(prompt, {"target": list(question.answers)}))
+    messages, found = list(prompt), False
+    for query in (question.subject, question.bridge)[: question.hops]:
+        action = f"<search> {query} </search>"
+        result = env.step(action)
+        found = bool(result.info.counts.get("evidence_found")) or found
+        messages += [{"role": "assistant", "content": action}, {"role": "user", "content": result.observation}]
+    answer = env.step(f"<answer> {question.answers[0]} </answer>")
+    if not (found and answer.info.success):
+        return None
+    return messages + [{"role": "assistant", "content": f"<answer> {question.answers[0]} </answer>"}]
+
+
+def _write_messages(conversations: list[list[dict[str, str]]], path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"messages": m} for m in conversations]), path)
+    return path
 
 
 def _row(question: Question, split: str, index: int) -> dict:

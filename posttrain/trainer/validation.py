@@ -1,0 +1,130 @@
+"""Validation: the RL task's rollouts on held-out prompts, scored as in training, and what they leave behind.
+
+One :class:`Validator` serves every loop that validates a policy (the RL trainer every
+``test_freq`` steps, the SFT trainer before and after, ``posttrain eval``): the same prompts, the
+same rollout (single-turn or agent), the same metrics (``val/<source>/acc/mean@n`` ...), and the
+samples for the run's report. Its last batch can be written out episode by episode
+(:func:`episode_rows`), e.g. to imitate the policy's own successful episodes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from posttrain import keys
+from posttrain.data import PromptDataLoader
+from posttrain.engines.training.inputs import response_attention_mask
+from posttrain.protocol import Batch
+from posttrain.trainer.phases import validation_metrics
+from posttrain.trainer.report import Sample
+from posttrain.workers.policy import mean_metrics
+
+
+class Validator:
+    """Validation rollouts over ``loader`` (n samples per prompt, validation sampling)."""
+
+    def __init__(self, rollout: Any, loader: PromptDataLoader, n: int, tokenizer: Any, samples_in_report: int) -> None:
+        self.rollout, self.loader, self.n = rollout, loader, n
+        self.tokenizer, self.samples_in_report = tokenizer, samples_in_report
+        self.history: list[dict[str, float]] = []
+        self.first_samples: list[Sample] = []
+        self.last_samples: list[Sample] = []
+        self.last_batch: Batch | None = None
+
+    def __call__(self, roles: Any) -> dict[str, float]:
+        pieces, rollout_metrics = [], []
+        for prompts in self.loader:
+            piece, piece_metrics = self.rollout(roles, prompts.repeat(self.n, interleave=True), validate=True)
+            pieces.append(piece)
+            rollout_metrics.append(piece_metrics)
+        self.loader.load_state_dict({**self.loader.state_dict(), "epoch": 0, "index": 0})
+        batch = Batch.concat(pieces)
+        metrics = validation_metrics(batch, self.n) | {f"val/{name}": value for name, value in mean_metrics(rollout_metrics).items()}
+        samples = self._samples(batch)
+        if not self.first_samples:
+            self.first_samples = samples
+        self.last_samples = samples
+        self.last_batch = batch
+        self.history.append(metrics)
+        return metrics
+
+    def _samples(self, batch: Batch) -> list[Sample]:
+        count = min(self.samples_in_report, len(batch))
+        scores = batch[keys.TOKEN_SCORES].sum(-1)
+        samples = []
+        for row in range(count):
+            length = int(response_attention_mask(batch)[row].sum())  # agent turns and observations
+            prompt = self.tokenizer.decode(batch[keys.PROMPT_IDS][row][batch[keys.PROMPT_MASK][row].bool()], skip_special_tokens=False)
+            response = self.tokenizer.decode(batch[keys.RESPONSE_IDS][row, :length], skip_special_tokens=True)
+            samples.append(Sample(prompt, response, float(scores[row])))
+        return samples
+
+
+def episode_rows(batch: Batch, tokenizer: Any) -> list[dict[str, Any]]:
+    """One JSON-ready dict per validation row: data_source, extra_info, ground_truth, reward,
+    success, ``messages`` (the conversation, in the layout ``posttrain sft`` reads) and, for agent
+    episodes, ``stats`` (turns, valid actions, the environment's counters)."""
+    rewards = batch[keys.TOKEN_SCORES].sum(-1).tolist()
+    success = batch["reward_extra/acc"] if "reward_extra/acc" in batch else [r > 0 for r in rewards]
+    rows = []
+    for row in range(len(batch)):
+        if keys.TRANSCRIPT in batch:
+            messages, stats = list(batch[keys.TRANSCRIPT][row]), dict(batch[keys.EPISODE_STATS][row])
+        else:
+            length = int(response_attention_mask(batch)[row].sum())
+            response = tokenizer.decode(batch[keys.RESPONSE_IDS][row, :length], skip_special_tokens=True)
+            messages, stats = [*batch[keys.RAW_PROMPT][row], {"role": "assistant", "content": response}], {}
+        rows.append({
+            "data_source": str(batch[keys.DATA_SOURCE][row]), "extra_info": _plain(batch[keys.EXTRA_INFO][row]),
+            "ground_truth": _plain(batch[keys.GROUND_TRUTH][row]), "reward": float(rewards[row]),
+            "success": bool(success[row]), "messages": messages, "stats": stats,
+        })
+    return rows
+
+
+def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as out:
+        out.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    return path
+
+
+def summarize_rows(rows: Sequence[dict[str, Any]], by: str | None = None) -> dict[str, dict[str, float]]:
+    """Means per value of ``extra_info[by]`` (all rows under ``"all"``): ``episodes``, ``accuracy``,
+    ``reward``, every stat, and ``valid_action_ratio`` (valid actions over turns)."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        groups["all"].append(row)
+        if by is not None:
+            groups[f"{by}={row['extra_info'].get(by)}"].append(row)
+    table = {}
+    for name, members in groups.items():
+        stats = sorted({key for row in members for key in row["stats"]})
+        summary = {
+            "episodes": float(len(members)),
+            "accuracy": float(np.mean([row["success"] for row in members])),
+            "reward": float(np.mean([row["reward"] for row in members])),
+        } | {key: float(np.mean([row["stats"].get(key, 0.0) for row in members])) for key in stats}
+        if "num_turns" in stats:
+            turns = sum(row["stats"].get("num_turns", 0.0) for row in members)
+            summary["valid_action_ratio"] = sum(row["stats"].get("valid_actions", 0.0) for row in members) / max(turns, 1.0)
+        table[name] = summary
+    return table
+
+
+def _plain(value: Any) -> Any:
+    """numpy arrays and scalars (as Parquet columns arrive) as JSON-ready Python values."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
