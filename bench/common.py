@@ -33,7 +33,7 @@ def prompt_batch(prompts: list[list[int]], pad_token_id: int) -> Batch:
     return Batch.from_dict({keys.PROMPT_IDS: ids, keys.PROMPT_MASK: mask})
 
 
-def start_policy(model: str, max_prompt: int, max_response: int, temperature: float = 1.0, dtype: str = "bfloat16") -> tuple[WorkerGroup, ResourcePool]:
+def start_policy(model: str, max_prompt: int, max_response: int, temperature: float = 1.0, dtype: str = "auto") -> tuple[WorkerGroup, ResourcePool]:
     import ray
 
     if not ray.is_initialized():

@@ -25,6 +25,7 @@ from bench.train import PlainLoop  # noqa: E402
 from posttrain import keys  # noqa: E402
 from posttrain.config import load_config, preset_path  # noqa: E402
 from posttrain.engines.rollout import VLLMRolloutEngine  # noqa: E402
+from posttrain.engines.training.parallel import resolve_compute_dtype  # noqa: E402
 from posttrain.models import resolve_model  # noqa: E402
 from posttrain.protocol import Batch  # noqa: E402
 from posttrain.trainer.phases import repeat_for_groups  # noqa: E402
@@ -61,11 +62,12 @@ def main() -> None:
     batch = repeated.union(generations_to_batch(repeated, generations, data.max_response_length, 0))
     batch = batch.union(Batch.from_dict({keys.ADVANTAGES: torch.randn(len(batch), 1) * batch[keys.RESPONSE_MASK],
                                          keys.OLD_LOGPROBS: torch.zeros(batch[keys.RESPONSE_MASK].shape)}))
-    plain = PlainLoop(resolve_model(model), torch.bfloat16, lr=1e-6)
+    dtype = resolve_compute_dtype("auto", torch.device("cpu"))  # what the engine picks here
+    plain = PlainLoop(resolve_model(model), dtype, lr=1e-6)
     plain.step(batch)  # warm-up
 
     def forward_only() -> None:
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
             for micro in batch.split(rollout_config.log_prob_micro_batch_size_per_gpu):
                 plain.model(input_ids=micro[keys.INPUT_IDS], attention_mask=micro[keys.ATTENTION_MASK], use_cache=False)
 

@@ -36,7 +36,8 @@ from posttrain import keys
 from posttrain.algos import loss_normalizer, ppo_policy_loss
 from posttrain.engines.training import TrainingEngine, TrainingEngineConfig
 from posttrain.engines.training.inputs import random_model_inputs
-from posttrain.models import load_causal_lm, parse_dtype, resolve_model
+from posttrain.engines.training.parallel import resolve_compute_dtype
+from posttrain.models import load_causal_lm, resolve_model
 from posttrain.protocol import Batch
 
 MICRO_BATCH = 4
@@ -131,7 +132,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--response", type=int, default=64)
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--ragged", action="store_true", help="also measure a batch of random lengths")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is stable on a shared 2-core machine)")
@@ -143,7 +144,7 @@ def main() -> None:
     else:
         model_dir = resolve_model(args.model)
     engine = TrainingEngine(TrainingEngineConfig(model_path=str(model_dir), dtype=args.dtype, lr=1e-6, device="cpu"))
-    plain = PlainLoop(model_dir, parse_dtype(args.dtype), lr=1e-6)
+    plain = PlainLoop(model_dir, resolve_compute_dtype(args.dtype, torch.device("cpu")), lr=1e-6)
     for model in (engine.module, plain.model):
         fresh_memory(model)
     vocab = engine.module.config.vocab_size

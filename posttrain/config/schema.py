@@ -67,7 +67,7 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     grad_clip: float = 1.0
-    dtype: str = "bfloat16"  # autocast dtype; master weights stay float32
+    dtype: str = "auto"  # autocast dtype: auto (bfloat16 where native: CUDA, AVX-512 BF16/AMX CPUs; else float32) | bfloat16 | float32
     optim: OptimConfig = field(default_factory=OptimConfig)
 
 

@@ -10,7 +10,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.truncation": ("error", "left", "right"),
     "actor_rollout_ref.rollout.name": ("vllm", "hf"),
     "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
-    "actor_rollout_ref.actor.dtype": ("bfloat16", "float32"),  # float16 would need loss scaling
+    "actor_rollout_ref.actor.dtype": ("auto", "bfloat16", "float32"),  # float16 would need loss scaling
     "actor_rollout_ref.actor.optim.lr_scheduler": ("constant", "cosine"),
     "critic.optim.lr_scheduler": ("constant", "cosine"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
@@ -45,11 +45,12 @@ def validate_config(config: PosttrainConfig) -> list[ConfigProblem]:
         problems += check_batch_arithmetic(config)
     if config.env.name is not None:
         problems += check_env(config)
-    return problems + check_sft(config)
+    return problems
 
 
 def check_sft(config: PosttrainConfig) -> list[ConfigProblem]:
-    """The SFT section's batch arithmetic: transcripts per step split over ranks, then micro-batches."""
+    """The SFT section's batch arithmetic (checked by ``posttrain sft`` only, so that an RL run's
+    layout never trips over SFT defaults): transcripts per step split over ranks, then micro-batches."""
     sft, ranks = config.sft, config.trainer.nnodes * config.trainer.n_workers_per_node
     if min(sft.train_batch_size, sft.micro_batch_size_per_gpu, ranks) < 1:
         return []  # reported by _check_positive

@@ -29,7 +29,9 @@ import torch
 from omegaconf import OmegaConf
 
 from posttrain import keys
+from posttrain.config import ConfigError
 from posttrain.config.schema import PosttrainConfig
+from posttrain.config.validate import check_sft
 from posttrain.data import PromptDataLoader
 from posttrain.data.sft_dataset import SFTDataError, SFTDataset, SFTSample
 from posttrain.engines.training.inputs import build_model_inputs
@@ -84,6 +86,9 @@ def transcripts_to_batch(samples: Sequence[SFTSample], pad_token_id: int) -> Bat
 class SFTTrainer:
     def __init__(self, config: PosttrainConfig) -> None:
         sft = config.sft
+        problems = check_sft(config)
+        if problems:
+            raise ConfigError(problems)
         self.run_dir = Path(config.trainer.default_local_dir)
         self.tokenizer = load_tokenizer(resolve_model(config.actor_rollout_ref.model.path))
         has_rl_data = bool(config.data.train_files or config.data.builtin)

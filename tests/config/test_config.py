@@ -107,3 +107,16 @@ def test_multi_turn_settings_that_cannot_work_together_are_named():
                      "ReMax subtracts"):
         assert expected in message
     assert load_config([], ["env.name=search"]).env.max_turns == 4  # the defaults are consistent
+
+
+def test_sft_section_is_checked_by_the_sft_run_only():
+    from posttrain.config.validate import check_sft
+
+    config = load_config([], ["sft.train_batch_size=12", "sft.micro_batch_size_per_gpu=8", "trainer.n_workers_per_node=3",
+                              "data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=6"])
+    (problem,) = check_sft(config)  # an RL run with this layout loads fine
+    assert problem.key == "sft.micro_batch_size_per_gpu" and "4 transcripts each rank" in problem.message and "set it to 4" in problem.message
+    with pytest.raises(ConfigError) as info:
+        load_config([], ["sft.truncation=middle", "sft.max_length=0"])
+    assert {p.key for p in info.value.problems} == {"sft.truncation", "sft.max_length"}
+    assert check_sft(load_config([], ["sft.train_batch_size=15", "trainer.n_workers_per_node=2", "critic.enable=false"]))[0].key == "sft.train_batch_size"

@@ -156,3 +156,42 @@ def test_cli_writes_the_three_files(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == [CORPUS_FILE, "test.parquet", "train.parquet"]
     assert len(read_rows([tmp_path / "train.parquet"])) == 20 and len(read_rows([tmp_path / "test.parquet"])) == 5
     assert str(tmp_path / "train.parquet") in capsys.readouterr().out
+
+
+def _question(messages) -> str:
+    return messages[0]["content"].split("Question: ", 1)[1].strip()
+
+
+def test_expert_transcripts_use_train_questions_and_the_real_environment(tmp_path):
+    from posttrain.agents.env import EpisodeSample
+    from posttrain.agents.retriever.corpus import load_corpus
+    from posttrain.agents.retriever.index import BM25Index
+    from posttrain.agents.search import SearchEnv
+
+    import pyarrow.parquet as pq
+
+    paths = prepare("synthetic-search", tmp_path, **(SMALL | {"sft_size": 20, "sft_val_size": 6, "sft_two_hop_fraction": 0.5}))
+    assert [p.name for p in paths] == ["train.parquet", "test.parquet", "sft.parquet", "sft_val.parquet"]
+    train, test = read_rows([tmp_path / "train.parquet"]), read_rows([tmp_path / "test.parquet"])
+    sft = [r["messages"] for r in pq.read_table(tmp_path / "sft.parquet").to_pylist()]
+    sft_val = [r["messages"] for r in pq.read_table(tmp_path / "sft_val.parquet").to_pylist()]
+    assert (len(sft), len(sft_val)) == (20, 6)
+    asked = [_question(m) for m in sft + sft_val]
+    assert len(set(asked)) == len(asked)
+    assert not set(asked) & {r.extra_info["question"] for r in test}  # held-out questions never appear
+    by_question = {r.extra_info["question"]: r for r in train}
+    assert set(asked) <= set(by_question)
+    assert sum(len(m) == 6 for m in sft) == 10  # two searches, two observations, an answer: half are two-hop
+    # replaying each transcript's actions in a fresh SearchEnv over the corpus gives its observations exactly
+    index = BM25Index(load_corpus(tmp_path / CORPUS_FILE))
+    retriever = type("R", (), {"retrieve": lambda self, queries, topk: index.search(queries, topk)})()
+    for messages in sft:
+        row = by_question[_question(messages)]
+        env = SearchEnv(retriever, topk=2)
+        env.reset(EpisodeSample(messages[:1], row.ground_truth))
+        assert messages[0]["content"] == row.messages[0]["content"]
+        for i in range(1, len(messages) - 1, 2):
+            assert env.step(messages[i]["content"]).observation == messages[i + 1]["content"]
+        final = env.step(messages[-1]["content"])
+        assert final.done and final.info.success
+        assert len(messages) == 2 * row.extra_info["hops"] + 2

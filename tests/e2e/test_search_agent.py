@@ -53,7 +53,8 @@ def test_search_grpo_two_steps_with_a_live_retriever(tmp_path):
     baseline = subprocess.run(
         [sys.executable, "-m", "posttrain.cli", "eval", "--preset", "search_grpo", "--checkpoint", str(tmp_path),
          f"actor_rollout_ref.model.path={cached_tiny_model('llama')}", f"trainer.default_local_dir={tmp_path / 'eval'}",
-         f"data.builtin_options.seed={os.getpid()}", *TINY_SEARCH_RUN, "env.max_turns=0"],
+         f"data.builtin_options.seed={os.getpid()}", *TINY_SEARCH_RUN, "env.max_turns=0",
+         "--dump-episodes", str(tmp_path / "episodes.jsonl"), "--by", "hops"],
         capture_output=True, text=True, timeout=300,
     )
     assert baseline.returncode == 0, baseline.stdout[-2000:] + baseline.stderr[-2000:]
@@ -61,3 +62,11 @@ def test_search_grpo_two_steps_with_a_live_retriever(tmp_path):
     assert float(reported["val/num_turns/max"]) == 1.0
     assert float(reported["val/env/searches"]) == 0.0
     assert 0 <= float(reported["val/synthetic_search/acc/mean@1"]) <= 1
+    # every held-out episode, as the chat messages `posttrain sft` reads, with a summary per number of hops
+    episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 4
+    for episode in episodes:
+        assert [m["role"] for m in episode["messages"]] == ["user", "assistant"]  # the instruction joined the prompt
+        assert "Give your final answer now" in episode["messages"][0]["content"]
+        assert episode["stats"]["num_turns"] == 1 and episode["stats"]["searches"] == 0
+    assert "all: episodes 4.000" in baseline.stdout and "hops=" in baseline.stdout

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 STRATEGIES = ("auto", "none", "ddp", "fsdp")
 LR_SCHEDULERS = ("constant", "cosine")
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -22,9 +22,12 @@ class TrainingEngineConfig:
     model_path:    local Hugging Face directory (or a built-in name of ``posttrain.models``).
     value_head:    False: the causal LM (a policy or reference). True: the same backbone with a
                    scalar value head (``AutoModelForTokenClassification``, ``num_labels=1``), a critic.
-    dtype:         the autocast compute dtype, ``bfloat16`` or ``float32`` (autocast off). Master
-                   weights, gradients and optimizer state are always float32. float16 is refused:
-                   it needs loss scaling, which the engine does not do.
+    dtype:         the autocast compute dtype, ``bfloat16`` or ``float32`` (autocast off), or ``auto``:
+                   bfloat16 where the hardware computes it natively (CUDA; a CPU with AVX-512 BF16
+                   or AMX), float32 elsewhere — on an AVX2-only CPU bfloat16 autocast is emulated and
+                   measured 18x slower for a training step. Master weights, gradients and optimizer
+                   state are always float32. float16 is refused: it needs loss scaling, which the
+                   engine does not do.
     lr, betas, eps, weight_decay: AdamW's (decay applies to every trainable parameter, as verl).
     lr_scheduler:  ``constant`` or ``cosine``, both after ``warmup_steps`` of linear warmup; cosine
                    decays to ``min_lr_ratio * lr`` over ``total_steps`` (needed for cosine).
@@ -43,7 +46,7 @@ class TrainingEngineConfig:
 
     model_path: str
     value_head: bool = False
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     lr: float = 1e-6
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8

@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from posttrain.models import parse_dtype
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -45,6 +47,18 @@ def resolve_device(setting: str) -> torch.device:
             raise RuntimeError("device='cuda' but torch sees no CUDA device; use device='auto' or 'cpu'")
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def resolve_compute_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """The autocast dtype: ``auto`` is bfloat16 where the hardware has it natively (CUDA with bf16
+    support; a CPU with AVX-512 BF16 or AMX, which oneDNN reports), else float32."""
+    if setting != "auto":
+        return parse_dtype(setting)
+    if device.type == "cuda":
+        native = torch.cuda.is_bf16_supported()
+    else:
+        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return torch.bfloat16 if native else torch.float32
 
 
 def resolve_strategy(setting: str, device: torch.device, world_size: int) -> str:

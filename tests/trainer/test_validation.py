@@ -1,0 +1,43 @@
+"""Episode rows and their summary (what `posttrain eval --dump-episodes --by KEY` writes and prints)."""
+
+import numpy as np
+import torch
+
+from posttrain import keys
+from posttrain.protocol import Batch
+from posttrain.trainer.validation import episode_rows, summarize_rows
+
+
+def _row(hops, success, searches, turns, valid):
+    return {"extra_info": {"hops": hops}, "success": success, "reward": float(success), "messages": [],
+            "stats": {"searches": searches, "num_turns": turns, "valid_actions": valid}}
+
+
+def test_summary_by_hand():
+    rows = [_row(1, True, 1, 2, 2), _row(1, False, 0, 1, 0), _row(2, True, 2, 3, 3), _row(2, False, 1, 2, 1)]
+    table = summarize_rows(rows, by="hops")
+    assert table["hops=1"]["accuracy"] == 0.5 and table["hops=2"]["searches"] == 1.5
+    assert table["all"]["episodes"] == 4 and table["all"]["searches"] == 1.0
+    assert table["hops=1"]["valid_action_ratio"] == 2 / 3  # 2 valid of 3 turns
+    assert table["all"]["valid_action_ratio"] == 6 / 8
+
+
+def test_agent_rows_carry_the_transcript_and_single_turn_rows_the_decoded_response(tokenizer):
+    response = tokenizer.encode("42", add_special_tokens=False)
+    tensors = {
+        keys.TOKEN_SCORES: torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
+        keys.RESPONSE_IDS: torch.tensor([response[:1] + [0], response[:1] + [0]]),
+        keys.ATTENTION_MASK: torch.tensor([[1, 1, 0], [1, 1, 0]]),
+    }
+    common = {keys.DATA_SOURCE: ["s", "s"], keys.EXTRA_INFO: [{"hops": np.int64(1)}, {}], keys.GROUND_TRUTH: [np.array(["a"]), "b"],
+              keys.RAW_PROMPT: [[{"role": "user", "content": "q"}]] * 2}
+    plain = episode_rows(Batch.from_dict(tensors, common), tokenizer)
+    assert plain[0]["messages"][-1] == {"role": "assistant", "content": tokenizer.decode(response[:1])}
+    assert plain[0]["success"] and not plain[1]["success"] and plain[0]["ground_truth"] == ["a"]
+    agent = Batch.from_dict(tensors, common | {
+        keys.TRANSCRIPT: [[{"role": "user", "content": "q"}, {"role": "assistant", "content": "<answer> a </answer>"}]] * 2,
+        keys.EPISODE_STATS: [{"searches": 2.0}, {"searches": 0.0}], "reward_extra/acc": np.array([0.0, 1.0]),
+    })
+    rows = episode_rows(agent, tokenizer)
+    assert rows[0]["messages"][1]["content"] == "<answer> a </answer>" and rows[0]["stats"] == {"searches": 2.0}
+    assert [r["success"] for r in rows] == [False, True]  # reward_extra/acc decides, not the reward
