@@ -103,7 +103,7 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
                 directory = checkpoint_dir(checkpoint)
                 trainer.roles.actor.load_checkpoint(str(directory / "actor"), 1)
                 console.print(f"policy from {directory}")
-            metrics = trainer.validate()
+            metrics = trainer.validator(trainer.roles)  # no step: eval writes episodes only where --dump-episodes says
         finally:
             trainer.roles.release()
             trainer.rollout.close()

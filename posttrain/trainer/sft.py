@@ -118,7 +118,7 @@ class SFTTrainer:
             val = build_run_data(self.config.data, self.tokenizer).val
             if val is not None:
                 self.validator = Validator(self.rollout, val, config.actor_rollout_ref.rollout.val_kwargs.n, self.tokenizer,
-                                           config.trainer.val_samples_in_report)
+                                           config.trainer.val_samples_in_report, self.run_dir / "validation")
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=config.trainer.max_ckpt_to_keep)
         self.step = 0
         self.roles: Roles | None = None
@@ -190,7 +190,7 @@ class SFTTrainer:
         """The validation loss and, with a validator, the RL task's validation rollout."""
         metrics = self.validation_loss()
         if self.validator is not None:
-            metrics |= self.validator(self.roles)
+            metrics |= self.validator(self.roles, self.step)
         return metrics
 
     def validation_loss(self) -> dict[str, float]:

@@ -63,7 +63,7 @@ class SyncTrainer:
         self.roles: Roles | None = None
         self.validator = Validator(
             self.rollout, self.data.val, config.actor_rollout_ref.rollout.val_kwargs.n, self.tokenizer,
-            config.trainer.val_samples_in_report,
+            config.trainer.val_samples_in_report, self.run_dir / "validation",
         ) if self.data.val else None
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -167,7 +167,7 @@ class SyncTrainer:
     # ---- validation -------------------------------------------------------------------------
 
     def validate(self) -> dict[str, float]:
-        return self.validator(self.roles)
+        return self.validator(self.roles, self.step)
 
     @property
     def val_history(self) -> list[dict[str, float]]:

@@ -3,8 +3,10 @@
 One :class:`Validator` serves every loop that validates a policy (the RL trainer every
 ``test_freq`` steps, the SFT trainer before and after, ``posttrain eval``): the same prompts, the
 same rollout (single-turn or agent), the same metrics (``val/<source>/acc/mean@n`` ...), and the
-samples for the run's report. Its last batch can be written out episode by episode
-(:func:`episode_rows`), e.g. to imitate the policy's own successful episodes.
+samples for the run's report. Each validation's episodes are written to
+``<run dir>/validation/step_N.jsonl`` (:func:`episode_rows`: messages, reward, success, turns and
+counters, ``extra_info``), to read what the policy did, summarise by a field (:func:`summarize_rows`)
+or imitate its own successful episodes.
 """
 
 from __future__ import annotations
@@ -29,15 +31,17 @@ from posttrain.workers.policy import mean_metrics
 class Validator:
     """Validation rollouts over ``loader`` (n samples per prompt, validation sampling)."""
 
-    def __init__(self, rollout: Any, loader: PromptDataLoader, n: int, tokenizer: Any, samples_in_report: int) -> None:
+    def __init__(self, rollout: Any, loader: PromptDataLoader, n: int, tokenizer: Any, samples_in_report: int,
+                 episodes_dir: Path | None = None) -> None:
         self.rollout, self.loader, self.n = rollout, loader, n
+        self.episodes_dir = episodes_dir  # each validation's episodes go to <dir>/step_N.jsonl
         self.tokenizer, self.samples_in_report = tokenizer, samples_in_report
         self.history: list[dict[str, float]] = []
         self.first_samples: list[Sample] = []
         self.last_samples: list[Sample] = []
         self.last_batch: Batch | None = None
 
-    def __call__(self, roles: Any) -> dict[str, float]:
+    def __call__(self, roles: Any, step: int | None = None) -> dict[str, float]:
         pieces, rollout_metrics = [], []
         for prompts in self.loader:
             piece, piece_metrics = self.rollout(roles, prompts.repeat(self.n, interleave=True), validate=True)
@@ -52,6 +56,8 @@ class Validator:
         self.last_samples = samples
         self.last_batch = batch
         self.history.append(metrics)
+        if self.episodes_dir is not None and step is not None:
+            write_jsonl(episode_rows(batch, self.tokenizer), self.episodes_dir / f"step_{step}.jsonl")
         return metrics
 
     def _samples(self, batch: Batch) -> list[Sample]:

@@ -37,6 +37,9 @@ def test_search_grpo_two_steps_with_a_live_retriever(tmp_path):
     assert "retriever (bm25) over" in done.stdout
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
+    # every validation's episodes are kept beside the metrics
+    assert sorted(p.name for p in (tmp_path / "validation").iterdir()) == ["step_0.jsonl", "step_2.jsonl"]
+    assert len((tmp_path / "validation" / "step_2.jsonl").read_text().splitlines()) == 4
     assert 0 <= records[0]["metrics"]["val/synthetic_search/acc/mean@1"] <= 1
     for record in records[1:]:
         metrics = record["metrics"]

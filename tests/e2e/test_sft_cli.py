@@ -12,7 +12,7 @@ import pytest
 
 from posttrain.models import cached_tiny_model
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
 
 TINY_DATA = [
     "data.builtin_options.train_size=24", "data.builtin_options.val_size=4", "data.builtin_options.num_people=20",
@@ -30,6 +30,8 @@ def _run(*args, timeout=600):
     return done.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.ray
 def test_sft_two_steps_then_rl_from_its_export(tmp_path):
     model = cached_tiny_model("llama")
     seed = f"data.builtin_options.seed={os.getpid()}"
@@ -53,6 +55,8 @@ def test_sft_two_steps_then_rl_from_its_export(tmp_path):
     assert (export / "config.json").is_file() and (export / "model.safetensors").is_file()
     assert (tmp_path / "sft" / "checkpoints" / "global_step_2" / "actor").is_dir()
     assert (tmp_path / "sft" / "report" / "report.md").is_file()
+    validations = sorted(p.name for p in (tmp_path / "sft" / "validation").iterdir())
+    assert validations == ["step_0.jsonl", "step_2.jsonl"]
 
     # RL starts from the export
     _run("train", "--preset", "search_grpo", f"actor_rollout_ref.model.path={export}", f"trainer.default_local_dir={tmp_path / 'rl'}",
@@ -61,3 +65,15 @@ def test_sft_two_steps_then_rl_from_its_export(tmp_path):
          "trainer.test_freq=-1", "trainer.val_before_train=false")
     rl = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rl] == [1] and math.isfinite(rl[0]["metrics"]["actor/pg_loss"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ([], "no SFT data"),
+    (["sft.train_files=[/nonexistent/sft.parquet]"], "does not exist"),
+    (["sft.train_batch_size=6", "sft.micro_batch_size_per_gpu=4", "sft.train_files=[x.parquet]"], "sft.micro_batch_size_per_gpu"),
+])
+def test_sft_refuses_bad_input_before_any_worker_starts(tmp_path, overrides, message):
+    done = subprocess.run([sys.executable, "-m", "posttrain.cli", "sft", f"actor_rollout_ref.model.path={cached_tiny_model('llama')}",
+                           f"trainer.default_local_dir={tmp_path}", *overrides], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not (tmp_path / "metrics.jsonl").exists()

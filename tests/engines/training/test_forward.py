@@ -80,3 +80,13 @@ def test_policy_and_critic_calls_are_not_mixed_up(small_lm):
         TrainingEngine(engine_config(small_lm)).compute_values(batch)
     with pytest.raises(ValueError, match="temperature=0"):
         TrainingEngine(engine_config(small_lm)).compute_logprobs(batch, temperature=0)
+
+
+def test_auto_dtype_is_bfloat16_only_where_the_hardware_has_it(small_lm):
+    from posttrain.engines.training.parallel import resolve_compute_dtype
+
+    cpu = torch.device("cpu")
+    native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert resolve_compute_dtype("auto", cpu) == (torch.bfloat16 if native else torch.float32)
+    assert resolve_compute_dtype("bfloat16", cpu) == torch.bfloat16 and resolve_compute_dtype("float32", cpu) == torch.float32
+    assert TrainingEngine(engine_config(small_lm, dtype="auto")).compute_dtype == resolve_compute_dtype("auto", cpu)
