@@ -1,8 +1,8 @@
 """The end-of-run report: ``<run_dir>/report/`` with PNG plots over steps and sample generations.
 
 Plots read ``metrics.jsonl`` (the JSONL tracker's file): reward (``critic/score/mean``), validation
-accuracy (every ``val/*/acc/*``), response length (``response_length/mean``) and KL (``actor/ppo_kl``,
-``actor/kl_loss``, ``critic/kl``, whichever were logged). ``report.md`` ties them together with the
+accuracy (every ``val/*/acc/*``), response length (``response_length/mean``), KL (``actor/ppo_kl``,
+``actor/kl_loss``, ``critic/kl``, whichever were logged) and the SFT loss (``sft/loss``, ``val/sft_loss``). ``report.md`` ties them together with the
 first and last validation's sample generations.
 """
 
@@ -19,6 +19,7 @@ PANELS = {
     "validation_accuracy": ("val/",),
     "response_length": ("response_length/mean",),
     "kl": ("actor/ppo_kl", "actor/kl_loss", "critic/kl"),
+    "sft_loss": ("sft/loss", "val/sft_loss"),
 }
 
 

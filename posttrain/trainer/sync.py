@@ -3,7 +3,9 @@
     for each batch of prompts:
         rollout      repeat each prompt n times (a group), generate with the current weights
         reward       rule scores (and/or a reward model) on each response's last token
-        old logprobs the training engine's logprobs of the sampled tokens (PPO's π_old)
+        old logprobs the training engine's logprobs of the sampled tokens (PPO's π_old); skipped
+                     when the update is a single optimizer step, where π_old is the update's own
+                     forward pass, detached (exactly the same numbers)
         reference    π_ref logprobs, when KL is used (in the reward, or as a loss)
         values       the critic's values, when the estimator needs them (GAE)
         advantages   by the configured estimator, on the controller
@@ -58,6 +60,11 @@ class SyncTrainer:
             get_kl_estimator(algorithm.kl_penalty)
         self.kl_controller = kl_controller(algorithm.kl_ctrl.type, algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon)
         self.rollout = build_rollout(config, self.tokenizer, self.data.data_dir)
+        # One optimizer step per trainer step: π_old is exactly the weights the update starts from, so
+        # the loss takes its own forward pass (detached) as π_old and the separate pass is skipped.
+        actor = config.actor_rollout_ref.actor
+        self.on_policy_update = (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
+                                 and not algorithm.use_kl_in_reward)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=config.trainer.max_ckpt_to_keep)
         self.step = 0
         self.roles: Roles | None = None
@@ -130,10 +137,11 @@ class SyncTrainer:
             if config.algorithm.adv_estimator == "remax":
                 with timed(timings, "gen_max"):
                     batch = batch.union(self._greedy_baseline(prompts, batch[keys.GROUP_IDS]))
-            with timed(timings, "old_log_prob"):
-                old = roles.actor.compute_log_prob(batch)
-                batch = batch.union(old.select([keys.OLD_LOGPROBS]))
-                metrics["actor/entropy"] = float(masked_mean(old[keys.ENTROPY], batch[keys.RESPONSE_MASK]))
+            if not self.on_policy_update:
+                with timed(timings, "old_log_prob"):
+                    old = roles.actor.compute_log_prob(batch)
+                    batch = batch.union(old.select([keys.OLD_LOGPROBS]))
+                    metrics["actor/entropy"] = float(masked_mean(old[keys.ENTROPY], batch[keys.RESPONSE_MASK]))
             if roles.ref is not None:
                 with timed(timings, "ref"):
                     batch = batch.union(roles.ref.compute_ref_log_prob(batch))

@@ -18,6 +18,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 # What the console shows next to the bar, when present: (metric name, label).
 HEADLINE_METRICS = (
     ("critic/score/mean", "reward"),
+    ("sft/loss", "loss"),
+    ("val/sft_loss", "val loss"),
     ("val/acc", "val acc"),
     ("response_length/mean", "resp len"),
     ("timing_s/step", "s/step"),

@@ -56,9 +56,11 @@ class PolicyObjective:
     def __call__(self, outputs: ForwardOutputs, batch: Batch, normalizer: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         mask = batch[keys.RESPONSE_MASK]
         policy_loss = get_policy_loss(self.loss_name, **self.loss_options)
-        result = policy_loss(outputs.logprobs, batch[keys.OLD_LOGPROBS], batch[keys.ADVANTAGES], mask, global_normalizer=normalizer)
+        # without OLD_LOGPROBS the update is a single step from the weights that sampled: π_old = π_θ, detached
+        old = batch[keys.OLD_LOGPROBS] if keys.OLD_LOGPROBS in batch else outputs.logprobs.detach()
+        result = policy_loss(outputs.logprobs, old, batch[keys.ADVANTAGES], mask, global_normalizer=normalizer)
         loss = result.loss
-        local = policy_loss(outputs.logprobs, batch[keys.OLD_LOGPROBS], batch[keys.ADVANTAGES], mask).loss.detach()
+        local = policy_loss(outputs.logprobs, old, batch[keys.ADVANTAGES], mask).loss.detach()
         metrics = {
             "pg_loss": local,
             "pg_clipfrac": result.clipfrac,

@@ -1,0 +1,30 @@
+"""The policy objective's π_old: a separate forward pass, or (one optimizer step per trainer step) the
+update's own forward pass, detached. Both must give the same update."""
+
+import torch
+
+from posttrain import keys
+from posttrain.config.schema import ActorConfig
+from posttrain.engines.training import TrainingEngine
+from posttrain.protocol import Batch
+from posttrain.workers.objectives import PolicyObjective
+from tests.engines.training.conftest import small_lm  # noqa: F401  (fixture)
+from tests.engines.training.helpers import engine_config, make_batch
+
+
+def _updated_weights(model_dir, batch: Batch) -> dict[str, torch.Tensor]:
+    engine = TrainingEngine(engine_config(model_dir))
+    engine.train_mini_batch(batch, PolicyObjective.from_config(ActorConfig(), 8), micro_batch_size=3)
+    return {name: p.detach().clone() for name, p in engine.module.named_parameters()}
+
+
+def test_a_single_step_update_needs_no_separate_old_logprob_pass(small_lm):  # noqa: F811
+    batch = make_batch(6, seed=3)
+    without_old = Batch({k: v for k, v in batch.tensors.items() if k != keys.OLD_LOGPROBS}, batch.non_tensors, batch.meta)
+    old, _ = TrainingEngine(engine_config(small_lm)).compute_logprobs(batch, micro_batch_size=6)
+    with_old = without_old.union(Batch.from_dict({keys.OLD_LOGPROBS: old}))
+    a, b = _updated_weights(small_lm, without_old), _updated_weights(small_lm, with_old)
+    initial = {name: p for name, p in TrainingEngine(engine_config(small_lm)).module.named_parameters()}
+    assert any(not torch.equal(a[name], initial[name]) for name in a)  # the step moved the weights
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
