@@ -261,6 +261,6 @@ def _continue(episode: Episode, env: Environment, result: StepResult, renderer: 
         episode.in_final_turn = False
         return
     episode.append_observation(rendered.token_ids)
-    episode.observations.append("\n".join(text for text in (result.observation, instruction) if text))
+    episode.observations.append("\n".join(text for text in (rendered.text, instruction) if text))
     episode.observations_truncated += int(rendered.truncated)
     episode.forced_final = episode.in_final_turn

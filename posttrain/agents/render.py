@@ -27,6 +27,7 @@ TRUNCATION_NOTE = " ...(truncated)"
 class RenderedObservation:
     token_ids: list[int]
     truncated: bool
+    text: str  # the observation as shown: cut, with the truncation note, when it did not fit
 
 
 class ObservationRenderer:
@@ -80,7 +81,9 @@ class ObservationRenderer:
             return None
         content = self._encode(observation)
         truncated = len(content) > room
+        text = observation
         if truncated:
             keep = max(room - len(self.note_ids), 0)
             content = (content[:keep] + self.note_ids)[:room]
-        return RenderedObservation(close + content + suffix_ids + self.open_ids, truncated)
+            text = self.tokenizer.decode(content)
+        return RenderedObservation(close + content + suffix_ids + self.open_ids, truncated, text)

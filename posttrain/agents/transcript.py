@@ -15,7 +15,9 @@ so a transcript is tokenised piece by piece with the loop's own rules (``loop.py
     the end       messages after the last assistant turn carry nothing to learn and are left out
 
 Not supported (a clear error): two non-assistant messages in a row after the first assistant turn
-(merge them), and roles other than system, user, assistant and tool.
+(merge them), an assistant turn that goes on after a stop string (the engine would have ended it
+there), and roles other than system, user, assistant and tool. The end-of-turn token is the
+tokenizer's eos, as in the agent loop (ChatML models such as SmolLM2 and Qwen end turns on it).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.agents.render import ObservationRenderer
-from posttrain.data.dataset import tokenize_prompts
+from posttrain.models import tokenize_prompts
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -88,6 +90,13 @@ class TranscriptTokenizer:
         return Transcript(prompt_ids, response, mask)
 
     def _agent_turn(self, text: str) -> list[int]:
+        for stop in self.stop_strings:
+            end = text.find(stop)
+            if end != -1 and end + len(stop) != len(text):
+                raise TranscriptError(
+                    f"the assistant turn {text[:80]!r}... goes on after the stop string {stop!r}; the engine ends the turn "
+                    "there, so end the message at it (or split the turn)"
+                )
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if not any(text.endswith(stop) for stop in self.stop_strings):
             ids.append(self.tokenizer.eos_token_id)

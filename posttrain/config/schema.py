@@ -192,7 +192,7 @@ class SFTConfig:
     """
 
     train_files: list[str] = field(default_factory=list)  # empty: the sft.parquet beside the RL training data
-    val_files: list[str] = field(default_factory=list)  # validation loss; empty: sft_val.parquet there, if any
+    val_files: list[str] = field(default_factory=list)  # validation loss; with train_files empty too: sft_val.parquet beside the RL data, if any
     messages_key: str = "messages"
     max_length: int = 1024  # prompt + response tokens of one transcript
     truncation: str = "drop"  # error | drop | left (cut the prompt's start)

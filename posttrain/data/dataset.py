@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.data.format import PromptRow, read_rows
+from posttrain.models import tokenize_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -93,21 +94,6 @@ class RLDataset:
 
     def __getitem__(self, index: int) -> PromptSample:
         return self.samples[index]
-
-
-def tokenize_prompts(conversations: list[list[dict[str, str]]], tokenizer: Any) -> list[list[int]]:
-    """Token ids of each conversation after the chat template with the generation prompt added."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template, so chat "
-            "prompts cannot be formatted; use an instruct/chat model's tokenizer or set chat_template "
-            "in its tokenizer_config.json"
-        )
-    if not conversations:
-        return []
-    texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)
-    # The template already placed the special tokens (BOS, role markers); adding them again would double them.
-    return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
 def _fit(ids: list[int], index: int, row: PromptRow, max_length: int, truncation: str) -> list[int]:

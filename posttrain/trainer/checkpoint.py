@@ -93,3 +93,20 @@ def step_of(path: Path) -> int:
     if not match:
         raise CheckpointError(f"{path} is not a global_step_N directory")
     return int(match.group(1))
+
+
+def save_rng_state(directory: Path) -> None:
+    """The controller's torch and numpy RNG states, beside a checkpoint's other files."""
+    import numpy as np
+    import torch
+
+    torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state()}, directory / "rng.pt")
+
+
+def load_rng_state(directory: Path) -> None:
+    import numpy as np
+    import torch
+
+    state = torch.load(directory / "rng.pt", weights_only=False)
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])

@@ -14,7 +14,16 @@ import torch
 from posttrain import keys
 from posttrain.algos import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from posttrain.algos.advantages import AdvantageInputs, AdvantageOutput
+from posttrain.config.schema import PosttrainConfig
 from posttrain.protocol import Batch
+
+
+def single_update_step(config: PosttrainConfig) -> bool:
+    """Whether the actor's update is ONE optimizer step from the weights that sampled (one PPO epoch,
+    one mini-batch, no KL penalty in the reward, which reads π_old): then π_old is the update's own
+    forward pass, detached, and the separate old-logprob pass can be skipped."""
+    actor = config.actor_rollout_ref.actor
+    return actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size and not config.algorithm.use_kl_in_reward
 
 
 def repeat_for_groups(batch: Batch, n: int) -> Batch:

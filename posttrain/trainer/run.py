@@ -10,6 +10,7 @@ from rich.console import Console
 
 from posttrain.agents.retriever.types import RetrieverError
 from posttrain.config.schema import PosttrainConfig
+from posttrain.trainer.checkpoint import CheckpointError
 
 
 def run_training(config: PosttrainConfig) -> int:
@@ -50,7 +51,7 @@ def run_sft(config: PosttrainConfig) -> int:
     start = time.perf_counter()
     try:
         trainer = SFTTrainer(config)
-    except (ValueError, FileNotFoundError) as err:  # refused before any worker starts
+    except (ValueError, FileNotFoundError, CheckpointError) as err:  # refused before any worker starts
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
     _start_ray(config.trainer.ray_address)
@@ -60,7 +61,7 @@ def run_sft(config: PosttrainConfig) -> int:
             f" ({trainer.train_set.num_dropped} dropped as too long), {trainer.total_steps} steps → {trainer.run_dir}"
         )
         export = trainer.fit()
-    except RetrieverError as err:
+    except (RetrieverError, CheckpointError) as err:
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
     finally:

@@ -24,7 +24,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -37,7 +36,7 @@ from posttrain.data.sft_dataset import SFTDataError, SFTDataset, SFTSample
 from posttrain.engines.training.inputs import build_model_inputs
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch, pad_rows
-from posttrain.trainer.checkpoint import CheckpointManager, step_of
+from posttrain.trainer.checkpoint import CheckpointManager, load_rng_state, save_rng_state, step_of
 from posttrain.trainer.data_setup import build_run_data, resolve_files
 from posttrain.trainer.metrics import mean_of_ranks
 from posttrain.trainer.report import write_report
@@ -123,6 +122,10 @@ class SFTTrainer:
         self.step = 0
         self.roles: Roles | None = None
         self.loss_history: list[float] = []
+        # a checkpoint to resume from is read now, so a run that cannot continue stops before workers start
+        self.resume_from = self.checkpoints.resolve_resume(config.trainer.resume_mode)
+        if self.resume_from is not None:
+            self.train.load_state_dict(json.loads((self.resume_from / "trainer_state.json").read_text())["dataloader"])
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -131,15 +134,15 @@ class SFTTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.config)))
         torch.manual_seed(self.config.trainer.seed)
-        if self.rollout is not None:
-            self.rollout.open()
+        if self.validator is not None:
+            self.rollout.open()  # e.g. the retriever service the agent's validation episodes call
         try:
             self.roles = start_roles(self.config, self.total_steps)
             return self._fit(self.roles)
         finally:
             if self.roles is not None:
                 self.roles.release()
-            if self.rollout is not None:
+            if self.validator is not None:
                 self.rollout.close()
 
     def _fit(self, roles: Roles) -> Path:
@@ -182,7 +185,7 @@ class SFTTrainer:
                     return
 
     def _due(self, freq: int) -> bool:
-        return freq > 0 and self.step % freq == 0
+        return freq > 0 and (self.step % freq == 0 or self.step == self.total_steps)
 
     # ---- validation -------------------------------------------------------------------------
 
@@ -215,19 +218,16 @@ class SFTTrainer:
         self.roles.actor.save_checkpoint(str(directory / "actor"))
         (directory / "trainer_state.json").write_text(json.dumps({"step": self.step, "dataloader": self.train.state_dict()}))
         (directory / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.config)))
-        torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state()}, directory / "rng.pt")
+        save_rng_state(directory)
         return self.checkpoints.commit(self.step)
 
     def _resume(self) -> None:
-        directory = self.checkpoints.resolve_resume(self.config.trainer.resume_mode)
+        """Continue from the checkpoint found at start (its data position is already loaded)."""
+        directory = self.resume_from
         if directory is None:
             return
-        state = json.loads((directory / "trainer_state.json").read_text())
         self.step = step_of(directory)
-        self.train.load_state_dict(state["dataloader"])
-        rng = torch.load(directory / "rng.pt", weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        np.random.set_state(rng["numpy"])
+        load_rng_state(directory)
         self.roles.actor.load_checkpoint(str(directory / "actor"), self.step)
         print(f"posttrain: resumed from {directory} (step {self.step})")
 

@@ -20,7 +20,6 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -29,10 +28,10 @@ from posttrain.algos import get_advantage_estimator, get_kl_estimator, masked_me
 from posttrain.config.schema import PosttrainConfig
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
-from posttrain.trainer.checkpoint import CheckpointManager, step_of
+from posttrain.trainer.checkpoint import CheckpointManager, load_rng_state, save_rng_state, step_of
 from posttrain.trainer.data_setup import build_run_data
 from posttrain.trainer.metrics import data_metrics, mean_of_ranks, timed, timing_metrics
-from posttrain.trainer.phases import apply_kl_in_reward, compute_advantages, kl_controller, repeat_for_groups
+from posttrain.trainer.phases import apply_kl_in_reward, compute_advantages, kl_controller, repeat_for_groups, single_update_step
 from posttrain.trainer.report import write_report
 from posttrain.trainer.roles import Roles, start_roles
 from posttrain.trainer.tracking import Tracking
@@ -62,9 +61,7 @@ class SyncTrainer:
         self.rollout = build_rollout(config, self.tokenizer, self.data.data_dir)
         # One optimizer step per trainer step: π_old is exactly the weights the update starts from, so
         # the loss takes its own forward pass (detached) as π_old and the separate pass is skipped.
-        actor = config.actor_rollout_ref.actor
-        self.on_policy_update = (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
-                                 and not algorithm.use_kl_in_reward)
+        self.on_policy_update = single_update_step(config)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=config.trainer.max_ckpt_to_keep)
         self.step = 0
         self.roles: Roles | None = None
@@ -195,7 +192,7 @@ class SyncTrainer:
         }
         (directory / "trainer_state.json").write_text(json.dumps(state))
         (directory / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.config)))
-        torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state()}, directory / "rng.pt")
+        save_rng_state(directory)
         return self.checkpoints.commit(self.step)
 
     def _resume(self) -> None:
@@ -206,9 +203,7 @@ class SyncTrainer:
         self.step = step_of(directory)
         self.data.train.load_state_dict(state["dataloader"])
         self.kl_controller.load_state_dict(state["kl_controller"])
-        rng = torch.load(directory / "rng.pt", weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        np.random.set_state(rng["numpy"])
+        load_rng_state(directory)
         self.roles.actor.load_checkpoint(str(directory / "actor"), self.step)
         if self.roles.critic is not None:
             self.roles.critic.load_checkpoint(str(directory / "critic"))

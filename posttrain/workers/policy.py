@@ -115,6 +115,12 @@ class PolicyWorker(Worker):
     def update(self, batch: Batch) -> Batch:
         """PPO epochs over shuffled mini-batches of this rank's share; returns metrics in meta."""
         per_rank = self.actor.ppo_mini_batch_size * self.rollout_config.n // self.world_size
+        if keys.OLD_LOGPROBS not in batch and (self.actor.ppo_epochs > 1 or len(batch) > per_rank):
+            raise ValueError(
+                f"update got no {keys.OLD_LOGPROBS} but makes several optimizer steps ({self.actor.ppo_epochs} epoch(s) over "
+                f"{len(batch)} samples in mini-batches of {per_rank}); compute them first (compute_log_prob): only a single "
+                "step may use its own forward pass as π_old"
+            )
         micro = {"max_tokens": self.actor.ppo_max_token_len_per_gpu} if self.actor.use_dynamic_bsz else {
             "micro_batch_size": self.actor.ppo_micro_batch_size_per_gpu}
         steps = [

@@ -9,7 +9,7 @@ from posttrain.agents.retriever.index import BM25Index
 from posttrain.agents.retriever.types import Document
 from posttrain.agents.search import SearchEnv
 from posttrain.agents.transcript import TranscriptError, TranscriptTokenizer
-from posttrain.data.dataset import tokenize_prompts
+from posttrain.models import tokenize_prompts
 
 CORPUS = [
     Document("0", '"Velnor Kastrin"\nVelnor Kastrin is a painter born in 1901 in Dunmaro. Velnor Kastrin works for Haltor Guild.'),
@@ -95,3 +95,27 @@ def test_a_tokenizer_without_a_chat_template_is_refused(tokenizer):
     plain.chat_template = None
     with pytest.raises(ValueError, match="no chat template"):
         TranscriptTokenizer(plain)
+
+
+def test_cut_observations_are_kept_as_shown(tokenizer):
+    # an observation cut to max_obs_length is stored as the model saw it, so the transcript still matches
+    sample = EpisodeSample([{"role": "user", "content": "In which country was Velnor Kastrin born?"}], {"target": ["Belmoria"]})
+    prompt = tokenize_prompts([sample.prompt], tokenizer)[0]
+    turns = iter(["<search> Velnor Kastrin </search>", "<answer> Belmoria </answer>"])
+
+    def generate(contexts, max_new_tokens, stop, turn):
+        tokens = tokenizer.encode(next(turns), add_special_tokens=False)
+        return [TurnOutput(tokens, [-0.1] * len(tokens), "stop")]
+
+    env = SearchEnv(IndexRetriever(), topk=2)
+    config = AgentLoopConfig(max_response_length=512, max_turns=3, max_turn_tokens=32, max_obs_length=30)
+    (episode,) = run_episodes([env], [sample], [prompt], generate, ObservationRenderer(tokenizer), config)
+    assert episode.observations_truncated == 1 and episode.observations[0].endswith("...(truncated)")
+    transcript = TranscriptTokenizer(tokenizer, env.stop_strings)(episode.messages())
+    assert transcript.response_ids == episode.response_ids and transcript.loss_mask == episode.loss_mask
+
+
+def test_a_turn_that_goes_on_after_a_stop_string_is_refused(tokenizer):
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<search> a </search> and more"}]
+    with pytest.raises(TranscriptError, match="goes on after the stop string '</search>'"):
+        TranscriptTokenizer(tokenizer, ("</search>",))(messages)

@@ -120,3 +120,13 @@ def test_sft_section_is_checked_by_the_sft_run_only():
         load_config([], ["sft.truncation=middle", "sft.max_length=0"])
     assert {p.key for p in info.value.problems} == {"sft.truncation", "sft.max_length"}
     assert check_sft(load_config([], ["sft.train_batch_size=15", "trainer.n_workers_per_node=2", "critic.enable=false"]))[0].key == "sft.train_batch_size"
+
+
+def test_the_separate_old_logprob_pass_is_skipped_only_for_a_single_update_step():
+    from posttrain.trainer.phases import single_update_step
+
+    single = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    assert single_update_step(load_config([], single))
+    assert not single_update_step(load_config([], single + ["actor_rollout_ref.actor.ppo_epochs=2"]))
+    assert not single_update_step(load_config([], ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]))
+    assert not single_update_step(load_config([], single + ["algorithm.use_kl_in_reward=true"]))

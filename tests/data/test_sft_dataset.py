@@ -83,3 +83,10 @@ def test_batches_put_the_loss_on_assistant_tokens_only(tmp_path, tokenizer):
     assert tokenizer.decode(responses[1][mask[1].bool()]) == "4<|im_end|>6<|im_end|>"
     assert tokenizer.decode(responses[0][mask[0].bool()]) == "4<|im_end|>"
     assert int(batch[keys.ATTENTION_MASK][0].sum()) == dataset[0].transcript.length
+
+
+def test_a_json_line_that_is_not_an_object_is_refused(tmp_path, tokenizer):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('[1, 2]\n')
+    with pytest.raises(SFTDataError, match="line 1 is list, not a JSON object"):
+        SFTDataset([path], tokenizer, max_length=256)

@@ -195,3 +195,12 @@ def test_expert_transcripts_use_train_questions_and_the_real_environment(tmp_pat
         final = env.step(messages[-1]["content"])
         assert final.done and final.info.success
         assert len(messages) == 2 * row.extra_info["hops"] + 2
+
+
+def test_no_validation_transcripts_and_no_stale_ones(tmp_path):
+    prepare("synthetic-search", tmp_path, **(SMALL | {"sft_size": 6, "sft_val_size": 2}))
+    assert (tmp_path / "sft_val.parquet").is_file()
+    paths = prepare("synthetic-search", tmp_path, **(SMALL | {"sft_size": 6, "sft_val_size": 0}))
+    assert [p.name for p in paths][2:] == ["sft.parquet"] and not (tmp_path / "sft_val.parquet").exists()
+    prepare("synthetic-search", tmp_path, **SMALL)
+    assert not (tmp_path / "sft.parquet").exists()

@@ -33,8 +33,8 @@ one user message, :func:`search_instruction` of the question, and the ground tru
 ``split, index, question, hops, relation, subject, bridge`` (``bridge`` is ``""`` for one hop).
 The same arguments always give byte-identical files.
 
-Expert transcripts (``sft_size > 0``): ``sft.parquet`` (``sft_size`` rows) and ``sft_val.parquet``
-(``sft_val_size`` rows), each a ``messages`` column for ``posttrain sft``, made from TRAIN questions
+Expert transcripts (``sft_size > 0``): ``sft.parquet`` (``sft_size`` rows) and, unless
+``sft_val_size`` is 0, ``sft_val.parquet`` (``sft_val_size`` rows), each a ``messages`` column for ``posttrain sft``, made from TRAIN questions
 only (the held-out split never appears). A scripted expert plays the real :class:`SearchEnv` over a
 real BM25 index of this corpus (``sft_topk`` hits, as the environment shows them): it searches the
 name of the question's subject; on a two-hop question it then searches the bridge entity named in
@@ -307,6 +307,8 @@ def prepare_synthetic_search(
         corpus.writelines(json.dumps(doc, ensure_ascii=False) + "\n" for doc in corpus_documents(world))
     paths = [write_rows([_row(q, split, i) for i, q in enumerate(questions)], out_dir / f"{split}.parquet")
              for split, questions in splits.items()]
+    for stale in ("sft.parquet", "sft_val.parquet"):  # a directory reused with other options keeps no old transcripts
+        (out_dir / stale).unlink(missing_ok=True)
     if sft_size:
         paths += write_expert_transcripts(world, splits["train"], out_dir, sft_size, sft_val_size, sft_two_hop_fraction, sft_topk)
     return paths
@@ -341,7 +343,8 @@ def write_expert_transcripts(world: World, train: list[Question], out_dir: Path,
     val = made[2][:val_two] + made[1][: val_size - val_two]
     train_rows = made[2][val_two:] + made[1][val_size - val_two:]
     random.Random(f"sft-{len(train_rows)}").shuffle(train_rows)
-    return [_write_messages(train_rows, out_dir / "sft.parquet"), _write_messages(val, out_dir / "sft_val.parquet")]
+    paths = [_write_messages(train_rows, out_dir / "sft.parquet")]
+    return paths + ([_write_messages(val, out_dir / "sft_val.parquet")] if val else [])
 
 
 class _IndexRetriever:

@@ -50,14 +50,14 @@ def resolve_device(setting: str) -> torch.device:
 
 
 def resolve_compute_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """The autocast dtype: ``auto`` is bfloat16 where the hardware has it natively (CUDA with bf16
-    support; a CPU with AVX-512 BF16 or AMX, which oneDNN reports), else float32."""
+    """The autocast dtype: ``auto`` is bfloat16 where the hardware computes it natively (a CUDA GPU
+    with bf16 units, Ampere or later; a CPU with AVX-512 BF16 or AMX), else float32."""
     if setting != "auto":
         return parse_dtype(setting)
     if device.type == "cuda":
-        native = torch.cuda.is_bf16_supported()
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
     else:
-        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        native = bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
     return torch.bfloat16 if native else torch.float32
 
 
