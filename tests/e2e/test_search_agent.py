@@ -69,7 +69,8 @@ def test_search_grpo_two_steps_with_a_live_retriever(tmp_path):
     episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == 4
     for episode in episodes:
-        assert [m["role"] for m in episode["messages"]] == ["user", "assistant"]  # the instruction joined the prompt
-        assert "Give your final answer now" in episode["messages"][0]["content"]
+        # with no tool turns the final-turn instruction extends the prompt as a message of its own
+        assert [m["role"] for m in episode["messages"]] == ["user", "user", "assistant"]
+        assert "Give your final answer now" in episode["messages"][1]["content"]
         assert episode["stats"]["num_turns"] == 1 and episode["stats"]["searches"] == 0
     assert "all: episodes 4.000" in baseline.stdout and "hops=" in baseline.stdout
