@@ -163,7 +163,7 @@ class AgentRollout:
         rest = Batch({k: v for k, v in batch.tensors.items() if k not in (keys.PROMPT_IDS, keys.PROMPT_MASK)}, batch.non_tensors, batch.meta)
         scored = rest.union(episodes_to_batch(episodes, self.config.data.max_response_length, self.tokenizer.pad_token_id))
         if validate:
-            return scored.union(episode_records(episodes)), metrics
+            return scored.union(episode_records(episodes, self.env_class.counters)), metrics
         # filtering looks at the raw rewards' spread (after group normalisation every spread is ~1)
         scored, metrics = filter_groups(scored, self.config.env.filter_groups_quantile, self.batch_shape, metrics)
         return normalize_rewards(scored, self.config.env.reward_norm), metrics
@@ -207,11 +207,13 @@ def episodes_to_batch(episodes: Sequence[Episode], max_response_length: int, pad
     )
 
 
-def episode_records(episodes: Sequence[Episode]) -> Batch:
-    """TRANSCRIPT and EPISODE_STATS columns: what `posttrain eval --dump-episodes` writes per episode."""
+def episode_records(episodes: Sequence[Episode], counters: Sequence[str] = ()) -> Batch:
+    """TRANSCRIPT and EPISODE_STATS columns: what `posttrain eval --dump-episodes` writes per episode
+    (every declared counter present, 0 when the episode never reported it)."""
     stats = [
         {"num_turns": float(e.num_turns), "valid_actions": float(e.valid_actions), "forced_final": float(e.forced_final),
-         "out_of_tokens": float(e.out_of_tokens), **{name: float(value) for name, value in e.counts.items()}}
+         "out_of_tokens": float(e.out_of_tokens), **{name: 0.0 for name in counters},
+         **{name: float(value) for name, value in e.counts.items()}}
         for e in episodes
     ]
     return Batch.from_dict(non_tensors={keys.TRANSCRIPT: [e.messages() for e in episodes], keys.EPISODE_STATS: stats})
