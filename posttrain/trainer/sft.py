@@ -42,7 +42,7 @@ from posttrain.trainer.metrics import mean_of_ranks
 from posttrain.trainer.report import write_report
 from posttrain.trainer.roles import Roles, start_roles
 from posttrain.trainer.rollout import AgentRollout, build_rollout
-from posttrain.trainer.tracking import Tracking
+from posttrain.trainer.tracking import run_tracking
 from posttrain.trainer.validation import Validator
 
 SFT_FILE, SFT_VAL_FILE = "sft.parquet", "sft_val.parquet"
@@ -147,11 +147,7 @@ class SFTTrainer:
 
     def _fit(self, roles: Roles) -> Path:
         self._resume()
-        tracking = Tracking(
-            self.config.trainer.logger, run_dir=self.run_dir, project=self.config.trainer.project_name,
-            experiment=self.config.trainer.experiment_name, total_steps=self.total_steps,
-            config=OmegaConf.to_container(OmegaConf.structured(self.config)),
-        )
+        tracking = run_tracking(self.config, self.run_dir, self.total_steps)
         try:
             if self.step == 0:
                 tracking.log(self.validate(), 0)

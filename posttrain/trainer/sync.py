@@ -34,7 +34,7 @@ from posttrain.trainer.metrics import data_metrics, mean_of_ranks, timed, timing
 from posttrain.trainer.phases import apply_kl_in_reward, compute_advantages, kl_controller, repeat_for_groups, single_update_step
 from posttrain.trainer.report import write_report
 from posttrain.trainer.roles import Roles, start_roles
-from posttrain.trainer.tracking import Tracking
+from posttrain.trainer.tracking import run_tracking
 from posttrain.trainer.validation import Validator
 from posttrain.trainer.rollout import build_rollout
 from posttrain.workers.objectives import PolicyObjective
@@ -84,11 +84,7 @@ class SyncTrainer:
             self.rollout.close()
             raise
         self._resume()
-        tracking = Tracking(
-            self.config.trainer.logger, run_dir=self.run_dir, project=self.config.trainer.project_name,
-            experiment=self.config.trainer.experiment_name, total_steps=self.total_steps,
-            config=OmegaConf.to_container(OmegaConf.structured(self.config)),
-        )
+        tracking = run_tracking(self.config, self.run_dir, self.total_steps)
         try:
             if self.config.trainer.val_before_train and self.step == 0 and self.data.val:
                 tracking.log(self.validate(), self.step)

@@ -189,3 +189,14 @@ class Tracking:
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The steps a JsonlTracker wrote, in order (what reports and tests read back)."""
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def run_tracking(config: Any, run_dir: Path, total_steps: int) -> Tracking:
+    """The trackers ``trainer.logger`` names for a run of ``total_steps`` steps, given the whole config."""
+    from omegaconf import OmegaConf
+
+    trainer = config.trainer
+    return Tracking(
+        trainer.logger, run_dir=run_dir, project=trainer.project_name, experiment=trainer.experiment_name,
+        total_steps=total_steps, config=OmegaConf.to_container(OmegaConf.structured(config)),
+    )
