@@ -39,6 +39,11 @@ FINISH_REASON = "finish_reason"             # str, "stop" | "length"
 TURN_CONTEXT_IDS = "turn_context_ids"       # list[int], prompt + response so far
 TURN_TOKEN_IDS = "turn_token_ids"           # list[int], the turn's tokens exactly as sampled
 TURN_LOGPROBS = "turn_log_probs"            # list[float], their behaviour logprobs
+# the Env-LLM worker (EnvLLMWorker.chat): a conversation in, the environment model's reply out
+ENV_LLM_MESSAGES = "env_llm_messages"       # list[dict], chat messages to answer
+ENV_LLM_REPLY = "env_llm_reply"             # str, the reply's text
+ENV_LLM_PROMPT_TOKENS = "env_llm_prompt_tokens"          # int, tokens of the templated prompt (after fitting)
+ENV_LLM_COMPLETION_TOKENS = "env_llm_completion_tokens"  # int, tokens of the reply
 # validation episodes only (dumped by `posttrain eval --dump-episodes`)
 TRANSCRIPT = "transcript"                   # list[dict], the episode as chat messages: prompt, agent turns, observations
 EPISODE_STATS = "episode_stats"             # dict[str, float], turns, valid actions and the environment's counters

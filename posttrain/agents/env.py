@@ -65,6 +65,21 @@ class Environment(abc.ABC):
     name: ClassVar[str] = ""
     # the names of the counters its steps report in ``info.counts``: always in the metrics, 0 when unseen
     counters: ClassVar[tuple[str, ...]] = ()
+    # metric name -> (numerator counter, denominator counter): reported as env/<name>, summed over episodes
+    ratios: ClassVar[Mapping[str, tuple[str, str]]] = {}
+    # this episode's ordinary turns (set by the agent loop before reset; None outside the loop)
+    turn_budget: int | None = None
+
+    @classmethod
+    def needed_resources(cls, options: Mapping[str, Any]) -> set[str] | None:
+        """The shared resources (``retriever``, ``env_llm``) these options need; None: every one the
+        constructor takes. Override when an option decides (a rule-based patient needs no model)."""
+        return None
+
+    @classmethod
+    def check_sample(cls, sample: EpisodeSample) -> None:  # noqa: B027 - most environments take any row
+        """Raise ValueError (naming the row) for a dataset row this environment cannot play;
+        the trainer checks every row before any worker starts."""
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

@@ -210,6 +210,7 @@ def _start(
     env: Environment, sample: EpisodeSample, prompt: list[int], budget: int, renderer: ObservationRenderer, config: AgentLoopConfig,
 ) -> Episode:
     """Reset the environment; an observation from reset, or a zero turn budget, extends the prompt."""
+    env.turn_budget = budget
     extra = [text for text in (env.reset(sample), env.final_turn_instruction() if budget == 0 else "") if text]
     messages = list(sample.prompt)
     if extra:

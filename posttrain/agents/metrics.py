@@ -4,13 +4,14 @@
 ``agent/success_rate``, ``agent/forced_final_ratio``, ``agent/out_of_tokens_ratio`` over episodes;
 ``agent/observations_truncated`` per episode; ``agent/reward_std_in_group`` (the mean over groups
 of the episode-reward spread inside a group: near 0 means the group teaches nothing);
-``env/<count>`` the per-episode mean of each counter the environment reports (``env/searches``).
+``env/<count>`` the per-episode mean of each counter the environment reports (``env/searches``), and
+``env/<ratio>`` for each ratio of counters it declares (``env/relevant_question_ratio``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -19,8 +20,11 @@ from posttrain.agents.loop import Episode
 
 def episode_metrics(
     episodes: Sequence[Episode], group_ids: Sequence[int] | None = None, counters: Sequence[str] = (),
+    ratios: Mapping[str, tuple[str, str]] | None = None,
 ) -> dict[str, float]:
-    """``counters``: counter names to report even when no episode saw them (stable metric names)."""
+    """``counters``: counter names to report even when no episode saw them (stable metric names);
+    ``ratios``: ``env/<name>`` = a counter's total over another's, across the episodes (0 when the
+    denominator is 0), e.g. relevant questions over all questions."""
     if not episodes:
         return {}
     turns = np.array([e.num_turns for e in episodes], dtype=float)
@@ -36,6 +40,9 @@ def episode_metrics(
     }
     names = sorted({name for e in episodes for name in e.counts} | set(counters))
     metrics |= {f"env/{name}": float(np.mean([e.counts.get(name, 0.0) for e in episodes])) for name in names}
+    for name, (numerator, denominator) in (ratios or {}).items():
+        below = sum(e.counts.get(denominator, 0.0) for e in episodes)
+        metrics[f"env/{name}"] = sum(e.counts.get(numerator, 0.0) for e in episodes) / below if below else 0.0
     if group_ids is not None:
         groups: dict[int, list[float]] = defaultdict(list)
         for group, episode in zip(group_ids, episodes, strict=True):

@@ -5,7 +5,8 @@
 
 A class is constructed once per episode as ``cls(**env.options, **resources)``, where resources
 are the shared objects its constructor asks for by parameter name (``retriever``: the search
-client the trainer connected or started). Its options are checked against its constructor before
+client the trainer connected or started; ``env_llm``: the Env-LLM client, agents/env_llm.py). A class
+whose options decide whether it needs a resource says so in ``needed_resources(options)``. Its options are checked against its constructor before
 any episode runs.
 """
 
@@ -20,8 +21,10 @@ from typing import Any
 
 from posttrain.agents.env import Environment
 
-BUILTIN_ENVS = {"search": ("posttrain.agents.search", "SearchEnv")}
-RESOURCES = {"retriever"}  # shared objects the trainer can hand to environments, by parameter name
+BUILTIN_ENVS = {"search": ("posttrain.agents.search", "SearchEnv"), "doctor": ("posttrain.agents.doctor", "DoctorEnv")}
+# shared objects the trainer can hand to environments, by parameter name: the search client, and the
+# environment's language model (agents/env_llm.py) that a patient, a simulated user or a judge speaks through
+RESOURCES = {"retriever", "env_llm"}
 
 
 def builtin_env_names() -> list[str]:
@@ -82,9 +85,12 @@ def check_options(env_class: type[Environment], options: Mapping[str, Any], reso
         raise ValueError(f"cannot construct {env_class.__name__}: it needs {missing}; set them as env.options")
 
 
-def wanted_resources(env_class: type[Environment]) -> set[str]:
-    """The shared resources (of :data:`RESOURCES`) that ``env_class``'s constructor asks for."""
-    return RESOURCES & set(inspect.signature(env_class).parameters)
+def wanted_resources(env_class: type[Environment], options: Mapping[str, Any] | None = None) -> set[str]:
+    """The shared resources (of :data:`RESOURCES`) that ``env_class`` built with ``options`` uses:
+    those its constructor asks for, narrowed by its ``needed_resources(options)``."""
+    taken = RESOURCES & set(inspect.signature(env_class).parameters)
+    needed = env_class.needed_resources(options or {})
+    return taken if needed is None else taken & set(needed)
 
 
 def env_factory(env_class: type[Environment], options: Mapping[str, Any], resources: Mapping[str, Any]) -> Callable[[], Environment]:

@@ -165,6 +165,29 @@ class RetrieverConfig:
 
 
 @dataclass
+class EnvLLMConfig:
+    """The environment's language model (a patient, a simulated user, a judge): the Env-LLM worker
+    serving ``model_path`` in the cluster, or an OpenAI-compatible chat server at ``url``. It is
+    started only when the environment asks for it (``env_llm``) and never receives policy weights."""
+
+    model_path: str = "smollm2-135m-instruct"  # a built-in name or a local HF directory
+    url: Optional[str] = None  # an OpenAI-compatible server (e.g. `vllm serve`); None: the in-cluster worker
+    api_model: Optional[str] = None  # the model name sent to the server; None: model_path
+    rollout: str = "vllm"  # vllm | hf: the engine of the in-cluster worker
+    placement: str = "colocate"  # colocate (in the policy's processes) | separate (its own pool)
+    cpus: int = 1  # CPUs of its own pool (placement=separate)
+    gpus: float = 1.0  # GPUs of its own pool on a GPU machine (placement=separate)
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    max_tokens: int = 48  # new tokens per reply
+    max_model_len: int = 1024  # prompt + reply tokens; older dialogue turns are dropped to fit
+    cpu_kv_cache_gb: float = 1.0
+    gpu_memory_utilization: float = 0.2
+    timeout_s: float = 60.0  # per HTTP request (url)
+    retries: int = 2
+
+
+@dataclass
 class EnvConfig:
     """Multi-turn agents. ``name: null`` trains single-turn (one response per prompt, reward manager)."""
 
@@ -180,6 +203,7 @@ class EnvConfig:
     reward_norm: str = "none"  # none | group | batch: normalise episode rewards before advantages
     filter_groups_quantile: float = 0.0  # drop groups whose in-group reward std is below this quantile (0: keep all)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    llm: EnvLLMConfig = field(default_factory=EnvLLMConfig)
 
 
 @dataclass

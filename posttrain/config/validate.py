@@ -19,6 +19,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "env.observation_role": ("user", "tool"),
     "env.reward_norm": ("none", "group", "batch"),
     "env.retriever.index": ("bm25", "dense"),
+    "env.llm.rollout": ("vllm", "hf"),
+    "env.llm.placement": ("colocate", "separate"),
     "sft.truncation": ("error", "drop", "left"),
     "sft.optim.lr_scheduler": ("constant", "cosine"),
 }
@@ -91,8 +93,24 @@ def check_env(config: PosttrainConfig) -> list[ConfigProblem]:
             "env.reward_norm", env.reward_norm, "config",
             "ReMax subtracts the greedy episode's raw reward, so the rewards must stay raw: set env.reward_norm=none",
         ))
+    problems += _check_env_llm(config)
     if config.env.path is not None and not config.env.class_name:
         problems.append(ConfigProblem("env.class_name", None, "config", f"env.path={config.env.path!r} needs the Environment subclass to load from it"))
+    return problems
+
+
+def _check_env_llm(config: PosttrainConfig) -> list[ConfigProblem]:
+    llm, problems = config.env.llm, []
+    for key in ("max_tokens", "cpus"):
+        if getattr(llm, key) < 1:
+            problems.append(ConfigProblem(f"env.llm.{key}", getattr(llm, key), "config", "must be >= 1"))
+    if llm.max_model_len <= llm.max_tokens:
+        problems.append(ConfigProblem("env.llm.max_model_len", llm.max_model_len, "config",
+                                      f"must exceed env.llm.max_tokens={llm.max_tokens}: it holds the prompt and the reply"))
+    if llm.temperature < 0 or not 0 < llm.top_p <= 1:
+        problems.append(ConfigProblem("env.llm.temperature", llm.temperature, "config", "temperature must be >= 0 (0: greedy) and top_p in (0, 1]"))
+    if llm.retries < 0 or llm.timeout_s <= 0:
+        problems.append(ConfigProblem("env.llm.retries", llm.retries, "config", "retries must be >= 0 and timeout_s > 0"))
     return problems
 
 

@@ -251,5 +251,6 @@ def spawn_pools(
     for pool_name, roles in manager.roles_by_pool().items():
         wanted = {role: specs[role] for role in roles if role in specs}
         if wanted:
-            groups |= spawn_ray(wanted, manager.pools[pool_name], env=env, distributed=distributed)
+            pool = manager.pools[pool_name]  # a one-process pool (an Env-LLM of its own) joins no process group
+            groups |= spawn_ray(wanted, pool, env=env, distributed=distributed and pool.world_size > 1)
     return groups

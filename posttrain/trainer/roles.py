@@ -3,6 +3,12 @@
 The default single-machine layout colocates every role in one pool: one process per rank holds the
 policy (training + rollout), and the reference / critic / reward model when the run uses them. On
 CPU each process gets an equal share of the machine's cores.
+
+The Env-LLM (the environment's model, e.g. a patient) is built FIRST, so that on a GPU its memory is
+reserved before the policy's engines take theirs: colocated (``env.llm.placement=colocate``, the
+default) it is the first worker of each policy process; ``separate`` gives it a pool of its own
+(``env.llm.cpus`` CPUs, ``env.llm.gpus`` GPUs on a GPU machine), taken out of the machine before the
+policy's share is computed.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ from dataclasses import dataclass
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.controller import ResourcePool, ResourcePoolManager, WorkerGroup, WorkerSpec, spawn_pools
+from posttrain.trainer.env_llm import needs_env_llm_worker
 from posttrain.workers.critic import CriticWorker
+from posttrain.workers.env_llm import EnvLLMWorker
 from posttrain.workers.policy import PolicyWorker
 from posttrain.workers.reference import ReferenceWorker
 from posttrain.workers.reward_model import RewardModelWorker
@@ -36,6 +44,7 @@ class Roles:
     critic: WorkerGroup | None
     reward_model: WorkerGroup | None
     pools: ResourcePoolManager
+    env_llm: WorkerGroup | None = None
 
     def release(self) -> None:
         for pool in self.pools.pools.values():
@@ -55,7 +64,8 @@ def worker_specs(config: PosttrainConfig, total_steps: int) -> dict[str, WorkerS
     arr, seed = config.actor_rollout_ref, config.trainer.seed
     actor_steps = optimizer_steps(config, total_steps, arr.actor.ppo_mini_batch_size, arr.actor.ppo_epochs)
     critic_steps = optimizer_steps(config, total_steps, config.critic.ppo_mini_batch_size, config.critic.ppo_epochs)
-    specs = {"actor": WorkerSpec(PolicyWorker, (arr.model, arr.actor, arr.rollout, config.data), {"total_steps": actor_steps, "seed": seed})}
+    specs = {"env_llm": WorkerSpec(EnvLLMWorker, (config.env.llm,), {"seed": seed})} if needs_env_llm_worker(config) else {}
+    specs["actor"] = WorkerSpec(PolicyWorker, (arr.model, arr.actor, arr.rollout, config.data), {"total_steps": actor_steps, "seed": seed})
     if uses_reference(config):
         specs["ref"] = WorkerSpec(ReferenceWorker, (arr.model, arr.actor, arr.ref, arr.rollout), {"seed": seed})
     if critic_enabled(config):
@@ -69,16 +79,26 @@ def worker_specs(config: PosttrainConfig, total_steps: int) -> dict[str, WorkerS
     return specs
 
 
-def start_roles(config: PosttrainConfig, total_steps: int) -> Roles:
-    trainer = config.trainer
+def resource_pools(config: PosttrainConfig, roles: list[str]) -> ResourcePoolManager:
+    """The pools and the role → pool mapping (roles in build order: the Env-LLM first)."""
+    trainer, llm = config.trainer, config.env.llm
     gpus = 1.0 if _use_gpu(trainer.device) else 0.0
-    cpus = trainer.cpus_per_worker or max(1, (os.cpu_count() or 1) // trainer.n_workers_per_node)
-    pool = ResourcePool("global_pool", [trainer.n_workers_per_node] * trainer.nnodes, cpus_per_bundle=cpus, gpus_per_bundle=gpus)
+    separate = "env_llm" in roles and llm.placement == "separate"
+    free_cpus = (os.cpu_count() or 1) - (llm.cpus if separate else 0)
+    cpus = trainer.cpus_per_worker or max(1, free_cpus // trainer.n_workers_per_node)
+    pools = {"global_pool": ResourcePool("global_pool", [trainer.n_workers_per_node] * trainer.nnodes, cpus_per_bundle=cpus, gpus_per_bundle=gpus)}
+    if separate:
+        pools["env_llm_pool"] = ResourcePool("env_llm_pool", [1], cpus_per_bundle=llm.cpus, gpus_per_bundle=llm.gpus if gpus else 0.0)
+    return ResourcePoolManager(pools, {role: "env_llm_pool" if separate and role == "env_llm" else "global_pool" for role in roles})
+
+
+def start_roles(config: PosttrainConfig, total_steps: int) -> Roles:
     specs = worker_specs(config, total_steps)
-    manager = ResourcePoolManager({"global_pool": pool}, {role: "global_pool" for role in specs})
+    manager = resource_pools(config, list(specs))
     # Several ranks: the process group exists before the engines are built, so they pick DDP/FSDP.
-    groups = spawn_pools(manager, specs, env=WORKER_ENV, distributed=pool.world_size > 1)
-    return Roles(groups["actor"], groups.get("ref"), groups.get("critic"), groups.get("reward_model"), manager)
+    distributed = manager.pools["global_pool"].world_size > 1
+    groups = spawn_pools(manager, specs, env=WORKER_ENV, distributed=distributed)
+    return Roles(groups["actor"], groups.get("ref"), groups.get("critic"), groups.get("reward_model"), manager, groups.get("env_llm"))
 
 
 def _use_gpu(device: str) -> bool:

@@ -29,6 +29,7 @@ from posttrain.agents import (
     AgentLoopConfig, Environment, Episode, EpisodeSample, ObservationRenderer, TurnOutput, env_factory, episode_metrics,
     load_env_class, run_episodes,
 )
+from posttrain.agents.env_llm import EnvLLMClient
 from posttrain.agents.registry import check_options, wanted_resources
 from posttrain.algos import groups_with_spread, normalize_episode_rewards
 from posttrain.config.schema import PosttrainConfig
@@ -36,6 +37,8 @@ from posttrain.config.validate import critic_enabled
 from posttrain.engines.training.inputs import build_model_inputs
 from posttrain.protocol import Batch, pad_rows
 from posttrain.rewards import build_reward_manager
+from posttrain.models import resolve_model
+from posttrain.trainer.env_llm import open_env_llm
 from posttrain.trainer.metrics import timed
 from posttrain.trainer.retriever_service import RetrieverHandle, corpus_path, open_retriever
 from posttrain.workers.policy import VALIDATE_META_KEY
@@ -64,7 +67,10 @@ class SingleTurnRollout:
     def __init__(self, reward_manager: Any) -> None:
         self.reward_manager = reward_manager
 
-    def open(self) -> None:
+    def check_data(self, **datasets: Any) -> None:
+        """Any prompt will do."""
+
+    def open(self, roles: Any) -> None:
         """Nothing to start."""
 
     def close(self) -> None:
@@ -101,36 +107,55 @@ class AgentRollout:
             turns_range=tuple(env.turns_range) if env.turns_range else None, max_turn_tokens=env.max_turn_tokens,
             max_obs_length=env.max_obs_length, seed=config.trainer.seed,
         )
-        self.resources = wanted_resources(self.env_class)
+        self.resources = wanted_resources(self.env_class, env.options)
         # Before any worker starts: option names, and values (one environment built with stand-ins).
         check_options(self.env_class, env.options, self.resources)
         probe = env_factory(self.env_class, env.options, {name: _StandIn(name) for name in self.resources})()
         self.stop_strings = probe.stop_strings  # what ends an agent turn inside the engine
         if "retriever" in self.resources and not env.retriever.url:
             corpus_path(env.retriever, data_dir)
+        if "env_llm" in self.resources and not env.llm.url:
+            resolve_model(env.llm.model_path)  # a missing model fails here, not in a worker
         self.retriever: RetrieverHandle | None = None
+        self.env_llm: EnvLLMClient | None = None
         self.make_env: Callable[[], Environment] | None = None
         self.batch_shape = update_batch_shape(config)
 
-    def open(self) -> None:
-        """Connect to (or start) the retriever when the environment asks for one."""
-        resources = {}
+    def check_data(self, **datasets: Any) -> None:
+        """Refuse, before any worker starts, a prompt the environment cannot play (its ``check_sample``)."""
+        for split, dataset in datasets.items():
+            for index, sample in enumerate(dataset.samples if dataset is not None else ()):
+                try:
+                    self.env_class.check_sample(EpisodeSample(list(sample.messages), sample.ground_truth, sample.data_source, dict(sample.extra_info or {})))
+                except ValueError as error:
+                    raise ValueError(f"{split} prompt {index}: {error}") from None
+
+    def open(self, roles: Any) -> None:
+        """Connect the resources the environment asks for: the retriever (started for the run, or
+        at env.retriever.url) and the Env-LLM (the run's worker, or env.llm.url)."""
+        resources: dict[str, Any] = {}
         if "retriever" in self.resources:
             self.retriever = open_retriever(self.config.env.retriever, self.data_dir)
             resources["retriever"] = self.retriever.client
+        if "env_llm" in self.resources:
+            self.env_llm = open_env_llm(self.config.env.llm, getattr(roles, "env_llm", None))
+            resources["env_llm"] = self.env_llm
         self.make_env = env_factory(self.env_class, self.config.env.options, resources)
 
     def close(self) -> None:
         if self.retriever is not None:
             self.retriever.close()
             self.retriever = None
+        if self.env_llm is not None:
+            self.env_llm.close()
+            self.env_llm = None
         self.make_env = None
 
     def __call__(
         self, roles: Any, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None,
     ) -> tuple[Batch, dict[str, float]]:
         if self.make_env is None:
-            raise RuntimeError("AgentRollout.open() must be called before rollouts (it connects the retriever)")
+            raise RuntimeError("AgentRollout.open(roles) must be called before rollouts (it connects the retriever and the Env-LLM)")
         envs = [self.make_env() for _ in range(len(batch))]
         samples = [
             EpisodeSample(list(prompt), truth, str(source), dict(extra or {}))
@@ -158,7 +183,9 @@ class AgentRollout:
             finally:
                 roles.actor.release_rollout()  # the engine stayed awake across turns
         group_ids = batch[keys.GROUP_IDS].tolist() if keys.GROUP_IDS in batch else None
-        metrics = episode_metrics(episodes, group_ids, self.env_class.counters)
+        metrics = episode_metrics(episodes, group_ids, self.env_class.counters, self.env_class.ratios)
+        if self.env_llm is not None:
+            metrics |= self.env_llm.drain_metrics()
         # the episodes' prompts replace the batch's: an episode may have extended its prompt
         rest = Batch({k: v for k, v in batch.tensors.items() if k not in (keys.PROMPT_IDS, keys.PROMPT_MASK)}, batch.non_tensors, batch.meta)
         scored = rest.union(episodes_to_batch(episodes, self.config.data.max_response_length, self.tokenizer.pad_token_id))

@@ -97,9 +97,9 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
         return 2
     _start_ray(config.trainer.ray_address)
     try:
-        trainer.rollout.open()
         trainer.roles = start_roles(config, trainer.total_steps)
         try:
+            trainer.rollout.open(trainer.roles)
             if checkpoint:
                 directory = checkpoint_dir(checkpoint)
                 trainer.roles.actor.load_checkpoint(str(directory / "actor"), 1)

@@ -134,10 +134,10 @@ class SFTTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.config)))
         torch.manual_seed(self.config.trainer.seed)
-        if self.validator is not None:
-            self.rollout.open()  # e.g. the retriever service the agent's validation episodes call
         try:
             self.roles = start_roles(self.config, self.total_steps)
+            if self.validator is not None:
+                self.rollout.open(self.roles)  # e.g. the retriever and the patient the agent's validation episodes call
             return self._fit(self.roles)
         finally:
             if self.roles is not None:

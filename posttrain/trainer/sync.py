@@ -59,6 +59,7 @@ class SyncTrainer:
             get_kl_estimator(algorithm.kl_penalty)
         self.kl_controller = kl_controller(algorithm.kl_ctrl.type, algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon)
         self.rollout = build_rollout(config, self.tokenizer, self.data.data_dir)
+        self.rollout.check_data(training=self.data.train.dataset, validation=self.data.val_dataset)
         # One optimizer step per trainer step: π_old is exactly the weights the update starts from, so
         # the loss takes its own forward pass (detached) as π_old and the separate pass is skipped.
         self.on_policy_update = single_update_step(config)
@@ -77,10 +78,11 @@ class SyncTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.config)))
         torch.manual_seed(self.config.trainer.seed)
-        self.rollout.open()
+        self.roles = start_roles(self.config, self.total_steps)
         try:
-            self.roles = start_roles(self.config, self.total_steps)
+            self.rollout.open(self.roles)  # the retriever, the Env-LLM client
         except BaseException:
+            self.roles.release()
             self.rollout.close()
             raise
         self._resume()

@@ -3,7 +3,7 @@ fields onto engine settings)."""
 
 from __future__ import annotations
 
-from posttrain.config.schema import ModelConfig, OptimConfig, RolloutConfig
+from posttrain.config.schema import EnvLLMConfig, ModelConfig, OptimConfig, RolloutConfig
 from posttrain.engines.rollout import GenerationParams, HFRolloutEngine, RolloutEngine, VLLMRolloutEngine
 from posttrain.engines.training import TrainingEngine, TrainingEngineConfig
 
@@ -31,6 +31,18 @@ def rollout_engine(model_path: str, rollout: RolloutConfig, *, max_model_len: in
     if rollout.name == "hf":
         return HFRolloutEngine(model_path, max_model_len=max_model_len)
     raise ValueError(f"actor_rollout_ref.rollout.name={rollout.name!r}: use vllm or hf")
+
+
+def env_llm_engine(model_path: str, config: EnvLLMConfig, *, seed: int) -> RolloutEngine:
+    """The Env-LLM's engine: its own context length and memory share, never a policy's."""
+    if config.rollout == "vllm":
+        return VLLMRolloutEngine(
+            model_path, max_model_len=config.max_model_len, seed=seed, gpu_memory_utilization=config.gpu_memory_utilization,
+            kv_cache_bytes=int(config.cpu_kv_cache_gb * 2**30),
+        )
+    if config.rollout == "hf":
+        return HFRolloutEngine(model_path, max_model_len=config.max_model_len)
+    raise ValueError(f"env.llm.rollout={config.rollout!r}: use vllm or hf")
 
 
 def generation_params(rollout: RolloutConfig, max_new_tokens: int, *, validation: bool, seed: int | None) -> GenerationParams:

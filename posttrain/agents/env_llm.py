@@ -1,0 +1,202 @@
+"""The environment's language model: what a patient, a simulated user or a judge speaks through.
+
+An environment that needs a model on the other side of the conversation asks for the ``env_llm``
+resource (a constructor parameter of that name; see ``registry.py``) and calls
+
+    replies = env_llm.chat([messages_1, messages_2, ...])   # one batched request per agent-loop round
+
+with chat messages in and one :class:`EnvLLMReply` per conversation out (text, finish reason, token
+counts). Two backends implement :class:`EnvLLMClient`:
+
+- the in-cluster Env-LLM worker (``workers/env_llm.py``, the default; its client lives with the
+  trainer, ``trainer/env_llm.py``), a frozen model served by the rollout engine;
+- :class:`OpenAIChatClient`, any OpenAI-compatible chat server at ``env.llm.url`` (e.g. a
+  ``vllm serve`` the user already runs): one ``POST /v1/chat/completions`` per conversation, sent
+  concurrently.
+
+Failures: each attempt that raises is retried ``retries`` times (backoff ``backoff_s``, doubling);
+then :class:`EnvLLMError`. A 4xx answer is the request's fault and is not retried. The environment
+decides what a failure means for its episode (the doctor ends it and counts the error); it never
+hangs the run, because every HTTP attempt has a timeout.
+
+Every client keeps :class:`EnvLLMStats` (requests, conversations, seconds spent waiting, tokens);
+the trainer drains them once per rollout as ``env_llm/*`` metrics (:meth:`EnvLLMClient.drain_metrics`).
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+Messages = Sequence[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class EnvLLMReply:
+    text: str
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class EnvLLMError(RuntimeError):
+    """The environment's model did not answer; ``retryable`` is False for a request it refused (4xx)."""
+
+    def __init__(self, message: str, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class EnvLLM(Protocol):
+    """What an environment needs of its model (either backend, or a test's fake)."""
+
+    def chat(self, conversations: Sequence[Messages]) -> list[EnvLLMReply]: ...
+
+
+@dataclass
+class EnvLLMStats:
+    """Usage since the last drain: what ``env_llm/*`` metrics report per rollout."""
+
+    requests: int = 0          # batched calls (one per agent-loop round that needed the model)
+    conversations: int = 0     # replies asked for
+    failures: int = 0          # calls that failed after every retry
+    retries: int = 0
+    seconds: float = 0.0       # wall time spent waiting for replies
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    _latencies: list[float] = field(default_factory=list)  # per batched call
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "env_llm/requests": float(self.requests), "env_llm/replies": float(self.conversations),
+            "env_llm/failures": float(self.failures), "env_llm/retries": float(self.retries),
+            "env_llm/wait_s": self.seconds,
+            "env_llm/latency_s": sum(self._latencies) / len(self._latencies) if self._latencies else 0.0,
+            "env_llm/prompt_tokens": float(self.prompt_tokens), "env_llm/completion_tokens": float(self.completion_tokens),
+        }
+
+
+class EnvLLMClient(abc.ABC):
+    """Retries, timing and usage around one backend's batched request (:meth:`_request`)."""
+
+    def __init__(self, *, retries: int = 2, backoff_s: float = 0.5) -> None:
+        if retries < 0:
+            raise ValueError(f"env.llm.retries={retries} must be >= 0")
+        self.retries, self.backoff_s = retries, backoff_s
+        self.stats = EnvLLMStats()
+
+    def chat(self, conversations: Sequence[Messages]) -> list[EnvLLMReply]:
+        """One reply per conversation, in order; raises :class:`EnvLLMError` after the last retry."""
+        if not conversations:
+            return []
+        start = time.perf_counter()
+        try:
+            replies = self._with_retries(conversations)
+        except EnvLLMError:
+            self.stats.failures += 1
+            raise
+        finally:
+            elapsed = time.perf_counter() - start
+            self.stats.seconds += elapsed
+            self.stats.requests += 1
+            self.stats._latencies.append(elapsed)
+        if len(replies) != len(conversations):
+            raise EnvLLMError(f"the environment's model returned {len(replies)} replies for {len(conversations)} conversations")
+        self.stats.conversations += len(replies)
+        self.stats.prompt_tokens += sum(r.prompt_tokens for r in replies)
+        self.stats.completion_tokens += sum(r.completion_tokens for r in replies)
+        return replies
+
+    def _with_retries(self, conversations: Sequence[Messages]) -> list[EnvLLMReply]:
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1):
+            try:
+                return self._request(conversations)
+            except EnvLLMError as error:
+                if not error.retryable or attempt == self.retries:
+                    raise
+            except Exception as error:  # a backend's own failure (a dead worker, a bug): retried, then reported
+                if attempt == self.retries:
+                    raise EnvLLMError(f"{self.describe()} failed {self.retries + 1} times: {type(error).__name__}: {error}") from error
+            self.stats.retries += 1
+            time.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    @abc.abstractmethod
+    def _request(self, conversations: Sequence[Messages]) -> list[EnvLLMReply]:
+        """One attempt at the whole batch."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """Where the model is, for messages (``the Env-LLM worker``, ``http://...``)."""
+
+    def drain_metrics(self) -> dict[str, float]:
+        """``env_llm/*`` metrics of the usage since the last drain; starts counting anew."""
+        metrics, self.stats = self.stats.metrics(), EnvLLMStats()
+        return metrics
+
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing
+        """Release connections."""
+
+
+class OpenAIChatClient(EnvLLMClient):
+    """An OpenAI-compatible chat server (``/v1/chat/completions``), e.g. ``vllm serve MODEL``."""
+
+    def __init__(
+        self, url: str, model: str, *, temperature: float = 0.0, max_tokens: int = 64, timeout_s: float = 60.0,
+        retries: int = 2, backoff_s: float = 0.5, concurrency: int = 16, api_key: str | None = None,
+    ) -> None:
+        super().__init__(retries=retries, backoff_s=backoff_s)
+        base = url.rstrip("/")
+        for suffix in ("/chat/completions", "/v1"):
+            base = base.removesuffix(suffix)
+        self.url, self.model = base, model
+        self.temperature, self.max_tokens = temperature, max_tokens
+        self.timeout_s = timeout_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+
+    def describe(self) -> str:
+        return f"the chat server at {self.url}"
+
+    def _request(self, conversations: Sequence[Messages]) -> list[EnvLLMReply]:
+        return list(self._pool.map(self._one, conversations))
+
+    def _one(self, messages: Messages) -> EnvLLMReply:
+        body = {"model": self.model, "messages": list(messages), "temperature": self.temperature, "max_tokens": self.max_tokens}
+        try:
+            response = self._http.post("/v1/chat/completions", json=body)
+        except httpx.TimeoutException as error:
+            raise EnvLLMError(f"{self.describe()} did not answer within env.llm.timeout_s={self.timeout_s:g}s") from error
+        except httpx.TransportError as error:
+            raise EnvLLMError(
+                f"cannot reach {self.describe()} ({type(error).__name__}); start it (e.g. `vllm serve MODEL`) "
+                "or unset env.llm.url to serve the model in the cluster"
+            ) from error
+        if response.status_code >= 400:
+            raise EnvLLMError(
+                f"{self.describe()} answered HTTP {response.status_code}: {response.text[:300]}",
+                retryable=response.status_code >= 500,
+            )
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            usage = data.get("usage") or {}
+            return EnvLLMReply(
+                str(choice["message"]["content"] or ""), "length" if choice.get("finish_reason") == "length" else "stop",
+                int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
+            )
+        except (ValueError, KeyError, IndexError, TypeError) as error:
+            raise EnvLLMError(f"{self.describe()} answered in an unexpected shape: {response.text[:300]}") from error
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        self._http.close()

@@ -1,0 +1,59 @@
+"""The environment's language model during a run: the in-cluster Env-LLM worker, or a server at ``env.llm.url``.
+
+:func:`needs_env_llm_worker` decides, from the config alone and before any worker starts, whether the
+run builds the Env-LLM worker (the environment asks for ``env_llm`` and no ``env.llm.url`` is set).
+:func:`open_env_llm` hands environments a client of either backend (``agents/env_llm.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from posttrain import keys
+from posttrain.agents.env_llm import EnvLLMClient, EnvLLMReply, Messages, OpenAIChatClient
+from posttrain.agents.registry import load_env_class, wanted_resources
+from posttrain.config.schema import EnvLLMConfig, PosttrainConfig
+from posttrain.protocol import Batch
+
+
+def uses_env_llm(config: PosttrainConfig) -> bool:
+    env = config.env
+    return env.name is not None and "env_llm" in wanted_resources(load_env_class(env.name, env.path, env.class_name), env.options)
+
+
+def needs_env_llm_worker(config: PosttrainConfig) -> bool:
+    return uses_env_llm(config) and not config.env.llm.url
+
+
+class WorkerEnvLLM(EnvLLMClient):
+    """The Env-LLM worker group behind the :class:`EnvLLMClient` interface: one ``chat`` call per batch."""
+
+    def __init__(self, group: Any, *, retries: int = 2) -> None:
+        super().__init__(retries=retries)
+        self.group = group
+
+    def describe(self) -> str:
+        return "the Env-LLM worker"
+
+    def _request(self, conversations: Sequence[Messages]) -> list[EnvLLMReply]:
+        reply = self.group.chat(Batch.from_dict(non_tensors={keys.ENV_LLM_MESSAGES: [list(c) for c in conversations]}))
+        return [
+            EnvLLMReply(str(text), str(reason), int(prompt), int(completion))
+            for text, reason, prompt, completion in zip(
+                reply[keys.ENV_LLM_REPLY], reply[keys.FINISH_REASON], reply[keys.ENV_LLM_PROMPT_TOKENS],
+                reply[keys.ENV_LLM_COMPLETION_TOKENS], strict=True,
+            )
+        ]
+
+
+def open_env_llm(config: EnvLLMConfig, worker_group: Any | None) -> EnvLLMClient:
+    """A client of the server at ``config.url``, or of the run's Env-LLM worker group."""
+    if config.url:
+        return OpenAIChatClient(
+            config.url, config.api_model or config.model_path, temperature=config.temperature, max_tokens=config.max_tokens,
+            timeout_s=config.timeout_s, retries=config.retries,
+        )
+    if worker_group is None:
+        raise RuntimeError("the environment asks for env_llm but the run started no Env-LLM worker (roles.env_llm is None)")
+    return WorkerEnvLLM(worker_group, retries=config.retries)

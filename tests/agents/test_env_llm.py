@@ -1,0 +1,111 @@
+"""The OpenAI-compatible Env-LLM backend against a local stub server: replies, retries, refusals, timeouts, usage."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from posttrain.agents.env_llm import EnvLLMError, OpenAIChatClient
+
+
+class Stub:
+    """A chat server on 127.0.0.1 whose behaviour each test scripts: a list of HTTP statuses to
+    answer before succeeding, an optional delay; the requests it saw are kept."""
+
+    def __init__(self):
+        self.failures: list[int] = []
+        self.delay_s = 0.0
+        self.requests: list[dict] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.requests.append({"path": self.path, "body": body})
+                time.sleep(stub.delay_s)
+                if stub.failures:
+                    self._send(stub.failures.pop(0), {"error": "scripted failure"})
+                    return
+                question = body["messages"][-1]["content"]
+                self._send(200, {
+                    "choices": [{"message": {"role": "assistant", "content": f"echo: {question}"},
+                                 "finish_reason": "length" if "long" in question else "stop"}],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 3},
+                })
+
+            def _send(self, status, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def stub():
+    server = Stub()
+    yield server
+    server.close()
+
+
+def conversation(question):
+    return [{"role": "system", "content": "You are a patient."}, {"role": "user", "content": question}]
+
+
+def test_one_reply_per_conversation_in_order_with_usage(stub):
+    client = OpenAIChatClient(stub.url, "patient-model", max_tokens=12, temperature=0.0)
+    replies = client.chat([conversation(f"q{i}") for i in range(5)] + [conversation("a long one")])
+    assert [r.text for r in replies] == [f"echo: q{i}" for i in range(5)] + ["echo: a long one"]
+    assert [r.finish_reason for r in replies] == ["stop"] * 5 + ["length"]
+    assert {r["path"] for r in stub.requests} == {"/v1/chat/completions"}
+    body = stub.requests[0]["body"]
+    assert body["model"] == "patient-model" and body["max_tokens"] == 12 and body["temperature"] == 0.0
+    metrics = client.drain_metrics()
+    assert metrics["env_llm/requests"] == 1 and metrics["env_llm/replies"] == 6
+    assert metrics["env_llm/prompt_tokens"] == 42 and metrics["env_llm/completion_tokens"] == 18
+    assert client.drain_metrics()["env_llm/replies"] == 0  # drained
+    client.close()
+
+
+def test_server_errors_are_retried_then_succeed(stub):
+    stub.failures = [503, 500]
+    client = OpenAIChatClient(stub.url, "m", retries=2, backoff_s=0.01)
+    assert client.chat([conversation("hello")])[0].text == "echo: hello"
+    assert len(stub.requests) == 3 and client.drain_metrics()["env_llm/retries"] == 2
+
+
+def test_a_refused_request_is_not_retried_and_says_why(stub):
+    stub.failures = [400]
+    client = OpenAIChatClient(stub.url, "m", retries=3, backoff_s=0.01)
+    with pytest.raises(EnvLLMError, match="HTTP 400"):
+        client.chat([conversation("hello")])
+    assert len(stub.requests) == 1 and client.drain_metrics()["env_llm/failures"] == 1
+
+
+def test_a_slow_server_times_out_after_the_retries(stub):
+    stub.delay_s = 1.0
+    client = OpenAIChatClient(stub.url, "m", timeout_s=0.2, retries=1, backoff_s=0.01)
+    start = time.perf_counter()
+    with pytest.raises(EnvLLMError, match="did not answer within env.llm.timeout_s=0.2s"):
+        client.chat([conversation("hello")])
+    assert time.perf_counter() - start < 3 and len(stub.requests) == 2
+
+
+def test_an_unreachable_server_says_how_to_fix_it():
+    client = OpenAIChatClient("http://127.0.0.1:9", "m", retries=0)
+    with pytest.raises(EnvLLMError, match="cannot reach the chat server at http://127.0.0.1:9.*vllm serve"):
+        client.chat([conversation("hello")])

@@ -1,0 +1,69 @@
+"""The Env-LLM worker on Ray with a tiny model: built by the run's role layout (colocated with the policy
+or in a pool of its own), answering a batch of conversations through the client environments use."""
+
+import pytest
+
+from posttrain.config.loader import load_config, preset_path
+from posttrain.models import cached_tiny_model
+from posttrain.trainer.env_llm import needs_env_llm_worker, open_env_llm
+from posttrain.trainer.roles import resource_pools, start_roles
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+
+def doctor_config(placement: str, **extra):
+    tiny = str(cached_tiny_model("llama"))
+    overrides = [
+        f"actor_rollout_ref.model.path={tiny}", f"env.llm.model_path={tiny}", f"env.llm.placement={placement}",
+        "env.llm.max_tokens=8", "env.llm.max_model_len=256", "env.llm.cpu_kv_cache_gb=0.0625",
+        "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.0625", "data.max_prompt_length=64", "data.max_response_length=64",
+        *[f"{key}={value}" for key, value in extra.items()],
+    ]
+    return load_config([preset_path("doctor_grpo")], overrides)
+
+
+def host_pid(group):
+    import ray
+
+    return ray.get(group._backend.actors[0].pid.remote())
+
+
+def test_the_worker_is_built_only_when_the_environment_asks_for_it():
+    assert needs_env_llm_worker(doctor_config("colocate"))
+    assert not needs_env_llm_worker(doctor_config("colocate", **{"env.options.patient": "rule"}))
+    assert not needs_env_llm_worker(doctor_config("colocate", **{"env.llm.url": "http://127.0.0.1:8000/v1"}))
+    separate = resource_pools(doctor_config("separate"), ["env_llm", "actor"])
+    assert separate.role_to_pool == {"env_llm": "env_llm_pool", "actor": "global_pool"}
+    assert separate.pools["env_llm_pool"].cpus_per_bundle == 1
+    assert list(resource_pools(doctor_config("colocate"), ["env_llm", "actor"]).pools) == ["global_pool"]
+
+
+@pytest.mark.parametrize("placement", ["colocate", "separate"])
+def test_env_llm_worker_answers_a_batch(placement):
+    from tests.conftest import start_local_ray
+
+    start_local_ray()
+    config = doctor_config(placement)
+    roles = start_roles(config, total_steps=1)
+    try:
+        assert roles.env_llm is not None
+        same_process = host_pid(roles.env_llm) == host_pid(roles.actor)
+        assert same_process == (placement == "colocate")
+        client = open_env_llm(config.env.llm, roles.env_llm)
+        conversations = [[{"role": "system", "content": "You are a patient."}, {"role": "user", "content": f"Question {i}?"}]
+                         for i in range(5)]
+        replies = client.chat(conversations)
+        assert len(replies) == 5 and all(isinstance(r.text, str) for r in replies)
+        assert all(r.finish_reason in ("stop", "length") and 1 <= r.completion_tokens <= 8 for r in replies)
+        # greedy by default: the same conversation gets the same reply
+        assert [r.text for r in client.chat(conversations[:2])] == [r.text for r in replies[:2]]
+        # a conversation longer than the context loses its oldest turns instead of failing
+        long = [{"role": "system", "content": "You are a patient."}] + [
+            {"role": role, "content": "word " * 40} for _ in range(6) for role in ("user", "assistant")
+        ] + [{"role": "user", "content": "Last question?"}]
+        (reply,) = client.chat([long])
+        assert reply.prompt_tokens <= 256 - 8
+        metrics = client.drain_metrics()
+        assert metrics["env_llm/requests"] == 3 and metrics["env_llm/replies"] == 8 and metrics["env_llm/wait_s"] > 0
+    finally:
+        roles.release()
