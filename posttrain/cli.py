@@ -6,7 +6,9 @@
                                                      validation only, from a checkpoint or the base model
   posttrain export CHECKPOINT --out DIR              a checkpoint's policy as a Hugging Face directory
   posttrain config [--preset NAME] [key=value ...]   print the resolved config (or every problem in it)
-  posttrain prepare NAME --out DIR [key=value ...]   write a dataset (gsm8k, arithmetic, synthetic-search) as verl-format Parquet
+  posttrain prepare NAME [--in FILE] --out DIR [key=value ...]
+                                                     write a dataset (gsm8k, arithmetic, synthetic-search, synthetic-doctor,
+                                                     doctor --in FILE.json) as verl-format Parquet
   posttrain serve-retriever --corpus FILE [--index bm25|dense] [--port P]   the search agent's retriever (Search-R1's HTTP API)
   posttrain demo                                     the single controller at work on local Ray
 """
@@ -63,16 +65,33 @@ def _export_command(args: argparse.Namespace) -> int:
 
 
 def _prepare_command(args: argparse.Namespace) -> int:
-    from posttrain.data import parse_options, prepare
+    from posttrain.data import prepare
 
     try:
-        paths = prepare(args.name, args.out, **parse_options(args.name, args.options))
+        paths = prepare(args.name, args.out, **_prepare_options(args))
     except ValueError as err:
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
     for path in paths:
         print(path)
     return 0
+
+
+def _prepare_options(args: argparse.Namespace) -> dict:
+    """The preparer's options: the key=value ones, and ``--in FILE`` as its source file."""
+    from posttrain.data import parse_options
+    from posttrain.data.preparers import SOURCE_FILE_OPTION, reads_source_file
+
+    options = parse_options(args.name, args.options)
+    if args.source_file is None:
+        if reads_source_file(args.name) and SOURCE_FILE_OPTION not in options:
+            raise ValueError(f"dataset {args.name!r} is read from a file: pass --in FILE")
+        return options
+    if not reads_source_file(args.name):
+        raise ValueError(f"dataset {args.name!r} reads no input file, so --in {args.source_file} has no use; leave --in out")
+    if SOURCE_FILE_OPTION in options:
+        raise ValueError(f"both --in and {SOURCE_FILE_OPTION}= name the input file; pass only --in FILE")
+    return options | {SOURCE_FILE_OPTION: args.source_file}
 
 
 def _serve_retriever_command(args: argparse.Namespace) -> int:
@@ -122,8 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, type=Path)
     export.set_defaults(run=_export_command)
 
-    prep = commands.add_parser("prepare", help="write a dataset (gsm8k, arithmetic, synthetic-search) as verl-format Parquet")
-    prep.add_argument("name", help="gsm8k, arithmetic or synthetic-search")
+    prep = commands.add_parser(
+        "prepare", help="write a dataset (gsm8k, arithmetic, synthetic-search, synthetic-doctor, doctor) as verl-format Parquet")
+    prep.add_argument("name", help="gsm8k, arithmetic, synthetic-search, synthetic-doctor, or doctor (with --in FILE)")
+    prep.add_argument("--in", dest="source_file", type=Path, metavar="FILE",
+                      help="the input file of a dataset read from one (doctor: a JSON list of cases, or JSON lines)")
     prep.add_argument("--out", required=True, type=Path, help="directory for train.parquet and test.parquet")
     prep.add_argument("options", nargs="*", help="key=value options, e.g. train_size=100 operators=+-")
     prep.set_defaults(run=_prepare_command)

@@ -17,7 +17,7 @@ Building loaders from the config (``DataConfig``) is the trainer's job::
 """
 
 from posttrain.data.dataset import PromptSample, PromptTooLongError, RLDataset, TRUNCATION_MODES, tokenize_prompts
-from posttrain.data.format import DataFormatError, PromptRow, make_row, read_rows, write_rows
+from posttrain.data.format import DataFormatError, PromptRow, make_row, read_rows, write_conversations, write_rows
 from posttrain.data.loader import EpochSampler, PromptDataLoader, collate_prompts
 from posttrain.data.preparers import PREPARERS, describe_options, parse_options, prepare, preparer_names
 
@@ -39,5 +39,6 @@ __all__ = [
     "preparer_names",
     "read_rows",
     "tokenize_prompts",
+    "write_conversations",
     "write_rows",
 ]

@@ -147,3 +147,13 @@ def write_rows(rows: list[dict[str, Any]], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
+
+
+def write_conversations(conversations: list[list[dict[str, str]]], path: Path) -> Path:
+    """Chat transcripts as a Parquet file with one ``messages`` column (what ``posttrain sft`` reads); returns ``path``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([{"messages": m} for m in conversations]), path)
+    return path

@@ -15,8 +15,8 @@ def _rows(path):
 
 
 def test_registry_and_option_errors(tmp_path):
-    assert preparer_names() == ["arithmetic", "gsm8k", "synthetic-search"]
-    with pytest.raises(ValueError, match="unknown dataset 'mnist'.*'arithmetic', 'gsm8k'"):
+    assert preparer_names() == ["arithmetic", "doctor", "gsm8k", "synthetic-doctor", "synthetic-search"]
+    with pytest.raises(ValueError, match="unknown dataset 'mnist'.*'arithmetic', 'doctor', 'gsm8k'"):
         prepare("mnist", tmp_path)
     with pytest.raises(ValueError, match="bad options \\['size'\\].*train_size=240"):
         prepare("arithmetic", tmp_path, size=3)

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.data.preparers.arithmetic import prepare_arithmetic
+from posttrain.data.preparers.doctor_json import prepare_doctor
 from posttrain.data.preparers.gsm8k import prepare_gsm8k
+from posttrain.data.preparers.synthetic_doctor import prepare_synthetic_doctor
 from posttrain.data.preparers.synthetic_search import prepare_synthetic_search
 
 Preparer = Callable[..., list[Path]]
@@ -22,7 +24,11 @@ PREPARERS: dict[str, Preparer] = {
     "gsm8k": prepare_gsm8k,
     "arithmetic": prepare_arithmetic,
     "synthetic-search": prepare_synthetic_search,
+    "synthetic-doctor": prepare_synthetic_doctor,
+    "doctor": prepare_doctor,
 }
+# the option a preparer that reads an input file takes it in (``--in FILE`` on the command line)
+SOURCE_FILE_OPTION = "source_file"
 
 
 def preparer_names() -> list[str]:
@@ -36,9 +42,15 @@ def get_preparer(name: str) -> Preparer:
 
 
 def describe_options(name: str) -> str:
-    """The options of preparer ``name`` with their defaults, e.g. ``"train_size=2000, seed=0"``."""
+    """The options of preparer ``name`` with their defaults, e.g. ``"train_size=2000, seed=0"``
+    (``"source_file (required), ..."`` for one without a default)."""
     parameters = list(inspect.signature(get_preparer(name)).parameters.values())[1:]
-    return ", ".join(f"{p.name}={p.default!r}" for p in parameters)
+    return ", ".join(f"{p.name} (required)" if p.default is p.empty else f"{p.name}={p.default!r}" for p in parameters)
+
+
+def reads_source_file(name: str) -> bool:
+    """Whether preparer ``name`` reads an input file (has the :data:`SOURCE_FILE_OPTION` option)."""
+    return SOURCE_FILE_OPTION in inspect.signature(get_preparer(name)).parameters
 
 
 def prepare(name: str, out_dir: str | Path, **options: Any) -> list[Path]:
@@ -83,4 +95,5 @@ def _convert(text: str, hint: Any, key: str) -> Any:
         raise ValueError(f"{key}={text!r}: expected a value of type {getattr(kind, '__name__', kind)}") from None
 
 
-__all__ = ["PREPARERS", "Preparer", "describe_options", "get_preparer", "parse_options", "prepare", "preparer_names"]
+__all__ = ["PREPARERS", "SOURCE_FILE_OPTION", "Preparer", "describe_options", "get_preparer", "parse_options", "prepare",
+           "preparer_names", "reads_source_file"]

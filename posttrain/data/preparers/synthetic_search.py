@@ -49,7 +49,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from posttrain.data.format import make_row, write_rows
+from posttrain.data.format import make_row, write_conversations, write_rows
 
 DATA_SOURCE = "synthetic_search"
 ABILITY = "fact-reasoning"
@@ -343,8 +343,8 @@ def write_expert_transcripts(world: World, train: list[Question], out_dir: Path,
     val = made[2][:val_two] + made[1][: val_size - val_two]
     train_rows = made[2][val_two:] + made[1][val_size - val_two:]
     random.Random(f"sft-{len(train_rows)}").shuffle(train_rows)
-    paths = [_write_messages(train_rows, out_dir / "sft.parquet")]
-    return paths + ([_write_messages(val, out_dir / "sft_val.parquet")] if val else [])
+    paths = [write_conversations(train_rows, out_dir / "sft.parquet")]
+    return paths + ([write_conversations(val, out_dir / "sft_val.parquet")] if val else [])
 
 
 class _IndexRetriever:
@@ -376,14 +376,6 @@ def expert_transcript(question: Question, retriever, topk: int) -> list[dict[str
     if not (found and answer.info.success):
         return None
     return messages + [{"role": "assistant", "content": f"<answer> {question.answers[0]} </answer>"}]
-
-
-def _write_messages(conversations: list[list[dict[str, str]]], path: Path) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.Table.from_pylist([{"messages": m} for m in conversations]), path)
-    return path
 
 
 def _row(question: Question, split: str, index: int) -> dict:

@@ -1,0 +1,70 @@
+"""``posttrain train --preset doctor_grpo`` end to end: a tiny doctor, a tiny patient served by the
+Env-LLM worker (vLLM, colocated), local Ray; then the trained checkpoint against the rule-based patient."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from posttrain.models import cached_tiny_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+TINY_DOCTOR_RUN = [
+    "data.builtin_options.train_size=16", "data.builtin_options.val_size=4", "data.builtin_options.sft_size=0",
+    "data.train_batch_size=4", "data.max_response_length=96",
+    "env.max_turns=2", "env.max_turn_tokens=16", "env.max_obs_length=32",
+    "env.llm.max_tokens=8", "env.llm.max_model_len=384", "env.llm.cpu_kv_cache_gb=0.0625",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.0625",
+    "trainer.logger=[console,jsonl]", "trainer.test_freq=2", "trainer.total_training_steps=2",
+]
+
+
+def posttrain(*args, timeout=600):
+    done = subprocess.run([sys.executable, "-m", "posttrain.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def test_doctor_grpo_two_steps_with_an_env_llm_patient(tmp_path):
+    tiny = str(cached_tiny_model("llama"))
+    models = [f"actor_rollout_ref.model.path={tiny}", f"env.llm.model_path={tiny}"]
+    posttrain("train", "--preset", "doctor_grpo", *models, f"trainer.default_local_dir={tmp_path}", *TINY_DOCTOR_RUN,
+              "trainer.save_freq=2")
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert 0 <= records[0]["metrics"]["val/synthetic_doctor/acc/mean@1"] <= 1
+    for record in records[1:]:
+        metrics = record["metrics"]
+        for name in ("num_turns/mean", "agent/success_rate", "env/questions", "env/relevant_question_ratio",
+                     "env/patient_refusals", "actor/pg_loss", "timing_s/gen"):
+            assert math.isfinite(metrics[name]), name
+        assert 1 <= metrics["num_turns/max"] <= 3  # two questions at most, then the forced diagnosis turn
+        # the patient answered every question a doctor asked, in one batched request per round at most
+        assert metrics["env_llm/replies"] == pytest.approx(metrics["env/questions"] * 8)  # 4 prompts x 2 samples
+        assert metrics["env_llm/requests"] <= 2 and metrics["env_llm/wait_s"] >= 0
+    episodes = [json.loads(line) for line in (tmp_path / "validation" / "step_2.jsonl").read_text().splitlines()]
+    assert len(episodes) == 4 and all(e["messages"][0]["role"] == "user" for e in episodes)
+
+    # the trained policy against the rule-based patient: no Env-LLM worker is started
+    rule = posttrain("eval", "--preset", "doctor_grpo", "--checkpoint", str(tmp_path), *models,
+                     f"trainer.default_local_dir={tmp_path / 'eval'}", *TINY_DOCTOR_RUN, "env.options.patient=rule")
+    reported = dict(line.split(": ") for line in rule.stdout.splitlines() if line.startswith("val/"))
+    assert 0 <= float(reported["val/synthetic_doctor/acc/mean@1"]) <= 1
+    assert "val/env_llm/requests" not in reported
+
+
+def test_a_missing_patient_model_is_refused_before_any_worker_starts(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", "train", "--preset", "doctor_grpo", f"env.llm.model_path={tmp_path / 'nope'}",
+         f"actor_rollout_ref.model.path={cached_tiny_model('llama')}", f"trainer.default_local_dir={tmp_path}", *TINY_DOCTOR_RUN],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2
+    assert "nope" in done.stderr and "neither a built-in model" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "metrics.jsonl").exists()
