@@ -109,6 +109,19 @@ def test_multi_turn_settings_that_cannot_work_together_are_named():
     assert load_config([], ["env.name=search"]).env.max_turns == 4  # the defaults are consistent
 
 
+def test_env_llm_settings_are_checked_before_any_worker():
+    with pytest.raises(ConfigError) as info:
+        load_config([], [
+            "env.name=doctor", "env.llm.placement=elsewhere", "env.llm.rollout=tgi", "env.llm.max_tokens=64",
+            "env.llm.max_model_len=64", "env.llm.temperature=-1", "env.llm.cpus=0",
+        ])
+    message = str(info.value)
+    for expected in ("env.llm.placement = 'elsewhere'", "env.llm.rollout = 'tgi'", "must exceed env.llm.max_tokens=64",
+                     "env.llm.temperature = -1", "env.llm.cpus = 0"):
+        assert expected in message
+    assert load_config([], ["env.name=doctor"]).env.llm.placement == "colocate"
+
+
 def test_sft_section_is_checked_by_the_sft_run_only():
     from posttrain.config.validate import check_sft
 
