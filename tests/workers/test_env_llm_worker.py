@@ -67,3 +67,21 @@ def test_env_llm_worker_answers_a_batch(placement):
         assert metrics["env_llm/requests"] == 3 and metrics["env_llm/replies"] == 8 and metrics["env_llm/wait_s"] > 0
     finally:
         roles.release()
+
+
+def test_hf_generate_fallback_in_local_mode():
+    """The same worker class with HF generate (env.llm.rollout=hf), in the controller's process (no Ray)."""
+    from posttrain import keys
+    from posttrain.config.schema import EnvLLMConfig
+    from posttrain.controller import WorkerSpec, spawn_local
+    from posttrain.protocol import Batch
+    from posttrain.workers.env_llm import EnvLLMWorker
+
+    config = EnvLLMConfig(model_path=str(cached_tiny_model("llama")), rollout="hf", max_tokens=6, max_model_len=128)
+    group = spawn_local({"env_llm": WorkerSpec(EnvLLMWorker, (config,))})["env_llm"]
+    chats = [[{"role": "user", "content": f"Do you have a fever, {name}?"}] for name in ("Ann", "Bo", "Cy")]
+    reply = group.chat(Batch.from_dict(non_tensors={keys.ENV_LLM_MESSAGES: chats}))
+    assert len(reply[keys.ENV_LLM_REPLY]) == 3 and all(isinstance(text, str) for text in reply[keys.ENV_LLM_REPLY])
+    assert all(1 <= n <= 6 for n in reply[keys.ENV_LLM_COMPLETION_TOKENS])
+    again = group.chat(Batch.from_dict(non_tensors={keys.ENV_LLM_MESSAGES: chats[:1]}))
+    assert again[keys.ENV_LLM_REPLY][0] == reply[keys.ENV_LLM_REPLY][0]  # greedy
