@@ -14,10 +14,14 @@ counts). Two backends implement :class:`EnvLLMClient`:
   ``vllm serve`` the user already runs): one ``POST /v1/chat/completions`` per conversation, sent
   concurrently.
 
-Failures: each attempt that raises is retried ``retries`` times (backoff ``backoff_s``, doubling);
-then :class:`EnvLLMError`. A 4xx answer is the request's fault and is not retried. The environment
-decides what a failure means for its episode (the doctor ends it and counts the error); it never
-hangs the run, because every HTTP attempt has a timeout.
+Failures are per conversation: a reply that could not be had comes back as an :class:`EnvLLMReply`
+with ``finish_reason="error"`` (and the reason in ``error``), so one bad conversation never costs the
+others their replies; the environment decides what it means for its episode (the doctor ends it and
+counts it). The HTTP backend retries a timeout, a transport error, a 5xx, 408 or 429 ``retries`` times
+(backoff ``backoff_s``, doubling) and gives up on other 4xx at once; every attempt has a timeout, so
+nothing hangs. The in-cluster worker is part of the run: a worker that dies or raises stops the run
+with its own error (``WorkerDiedError`` names the role), as every other role does. :meth:`EnvLLMClient.check`
+asks for one reply when the run opens, so a wrong URL or model name fails before training, with the fix.
 
 Every client keeps :class:`EnvLLMStats` (requests, conversations, seconds spent waiting, tokens);
 the trainer drains them once per rollout as ``env_llm/*`` metrics (:meth:`EnvLLMClient.drain_metrics`).
@@ -40,9 +44,14 @@ Messages = Sequence[dict[str, str]]
 @dataclass(frozen=True)
 class EnvLLMReply:
     text: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "error" (no reply; see ``error``)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    error: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.finish_reason == "error"
 
 
 class EnvLLMError(RuntimeError):
@@ -83,55 +92,41 @@ class EnvLLMStats:
 
 
 class EnvLLMClient(abc.ABC):
-    """Retries, timing and usage around one backend's batched request (:meth:`_request`)."""
+    """Timing and usage around one backend's batched request (:meth:`_request`)."""
 
-    def __init__(self, *, retries: int = 2, backoff_s: float = 0.5) -> None:
-        if retries < 0:
-            raise ValueError(f"env.llm.retries={retries} must be >= 0")
-        self.retries, self.backoff_s = retries, backoff_s
+    def __init__(self) -> None:
         self.stats = EnvLLMStats()
 
     def chat(self, conversations: Sequence[Messages]) -> list[EnvLLMReply]:
-        """One reply per conversation, in order; raises :class:`EnvLLMError` after the last retry."""
+        """One reply per conversation, in order (a failed one has ``finish_reason="error"``)."""
         if not conversations:
             return []
         start = time.perf_counter()
         try:
-            replies = self._with_retries(conversations)
-        except EnvLLMError:
-            self.stats.failures += 1
-            raise
+            replies = self._request(conversations)
         finally:
             elapsed = time.perf_counter() - start
             self.stats.seconds += elapsed
             self.stats.requests += 1
             self.stats._latencies.append(elapsed)
         if len(replies) != len(conversations):
-            raise EnvLLMError(f"the environment's model returned {len(replies)} replies for {len(conversations)} conversations")
+            raise EnvLLMError(f"{self.describe()} returned {len(replies)} replies for {len(conversations)} conversations")
         self.stats.conversations += len(replies)
+        self.stats.failures += sum(r.failed for r in replies)
         self.stats.prompt_tokens += sum(r.prompt_tokens for r in replies)
         self.stats.completion_tokens += sum(r.completion_tokens for r in replies)
         return replies
 
-    def _with_retries(self, conversations: Sequence[Messages]) -> list[EnvLLMReply]:
-        delay = self.backoff_s
-        for attempt in range(self.retries + 1):
-            try:
-                return self._request(conversations)
-            except EnvLLMError as error:
-                if not error.retryable or attempt == self.retries:
-                    raise
-            except Exception as error:  # a backend's own failure (a dead worker, a bug): retried, then reported
-                if attempt == self.retries:
-                    raise EnvLLMError(f"{self.describe()} failed {self.retries + 1} times: {type(error).__name__}: {error}") from error
-            self.stats.retries += 1
-            time.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")
+    def check(self) -> None:
+        """Ask for one short reply; raise :class:`EnvLLMError` (with the fix) when none comes."""
+        (reply,) = self.chat([[{"role": "user", "content": "Say OK."}]])
+        if reply.failed:
+            raise EnvLLMError(f"the environment's model does not answer: {reply.error}")
+        self.drain_metrics()  # the probe is not the run's usage
 
     @abc.abstractmethod
     def _request(self, conversations: Sequence[Messages]) -> list[EnvLLMReply]:
-        """One attempt at the whole batch."""
+        """A reply for every conversation (failed ones as error replies)."""
 
     @abc.abstractmethod
     def describe(self) -> str:
@@ -150,15 +145,18 @@ class OpenAIChatClient(EnvLLMClient):
     """An OpenAI-compatible chat server (``/v1/chat/completions``), e.g. ``vllm serve MODEL``."""
 
     def __init__(
-        self, url: str, model: str, *, temperature: float = 0.0, max_tokens: int = 64, timeout_s: float = 60.0,
+        self, url: str, model: str, *, temperature: float = 0.0, top_p: float = 1.0, max_tokens: int = 64, timeout_s: float = 60.0,
         retries: int = 2, backoff_s: float = 0.5, concurrency: int = 16, api_key: str | None = None,
     ) -> None:
-        super().__init__(retries=retries, backoff_s=backoff_s)
+        super().__init__()
+        if retries < 0:
+            raise ValueError(f"env.llm.retries={retries} must be >= 0")
+        self.retries, self.backoff_s = retries, backoff_s
         base = url.rstrip("/")
         for suffix in ("/chat/completions", "/v1"):
             base = base.removesuffix(suffix)
         self.url, self.model = base, model
-        self.temperature, self.max_tokens = temperature, max_tokens
+        self.temperature, self.top_p, self.max_tokens = temperature, top_p, max_tokens
         self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
@@ -168,10 +166,24 @@ class OpenAIChatClient(EnvLLMClient):
         return f"the chat server at {self.url}"
 
     def _request(self, conversations: Sequence[Messages]) -> list[EnvLLMReply]:
-        return list(self._pool.map(self._one, conversations))
+        return list(self._pool.map(self._one_with_retries, conversations))
+
+    def _one_with_retries(self, messages: Messages) -> EnvLLMReply:
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1):
+            try:
+                return self._one(messages)
+            except EnvLLMError as error:
+                if not error.retryable or attempt == self.retries:
+                    return EnvLLMReply("", "error", error=str(error))
+            self.stats.retries += 1
+            time.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
 
     def _one(self, messages: Messages) -> EnvLLMReply:
-        body = {"model": self.model, "messages": list(messages), "temperature": self.temperature, "max_tokens": self.max_tokens}
+        body = {"model": self.model, "messages": list(messages), "temperature": self.temperature, "top_p": self.top_p,
+                "max_tokens": self.max_tokens}
         try:
             response = self._http.post("/v1/chat/completions", json=body)
         except httpx.TimeoutException as error:
@@ -183,8 +195,9 @@ class OpenAIChatClient(EnvLLMClient):
             ) from error
         if response.status_code >= 400:
             raise EnvLLMError(
-                f"{self.describe()} answered HTTP {response.status_code}: {response.text[:300]}",
-                retryable=response.status_code >= 500,
+                f"{self.describe()} answered HTTP {response.status_code} (check env.llm.api_model and the server's "
+                f"API key, env.llm.api_key_env): {response.text[:300]}",
+                retryable=response.status_code >= 500 or response.status_code in (408, 429),
             )
         try:
             data = response.json()

@@ -173,6 +173,7 @@ class EnvLLMConfig:
     model_path: str = "smollm2-135m-instruct"  # a built-in name or a local HF directory
     url: Optional[str] = None  # an OpenAI-compatible server (e.g. `vllm serve`); None: the in-cluster worker
     api_model: Optional[str] = None  # the model name sent to the server; None: model_path
+    api_key_env: Optional[str] = "OPENAI_API_KEY"  # the environment variable holding the server's key (unset: none sent)
     rollout: str = "vllm"  # vllm | hf: the engine of the in-cluster worker
     placement: str = "colocate"  # colocate (in the policy's processes) | separate (its own pool)
     cpus: int = 1  # CPUs of its own pool (placement=separate)
@@ -184,7 +185,7 @@ class EnvLLMConfig:
     cpu_kv_cache_gb: float = 1.0
     gpu_memory_utilization: float = 0.2
     timeout_s: float = 60.0  # per HTTP request (url)
-    retries: int = 2
+    retries: int = 2  # per conversation, for a server at url (the in-cluster worker is part of the run: it fails it)
 
 
 @dataclass

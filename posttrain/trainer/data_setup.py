@@ -33,11 +33,19 @@ def resolve_files(data: DataConfig) -> tuple[list[str], list[str]]:
             "`posttrain prepare` writes it) or data.builtin=arithmetic|gsm8k"
         )
     options = dict(data.builtin_options)
-    # the preparer's source is part of the key: a changed preparer writes its dataset anew
-    source = Path(inspect.getfile(get_preparer(data.builtin))).read_bytes()
-    tag = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode() + source).hexdigest()[:10]
+    tag = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode() + _dataset_sources(data.builtin, options)).hexdigest()[:10]
     directory = build_atomically(cache_root() / "data" / f"{data.builtin}-{tag}", lambda tmp: _prepare(data.builtin, tmp, options))
     return [str(directory / "train.parquet")], list(data.val_files) or [str(directory / "test.parquet")]
+
+
+def _dataset_sources(name: str, options: dict[str, Any]) -> bytes:
+    """What a built-in dataset depends on besides its options, so that a change writes it anew: the
+    preparer's source, the environments its experts play (``posttrain/agents``), and the contents of
+    any option that names a file (``source_file``)."""
+    preparer = Path(inspect.getfile(get_preparer(name)))
+    agents = sorted((preparer.parents[2] / "agents").rglob("*.py"))
+    files = [value for value in options.values() if isinstance(value, (str, Path)) and Path(value).is_file()]
+    return b"".join(Path(path).read_bytes() for path in [preparer, *agents, *files])
 
 
 def _prepare(name: str, out_dir: Path, options: dict[str, Any]) -> None:

@@ -7,11 +7,12 @@ run builds the Env-LLM worker (the environment asks for ``env_llm`` and no ``env
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from posttrain import keys
-from posttrain.agents.env_llm import EnvLLMClient, EnvLLMReply, Messages, OpenAIChatClient
+from posttrain.agents.env_llm import EnvLLMClient, EnvLLMError, EnvLLMReply, Messages, OpenAIChatClient
 from posttrain.agents.registry import load_env_class, wanted_resources
 from posttrain.config.schema import EnvLLMConfig, PosttrainConfig
 from posttrain.protocol import Batch
@@ -27,10 +28,13 @@ def needs_env_llm_worker(config: PosttrainConfig) -> bool:
 
 
 class WorkerEnvLLM(EnvLLMClient):
-    """The Env-LLM worker group behind the :class:`EnvLLMClient` interface: one ``chat`` call per batch."""
+    """The Env-LLM worker group behind the :class:`EnvLLMClient` interface: one ``chat`` call per batch.
 
-    def __init__(self, group: Any, *, retries: int = 2) -> None:
-        super().__init__(retries=retries)
+    Not retried: the worker is part of the run, so a worker that died or raised stops the run with
+    its own error, as any other role's failure does."""
+
+    def __init__(self, group: Any) -> None:
+        super().__init__()
         self.group = group
 
     def describe(self) -> str:
@@ -48,12 +52,21 @@ class WorkerEnvLLM(EnvLLMClient):
 
 
 def open_env_llm(config: EnvLLMConfig, worker_group: Any | None) -> EnvLLMClient:
-    """A client of the server at ``config.url``, or of the run's Env-LLM worker group."""
+    """A client of the server at ``config.url`` (checked with one request: a wrong URL, model name or
+    key fails here, with the fix), or of the run's Env-LLM worker group."""
     if config.url:
-        return OpenAIChatClient(
-            config.url, config.api_model or config.model_path, temperature=config.temperature, max_tokens=config.max_tokens,
-            timeout_s=config.timeout_s, retries=config.retries,
+        client = OpenAIChatClient(
+            config.url, config.api_model or config.model_path, temperature=config.temperature, top_p=config.top_p,
+            max_tokens=config.max_tokens, timeout_s=config.timeout_s, retries=config.retries,
+            api_key=os.environ.get(config.api_key_env) if config.api_key_env else None,
         )
+        try:
+            client.check()
+        except EnvLLMError as error:
+            client.close()
+            raise EnvLLMError(f"{error}; set env.llm.url to a running OpenAI-compatible server (e.g. `vllm serve MODEL`) "
+                              "and env.llm.api_model to a model it serves, or unset env.llm.url to serve the model in the cluster") from None
+        return client
     if worker_group is None:
         raise RuntimeError("the environment asks for env_llm but the run started no Env-LLM worker (roles.env_llm is None)")
-    return WorkerEnvLLM(worker_group, retries=config.retries)
+    return WorkerEnvLLM(worker_group)

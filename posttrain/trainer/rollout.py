@@ -35,9 +35,9 @@ from posttrain.algos import groups_with_spread, normalize_episode_rewards
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.engines.training.inputs import build_model_inputs
+from posttrain.models import resolve_model
 from posttrain.protocol import Batch, pad_rows
 from posttrain.rewards import build_reward_manager
-from posttrain.models import resolve_model
 from posttrain.trainer.env_llm import open_env_llm
 from posttrain.trainer.metrics import timed
 from posttrain.trainer.retriever_service import RetrieverHandle, corpus_path, open_retriever

@@ -8,6 +8,7 @@ import time
 
 from rich.console import Console
 
+from posttrain.agents.env_llm import EnvLLMError
 from posttrain.agents.retriever.types import RetrieverError
 from posttrain.config.schema import PosttrainConfig
 from posttrain.trainer.checkpoint import CheckpointError
@@ -32,7 +33,7 @@ def run_training(config: PosttrainConfig) -> int:
             f"{trainer.total_steps} steps → {trainer.run_dir}"
         )
         trainer.fit()
-    except RetrieverError as err:  # the service is down or never came up: the message says how to start it
+    except (RetrieverError, EnvLLMError) as err:  # a service is down or never came up: the message says how to start it
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
     finally:
@@ -61,7 +62,7 @@ def run_sft(config: PosttrainConfig) -> int:
             f" ({trainer.train_set.num_dropped} dropped as too long), {trainer.total_steps} steps → {trainer.run_dir}"
         )
         export = trainer.fit()
-    except (RetrieverError, CheckpointError) as err:
+    except (RetrieverError, EnvLLMError, CheckpointError) as err:
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
     finally:
@@ -108,6 +109,9 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
         finally:
             trainer.roles.release()
             trainer.rollout.close()
+    except (RetrieverError, EnvLLMError) as err:
+        print(f"posttrain: {err}", file=sys.stderr)
+        return 2
     finally:
         ray.shutdown()
     for name, value in sorted(metrics.items()):

@@ -114,10 +114,13 @@ class SFTTrainer:
         self.config = sft_run_config(config, self.total_steps)
         self.validator: Validator | None = None
         if self.rollout is not None and sft.val_rollout:
-            val = build_run_data(self.config.data, self.tokenizer).val
-            if val is not None:
-                self.validator = Validator(self.rollout, val, config.actor_rollout_ref.rollout.val_kwargs.n, self.tokenizer,
+            run_data = build_run_data(self.config.data, self.tokenizer)
+            if run_data.val is not None:
+                self.rollout.check_data(validation=run_data.val_dataset)  # a case the environment cannot play fails now
+                self.validator = Validator(self.rollout, run_data.val, config.actor_rollout_ref.rollout.val_kwargs.n, self.tokenizer,
                                            config.trainer.val_samples_in_report, self.run_dir / "validation")
+        if self.validator is None:  # no validation episodes: no environment resources (an Env-LLM worker) to start
+            self.config = replace(self.config, env=replace(self.config.env, name=None))
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=config.trainer.max_ckpt_to_keep)
         self.step = 0
         self.roles: Roles | None = None

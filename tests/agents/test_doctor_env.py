@@ -40,6 +40,8 @@ class FakeLLM:
         reply = self.replies.pop(0)
         if isinstance(reply, Exception):
             raise reply
+        if isinstance(reply, list):  # one scripted reply per conversation
+            return reply
         return [reply if isinstance(reply, EnvLLMReply) else EnvLLMReply(reply, "stop") for _ in conversations]
 
 
@@ -139,19 +141,52 @@ def test_empty_overlong_and_failed_patient_replies():
     assert failed.done and failed.info.counts["patient_errors"] == 1 and failed.reward == pytest.approx(-0.01)
 
 
+def test_a_failed_reply_ends_only_its_own_episode():
+    llm = FakeLLM([[EnvLLMReply("", "error", error="HTTP 400"), EnvLLMReply("No fever.", "stop")]])
+    envs = [DoctorEnv(llm, patient="llm") for _ in range(2)]
+    for env in envs:
+        env.reset(sample())
+    failed, answered = DoctorEnv.step_batch(envs, ["<question>Do you have a fever?</question>"] * 2)
+    assert failed.done and failed.info.counts == {"questions": 1, "patient_errors": 1} and failed.reward == pytest.approx(-0.01)
+    assert not answered.done and answered.observation == "Patient: No fever."
+
+
+def test_a_new_relevant_question_is_rewarded_even_when_it_resembles_a_matched_one():
+    qa = (QA("Is the pain sharp?", "Yes."), QA("Is the pain sharp and burning?", "No."))
+    env = DoctorEnv(patient="rule")
+    env.reset(sample(Case("c", "Pain.", "Pain.", "x", (), qa)))
+    assert env.step("<question>Is the pain sharp?</question>").info.counts["relevant_questions"] == 1
+    # its best match is the matched question, but the unmatched one also reaches the threshold
+    second = env.step("<question>Is the pain sharp, burning?</question>")
+    assert second.info.counts == {"questions": 1, "repeated_questions": 1}  # it repeats the first question's words
+    env.reset(sample(Case("c", "Pain.", "Pain.", "x", (), qa)))
+    env.step("<question>Is the pain sharp and burning?</question>")
+    assert env.step("<question>Is it sharp?</question>").info.counts == {"questions": 1, "relevant_questions": 1}
+
+
+def test_an_empty_diagnosis_in_the_final_turn_ends_the_episode():
+    result = rule_env().finish("<diagnosis> </diagnosis>")
+    assert result.done and result.reward == pytest.approx(-0.01) and not result.info.success
+
+
 def test_clean_reply_cuts_after_the_last_whole_sentence():
     assert clean_reply("Yes. It hurts a lot when I move", "stop", 12).text == "Yes."
     assert clean_reply("No", "stop", 12) == clean_reply(" No ", "stop", 12)
 
 
 def test_the_llm_judge_accepts_what_the_model_calls_the_same():
-    llm = FakeLLM(["Yes, they are the same.", "no"])
+    llm = FakeLLM(["Yes, they are the same.", "no", [EnvLLMReply("", "error", error="down")]])
     env = DoctorEnv(llm, patient="rule", judge="llm")
     env.reset(sample())
     assert env.step("<diagnosis>inflammation of the pericardium</diagnosis>").info.success
     assert "pericarditis" in llm.calls[0][0][0]["content"]
     env.reset(sample())
     assert not env.step("<diagnosis>heart attack</diagnosis>").info.success
+    env.reset(sample())
+    assert env.step("<diagnosis>pericarditis</diagnosis>").info.success and len(llm.calls) == 2  # exact: no judge asked
+    env.reset(sample())
+    judged = env.step("<diagnosis>pericardial inflammation</diagnosis>")  # the judge fails: the rule's verdict stands
+    assert judged.done and not judged.info.success and judged.info.counts["judge_errors"] == 1
 
 
 def test_the_env_llm_is_a_resource_only_when_an_option_needs_it():

@@ -46,7 +46,11 @@ class Stub:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                pass  # a client that timed out closed its end: nothing to report
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -73,7 +77,7 @@ def test_one_reply_per_conversation_in_order_with_usage(stub):
     assert [r.finish_reason for r in replies] == ["stop"] * 5 + ["length"]
     assert {r["path"] for r in stub.requests} == {"/v1/chat/completions"}
     body = stub.requests[0]["body"]
-    assert body["model"] == "patient-model" and body["max_tokens"] == 12 and body["temperature"] == 0.0
+    assert body["model"] == "patient-model" and body["max_tokens"] == 12 and body["temperature"] == 0.0 and body["top_p"] == 1.0
     metrics = client.drain_metrics()
     assert metrics["env_llm/requests"] == 1 and metrics["env_llm/replies"] == 6
     assert metrics["env_llm/prompt_tokens"] == 42 and metrics["env_llm/completion_tokens"] == 18
@@ -88,24 +92,39 @@ def test_server_errors_are_retried_then_succeed(stub):
     assert len(stub.requests) == 3 and client.drain_metrics()["env_llm/retries"] == 2
 
 
-def test_a_refused_request_is_not_retried_and_says_why(stub):
+def test_a_refused_request_is_not_retried_and_fails_only_its_own_conversation(stub):
     stub.failures = [400]
-    client = OpenAIChatClient(stub.url, "m", retries=3, backoff_s=0.01)
-    with pytest.raises(EnvLLMError, match="HTTP 400"):
-        client.chat([conversation("hello")])
-    assert len(stub.requests) == 1 and client.drain_metrics()["env_llm/failures"] == 1
+    client = OpenAIChatClient(stub.url, "m", retries=3, backoff_s=0.01, concurrency=1)
+    first, second = client.chat([conversation("hello"), conversation("again")])
+    assert first.failed and "HTTP 400" in first.error and "env.llm.api_model" in first.error
+    assert second.text == "echo: again"
+    assert len(stub.requests) == 2 and client.drain_metrics()["env_llm/failures"] == 1
+
+
+def test_rate_limits_are_retried(stub):
+    stub.failures = [429]
+    client = OpenAIChatClient(stub.url, "m", retries=1, backoff_s=0.01)
+    assert client.chat([conversation("hello")])[0].text == "echo: hello"
 
 
 def test_a_slow_server_times_out_after_the_retries(stub):
     stub.delay_s = 1.0
     client = OpenAIChatClient(stub.url, "m", timeout_s=0.2, retries=1, backoff_s=0.01)
     start = time.perf_counter()
-    with pytest.raises(EnvLLMError, match="did not answer within env.llm.timeout_s=0.2s"):
-        client.chat([conversation("hello")])
+    (reply,) = client.chat([conversation("hello")])
+    assert reply.failed and "did not answer within env.llm.timeout_s=0.2s" in reply.error
     assert time.perf_counter() - start < 3 and len(stub.requests) == 2
 
 
-def test_an_unreachable_server_says_how_to_fix_it():
+def test_an_unreachable_server_fails_its_check_with_the_fix():
     client = OpenAIChatClient("http://127.0.0.1:9", "m", retries=0)
     with pytest.raises(EnvLLMError, match="cannot reach the chat server at http://127.0.0.1:9.*vllm serve"):
-        client.chat([conversation("hello")])
+        client.check()
+
+
+def test_a_run_refuses_a_dead_url_before_training(tmp_path):
+    from posttrain.config.schema import EnvLLMConfig
+    from posttrain.trainer.env_llm import open_env_llm
+
+    with pytest.raises(EnvLLMError, match="unset env.llm.url to serve the model in the cluster"):
+        open_env_llm(EnvLLMConfig(url="http://127.0.0.1:9/v1", retries=0), None)

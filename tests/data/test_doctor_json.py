@@ -57,6 +57,13 @@ def test_both_dialogue_layouts_become_cases(tmp_path):
     assert [(qa.question, qa.answer) for qa in information.qa] == [("Can you walk on it?", "Yes, but it hurts.")]
 
 
+def test_a_single_alias_may_be_a_string_but_not_a_number(tmp_path):
+    (case,) = read_cases(_write(tmp_path / "one.json", [{"self_report": "I burn.", "diagnosis": "reflux", "aliases": "GERD"}]))
+    assert case.diagnoses == ("reflux", "GERD")
+    with pytest.raises(ValueError, match="case '0' .*\"aliases\" is 7"):
+        read_cases(_write(tmp_path / "two.json", [{"self_report": "I burn.", "diagnosis": "reflux", "aliases": 7}]))
+
+
 def test_json_lines_and_ids_by_position(tmp_path):
     cases = [{"self_report": "I feel sick.", "diagnosis": "food poisoning"}, {"self_report": "I itch.", "diagnosis": "eczema"}]
     assert [c.case_id for c in read_cases(_write(tmp_path / "cases.jsonl", cases, lines=True))] == ["0", "1"]

@@ -80,6 +80,8 @@ def case_from_sample(sample: EpisodeSample) -> Case:
     pairs = extra.get("qa")
     if hasattr(pairs, "tolist"):
         pairs = pairs.tolist()
-    qa = tuple(QA(str(p["question"]), str(p["answer"])) for p in (pairs or []) if p and p.get("question"))
+    if not all(isinstance(p, Mapping) and "question" in p and "answer" in p for p in pairs or []):
+        raise CaseError(f"case {case_id!r}: extra_info.qa must be a list of {{'question': ..., 'answer': ...}}, got {pairs!r:.200}")
+    qa = tuple(QA(str(p["question"]), str(p["answer"])) for p in (pairs or []) if str(p["question"]).strip())
     description = str(extra.get("description") or "").strip() or self_report
     return Case(case_id, self_report, description, names[0], tuple(names[1:]), qa)

@@ -13,19 +13,21 @@ self-report (:func:`~posttrain.agents.doctor.prompts.doctor_instruction`); a tur
   ``(You can ask N more questions.)`` when ``announce_turns_left``.
 - **Diagnosis.** The episode ends. It is correct when it equals the diagnosis or an alias after
   normalisation (lower case, punctuation and articles removed: :func:`~posttrain.agents.search.exact_match`),
-  or, with ``judge="llm"``, when the Env-LLM says yes to "do they name the same condition?".
+  or, with ``judge="llm"``, when it does not but the Env-LLM says yes to "do they name the same
+  condition?" (a judge that fails leaves it wrong, counted as ``judge_errors``).
 - **Anything else** is invalid: a corrective observation and ``invalid_action_penalty``.
 
 Rewards (the seed's shaping; each is an option, a penalty is a reward ``<= 0``), per step:
 ``turn_penalty`` every turn; ``correct_reward`` for a correct diagnosis; ``relevant_question_reward``
 for a question matching a case question not matched before (``similarity_threshold``, see
-``patient.py``); ``irrelevant_question_penalty`` for a question matching none, or repeating an earlier
-question or an already-matched case question; nothing more for running out of turns without a
-diagnosis (the forced final turn must diagnose; anything else ends the episode unrewarded).
+``patient.py``) that repeats no earlier question; ``irrelevant_question_penalty`` for a question matching
+none, or repeating an earlier question or an already-matched case question; nothing more for running
+out of turns without a diagnosis (the forced final turn must diagnose; anything else, an empty
+diagnosis too, ends the episode with the turn's cost only).
 
 Patient failures never raise: an empty reply becomes "I don't know." (``patient_empty``), an overlong
-one is cut (``patient_truncated``), and an Env-LLM that fails after its retries ends the episode
-with ``patient_errors`` counted.
+one is cut (``patient_truncated``), and a reply the Env-LLM could not give (its client's retries
+spent, ``agents/env_llm.py``) ends the episode with the turn's cost and ``patient_errors`` counted.
 
 Counters: see :attr:`DoctorEnv.counters`; ``env/relevant_question_ratio`` is relevant over all questions.
 """
@@ -41,7 +43,7 @@ from posttrain.agents.doctor.case import Case, case_from_sample
 from posttrain.agents.doctor.patient import PatientReply, RulePatient, best_match, clean_reply, is_refusal, question_similarity
 from posttrain.agents.doctor.prompts import DIAGNOSIS_TAG, QUESTION_TAG, how_to_act, judge_messages, patient_messages
 from posttrain.agents.env import EpisodeSample, Environment, StepInfo, StepResult
-from posttrain.agents.env_llm import EnvLLM, EnvLLMError
+from posttrain.agents.env_llm import EnvLLM, EnvLLMError, EnvLLMReply
 from posttrain.agents.search import exact_match
 
 _ACTION = re.compile(rf"<({QUESTION_TAG}|{DIAGNOSIS_TAG})>(.*?)</\1>", re.DOTALL)
@@ -70,7 +72,7 @@ class DoctorEnv(Environment):
     name: ClassVar[str] = "doctor"
     counters: ClassVar[tuple[str, ...]] = (
         "questions", "relevant_questions", "irrelevant_questions", "repeated_questions", "diagnoses", "correct_diagnoses",
-        "invalid", "patient_refusals", "patient_truncated", "patient_empty", "patient_errors",
+        "invalid", "patient_refusals", "patient_truncated", "patient_empty", "patient_errors", "judge_errors",
     )
     ratios: ClassVar[Mapping[str, tuple[str, str]]] = {"relevant_question_ratio": ("relevant_questions", "questions")}
 
@@ -136,7 +138,7 @@ class DoctorEnv(Environment):
     def finish(self, action: str) -> StepResult:
         """The forced final turn: a diagnosis is scored; anything else ends the episode with the turn's cost only."""
         parsed = _parse(action)
-        if parsed is not None and parsed[0] == DIAGNOSIS_TAG:
+        if parsed is not None and parsed[0] == DIAGNOSIS_TAG and parsed[1]:
             return self.step(action)
         self.turns += 1
         return StepResult("", self.turn_penalty, True, StepInfo(valid=False, effective=False, counts={"invalid": 1}))
@@ -147,7 +149,7 @@ class DoctorEnv(Environment):
         doctors = [_as_doctor(env) for env in envs]
         plans = [doctor._plan(action) for doctor, action in zip(doctors, actions, strict=True)]
         requests = [(i, doctor._request(plans[i])) for i, doctor in enumerate(doctors) if doctor._uses_llm(plans[i])]
-        replies: dict[int, Any] = {}
+        replies: dict[int, EnvLLMReply] = {}
         by_llm: dict[int, list[int]] = {}
         for position, (i, _) in enumerate(requests):
             by_llm.setdefault(id(doctors[i].env_llm), []).append(position)
@@ -155,8 +157,8 @@ class DoctorEnv(Environment):
             llm = doctors[requests[positions[0]][0]].env_llm
             try:
                 answered = llm.chat([requests[p][1] for p in positions])
-            except EnvLLMError as error:
-                answered = [error] * len(positions)
+            except EnvLLMError as error:  # a backend that fails the whole batch: every conversation failed
+                answered = [EnvLLMReply("", "error", error=str(error))] * len(positions)
             replies.update({requests[p][0]: reply for p, reply in zip(positions, answered)})
         return [plan if isinstance(plan, StepResult) else doctors[i]._resolve(plan, replies.get(i))
                 for i, plan in enumerate(plans)]
@@ -174,20 +176,25 @@ class DoctorEnv(Environment):
                               StepInfo(valid=False, effective=False, counts={"invalid": 1}))
         tag, content = parsed
         if tag == DIAGNOSIS_TAG:
-            return self._diagnosis_result(content, None) if self.judge == "rule" else _Diagnose(content)
+            # the judge is asked only about a diagnosis the rule does not already accept
+            if self.judge == "rule" or exact_match(content, list(self.case.diagnoses)):
+                return self._diagnosis_result(content, None)
+            return _Diagnose(content)
         return self._ask(content[: self.max_question_chars].strip())
 
     def _ask(self, question: str) -> _Ask:
-        """Score a question against the case's questions and the ones asked before."""
+        """Score a question against the case's questions not matched yet and the ones asked before."""
         repeated = any(question_similarity(question, earlier) >= self.similarity_threshold for earlier in self.asked)
-        match = best_match(question, [pair.question for pair in self.case.qa], self.similarity_threshold)
+        unmatched = [i for i in range(len(self.case.qa)) if i not in self.matched]
+        match = best_match(question, [self.case.qa[i].question for i in unmatched], self.similarity_threshold)
         self.asked.append(question)
         counts = {"questions": 1.0}
-        if match is not None and match not in self.matched and not repeated:
-            self.matched.add(match)
+        if match is not None and not repeated:
+            self.matched.add(unmatched[match])
             counts["relevant_questions"] = 1.0
             return _Ask(question, counts, self.turn_penalty + self.relevant_question_reward)
-        counts["repeated_questions" if repeated or match is not None else "irrelevant_questions"] = 1.0
+        matched_before = best_match(question, [pair.question for pair in self.case.qa], self.similarity_threshold) is not None
+        counts["repeated_questions" if repeated or matched_before else "irrelevant_questions"] = 1.0
         return _Ask(question, counts, self.turn_penalty + self.irrelevant_question_penalty)
 
     def _uses_llm(self, plan: StepResult | _Ask | _Diagnose) -> bool:
@@ -198,13 +205,17 @@ class DoctorEnv(Environment):
             return judge_messages(plan.diagnosis, self.case.diagnoses)
         return patient_messages(self.case.description, self.dialogue, plan.question)
 
-    def _resolve(self, plan: _Ask | _Diagnose, reply: Any) -> StepResult:
-        """The step's result once the Env-LLM answered (``reply``: an EnvLLMReply, an EnvLLMError, or None for the rule patient)."""
-        if isinstance(reply, EnvLLMError):
+    def _resolve(self, plan: _Ask | _Diagnose, reply: EnvLLMReply | None) -> StepResult:
+        """The step's result once the Env-LLM answered (``reply``; None for the rule patient)."""
+        failed = reply is not None and reply.failed
+        if isinstance(plan, _Diagnose):  # a judge that failed leaves the rule's verdict (not the same name: wrong)
+            result = self._diagnosis_result(plan.diagnosis, not failed and reply.text.strip().lower().startswith("yes"))
+            return StepResult(result.observation, result.reward, True, StepInfo(
+                valid=True, effective=True, success=result.info.success,
+                counts={**result.info.counts, **({"judge_errors": 1.0} if failed else {})}))
+        if failed:  # no reply: the consultation cannot go on; the question's own reward is not paid
             return StepResult("", self.turn_penalty, True,
-                              StepInfo(valid=True, effective=False, counts={**(plan.counts if isinstance(plan, _Ask) else {}), "patient_errors": 1}))
-        if isinstance(plan, _Diagnose):
-            return self._diagnosis_result(plan.diagnosis, reply.text.strip().lower().startswith("yes"))
+                              StepInfo(valid=True, effective=False, counts={"questions": 1.0, "patient_errors": 1.0}))
         if reply is None:
             answer = RulePatient(self.case.qa, self.similarity_threshold).reply(plan.question)
         else:

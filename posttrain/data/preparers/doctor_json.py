@@ -77,7 +77,7 @@ def case_from_object(item: Any, position: int, path: Path) -> Case:
     self_report = _text(item.get("self_report", item.get("self-report")))
     if not self_report:
         raise ValueError(f"{where} has no self-report: add \"self_report\", the patient's own words")
-    names = _diagnoses(item)
+    names = _diagnoses(item, where)
     if not names:
         raise ValueError(f"{where} has no diagnosis: add \"diagnosis\", a string or a list [diagnosis, *aliases]")
     qa = _qa_pairs(item, where)
@@ -91,11 +91,16 @@ def _text(value: Any) -> str:
     return value.strip() if isinstance(value, str) else ""
 
 
-def _diagnoses(item: dict[str, Any]) -> list[str]:
-    """``[diagnosis, *aliases]`` without blanks or repeats."""
+def _diagnoses(item: dict[str, Any], where: str) -> list[str]:
+    """``[diagnosis, *aliases]`` without blanks or repeats (a single alias may be a plain string)."""
     given = item.get("diagnosis")
     names = [given] if isinstance(given, str) else list(given) if isinstance(given, list) else []
-    names += item.get("aliases") or []
+    aliases = item.get("aliases") or []
+    if isinstance(aliases, str):
+        aliases = [aliases]
+    if not isinstance(aliases, list):
+        raise ValueError(f"{where}: \"aliases\" is {aliases!r}; give a list of names (or one name as a string)")
+    names += aliases
     unique: list[str] = []
     for name in map(_text, names):
         if name and name not in unique:
