@@ -257,3 +257,29 @@ def test_cli_writes_the_files(tmp_path, capsys):
     assert str(tmp_path / "sft.parquet") in capsys.readouterr().out
     assert main(["prepare", "synthetic-doctor", "--in", "cases.json", "--out", str(tmp_path)]) == 2
     assert "dataset 'synthetic-doctor' reads no input file" in capsys.readouterr().err
+
+
+def test_patient_transcripts_teach_the_case_answers_from_train_cases_only(tmp_path):
+    from posttrain.agents.doctor import DONT_KNOW, patient_messages
+
+    train, test, patient = prepare("synthetic-doctor", tmp_path, **SMALL, patient_sft_size=200)
+    cases = {c.description: c for c in (case_from_sample(_sample(r)) for r in read_rows([train]))}
+    held_out = {case_from_sample(_sample(r)).description for r in read_rows([test])}
+    transcripts = _transcripts(patient)
+    assert len(transcripts) == 200
+    off_case = 0
+    for messages in transcripts:
+        description = messages[0]["content"].split("Your case:\n")[1].split("\n")[0]
+        assert description not in held_out
+        case = cases[description]
+        question, reply = messages[-2]["content"], messages[-1]["content"]
+        earlier = [(messages[i]["content"], messages[i + 1]["content"]) for i in range(1, len(messages) - 2, 2)]
+        assert messages[:-1] == patient_messages(case.description, earlier, question)  # the Env-LLM's own prompt
+        answers = {pair.question: pair.answer for pair in case.qa}
+        assert all(answers[q] == a for q, a in earlier)
+        if question in answers:
+            assert reply == answers[question]
+        else:
+            off_case += 1
+            assert reply == DONT_KNOW
+    assert 0.1 < off_case / 200 < 0.3

@@ -40,6 +40,13 @@ patient. It is honest but not perfect: it asks the cluster's questions in order 
 file (picked by a seeded rng), where it asks all 3; then it names the first condition in table order
 (A, B, C, D) that fits the answers it heard. With 2 questions it calls every B case A, which is
 wrong: RL has something left to learn (ask Q3 when Q1 and Q2 are both yes).
+
+Patient transcripts (``patient_sft_size > 0``): ``patient_sft.parquet``, a ``messages`` column of the
+Env-LLM's own prompt (:func:`~posttrain.agents.doctor.prompts.patient_messages`: the hidden description,
+0 to 2 earlier questions of the case with their answers, a question) and the reply the case supports,
+over TRAIN cases only; a fifth of the questions come from another cluster and are answered "I don't
+know.". ``posttrain sft`` on them turns a small chat model into a faithful patient for ``env.llm.model_path``
+(a stock 135M model answers the case's yes/no findings about as often wrongly as rightly).
 """
 
 from __future__ import annotations
@@ -328,8 +335,37 @@ def write_expert_transcripts(train: list[tuple[CaseKey, Case]], out_dir: Path, s
     return paths
 
 
+def patient_transcript(case: Case, others: list[str], rng: random.Random, off_case_fraction: float) -> list[dict[str, str]]:
+    """One reply of the patient as the Env-LLM is asked for it (``patient_messages``): an earlier part of
+    the consultation (0 to 2 of the case's questions, answered), then a question and the case's answer to
+    it, or, for ``off_case_fraction`` of them, another cluster's question and "I don't know."."""
+    from posttrain.agents.doctor.prompts import DONT_KNOW, patient_messages
+
+    order = rng.sample(case.qa, len(case.qa))
+    earlier = order[: rng.randint(0, len(order) - 1)]
+    if rng.random() < off_case_fraction:
+        question, answer = rng.choice(others), DONT_KNOW
+    else:
+        asked = order[len(earlier)]
+        question, answer = asked.question, asked.answer
+    messages = patient_messages(case.description, [(pair.question, pair.answer) for pair in earlier], question)
+    return messages + [{"role": "assistant", "content": answer}]
+
+
+def write_patient_transcripts(train: list[tuple[CaseKey, Case]], out_dir: Path, size: int, seed: int) -> Path:
+    """``patient_sft.parquet``: ``size`` patient replies over ``train`` cases (cycled), for fine-tuning the
+    Env-LLM into a faithful patient with ``posttrain sft`` (module docstring)."""
+    rng = random.Random(f"patient-{seed}")
+    transcripts = []
+    for i in range(size):
+        key, case = train[i % len(train)]
+        others = [f.question for cluster in CLUSTERS if cluster is not key.cluster for f in cluster.findings]
+        transcripts.append(patient_transcript(case, others, rng, off_case_fraction=0.2))
+    return write_conversations(transcripts, out_dir / "patient_sft.parquet")
+
+
 def _check_options(train_size: int, val_size: int, sft_size: int, sft_val_size: int, sft_questions: int,
-                   sft_extra_question_fraction: float) -> None:
+                   sft_extra_question_fraction: float, patient_sft_size: int = 0) -> None:
     for key, value in (("train_size", train_size), ("val_size", val_size)):
         if value < 1:
             raise ValueError(f"{key}={value}: must be at least 1; pass {key}=N with N >= 1")
@@ -339,6 +375,8 @@ def _check_options(train_size: int, val_size: int, sft_size: int, sft_val_size: 
     if sft_size and sft_size + sft_val_size > train_size:
         raise ValueError(f"sft_size={sft_size} + sft_val_size={sft_val_size} transcripts need as many train cases, but "
                          f"train_size={train_size}; raise train_size or lower sft_size/sft_val_size")
+    if patient_sft_size < 0:
+        raise ValueError(f"patient_sft_size={patient_sft_size}: must be at least 0 (0 writes no patient transcripts)")
     if sft_questions not in (1, 2, 3):
         raise ValueError(f"sft_questions={sft_questions}: a cluster has 3 questions; pass 1, 2 or 3")
     if not 0.0 <= sft_extra_question_fraction <= 1.0:
@@ -355,10 +393,11 @@ def prepare_synthetic_doctor(
     sft_val_size: int = 32,
     sft_questions: int = 2,
     sft_extra_question_fraction: float = 0.15,
+    patient_sft_size: int = 0,
 ) -> list[Path]:
     """Write ``train.parquet`` and ``test.parquet`` (returned); with ``sft_size > 0`` also ``sft.parquet``
-    and ``sft_val.parquet`` (returned after them)."""
-    _check_options(train_size, val_size, sft_size, sft_val_size, sft_questions, sft_extra_question_fraction)
+    and ``sft_val.parquet``, with ``patient_sft_size > 0`` also ``patient_sft.parquet`` (returned after them)."""
+    _check_options(train_size, val_size, sft_size, sft_val_size, sft_questions, sft_extra_question_fraction, patient_sft_size)
     splits = draw_splits(train_size, val_size, seed)
     built = {split: [(key, build_case(key, seed)) for key in keys] for split, keys in splits.items()}
     out_dir = Path(out_dir)
@@ -372,5 +411,8 @@ def prepare_synthetic_doctor(
     if sft_size:
         paths += write_expert_transcripts(built["train"], out_dir, sft_size, sft_val_size, sft_questions,
                                           sft_extra_question_fraction, seed)
+    (out_dir / "patient_sft.parquet").unlink(missing_ok=True)
+    if patient_sft_size:
+        paths.append(write_patient_transcripts(built["train"], out_dir, patient_sft_size, seed))
     return paths
 
