@@ -33,7 +33,7 @@ import abc
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import httpx
@@ -79,14 +79,13 @@ class EnvLLMStats:
     seconds: float = 0.0       # wall time spent waiting for replies
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    _latencies: list[float] = field(default_factory=list)  # per batched call
 
     def metrics(self) -> dict[str, float]:
         return {
             "env_llm/requests": float(self.requests), "env_llm/replies": float(self.conversations),
             "env_llm/failures": float(self.failures), "env_llm/retries": float(self.retries),
             "env_llm/wait_s": self.seconds,
-            "env_llm/latency_s": sum(self._latencies) / len(self._latencies) if self._latencies else 0.0,
+            "env_llm/latency_s": self.seconds / self.requests if self.requests else 0.0,  # per batched call
             "env_llm/prompt_tokens": float(self.prompt_tokens), "env_llm/completion_tokens": float(self.completion_tokens),
         }
 
@@ -108,7 +107,6 @@ class EnvLLMClient(abc.ABC):
             elapsed = time.perf_counter() - start
             self.stats.seconds += elapsed
             self.stats.requests += 1
-            self.stats._latencies.append(elapsed)
         if len(replies) != len(conversations):
             raise EnvLLMError(f"{self.describe()} returned {len(replies)} replies for {len(conversations)} conversations")
         self.stats.conversations += len(replies)

@@ -26,7 +26,7 @@ from posttrain.agents.doctor.prompts import DONT_KNOW
 
 _STOP_WORDS = frozenset(
     "a an the do does did is are was were be been you your yours i me my we it its of to in on at for with and or "
-    "any have has had there this that these those how what when where which who whom why can could would will "
+    "have has had there this that these those how what when where which who whom why can could would will "
     "about from by as if so than then them they he she his her any ever feel felt".split()
 )
 _WORD = re.compile(r"[a-z0-9]+")
