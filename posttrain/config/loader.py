@@ -82,8 +82,19 @@ def load_config(yaml_files: Iterable[str | Path] = (), overrides: Sequence[str] 
     return config
 
 
+ASYNC_SECTION = ("async", "async_")  # what users write, and the field's name (``async`` is a Python keyword)
+
+
 def to_yaml(config: PosttrainConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(config))
+    tree = OmegaConf.to_container(OmegaConf.structured(config), resolve=False)
+    tree = {ASYNC_SECTION[0] if key == ASYNC_SECTION[1] else key: value for key, value in tree.items()}
+    return OmegaConf.to_yaml(OmegaConf.create(tree))
+
+
+def _field_key(key: str) -> str:
+    """``async.x`` → ``async_.x`` (both spellings are accepted)."""
+    head, dot, rest = key.partition(".")
+    return f"{ASYNC_SECTION[1]}{dot}{rest}" if head == ASYNC_SECTION[0] else key
 
 
 def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -114,6 +125,7 @@ def _parse_overrides(overrides: Sequence[str], problems: list[ConfigProblem]) ->
 def _apply(config: DictConfig, pairs: list[tuple[str, Any]], source: str) -> list[ConfigProblem]:
     problems = []
     for key, value in pairs:
+        key = _field_key(key)
         if not _key_exists(config, key):
             problems.append(ConfigProblem(key, value, source, _unknown_key_message(config, key)))
             continue

@@ -234,7 +234,27 @@ class SFTConfig:
 
 
 @dataclass
+class AsyncConfig:
+    """Asynchronous training (``trainer.mode=async``; written ``async.*`` on the command line and in
+    YAML): generator actors produce groups with the newest published weights while the trainer
+    updates; a sample is trained at most ``max_staleness`` versions after the weights that sampled it."""
+
+    num_generators: int = 1
+    max_staleness: int = 1  # 0: synchronous behaviour; 1: one-step off-policy; k: up to k versions behind
+    buffer_size: Optional[int] = None  # groups generated but not yet trained; None: (max_staleness + 1) batches
+    unit_groups: Optional[int] = None  # groups per generator call; None: a batch's groups split over the generators
+    partial_rollout: str = "finish"  # finish: an episode ends with the weights it began with | resume: newer weights between turns
+    # decoupled: the loss is clipped around the proximal policy (the trainer's logprobs before the update)
+    # and weighted by proximal / behaviour, truncated at importance_cap (truncated IS) | none: no weight
+    correction: str = "decoupled"
+    importance_cap: float = 2.0
+    generator_cpus: int = 1  # CPUs of each generator's process
+    generator_gpus: float = 1.0  # GPUs of each generator on a GPU machine
+
+
+@dataclass
 class TrainerConfig:
+    mode: str = "sync"  # sync: generate then train on the same workers | async: generators beside a trainer (async.*)
     project_name: str = "posttrain"
     experiment_name: str = "run"
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
@@ -266,4 +286,5 @@ class PosttrainConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    async_: AsyncConfig = field(default_factory=AsyncConfig)  # the key ``async`` (a Python keyword) in YAML and overrides
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

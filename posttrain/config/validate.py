@@ -22,6 +22,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "env.llm.rollout": ("vllm", "hf"),
     "env.llm.placement": ("colocate", "separate"),
     "sft.truncation": ("error", "drop", "left"),
+    "trainer.mode": ("sync", "async"),
+    "async_.partial_rollout": ("finish", "resume"),
+    "async_.correction": ("decoupled", "none"),
     "sft.optim.lr_scheduler": ("constant", "cosine"),
 }
 
@@ -47,6 +50,38 @@ def validate_config(config: PosttrainConfig) -> list[ConfigProblem]:
         problems += check_batch_arithmetic(config)
     if config.env.name is not None:
         problems += check_env(config)
+    if config.trainer.mode == "async":
+        problems += check_async(config)
+    return problems
+
+
+def check_async(config: PosttrainConfig) -> list[ConfigProblem]:
+    """What asynchronous training cannot run with (checked only for ``trainer.mode=async``)."""
+    options, batch = config.async_, config.data.train_batch_size
+    problems = []
+    if options.max_staleness < 0:
+        problems.append(ConfigProblem("async.max_staleness", options.max_staleness, "config",
+                                      "must be >= 0 (0: synchronous behaviour, 1: one-step off-policy, k: up to k versions behind)"))
+    if options.num_generators < 1:
+        problems.append(ConfigProblem("async.num_generators", options.num_generators, "config", "must be >= 1"))
+    if options.generator_cpus < 1:
+        problems.append(ConfigProblem("async.generator_cpus", options.generator_cpus, "config", "must be >= 1"))
+    if options.buffer_size is not None and options.buffer_size < batch:
+        problems.append(ConfigProblem("async.buffer_size", options.buffer_size, "config",
+                                      f"must hold at least one batch (data.train_batch_size={batch} groups), or null for (max_staleness + 1) batches"))
+    unit = options.unit_groups
+    if unit is not None and (unit < 1 or batch % unit):
+        problems.append(ConfigProblem("async.unit_groups", unit, "config",
+                                      f"must divide data.train_batch_size={batch} (a batch is a whole number of generator calls), or null"))
+    if options.importance_cap <= 0:
+        problems.append(ConfigProblem("async.importance_cap", options.importance_cap, "config", "must be > 0"))
+    if config.algorithm.adv_estimator == "remax":
+        problems.append(ConfigProblem("algorithm.adv_estimator", "remax", "trainer.mode=async",
+                                      "ReMax needs a greedy baseline rollout with the very weights being trained, which "
+                                      "asynchronous generators do not have; use grpo/rloo, or trainer.mode=sync"))
+    if config.reward_model.enable:
+        problems.append(ConfigProblem("reward_model.enable", True, "trainer.mode=async",
+                                      "the reward-model worker is not reachable from the generators yet; use rule rewards or trainer.mode=sync"))
     return problems
 
 
@@ -116,7 +151,7 @@ def _check_env_llm(config: PosttrainConfig) -> list[ConfigProblem]:
 
 def _check_choices(config: PosttrainConfig) -> list[ConfigProblem]:
     return [
-        ConfigProblem(key, get(config, key), "config", f"must be one of {', '.join(allowed)}")
+        ConfigProblem(key.replace("async_.", "async."), get(config, key), "config", f"must be one of {', '.join(allowed)}")
         for key, allowed in CHOICES.items()
         if get(config, key) not in allowed
     ]

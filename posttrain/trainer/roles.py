@@ -65,7 +65,11 @@ def worker_specs(config: PosttrainConfig, total_steps: int) -> dict[str, WorkerS
     actor_steps = optimizer_steps(config, total_steps, arr.actor.ppo_mini_batch_size, arr.actor.ppo_epochs)
     critic_steps = optimizer_steps(config, total_steps, config.critic.ppo_mini_batch_size, config.critic.ppo_epochs)
     specs = {"env_llm": WorkerSpec(EnvLLMWorker, (config.env.llm,), {"seed": seed})} if needs_env_llm_worker(config) else {}
-    specs["actor"] = WorkerSpec(PolicyWorker, (arr.model, arr.actor, arr.rollout, config.data), {"total_steps": actor_steps, "seed": seed})
+    # asynchronous training learns from older weights' samples: the loss corrects for them
+    correct = config.trainer.mode == "async" and config.async_.correction == "decoupled"
+    specs["actor"] = WorkerSpec(PolicyWorker, (arr.model, arr.actor, arr.rollout, config.data), {
+        "total_steps": actor_steps, "seed": seed, "importance_cap": config.async_.importance_cap if correct else None,
+    })
     if uses_reference(config):
         specs["ref"] = WorkerSpec(ReferenceWorker, (arr.model, arr.actor, arr.ref, arr.rollout), {"seed": seed})
     if critic_enabled(config):
@@ -84,12 +88,17 @@ def resource_pools(config: PosttrainConfig, roles: list[str]) -> ResourcePoolMan
     trainer, llm = config.trainer, config.env.llm
     gpus = 1.0 if _use_gpu(trainer.device) else 0.0
     separate = "env_llm" in roles and llm.placement == "separate"
-    free_cpus = (os.cpu_count() or 1) - (llm.cpus if separate else 0)
+    free_cpus = (os.cpu_count() or 1) - (llm.cpus if separate else 0) - generator_cpus(config)
     cpus = trainer.cpus_per_worker or max(1, free_cpus // trainer.n_workers_per_node)
     pools = {"global_pool": ResourcePool("global_pool", [trainer.n_workers_per_node] * trainer.nnodes, cpus_per_bundle=cpus, gpus_per_bundle=gpus)}
     if separate:
         pools["env_llm_pool"] = ResourcePool("env_llm_pool", [1], cpus_per_bundle=llm.cpus, gpus_per_bundle=llm.gpus if gpus else 0.0)
     return ResourcePoolManager(pools, {role: "env_llm_pool" if separate and role == "env_llm" else "global_pool" for role in roles})
+
+
+def generator_cpus(config: PosttrainConfig) -> int:
+    """CPUs the asynchronous generators take out of this machine before the trainer's share."""
+    return config.async_.num_generators * config.async_.generator_cpus if config.trainer.mode == "async" else 0
 
 
 def start_roles(config: PosttrainConfig, total_steps: int) -> Roles:

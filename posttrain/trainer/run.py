@@ -17,25 +17,34 @@ from posttrain.trainer.checkpoint import CheckpointError
 def run_training(config: PosttrainConfig) -> int:
     import ray
 
+    from posttrain.controller import ResourceError, WorkerDiedError
+    from posttrain.trainer.async_.trainer import AsyncTrainer, StopRequested
     from posttrain.trainer.sync import SyncTrainer
 
     console = Console()
     start = time.perf_counter()
     try:
-        trainer = SyncTrainer(config)
+        trainer = (AsyncTrainer if config.trainer.mode == "async" else SyncTrainer)(config)
     except (ValueError, FileNotFoundError) as err:  # refused before any worker starts: say why, no traceback
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
     _start_ray(config.trainer.ray_address)
     try:
+        mode = f" ({config.async_.num_generators} generator(s), max staleness {config.async_.max_staleness})" if config.trainer.mode == "async" else ""
         console.print(
             f"[bold]posttrain[/] {config.algorithm.adv_estimator} on {config.actor_rollout_ref.model.path}: "
-            f"{trainer.total_steps} steps → {trainer.run_dir}"
+            f"{trainer.total_steps} steps{mode} → {trainer.run_dir}"
         )
         trainer.fit()
-    except (RetrieverError, EnvLLMError) as err:  # a service is down or never came up: the message says how to start it
+    except (RetrieverError, EnvLLMError, ResourceError) as err:  # a service is down, or the cluster too small: the message says what to do
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
+    except StopRequested:  # a graceful stop: the checkpoint is written and named
+        console.print("posttrain: run the same command again to continue (trainer.resume_mode=auto)")
+        return 0
+    except WorkerDiedError as err:
+        print(f"posttrain: {err}", file=sys.stderr)
+        return 1
     finally:
         ray.shutdown()
     _summary(console, trainer.val_history, trainer.run_dir, time.perf_counter() - start)

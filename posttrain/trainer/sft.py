@@ -25,7 +25,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from posttrain import keys
 from posttrain.config import ConfigError
@@ -135,7 +134,7 @@ class SFTTrainer:
     def fit(self) -> Path:
         """Train to ``total_steps``; returns the exported Hugging Face directory."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.config)))
+        (self.run_dir / "config.yaml").write_text(to_yaml(self.config))
         torch.manual_seed(self.config.trainer.seed)
         try:
             self.roles = start_roles(self.config, self.total_steps)
@@ -216,7 +215,7 @@ class SFTTrainer:
         directory = self.checkpoints.begin(self.step)
         self.roles.actor.save_checkpoint(str(directory / "actor"))
         (directory / "trainer_state.json").write_text(json.dumps({"step": self.step, "dataloader": self.train.state_dict()}))
-        (directory / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.config)))
+        (directory / "config.yaml").write_text(to_yaml(self.config))
         save_rng_state(directory)
         return self.checkpoints.commit(self.step)
 

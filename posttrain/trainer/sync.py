@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from posttrain import keys
 from posttrain.algos import get_advantage_estimator, get_kl_estimator, masked_mean
+from posttrain.config import to_yaml
 from posttrain.config.schema import PosttrainConfig
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
@@ -76,7 +76,7 @@ class SyncTrainer:
     def fit(self) -> dict[str, float]:
         """Train to ``total_steps``; returns the last validation metrics."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.config)))
+        (self.run_dir / "config.yaml").write_text(to_yaml(self.config))
         torch.manual_seed(self.config.trainer.seed)
         self.roles = start_roles(self.config, self.total_steps)
         try:
@@ -124,40 +124,50 @@ class SyncTrainer:
     def train_step(self, prompts: Batch) -> dict[str, float]:
         timings: dict[str, float] = {}
         roles, config = self.roles, self.config
-        metrics: dict[str, float] = {}
         with timed(timings, "step"):
             # the rollout times its own phases: gen (and reward, for single-turn scoring)
-            batch, rollout_metrics = self.rollout(roles, repeat_for_groups(prompts, config.actor_rollout_ref.rollout.n), timings=timings)
-            metrics |= rollout_metrics
+            batch, metrics = self.rollout(roles, repeat_for_groups(prompts, config.actor_rollout_ref.rollout.n), timings=timings)
             if config.algorithm.adv_estimator == "remax":
                 with timed(timings, "gen_max"):
                     batch = batch.union(self._greedy_baseline(prompts, batch[keys.GROUP_IDS]))
-            if not self.on_policy_update:
-                with timed(timings, "old_log_prob"):
-                    old = roles.actor.compute_log_prob(batch)
-                    batch = batch.union(old.select([keys.OLD_LOGPROBS]))
-                    metrics["actor/entropy"] = float(masked_mean(old[keys.ENTROPY], batch[keys.RESPONSE_MASK]))
-            if roles.ref is not None:
-                with timed(timings, "ref"):
-                    batch = batch.union(roles.ref.compute_ref_log_prob(batch))
-            if roles.critic is not None:
-                with timed(timings, "values"):
-                    batch = batch.union(roles.critic.compute_values(batch))
-            with timed(timings, "adv"):
-                if config.algorithm.use_kl_in_reward:
-                    batch, kl_metrics = apply_kl_in_reward(batch, self.kl_controller, config.algorithm.kl_penalty)
-                    metrics |= kl_metrics
-                batch = compute_advantages(batch, self.estimator)
-            if roles.critic is not None:
-                with timed(timings, "update_critic"):
-                    metrics |= mean_of_ranks(roles.critic.update(batch).metrics)
+            batch, learned = self.learn(batch, timings)
+            metrics |= learned
             if self.step > config.trainer.critic_warmup:
-                with timed(timings, "update_actor"):
-                    metrics |= mean_of_ranks(roles.actor.update(batch).metrics)
                 with timed(timings, "sync"):
                     roles.actor.sync_weights(self.step)
-        metrics |= data_metrics(batch, config.data.max_response_length)
-        metrics |= timing_metrics(timings, batch)
+        return metrics | self.batch_metrics(batch, timings)
+
+    def learn(self, batch: Batch, timings: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        """From scored rollouts to updated weights: π_old, π_ref and values as needed, advantages,
+        then the critic's and the actor's updates. Returns the batch with what was computed."""
+        roles, config = self.roles, self.config
+        metrics: dict[str, float] = {}
+        if not self.on_policy_update:
+            with timed(timings, "old_log_prob"):
+                old = roles.actor.compute_log_prob(batch)
+                batch = batch.union(old.select([keys.OLD_LOGPROBS]))
+                metrics["actor/entropy"] = float(masked_mean(old[keys.ENTROPY], batch[keys.RESPONSE_MASK]))
+        if roles.ref is not None:
+            with timed(timings, "ref"):
+                batch = batch.union(roles.ref.compute_ref_log_prob(batch))
+        if roles.critic is not None:
+            with timed(timings, "values"):
+                batch = batch.union(roles.critic.compute_values(batch))
+        with timed(timings, "adv"):
+            if config.algorithm.use_kl_in_reward:
+                batch, kl_metrics = apply_kl_in_reward(batch, self.kl_controller, config.algorithm.kl_penalty)
+                metrics |= kl_metrics
+            batch = compute_advantages(batch, self.estimator)
+        if roles.critic is not None:
+            with timed(timings, "update_critic"):
+                metrics |= mean_of_ranks(roles.critic.update(batch).metrics)
+        if self.step > config.trainer.critic_warmup:
+            with timed(timings, "update_actor"):
+                metrics |= mean_of_ranks(roles.actor.update(batch).metrics)
+        return batch, metrics
+
+    def batch_metrics(self, batch: Batch, timings: dict[str, float]) -> dict[str, float]:
+        metrics = data_metrics(batch, self.config.data.max_response_length) | timing_metrics(timings, batch)
         metrics["training/weight_version"] = float(batch.meta.get(keys.WEIGHT_VERSION, 0))
         return metrics
 
@@ -189,14 +199,19 @@ class SyncTrainer:
             "kl_controller": self.kl_controller.state_dict(),
         }
         (directory / "trainer_state.json").write_text(json.dumps(state))
-        (directory / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.config)))
+        (directory / "config.yaml").write_text(to_yaml(self.config))
         save_rng_state(directory)
+        self._save_more(directory)
         return self.checkpoints.commit(self.step)
 
-    def _resume(self) -> None:
+    def _save_more(self, directory: Path) -> None:
+        """What a mode adds to a checkpoint (asynchronous training: its buffer)."""
+
+    def _resume(self) -> Path | None:
+        """Restore the newest checkpoint (``trainer.resume_mode``); returns its directory, or None."""
         directory = self.checkpoints.resolve_resume(self.config.trainer.resume_mode)
         if directory is None:
-            return
+            return None
         state = json.loads((directory / "trainer_state.json").read_text())
         self.step = step_of(directory)
         self.data.train.load_state_dict(state["dataloader"])
@@ -206,4 +221,5 @@ class SyncTrainer:
         if self.roles.critic is not None:
             self.roles.critic.load_checkpoint(str(directory / "critic"))
         print(f"posttrain: resumed from {directory} (step {self.step})")
+        return directory
 

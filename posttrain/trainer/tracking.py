@@ -23,6 +23,9 @@ HEADLINE_METRICS = (
     ("val/acc", "val acc"),
     ("response_length/mean", "resp len"),
     ("timing_s/step", "s/step"),
+    ("async/buffer_units", "buffer"),
+    ("async/staleness/mean", "staleness"),
+    ("async/trainer_wait_fraction", "trainer waits"),
 )
 
 

@@ -6,6 +6,9 @@ losses add up to the mini-batch loss) and metrics that are means over the micro-
 
 Policy: the configured policy loss (PPO clip / GSPO / CISPO), minus ``entropy_coeff`` × entropy,
 plus ``kl_loss_coef`` × KL(π ‖ π_ref) when the KL is a loss rather than a reward penalty (GRPO).
+With ``importance_cap`` set (asynchronous training: samples from older weights μ), each token's loss
+is weighted by min(π_old / μ, cap) from the rollout's BEHAVIOUR_LOGPROBS while the ratio is still
+taken against π_old, the proximal policy: decoupled PPO (:mod:`posttrain.algos.off_policy`).
 Critic: the clipped value loss.
 SFT: the negative log-likelihood of the assistant tokens (RESPONSE_MASK), averaged over those tokens.
 """
@@ -18,6 +21,7 @@ from torch import Tensor
 
 from posttrain import keys
 from posttrain.algos import aggregate_loss, get_kl_estimator, get_policy_loss, masked_mean, value_loss
+from posttrain.algos.off_policy import rollout_importance_weights
 from posttrain.config.schema import ActorConfig, CriticConfig
 from posttrain.engines.training.modeling import ForwardOutputs
 from posttrain.protocol import Batch
@@ -34,9 +38,10 @@ class PolicyObjective:
     entropy_coeff: float
     kl_loss_coef: float | None  # None: no KL loss
     kl_loss_type: str
+    importance_cap: float | None = None  # None: no behaviour-policy correction
 
     @classmethod
-    def from_config(cls, actor: ActorConfig, max_response_length: int) -> PolicyObjective:
+    def from_config(cls, actor: ActorConfig, max_response_length: int, importance_cap: float | None = None) -> PolicyObjective:
         options = {
             "clip_ratio_low": actor.clip_ratio_low,
             "clip_ratio_high": actor.clip_ratio_high,
@@ -50,7 +55,7 @@ class PolicyObjective:
             get_kl_estimator(actor.kl_loss_type)
         return cls(
             actor.policy_loss, options, actor.loss_agg_mode, max_response_length, actor.entropy_coeff,
-            actor.kl_loss_coef if actor.use_kl_loss else None, actor.kl_loss_type,
+            actor.kl_loss_coef if actor.use_kl_loss else None, actor.kl_loss_type, importance_cap,
         )
 
     def __call__(self, outputs: ForwardOutputs, batch: Batch, normalizer: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
@@ -58,10 +63,11 @@ class PolicyObjective:
         policy_loss = get_policy_loss(self.loss_name, **self.loss_options)
         # without OLD_LOGPROBS the update is a single step from the weights that sampled: π_old = π_θ, detached
         old = batch[keys.OLD_LOGPROBS] if keys.OLD_LOGPROBS in batch else outputs.logprobs.detach()
-        result = policy_loss(outputs.logprobs, old, batch[keys.ADVANTAGES], mask, global_normalizer=normalizer)
+        weighting, metrics = self._behaviour_weights(old, batch)
+        result = policy_loss(outputs.logprobs, old, batch[keys.ADVANTAGES], mask, global_normalizer=normalizer, **weighting)
         loss = result.loss
-        local = policy_loss(outputs.logprobs, old, batch[keys.ADVANTAGES], mask).loss.detach()
-        metrics = {
+        local = policy_loss(outputs.logprobs, old, batch[keys.ADVANTAGES], mask, **weighting).loss.detach()
+        metrics |= {
             "pg_loss": local,
             "pg_clipfrac": result.clipfrac,
             "pg_clipfrac_lower": result.clipfrac_lower,
@@ -76,6 +82,17 @@ class PolicyObjective:
             loss = loss + self.kl_loss_coef * self._aggregate(kl, mask, normalizer)
             metrics["kl_loss"] = masked_mean(kl, mask).detach()
         return loss, metrics
+
+    def _behaviour_weights(self, old: Tensor, batch: Batch) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """``token_weights`` min(π_old / μ, cap) and their metrics, when the objective corrects for μ."""
+        if self.importance_cap is None:
+            return {}, {}
+        if keys.OLD_LOGPROBS not in batch:
+            raise ValueError(f"the behaviour correction needs the proximal policy's {keys.OLD_LOGPROBS} (compute_log_prob first)")
+        weights = rollout_importance_weights(old, batch[keys.BEHAVIOUR_LOGPROBS], batch[keys.RESPONSE_MASK], upper=self.importance_cap)
+        return {"token_weights": weights.weights}, {
+            "behaviour_weight_mean": weights.mean_raw_weight, "behaviour_weight_truncated": weights.truncated_fraction,
+        }
 
     def _aggregate(self, per_token: Tensor, mask: Tensor, normalizer: Tensor) -> Tensor:
         return aggregate_loss(

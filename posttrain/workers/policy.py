@@ -9,7 +9,6 @@ On GPU the rollout engine sleeps (frees its KV cache) while the training engine 
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
 from pathlib import Path
 
 from posttrain import keys
@@ -17,12 +16,11 @@ from posttrain.config.schema import ActorConfig, DataConfig, ModelConfig, Rollou
 from posttrain.controller import Dispatch, Worker, WorkerContext, register
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
-from posttrain.workers.engines import generation_params, rollout_engine, training_engine
+from posttrain.workers.engines import rollout_engine, training_engine
 from posttrain.workers.objectives import PolicyObjective, sft_objective
-from posttrain.workers.rollout_batch import generations_to_batch, prompt_token_lists
+from posttrain.workers.sampling import VALIDATE_META_KEY, Sampling, WeightsAtVersion
 
-RANK_SEED_STRIDE = 1_000_003  # ranks' sampling seeds far apart: a rank's requests take base, base+1, ...
-VALIDATE_META_KEY = "validate"  # meta flag: sample with rollout.val_kwargs instead of training settings
+__all__ = ["VALIDATE_META_KEY", "PolicyWorker", "mean_metrics"]
 
 
 def mean_metrics(per_step: list[dict[str, float]]) -> dict[str, float]:
@@ -30,10 +28,12 @@ def mean_metrics(per_step: list[dict[str, float]]) -> dict[str, float]:
     return {name: statistics.fmean(m[name] for m in per_step if name in m) for name in sorted(names)}
 
 
-class PolicyWorker(Worker):
+class PolicyWorker(Sampling, Worker):
+    """``generate``, ``generate_turn`` and ``release_rollout`` come from :class:`Sampling`."""
+
     def __init__(
         self, ctx: WorkerContext, model: ModelConfig, actor: ActorConfig, rollout: RolloutConfig, data: DataConfig,
-        *, total_steps: int | None = None, seed: int = 0,
+        *, total_steps: int | None = None, seed: int = 0, importance_cap: float | None = None,
     ) -> None:
         super().__init__(ctx)
         self.actor, self.rollout_config, self.data = actor, rollout, data
@@ -46,59 +46,7 @@ class PolicyWorker(Worker):
         self.rollout = rollout_engine(
             model_path, rollout, max_model_len=data.max_prompt_length + data.max_response_length, seed=seed + ctx.rank
         )
-        self.objective = PolicyObjective.from_config(actor, data.max_response_length)
-
-    # ---- rollout --------------------------------------------------------------------------------
-
-    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
-    def generate(self, batch: Batch) -> Batch:
-        """Prompts (PROMPT_IDS, PROMPT_MASK) → the same rows with responses and model inputs added."""
-        validate = bool(batch.meta.get(VALIDATE_META_KEY, False))
-        # Seeded by the weight version (restored with a checkpoint), so a resumed run samples as
-        # the uninterrupted one would have.
-        params = generation_params(
-            self.rollout_config, self.data.max_response_length, validation=validate,
-            seed=self.seed + 1000 * self.rollout.version + RANK_SEED_STRIDE * self.rank,
-        )
-        self.rollout.wake_up()
-        generations = self.rollout.generate(prompt_token_lists(batch), params)
-        self.rollout.sleep()
-        pad = self.tokenizer.pad_token_id
-        return generations_to_batch(batch, generations, self.data.max_response_length, pad)
-
-    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
-    def generate_turn(self, batch: Batch) -> Batch:
-        """One agent turn for each row's context (TURN_CONTEXT_IDS): TURN_TOKEN_IDS, TURN_LOGPROBS, FINISH_REASON.
-
-        Meta: TURN_MAX_NEW_TOKENS, TURN_STOP, TURN_INDEX and optionally VALIDATE_META_KEY. The
-        tokens come back exactly as sampled; the agent loop appends them without re-tokenising.
-        The engine stays awake between turns (its prefix cache holds the contexts); the agent loop
-        calls :meth:`release_rollout` when its episodes end.
-        """
-        validate = bool(batch.meta.get(VALIDATE_META_KEY, False))
-        params = replace(
-            generation_params(
-                self.rollout_config, int(batch.meta[keys.TURN_MAX_NEW_TOKENS]), validation=validate,
-                seed=self.seed + 1000 * self.rollout.version + 100_003 * int(batch.meta.get(keys.TURN_INDEX, 0))
-                + RANK_SEED_STRIDE * self.rank,
-            ),
-            stop=tuple(batch.meta.get(keys.TURN_STOP, ())),
-        )
-        self.rollout.wake_up()
-        generations = self.rollout.generate([list(context) for context in batch[keys.TURN_CONTEXT_IDS]], params)
-        return Batch.from_dict(
-            non_tensors={
-                keys.TURN_TOKEN_IDS: [g.response_token_ids for g in generations],
-                keys.TURN_LOGPROBS: [g.logprobs for g in generations],
-                keys.FINISH_REASON: [g.finish_reason for g in generations],
-            },
-            meta={keys.WEIGHT_VERSION: self.rollout.version},
-        )
-
-    @register(dispatch=Dispatch.ONE_TO_ALL)
-    def release_rollout(self) -> None:
-        """Let the rollout engine sleep (free its accelerator memory) after a multi-turn rollout."""
-        self.rollout.sleep()
+        self.objective = PolicyObjective.from_config(actor, data.max_response_length, importance_cap)
 
     # ---- training -------------------------------------------------------------------------------
 
@@ -156,6 +104,16 @@ class PolicyWorker(Worker):
         self.rollout.load_weights(self.engine.named_weights(), version)
         self.rollout.sleep()
         return self.rollout.version
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def publish_weights(self, version: int) -> list | None:
+        """The training weights as ONE object in Ray's object store, for generators to pull:
+        rank 0 returns ``[ref]`` (a list, so the reference itself travels), the other ranks None.
+        Every rank takes part: sharded weights are gathered collectively."""
+        import ray
+
+        weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.engine.named_weights()}
+        return [ray.put(WeightsAtVersion(version, weights))] if self.rank == 0 else None
 
     # ---- persistence ----------------------------------------------------------------------------
 

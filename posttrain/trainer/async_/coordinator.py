@@ -1,0 +1,160 @@
+"""The coordinator's side of the generators: starting them, feeding them units, replacing the dead.
+
+Each generator is a :class:`~posttrain.workers.generator.GeneratorWorker` in a one-process pool of
+its own (``async.generator_cpus`` CPUs, ``async.generator_gpus`` GPUs on a GPU machine), served by
+one controller thread that loops: take a unit from the scheduler (waiting while the bounds say
+so), have the generator produce it, hand the result back. When the generator's process dies, the
+thread reports it, puts the unit back first in line, and starts a new generator in the same pool;
+any other failure (a bug, an environment error) closes the scheduler with that error, and the
+trainer stops the run with it.
+
+:class:`RolloutRecipe` is what a generator builds its rollout from: the very rollout classes the
+synchronous trainer uses (``build_rollout``), opened against the generator ("the actor"), the
+run's retriever (by URL: one service for the whole run) and the run's Env-LLM worker group.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from posttrain.config.schema import PosttrainConfig
+from posttrain.controller import ResourcePool, WorkerDiedError, WorkerGroup, WorkerSpec
+from posttrain.controller.worker_group import kill_group, spawn_ray
+from posttrain.protocol import Batch
+from posttrain.trainer.async_.buffer import UnitScheduler
+from posttrain.trainer.phases import repeat_for_groups
+from posttrain.trainer.rollout import build_rollout
+from posttrain.workers.generator import GeneratorWorker
+
+
+@dataclass
+class RolloutRecipe:
+    """Built on the controller, pickled to each generator."""
+
+    config: PosttrainConfig
+    data_dir: Path | None
+
+    def build(self, tokenizer: Any, roles: Any) -> Any:
+        rollout = build_rollout(self.config, tokenizer, self.data_dir)
+        rollout.open(roles)
+        return rollout
+
+    def produce(self, rollout: Any, roles: Any, prompts: Batch) -> tuple[Batch, dict[str, float]]:
+        return rollout(roles, repeat_for_groups(prompts, self.config.actor_rollout_ref.rollout.n))
+
+
+def generator_config(config: PosttrainConfig, retriever_url: str | None) -> PosttrainConfig:
+    """The run's config as generators see it: the retriever the controller opened, by URL."""
+    config = copy.deepcopy(config)
+    if retriever_url:
+        config.env.retriever.url = retriever_url
+    return config
+
+
+class Generators:
+    def __init__(
+        self, config: PosttrainConfig, scheduler: UnitScheduler, recipe: RolloutRecipe, board: Any, env_llm: WorkerGroup | None,
+        run_dir: Path, env: dict[str, str], gpus: float,
+    ) -> None:
+        self.config, self.scheduler, self.recipe, self.board, self.env_llm = config, scheduler, recipe, board, env_llm
+        self.run_dir, self.env = run_dir, env
+        options = config.async_
+        self.pools = [
+            ResourcePool(f"generator_{i}", [1], cpus_per_bundle=options.generator_cpus, gpus_per_bundle=options.generator_gpus if gpus else 0.0)
+            for i in range(options.num_generators)
+        ]
+        self.groups: list[WorkerGroup | None] = [None] * len(self.pools)
+        self.threads: list[threading.Thread] = []
+        self.restarts = 0
+        self.produced_samples = 0
+        self.busy_s = [0.0] * len(self.pools)
+        self.started_at = time.perf_counter()
+        self.console = Console(stderr=True)
+        self.stopping = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start every generator (in parallel: each builds its engine), then one serving thread each."""
+        for i in range(len(self.pools)):
+            self.groups[i] = self._spawn(i)
+        self._write_pids()
+        self.started_at = time.perf_counter()
+        for i in range(len(self.pools)):
+            thread = threading.Thread(target=self._serve, args=(i,), name=f"generator-{i}", daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _spawn(self, i: int) -> WorkerGroup:
+        options = self.config.async_
+        spec = WorkerSpec(GeneratorWorker, (self.config.actor_rollout_ref.model, self.config.actor_rollout_ref.rollout, self.config.data), {
+            "recipe": self.recipe, "board": self.board, "partial_rollout": options.partial_rollout,
+            "seed": self.config.trainer.seed, "env_llm": self.env_llm, "generator_index": i,
+        })
+        return spawn_ray({"generator": spec}, self.pools[i], name_prefix=f"generator{i}", env=self.env)["generator"]
+
+    def _write_pids(self) -> None:
+        """Which process is which generator (for a person, or a test, that wants to find one)."""
+        pids = {f"generator_{i}": group.pid() for i, group in enumerate(self.groups) if group is not None}
+        (self.run_dir / "generators.json").write_text(json.dumps(pids))
+
+    def _serve(self, i: int) -> None:
+        while (unit := self.scheduler.next_unit()) is not None:
+            group = self.groups[i]
+            start = time.perf_counter()
+            try:
+                result = group.produce(unit.index, unit.prompts, unit.row_offset)
+            except WorkerDiedError as err:
+                self.scheduler.requeue(unit)
+                if self.stopping or not self._replace(i, err):
+                    return
+                continue
+            except Exception as err:  # noqa: BLE001 - any other failure stops the run, with its message
+                self.scheduler.close(RuntimeError(f"generator {i} failed on unit {unit.index}: {type(err).__name__}: {err}"))
+                return
+            with self._lock:
+                self.busy_s[i] += time.perf_counter() - start
+                self.produced_samples += len(result.batch)
+            self.scheduler.finish(unit, result)
+
+    def _replace(self, i: int, err: Exception) -> bool:
+        self.console.print(f"[yellow]posttrain: generator {i} died ({err}); starting a new one, its unit goes back in line[/]")
+        with self._lock:
+            self.restarts += 1
+        try:
+            kill_group(self.groups[i])
+            self.groups[i] = self._spawn(i)
+            self._write_pids()
+            return True
+        except Exception as spawn_error:  # noqa: BLE001
+            self.scheduler.close(RuntimeError(f"generator {i} died and could not be restarted: {spawn_error}"))
+            return False
+
+    def metrics(self) -> dict[str, float]:
+        elapsed = max(time.perf_counter() - self.started_at, 1e-9)
+        with self._lock:
+            busy = sum(self.busy_s) / len(self.busy_s)
+            return {
+                "async/generator_restarts": float(self.restarts),
+                "async/generated_samples_per_s": self.produced_samples / elapsed,
+                "async/generator_idle_fraction": max(0.0, 1.0 - busy / elapsed),
+            }
+
+    def stop(self) -> None:
+        """Close the scheduler, let the threads end (an in-flight unit is abandoned), stop the processes."""
+        self.stopping = True
+        self.scheduler.close()
+        for group in self.groups:
+            if group is not None:
+                kill_group(group)
+        for thread in self.threads:
+            thread.join(timeout=10)
+        for pool in self.pools:
+            pool.release()

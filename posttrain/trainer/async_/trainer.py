@@ -1,0 +1,280 @@
+"""The asynchronous trainer: generators produce groups while the trainer updates (``trainer.mode=async``).
+
+    coordinator   start the trainer's roles (policy, reference, critic, Env-LLM) and N generators;
+                  publish the starting weights; serve the generators from the unit scheduler
+    each step     take batch b from the buffer (its units in data order, each ≤ max_staleness
+                  versions old) → learn (π_prox = the trainer's logprobs before the update; π_ref,
+                  values, advantages; critic and actor updates with the decoupled-PPO correction
+                  against the behaviour logprobs) → publish version b + 1 as one object in Ray's
+                  object store → the generators pull it before their next unit
+    validation    on the trainer's own rollout engine, synced just before
+    checkpoints   the sync trainer's, plus the scheduler's snapshot: the data position and every
+                  unit not yet trained (finished ones as generated, the rest as prompts)
+    stopping      at the end, on Ctrl-C / SIGTERM, or when ``<run dir>/STOP`` appears: the
+                  in-flight units are abandoned (their prompts are in the checkpoint) and a final
+                  checkpoint is written; a dead trainer worker stops the run pointing at the last one
+
+It reuses the synchronous trainer's phases (``learn``), validation, checkpoints and tracking; only
+where the batch comes from and how the weights travel differ.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from posttrain import keys
+from posttrain.config import to_yaml
+from posttrain.config.schema import PosttrainConfig
+from posttrain.controller import ResourceError, WorkerDiedError
+from posttrain.protocol import Batch, pad_rows
+from posttrain.engines.training.inputs import build_model_inputs
+from posttrain.trainer.async_.buffer import SchedulerClosed, UnitScheduler
+from posttrain.trainer.async_.coordinator import Generators, RolloutRecipe, generator_config
+from posttrain.trainer.metrics import timed
+from posttrain.trainer.report import write_report
+from posttrain.trainer.roles import WORKER_ENV, _use_gpu, generator_cpus, start_roles
+from posttrain.trainer.sync import SyncTrainer
+from posttrain.trainer.tracking import run_tracking
+from posttrain.workers.generator import GeneratedUnit, WeightBoard
+
+STOP_FILE = "STOP"
+STATE_FILE = "async_state.pt"
+
+
+class StopRequested(Exception):
+    """Ctrl-C, SIGTERM or the STOP file: finish gracefully with a checkpoint."""
+
+
+class AsyncTrainer(SyncTrainer):
+    def __init__(self, config: PosttrainConfig) -> None:
+        super().__init__(config)
+        options = config.async_
+        # Every update is from weights newer than the sampling ones: π_prox is always computed.
+        self.on_policy_update = False
+        batch = config.data.train_batch_size
+        self.groups_per_unit = options.unit_groups or max(1, batch // options.num_generators)
+        if batch % self.groups_per_unit:
+            self.groups_per_unit = batch  # a batch that does not split evenly goes to one generator at a time
+        self.units_per_batch = batch // self.groups_per_unit
+        capacity_groups = options.buffer_size or (options.max_staleness + 1) * batch
+        self.capacity_units = max(self.units_per_batch, capacity_groups // self.groups_per_unit)
+        self.scheduler: UnitScheduler | None = None
+        self.generators: Generators | None = None
+        self.board = None
+        self.trained_samples = 0
+        self.staleness_seen: Counter[int] = Counter()
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, float]:
+        import ray
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(to_yaml(self.config))
+        (self.run_dir / STOP_FILE).unlink(missing_ok=True)
+        torch.manual_seed(self.config.trainer.seed)
+        self._check_cluster()
+        self.roles = start_roles(self.config, self.total_steps)
+        tracking = None
+        restore_signals = _stop_on_signals()
+        try:
+            self.rollout.open(self.roles)  # the retriever (for validation here, and by URL for the generators), the Env-LLM
+            resumed = self._resume()
+            self.scheduler = self._new_scheduler()
+            if resumed is not None and (resumed / STATE_FILE).exists():
+                state = torch.load(resumed / STATE_FILE, weights_only=False)
+                self.data.train.load_state_dict(state["data"])  # where the generators had read to
+                self.scheduler.restore(state)
+            self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
+            self._publish()
+            self.generators = self._start_generators()
+            tracking = run_tracking(self.config, self.run_dir, self.total_steps)
+            self._loop(tracking)
+        finally:
+            restore_signals()
+            if tracking is not None:
+                tracking.close()
+            if self.generators is not None:
+                self.generators.stop()
+            self.roles.release()
+            self.rollout.close()
+        if self.validator:
+            write_report(self.run_dir, self.validator.first_samples, self.validator.last_samples)
+        else:
+            write_report(self.run_dir)
+        return self.val_history[-1] if self.val_history else {}
+
+    def _loop(self, tracking) -> None:
+        config, first_step = self.config.trainer, self.step
+        try:
+            if config.val_before_train and self.step == 0 and self.data.val:
+                tracking.log(self.validate(), self.step)
+            while self.step < self.total_steps:
+                if (self.run_dir / STOP_FILE).exists():
+                    raise StopRequested(f"{self.run_dir / STOP_FILE} exists")
+                metrics = self.train_step()  # counts the step once its batch is taken
+                if self._due(config.test_freq) and self.data.val:
+                    metrics |= self.validate()
+                tracking.log(metrics, self.step)
+                if self._due(config.save_freq):
+                    self.save_checkpoint()
+        except (StopRequested, KeyboardInterrupt) as stop:
+            self.generators.stop()  # nothing new starts while the checkpoint is written
+            path = self.save_checkpoint()
+            print(f"posttrain: stopped at step {self.step} ({stop or 'interrupted'}); resumable checkpoint {path}")
+            raise StopRequested(str(path)) from None
+        except WorkerDiedError as err:
+            latest = self.checkpoints.latest()
+            raise WorkerDiedError(f"{err} The trainer is gone; resume from {latest or 'the start (no checkpoint yet)'} "
+                                  "with trainer.resume_mode=auto") from err
+        except SchedulerClosed as err:
+            raise RuntimeError(f"the generators stopped the run: {err}") from err
+        if config.save_freq <= 0 and self.step > first_step:
+            self.save_checkpoint()  # the end: a final checkpoint, whatever save_freq says
+
+    def train_step(self) -> dict[str, float]:
+        """Batch ``self.step`` (0-based) from the buffer → learn → publish version ``self.step``."""
+        timings: dict[str, float] = {}
+        with timed(timings, "step"):
+            with timed(timings, "wait_buffer"):
+                units = self.scheduler.take_batch(self.step)
+            self.step += 1  # trained from here on: the checkpoint of a stop counts it
+            batch, metrics = self._join(units)
+            self._count_staleness(units, metrics)
+            batch, learned = self.learn(batch, timings)
+            metrics |= learned
+            with timed(timings, "publish"):
+                self._publish()
+        self.trained_samples += len(batch)
+        metrics |= self.batch_metrics(batch, timings) | self.scheduler.status() | self.generators.metrics()
+        metrics |= {
+            "async/version": float(self.step),
+            "async/trainer_wait_fraction": timings["wait_buffer"] / max(timings["step"], 1e-9),
+            "async/trained_samples_per_s": self.trained_samples / max(time.perf_counter() - self.generators.started_at, 1e-9),
+            "timing_s/gen": sum(u.seconds for u in units) / len(units),
+        }
+        return metrics
+
+    def _join(self, units: list[GeneratedUnit]) -> tuple[Batch, dict[str, float]]:
+        """The units' rows as one batch (prompts re-padded to a common width), their metrics averaged."""
+        batch = join_rollouts([u.batch for u in units], self.tokenizer.pad_token_id)
+        batch.meta[keys.WEIGHT_VERSION] = min(u.version for u in units)
+        names = {name for u in units for name in u.metrics}
+        metrics = {name: sum(u.metrics[name] for u in units if name in u.metrics) / sum(name in u.metrics for u in units) for name in names}
+        return batch, metrics
+
+    def _count_staleness(self, units: list[GeneratedUnit], metrics: dict[str, float]) -> None:
+        lags = [self.step - 1 - u.version for u in units for _ in range(len(u.batch))]  # trained with version step - 1
+        if max(lags) > self.config.async_.max_staleness:  # the scheduler guarantees it; a breach is a bug
+            raise RuntimeError(f"step {self.step}: a sample {max(lags)} versions old, above async.max_staleness; this is a bug")
+        self.staleness_seen.update(lags)
+        metrics["async/staleness/mean"] = sum(lags) / len(lags)
+        metrics["async/staleness/max"] = float(max(lags))
+        for lag in range(self.config.async_.max_staleness + 1):
+            metrics[f"async/staleness/lag_{lag}"] = lags.count(lag) / len(lags)
+
+    # ---- weights, generators, the scheduler ---------------------------------------------------
+
+    def _publish(self, version: int | None = None) -> None:
+        """The trainer's weights as ``version`` (default: the current step) for the generators to pull."""
+        import ray
+
+        version = self.step if version is None else version
+        if version > 0:
+            refs = self.roles.actor.publish_weights(version)[0]
+            ray.get(self.board.publish.remote(version, refs))
+        if self.scheduler is not None:
+            self.scheduler.advance(version)
+
+    def _new_scheduler(self) -> UnitScheduler:
+        batches = self._batches()
+
+        def next_prompts() -> Batch | None:
+            return next((batch for _, batch in batches), None)
+
+        return UnitScheduler(
+            units_per_batch=self.units_per_batch, groups_per_unit=self.groups_per_unit,
+            group_size=self.config.actor_rollout_ref.rollout.n, capacity_units=self.capacity_units,
+            max_staleness=self.config.async_.max_staleness, total_batches=self.total_steps, next_prompts=next_prompts,
+            version=self.step,
+        )
+
+    def _batches(self):
+        """Prompt batches from the current data position to the end of the run (the generators' supply)."""
+        loader = self.data.train
+        while loader.epoch < self.config.trainer.total_epochs:
+            epoch = loader.epoch
+            for batch in loader:
+                yield epoch, batch
+
+    def _start_generators(self) -> Generators:
+        retriever = self.rollout.retriever.client.url if getattr(self.rollout, "retriever", None) else None
+        recipe = RolloutRecipe(generator_config(self.config, retriever), self.data.data_dir)
+        generators = Generators(
+            self.config, self.scheduler, recipe, self.board, self.roles.env_llm, self.run_dir, WORKER_ENV,
+            gpus=1.0 if _use_gpu(self.config.trainer.device) else 0.0,
+        )
+        generators.start()
+        return generators
+
+    def _check_cluster(self) -> None:
+        """More generators than the machine (or cluster) can host: refused before anything starts."""
+        import ray
+
+        trainer = self.config.trainer
+        trainer_cpus = trainer.cpus_per_worker or 1
+        need = generator_cpus(self.config) + trainer_cpus * trainer.n_workers_per_node * trainer.nnodes
+        have = ray.cluster_resources().get("CPU", 0)
+        if need > have:
+            options = self.config.async_
+            raise ResourceError(
+                f"async.num_generators={options.num_generators} × async.generator_cpus={options.generator_cpus} plus the "
+                f"trainer's {trainer_cpus * trainer.n_workers_per_node * trainer.nnodes} CPU(s) need {need:g} CPUs; the cluster "
+                f"has {have:g}. Use fewer generators, or join a bigger cluster (trainer.ray_address)"
+            )
+
+    # ---- validation and checkpoints -----------------------------------------------------------
+
+    def validate(self) -> dict[str, float]:
+        self.roles.actor.sync_weights(self.step)  # the trainer's engine samples only for validation
+        return super().validate()
+
+    def _save_more(self, directory: Path) -> None:
+        torch.save(self.scheduler.snapshot(self.data.train.state_dict), directory / STATE_FILE)
+
+
+def join_rollouts(batches: list[Batch], pad_token_id: int) -> Batch:
+    """Concatenate rollouts whose prompts were padded to different widths (units of agent episodes)."""
+    width = max(b[keys.PROMPT_IDS].shape[1] for b in batches)
+    padded = []
+    for batch in batches:
+        prompt_width = batch[keys.PROMPT_IDS].shape[1]
+        tensors = dict(batch.tensors)
+        if prompt_width < width:
+            prompt_ids = pad_rows([row[mask.bool()].tolist() for row, mask in zip(batch[keys.PROMPT_IDS], batch[keys.PROMPT_MASK])],
+                                  width, pad_token_id, left=True)
+            prompt_mask = pad_rows([[1] * int(mask.sum()) for mask in batch[keys.PROMPT_MASK]], width, left=True)
+            response_attention = batch[keys.ATTENTION_MASK][:, prompt_width:]
+            tensors |= build_model_inputs(prompt_ids, prompt_mask, batch[keys.RESPONSE_IDS], response_attention)
+            tensors |= {keys.PROMPT_IDS: prompt_ids, keys.PROMPT_MASK: prompt_mask}
+        padded.append(Batch(tensors, batch.non_tensors, {}))
+    return Batch.concat(padded)
+
+
+def _stop_on_signals():
+    """SIGTERM stops like Ctrl-C (a graceful stop with a checkpoint); returns what undoes it."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, previous)

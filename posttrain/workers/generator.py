@@ -1,0 +1,122 @@
+"""The generator: a rollout engine of its own, producing scored groups for asynchronous training.
+
+A generator is a worker with a rollout engine (vLLM; HF generate as a fallback) and, built from the
+``recipe`` the trainer hands it, the same rollout code that synchronous training runs on the
+controller: :class:`~posttrain.trainer.rollout.SingleTurnRollout` (generate, then the reward
+manager) or :class:`~posttrain.trainer.rollout.AgentRollout` (the agent loop with its own
+environments). It plays "the actor" for that rollout (``generate``, ``generate_turn`` from
+:class:`~posttrain.workers.sampling.Sampling`).
+
+Weights are pulled, never pushed: before each unit of work the generator asks the weight board
+(a small Ray actor) for the newest published version, and when it is newer than its own it fetches
+that version's one shared object from Ray's object store and loads it into its engine. With
+``partial_rollout="resume"`` it asks again before every agent turn, so an episode that spans an
+update continues with the newer weights; every token keeps the version and logprob it was sampled
+with either way. A unit is tagged with the version it started with, the oldest of its tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from posttrain.config.schema import DataConfig, ModelConfig, RolloutConfig
+from posttrain.controller import Dispatch, Worker, WorkerContext, register
+from posttrain.models import load_tokenizer, resolve_model
+from posttrain.protocol import Batch
+from posttrain.workers.engines import rollout_engine
+from posttrain.workers.sampling import Sampling, WeightsAtVersion
+
+
+class UnitRecipe(Protocol):
+    """What the trainer gives a generator: how to build its rollout, and how to run one unit."""
+
+    def build(self, tokenizer: Any, roles: Any) -> Any: ...
+
+    def produce(self, rollout: Any, roles: Any, prompts: Batch) -> tuple[Batch, dict[str, float]]: ...
+
+
+@dataclass
+class GeneratedUnit:
+    """One unit of work done: its scored rows and the version of the weights it started with."""
+
+    index: int
+    version: int
+    batch: Batch
+    metrics: dict[str, float]
+    seconds: float
+    generator: int = 0
+
+
+@dataclass
+class _GeneratorRoles:
+    """The roles a rollout sees inside a generator: the generator itself as the actor."""
+
+    actor: Any
+    env_llm: Any = None
+    reward_model: Any = None
+
+
+class GeneratorWorker(Sampling, Worker):
+    def __init__(
+        self, ctx: WorkerContext, model: ModelConfig, rollout: RolloutConfig, data: DataConfig, *, recipe: UnitRecipe,
+        board: Any, partial_rollout: str = "finish", seed: int = 0, env_llm: Any = None, generator_index: int = 0,
+    ) -> None:
+        super().__init__(ctx)
+        self.rollout_config, self.data, self.seed = rollout, data, seed
+        self.board, self.partial_rollout, self.generator_index = board, partial_rollout, generator_index
+        model_path = str(resolve_model(model.path))
+        self.tokenizer = load_tokenizer(model_path)
+        self.rollout = rollout_engine(model_path, rollout, max_model_len=data.max_prompt_length + data.max_response_length, seed=seed)
+        self.recipe = recipe
+        self.roles = _GeneratorRoles(actor=self, env_llm=env_llm)
+        self.producer = recipe.build(self.tokenizer, self.roles)
+
+    @register(dispatch=Dispatch.RANK_ZERO)
+    def pid(self) -> int:
+        return os.getpid()
+
+    @register(dispatch=Dispatch.RANK_ZERO)
+    def produce(self, index: int, prompts: Batch, row_offset: int) -> GeneratedUnit:
+        """Unit ``index``: these prompts (rows ``row_offset``… of their batch), in groups, scored."""
+        start = time.perf_counter()
+        self.pull_weights()
+        version, self.row_offset = self.rollout.version, row_offset
+        batch, metrics = self.recipe.produce(self.producer, self.roles, prompts)
+        return GeneratedUnit(index, version, batch, metrics, time.perf_counter() - start, self.generator_index)
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def generate_turn(self, batch: Batch) -> Batch:
+        if self.partial_rollout == "resume" and not batch.meta.get("validate", False):
+            self.pull_weights()  # an episode that spans an update continues with the newer weights
+        return super().generate_turn(batch)
+
+    def pull_weights(self) -> int:
+        """Load the newest published weights if they are newer than the engine's; returns the version."""
+        import ray
+
+        version, refs = ray.get(self.board.latest.remote())
+        if refs and version > self.rollout.version:
+            published: WeightsAtVersion = ray.get(refs[0])
+            self.rollout.wake_up()
+            self.rollout.load_weights(published.named_tensors(), published.version)
+            self.rollout.sleep()
+        return self.rollout.version
+
+
+class WeightBoard:
+    """The newest published weights: a version and ``[ref]`` to its one object in the object store.
+    Runs as a small Ray actor; the trainer publishes, generators read."""
+
+    def __init__(self) -> None:
+        self.version, self.refs = 0, []
+
+    def publish(self, version: int, refs: list) -> None:
+        if version > self.version:
+            self.version, self.refs = version, refs
+
+    def latest(self) -> tuple[int, list]:
+        return self.version, self.refs
+

@@ -1,0 +1,93 @@
+"""Sampling from a worker's rollout engine: the methods the rollouts call on "the actor".
+
+:class:`Sampling` is mixed into every worker that owns a rollout engine and samples for the policy:
+the policy worker (synchronous training: the hybrid engine) and the generator (asynchronous
+training). The rollouts in ``trainer/rollout.py`` call ``generate`` (one response per prompt row)
+or ``generate_turn`` (one agent turn per context) and ``release_rollout``, and do not know which.
+
+Seeds: a request's sampling seed is ``seed + 1000 × weight version + RANK_SEED_STRIDE × rank +
+row_offset`` (+ ``100_003 × turn`` for agent turns); the engine gives the i-th row base + i. A
+generator sets ``row_offset`` to its unit's first row in the batch, so a batch split over
+generator calls samples exactly what one call over the whole batch would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import torch
+
+from posttrain import keys
+from posttrain.controller import Dispatch, register
+from posttrain.protocol import Batch
+from posttrain.workers.engines import generation_params
+from posttrain.workers.rollout_batch import generations_to_batch, prompt_token_lists
+
+RANK_SEED_STRIDE = 1_000_003  # ranks' sampling seeds far apart: a rank's requests take base, base+1, ...
+VALIDATE_META_KEY = "validate"  # meta flag: sample with rollout.val_kwargs instead of training settings
+
+
+@dataclass(frozen=True)
+class WeightsAtVersion:
+    """Published policy weights (Hugging Face names, CPU tensors) and the version they are."""
+
+    version: int
+    weights: dict[str, torch.Tensor]
+
+    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.weights.items())
+
+
+class Sampling:
+    """Needs ``self.rollout`` (the engine), ``rollout_config``, ``data``, ``seed``, ``tokenizer``, ``rank``."""
+
+    row_offset: int = 0
+
+    def _seed(self, turn: int = 0) -> int:
+        return self.seed + 1000 * self.rollout.version + 100_003 * turn + RANK_SEED_STRIDE * self.rank + self.row_offset
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def generate(self, batch: Batch) -> Batch:
+        """Prompts (PROMPT_IDS, PROMPT_MASK) → the same rows with responses and model inputs added."""
+        validate = bool(batch.meta.get(VALIDATE_META_KEY, False))
+        # Seeded by the weight version (restored with a checkpoint), so a resumed run samples as
+        # the uninterrupted one would have.
+        params = generation_params(self.rollout_config, self.data.max_response_length, validation=validate, seed=self._seed())
+        self.rollout.wake_up()
+        generations = self.rollout.generate(prompt_token_lists(batch), params)
+        self.rollout.sleep()
+        return generations_to_batch(batch, generations, self.data.max_response_length, self.tokenizer.pad_token_id)
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def generate_turn(self, batch: Batch) -> Batch:
+        """One agent turn for each row's context (TURN_CONTEXT_IDS): TURN_TOKEN_IDS, TURN_LOGPROBS, FINISH_REASON.
+
+        Meta: TURN_MAX_NEW_TOKENS, TURN_STOP, TURN_INDEX and optionally VALIDATE_META_KEY. The
+        tokens come back exactly as sampled; the agent loop appends them without re-tokenising.
+        The engine stays awake between turns (its prefix cache holds the contexts); the agent loop
+        calls :meth:`release_rollout` when its episodes end.
+        """
+        validate = bool(batch.meta.get(VALIDATE_META_KEY, False))
+        params = replace(
+            generation_params(
+                self.rollout_config, int(batch.meta[keys.TURN_MAX_NEW_TOKENS]), validation=validate,
+                seed=self._seed(int(batch.meta.get(keys.TURN_INDEX, 0))),
+            ),
+            stop=tuple(batch.meta.get(keys.TURN_STOP, ())),
+        )
+        self.rollout.wake_up()
+        generations = self.rollout.generate([list(context) for context in batch[keys.TURN_CONTEXT_IDS]], params)
+        return Batch.from_dict(
+            non_tensors={
+                keys.TURN_TOKEN_IDS: [g.response_token_ids for g in generations],
+                keys.TURN_LOGPROBS: [g.logprobs for g in generations],
+                keys.FINISH_REASON: [g.finish_reason for g in generations],
+            },
+            meta={keys.WEIGHT_VERSION: self.rollout.version},
+        )
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def release_rollout(self) -> None:
+        """Let the rollout engine sleep (free its accelerator memory) after a multi-turn rollout."""
+        self.rollout.sleep()
