@@ -143,3 +143,20 @@ def test_the_separate_old_logprob_pass_is_skipped_only_for_a_single_update_step(
     assert not single_update_step(load_config([], single + ["actor_rollout_ref.actor.ppo_epochs=2"]))
     assert not single_update_step(load_config([], ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]))
     assert not single_update_step(load_config([], single + ["algorithm.use_kl_in_reward=true"]))
+
+
+def test_async_settings_that_cannot_work_are_refused_before_start():
+    with pytest.raises(ConfigError) as info:
+        load_config([], [
+            "trainer.mode=async", "async.max_staleness=-1", "async.num_generators=0", "async.buffer_size=4",
+            "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "async.unit_groups=3",
+            "algorithm.adv_estimator=remax", "async.correction=vtrace", "async.partial_rollout=abort",
+        ])
+    message = str(info.value)
+    for expected in ("async.max_staleness = -1", "async.num_generators = 0", "async.buffer_size = 4", "must hold at least one batch",
+                     "async.unit_groups = 3", "ReMax needs a greedy baseline", "async.correction = 'vtrace'",
+                     "async.partial_rollout = 'abort'"):
+        assert expected in message, expected
+    config = load_config([], ["trainer.mode=async", "async.max_staleness=2"])  # both spellings reach one section
+    assert config.async_.max_staleness == 2 and "async:" in to_yaml(config) and "async_" not in to_yaml(config)
+    assert load_config([], ["trainer.mode=sync", "async.max_staleness=-1"]).async_.max_staleness == -1  # unused: unchecked

@@ -29,3 +29,32 @@ def test_a_single_step_update_needs_no_separate_old_logprob_pass(small_lm):  # n
     assert any(not torch.equal(a[name], initial[name]) for name in a)  # the step moved the weights
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
+
+
+def _objective_loss(objective: PolicyObjective, batch: Batch, logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    from posttrain.engines.training.modeling import ForwardOutputs
+
+    normalizer = batch[keys.RESPONSE_MASK].sum()
+    return objective(ForwardOutputs(logprobs=logprobs, entropy=None, values=None), batch, normalizer)
+
+
+def test_the_behaviour_correction_weights_each_token_by_proximal_over_behaviour_truncated():
+    from posttrain.algos import ppo_policy_loss
+
+    batch = make_batch(4, seed=5)
+    mask, old = batch[keys.RESPONSE_MASK], batch[keys.OLD_LOGPROBS]
+    behaviour = old + torch.linspace(-1.5, 1.5, old.numel()).reshape(old.shape)  # some tokens far off-policy
+    batch = batch.union(Batch.from_dict({keys.BEHAVIOUR_LOGPROBS: behaviour}))
+    logprobs = old + 0.05 * torch.randn(old.shape, generator=torch.Generator().manual_seed(0))
+    corrected = PolicyObjective.from_config(ActorConfig(), 8, importance_cap=2.0)
+    loss, metrics = _objective_loss(corrected, batch, logprobs)
+    weights = torch.exp(old - behaviour).clamp(max=2.0) * mask  # by hand: min(π_prox / μ, 2)
+    expected = ppo_policy_loss(logprobs, old, batch[keys.ADVANTAGES], mask, token_weights=weights,
+                               clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_dual=3.0, global_normalizer=mask.sum())
+    torch.testing.assert_close(loss, expected.loss)
+    assert 0 < float(metrics["behaviour_weight_truncated"]) < 1  # some tokens hit the cap, not all
+
+    # a behaviour policy equal to the proximal one: weight 1 everywhere, the plain loss
+    same = Batch(batch.tensors | {keys.BEHAVIOUR_LOGPROBS: old.clone()}, batch.non_tensors, batch.meta)
+    plain, _ = _objective_loss(PolicyObjective.from_config(ActorConfig(), 8), same, logprobs)
+    torch.testing.assert_close(_objective_loss(corrected, same, logprobs)[0], plain)

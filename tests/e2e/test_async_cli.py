@@ -1,0 +1,143 @@
+"""``trainer.mode=async`` through the real CLI on the tiny model (vLLM on CPU, local Ray): a
+generator beside the trainer, versioned weights through the object store, the staleness bound on
+every trained sample (across a graceful stop and its resume), a killed generator replaced, the first
+update of ``max_staleness=0`` equal to sync mode's, and the search agent with its live retriever."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from posttrain.models import cached_tiny_model
+from tests.e2e.test_search_agent import TINY_SEARCH_RUN
+from tests.e2e.test_train_cli import TINY_RUN
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+
+def command(run_dir: Path, *overrides: str) -> list[str]:
+    return [
+        sys.executable, "-m", "posttrain.cli", "train", f"actor_rollout_ref.model.path={cached_tiny_model('llama')}",
+        f"trainer.default_local_dir={run_dir}", *TINY_RUN, "trainer.mode=async", *overrides,
+    ]
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run(argv: list[str], while_running=None) -> subprocess.CompletedProcess:
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    watcher = threading.Thread(target=while_running, daemon=True) if while_running else None
+    if watcher:
+        watcher.start()
+    output, _ = process.communicate(timeout=600)
+    return subprocess.CompletedProcess(argv, process.returncode, output, "")
+
+
+def when_step_logged(run_dir: Path, step: int, action) -> None:
+    """Call ``action`` once metrics.jsonl holds ``step`` (polls; gives up after 5 minutes)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        path = run_dir / "metrics.jsonl"
+        if path.exists() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines()):
+            action()
+            return
+        time.sleep(0.2)
+
+
+def staleness_within(metric_records: list[dict], bound: int) -> None:
+    trained = [r for r in metric_records if "async/staleness/max" in r["metrics"]]
+    assert trained
+    for record in trained:
+        metrics = record["metrics"]
+        assert 0 <= metrics["async/staleness/max"] <= bound, record["step"]
+        assert math.isclose(sum(metrics.get(f"async/staleness/lag_{k}", 0.0) for k in range(bound + 1)), 1.0)
+
+
+def test_async_two_steps_then_a_graceful_stop_resumes_within_the_bound(tmp_path):
+    done = run(command(tmp_path, "trainer.total_training_steps=2", "async.max_staleness=1", "trainer.test_freq=2"))
+    assert done.returncode == 0, done.stdout[-4000:]
+    first = records(tmp_path)
+    assert [r["step"] for r in first] == [0, 1, 2]
+    for record in first[1:]:
+        for name in ("actor/pg_loss", "actor/behaviour_weight_mean", "async/trainer_wait_fraction", "async/generated_samples_per_s",
+                     "async/trained_samples_per_s", "async/generator_idle_fraction", "timing_s/update_actor"):
+            assert math.isfinite(record["metrics"][name]), name
+        assert record["metrics"]["async/version"] == record["step"]
+    assert 0 <= first[2]["metrics"]["val/arithmetic/acc/mean@1"] <= 1
+    assert (tmp_path / "checkpoints" / "global_step_2" / "async_state.pt").exists()  # the final checkpoint, save_freq unset
+
+    # 6 more steps over 2 epochs, stopped from outside (the STOP file) once step 3 is logged, then resumed
+    more = ["trainer.total_training_steps=6", "trainer.total_epochs=3", "async.max_staleness=2"]
+    stopped = run(command(tmp_path, *more), while_running=lambda: when_step_logged(tmp_path, 3, lambda: (tmp_path / "STOP").touch()))
+    assert stopped.returncode == 0, stopped.stdout[-4000:]
+    assert "resumed from" in stopped.stdout and "resumable checkpoint" in stopped.stdout
+    stop_step = int((tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
+    assert 3 <= stop_step < 6
+    state = torch.load(tmp_path / "checkpoints" / f"global_step_{stop_step}" / "async_state.pt", weights_only=False)
+    pending_prompts = sum(len(u.prompts) for u in state["unstarted"]) + sum(len(u.prompts) for u, _ in state["finished"])
+    assert state["next_batch"] * 4 == stop_step * 4 + pending_prompts  # every prompt read is trained or kept
+    resumed = run(command(tmp_path, *more))
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    steps = [r["step"] for r in records(tmp_path)]
+    assert steps[-1] == 6 and sorted(set(steps)) == list(range(7))
+    staleness_within(records(tmp_path), 2)
+
+
+def test_a_killed_generator_is_replaced_and_the_run_finishes(tmp_path):
+    def kill_generator():
+        pid = json.loads((tmp_path / "generators.json").read_text())["generator_0"]
+        os.kill(pid, signal.SIGKILL)
+
+    done = run(command(tmp_path, "trainer.total_training_steps=4", "trainer.total_epochs=2", "async.max_staleness=1",
+                       "trainer.val_before_train=false", "trainer.test_freq=-1"),
+               while_running=lambda: when_step_logged(tmp_path, 1, kill_generator))
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "generator 0 died" in done.stdout
+    last = records(tmp_path)[-1]
+    assert last["step"] == 4 and last["metrics"]["async/generator_restarts"] >= 1
+    staleness_within(records(tmp_path), 1)
+
+
+def test_staleness_zero_gives_sync_modes_first_update(tmp_path):
+    one_step = ["trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1"]
+    sync = subprocess.run(command(tmp_path / "sync", *one_step, "trainer.mode=sync"), capture_output=True, text=True, timeout=600)
+    assert sync.returncode == 0, sync.stdout[-3000:] + sync.stderr[-3000:]
+    done = run(command(tmp_path / "async", *one_step, "async.max_staleness=0", "async.correction=none"))
+    assert done.returncode == 0, done.stdout[-4000:]
+    a, s = records(tmp_path / "async")[-1]["metrics"], records(tmp_path / "sync")[-1]["metrics"]
+    assert a["async/staleness/max"] == 0
+    for name in ("critic/score/mean", "response_length/mean", "critic/advantages/max"):
+        assert a[name] == s[name], name  # the same samples
+    for name in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+        assert math.isclose(a[name], s[name], rel_tol=1e-4, abs_tol=1e-6), (name, a[name], s[name])
+
+
+def test_async_search_agent_two_steps(tmp_path):
+    argv = [
+        sys.executable, "-m", "posttrain.cli", "train", "--preset", "search_grpo",
+        f"actor_rollout_ref.model.path={cached_tiny_model('llama')}", f"trainer.default_local_dir={tmp_path}",
+        f"data.builtin_options.seed={os.getpid()}", *TINY_SEARCH_RUN, "trainer.mode=async", "async.partial_rollout=resume",
+        "trainer.val_before_train=false",
+    ]
+    done = run(argv)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "retriever (bm25) over" in done.stdout  # one service for the run, reached by the generator by URL
+    found = records(tmp_path)
+    assert [r["step"] for r in found] == [1, 2]
+    for record in found:
+        metrics = record["metrics"]
+        for name in ("num_turns/mean", "agent/valid_action_ratio", "actor/pg_loss", "async/trainer_wait_fraction"):
+            assert math.isfinite(metrics[name]), name
+        assert 1 <= metrics["num_turns/max"] <= 3
+    staleness_within(found, 1)

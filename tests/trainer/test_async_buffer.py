@@ -1,0 +1,203 @@
+"""The unit scheduler between generators and the trainer: the staleness bound holds for every unit
+whatever order generators finish in, the buffer bound blocks producers, a dead generator's unit is
+generated again, and a snapshot taken mid-run resumes without training any unit twice or skipping
+a prompt."""
+
+import random
+import threading
+
+import pytest
+import torch
+
+from posttrain import keys
+from posttrain.protocol import Batch
+from posttrain.trainer.async_.buffer import SchedulerClosed, UnitScheduler
+from posttrain.workers.generator import GeneratedUnit
+
+PROMPTS_PER_BATCH = 4
+
+
+def prompt_batches(count: int):
+    """Batches of prompts whose UID says which prompt they are (batch.row)."""
+    batches = iter([
+        Batch.from_dict({keys.PROMPT_IDS: torch.arange(PROMPTS_PER_BATCH).unsqueeze(1) + 10 * b},
+                        {keys.UID: [f"{b}.{r}" for r in range(PROMPTS_PER_BATCH)]})
+        for b in range(count)
+    ])
+    return lambda: next(batches, None)
+
+
+def scheduler(*, staleness: int, batches: int = 6, groups_per_unit: int = 2, capacity_units: int | None = None, data=None):
+    units_per_batch = PROMPTS_PER_BATCH // groups_per_unit
+    return UnitScheduler(
+        units_per_batch=units_per_batch, groups_per_unit=groups_per_unit, group_size=3,
+        capacity_units=capacity_units or (staleness + 1) * units_per_batch, max_staleness=staleness,
+        total_batches=batches, next_prompts=data or prompt_batches(batches),
+    )
+
+
+def run(s: UnitScheduler, generators: int, steps: int, seed: int, start_step: int = 0):
+    """Generator threads that finish units after random delays, the trainer taking batches in turn;
+    returns (step, lag, uids) per trained unit."""
+    rng = random.Random(seed)
+    versions = {"published": s.version}
+
+    def generate():
+        while (unit := s.next_unit()) is not None:
+            version = versions["published"]  # a generator starts with the newest published weights
+            threading.Event().wait(rng.random() * 0.01)
+            uids = list(unit.prompts[keys.UID])
+            s.finish(unit, GeneratedUnit(unit.index, version, unit.prompts, {}, 0.0))
+            assert uids
+
+    threads = [threading.Thread(target=generate, daemon=True) for _ in range(generators)]
+    for thread in threads:
+        thread.start()
+    trained = []
+    for step in range(start_step, steps):
+        for unit in s.take_batch(step):
+            trained.append((step, step - unit.version, list(unit.batch[keys.UID])))
+        versions["published"] = step + 1
+        s.advance(step + 1)
+    s.close()
+    for thread in threads:
+        thread.join(timeout=5)
+    return trained
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2, 3])
+@pytest.mark.parametrize("seed", range(3))
+def test_no_unit_is_trained_above_the_bound_and_every_prompt_once_in_order(staleness, seed):
+    trained = run(scheduler(staleness=staleness), generators=3, steps=6, seed=seed)
+    assert max(lag for _, lag, _ in trained) <= staleness
+    uids = [uid for _, _, unit_uids in trained for uid in unit_uids]
+    assert uids == [f"{b}.{r}" for b in range(6) for r in range(PROMPTS_PER_BATCH)]  # data order, none twice, none skipped
+
+
+def test_staleness_zero_is_synchronous():
+    trained = run(scheduler(staleness=0), generators=3, steps=4, seed=0)
+    assert {lag for _, lag, _ in trained} == {0}
+
+
+def test_staleness_one_lets_generators_run_one_batch_ahead():
+    s = scheduler(staleness=1, batches=4, capacity_units=10)  # only the staleness bound can block here
+    started = [s.next_unit() for _ in range(4)]  # batch 0 and batch 1, without any update yet
+    assert [u.batch_index for u in started] == [0, 0, 1, 1]
+    assert [u.row_offset for u in started] == [0, 6, 0, 6]  # 2 prompts × group of 3 per unit
+    blocked = threading.Thread(target=lambda: started.append(s.next_unit()), daemon=True)
+    blocked.start()
+    blocked.join(timeout=0.5)
+    assert blocked.is_alive(), "batch 2 must wait for version 1"
+    s.advance(1)
+    blocked.join(timeout=2)
+    assert started[-1].batch_index == 2
+    s.close()
+
+
+def test_a_full_buffer_blocks_producers_and_nothing_is_dropped():
+    s = scheduler(staleness=5, capacity_units=2)
+    first, second = s.next_unit(), s.next_unit()
+    waiting = []
+    blocked = threading.Thread(target=lambda: waiting.append(s.next_unit()), daemon=True)
+    blocked.start()
+    blocked.join(timeout=0.5)
+    assert blocked.is_alive() and s.status()["async/in_flight_units"] == 2
+    for unit in (first, second):
+        s.finish(unit, GeneratedUnit(unit.index, 0, unit.prompts, {}, 0.0))
+    assert blocked.is_alive(), "finished but untrained units still fill the buffer"
+    assert len(s.take_batch(0)) == 2
+    blocked.join(timeout=2)
+    assert waiting[0].index == 2
+    s.close()
+
+
+def test_a_dead_generators_unit_is_generated_again_first():
+    s = scheduler(staleness=1)
+    lost, other = s.next_unit(), s.next_unit()
+    s.requeue(lost)
+    again = s.next_unit()
+    assert again.index == lost.index and s.status()["async/requeued_units"] == 1
+    assert list(again.prompts[keys.UID]) == list(lost.prompts[keys.UID])
+    for unit in (again, other):
+        s.finish(unit, GeneratedUnit(unit.index, 0, unit.prompts, {}, 0.0))
+    assert [u.index for u in s.take_batch(0)] == [0, 1]
+    s.close()
+
+
+def test_a_unit_above_the_bound_is_dropped_counted_and_generated_again():
+    s = scheduler(staleness=0)
+    first, second = s.next_unit(), s.next_unit()
+    s.finish(first, GeneratedUnit(first.index, 0, first.prompts, {}, 0.0))
+    s.finish(second, GeneratedUnit(second.index, -1, second.prompts, {}, 0.0))  # from weights older than admission allows
+    taken = []
+    trainer = threading.Thread(target=lambda: taken.extend(s.take_batch(0)), daemon=True)
+    trainer.start()
+    again = s.next_unit()
+    assert again.index == second.index and s.status()["async/stale_dropped"] == 1
+    s.finish(again, GeneratedUnit(again.index, 0, again.prompts, {}, 0.0))
+    trainer.join(timeout=2)
+    assert [u.version for u in taken] == [0, 0]
+    s.close()
+
+
+def test_closing_wakes_a_waiting_trainer_with_the_reason():
+    s = scheduler(staleness=1)
+    s.close(RuntimeError("generator 0 failed"))
+    with pytest.raises(SchedulerClosed, match="generator 0 failed"):
+        s.take_batch(0)
+    assert s.next_unit() is None
+
+
+@pytest.mark.parametrize("stop_after", [1, 2, 3])
+def test_a_snapshot_resumes_without_training_a_unit_twice_or_skipping_a_prompt(stop_after):
+    batches = 6
+    data_position = {"next": 0}
+    source = prompt_batches(batches)
+
+    def counting_source():
+        batch = source()
+        if batch is not None:
+            data_position["next"] += 1
+        return batch
+
+    s = scheduler(staleness=2, batches=batches, data=counting_source)
+    before = run_until(s, stop_after)
+    state = s.snapshot(lambda: dict(data_position))
+    s.close()
+
+    # resume: a fresh scheduler at the stopped version, the data source from the saved position
+    remaining = prompt_batches(batches)
+    for _ in range(state["data"]["next"]):
+        remaining()
+    resumed = scheduler(staleness=2, batches=batches, data=remaining)
+    resumed.version = stop_after
+    resumed.restore(state)
+    after = run(resumed, generators=2, steps=batches, seed=1, start_step=stop_after)
+    uids = [uid for _, _, unit_uids in before + after for uid in unit_uids]
+    assert uids == [f"{b}.{r}" for b in range(batches) for r in range(PROMPTS_PER_BATCH)]
+    assert max(lag for _, lag, _ in before + after) <= 2
+
+
+def run_until(s: UnitScheduler, steps: int):
+    """Generate greedily (every admissible unit, finished at once), train ``steps`` batches."""
+    trained = []
+    for step in range(steps):
+        while True:
+            unit = next_now(s)
+            if unit is None:
+                break
+            s.finish(unit, GeneratedUnit(unit.index, s.version, unit.prompts, {}, 0.0))
+        for unit in s.take_batch(step):
+            trained.append((step, step - unit.version, list(unit.batch[keys.UID])))
+        s.advance(step + 1)
+    unit = next_now(s)  # one unit in flight at the snapshot: it must come back as prompts
+    assert unit is not None
+    return trained
+
+
+def next_now(s: UnitScheduler):
+    with s._condition:
+        unit = s._admit()
+        if unit is not None:
+            s.in_flight[unit.index] = unit
+        return unit
