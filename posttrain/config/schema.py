@@ -248,7 +248,10 @@ class AsyncConfig:
     # and weighted by proximal / behaviour, truncated at importance_cap (truncated IS) | none: no weight
     correction: str = "decoupled"
     importance_cap: float = 2.0
-    generator_cpus: int = 1  # CPUs of each generator's process
+    # how new weights reach the generators: object_store (one shared object per version, pulled) |
+    # collective (a broadcast group of the trainer and the generators: NCCL on GPUs) | auto (collective on GPUs)
+    weight_transport: str = "auto"
+    generator_cpus: float = 1.0  # CPUs of each generator's process (a fraction shares a core: generators waiting on environments)
     generator_gpus: float = 1.0  # GPUs of each generator on a GPU machine
 
 

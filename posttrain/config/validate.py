@@ -25,6 +25,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.mode": ("sync", "async"),
     "async_.partial_rollout": ("finish", "resume"),
     "async_.correction": ("decoupled", "none"),
+    "async_.weight_transport": ("auto", "object_store", "collective"),
     "sft.optim.lr_scheduler": ("constant", "cosine"),
 }
 
@@ -64,8 +65,8 @@ def check_async(config: PosttrainConfig) -> list[ConfigProblem]:
                                       "must be >= 0 (0: synchronous behaviour, 1: one-step off-policy, k: up to k versions behind)"))
     if options.num_generators < 1:
         problems.append(ConfigProblem("async.num_generators", options.num_generators, "config", "must be >= 1"))
-    if options.generator_cpus < 1:
-        problems.append(ConfigProblem("async.generator_cpus", options.generator_cpus, "config", "must be >= 1"))
+    if options.generator_cpus <= 0:
+        problems.append(ConfigProblem("async.generator_cpus", options.generator_cpus, "config", "must be > 0"))
     if options.buffer_size is not None and options.buffer_size < batch:
         problems.append(ConfigProblem("async.buffer_size", options.buffer_size, "config",
                                       f"must hold at least one batch (data.train_batch_size={batch} groups), or null for (max_staleness + 1) batches"))

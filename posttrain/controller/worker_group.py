@@ -12,6 +12,7 @@ the hosts are plain objects in the controller's process (breakpoints work; tests
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -58,7 +59,7 @@ class WorkerHost:
             # the CPUs this process was given.
             import torch
 
-            threads = max(1, int(ctx.num_cpus))
+            threads = max(1, math.ceil(ctx.num_cpus))  # a fractional share rounds up: it shares a core
             torch.set_num_threads(threads)
             os.environ["OMP_NUM_THREADS"] = str(threads)
         if distributed:
@@ -198,11 +199,13 @@ def spawn_local(specs: Mapping[str, WorkerSpec], world_size: int = 1) -> dict[st
 
 def spawn_ray(
     specs: Mapping[str, WorkerSpec], pool: ResourcePool, *, name_prefix: str = "", env: Mapping[str, str] | None = None,
-    distributed: bool = False,
+    distributed: bool = False, max_concurrency: int = 1,
 ) -> dict[str, WorkerGroup]:
     """Colocated roles on one Ray actor per bundle of ``pool``; rank order follows the pool's node order.
 
     ``distributed``: every rank joins the group's process group before its workers are constructed.
+    ``max_concurrency`` > 1: a process runs that many calls at once, in threads (a generator
+    receiving weights while it generates).
     """
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -219,7 +222,8 @@ def spawn_ray(
                 num_gpus=gpus,
                 scheduling_strategy=strategy,
                 name=f"{prefix}_rank{rank}_{os.getpid()}_{time.monotonic_ns()}",
-                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(max(1, int(cpus)))} | dict(env or {})},
+                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(max(1, math.ceil(cpus)))} | dict(env or {})},
+                max_concurrency=max_concurrency,
             ).remote(specs)
         )
     backend = _RayBackend(actors)

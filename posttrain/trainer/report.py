@@ -2,7 +2,8 @@
 
 Plots read ``metrics.jsonl`` (the JSONL tracker's file): reward (``critic/score/mean``), validation
 accuracy (every ``val/*/acc/*``), response length (``response_length/mean``), KL (``actor/ppo_kl``,
-``actor/kl_loss``, ``critic/kl``, whichever were logged) and the SFT loss (``sft/loss``, ``val/sft_loss``). ``report.md`` ties them together with the
+``actor/kl_loss``, ``critic/kl``, whichever were logged), the SFT loss (``sft/loss``, ``val/sft_loss``) and, in
+asynchronous runs, staleness, buffer fill and the trainer's waiting share. ``report.md`` ties them together with the
 first and last validation's sample generations.
 """
 
@@ -20,6 +21,7 @@ PANELS = {
     "response_length": ("response_length/mean",),
     "kl": ("actor/ppo_kl", "actor/kl_loss", "critic/kl"),
     "sft_loss": ("sft/loss", "val/sft_loss"),
+    "async": ("async/staleness/mean", "async/buffer_units", "async/trainer_wait_fraction"),
 }
 
 

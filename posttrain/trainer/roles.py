@@ -88,15 +88,26 @@ def resource_pools(config: PosttrainConfig, roles: list[str]) -> ResourcePoolMan
     trainer, llm = config.trainer, config.env.llm
     gpus = 1.0 if _use_gpu(trainer.device) else 0.0
     separate = "env_llm" in roles and llm.placement == "separate"
-    free_cpus = (os.cpu_count() or 1) - (llm.cpus if separate else 0) - generator_cpus(config)
-    cpus = trainer.cpus_per_worker or max(1, free_cpus // trainer.n_workers_per_node)
+    cpus = trainer_cpus_per_worker(config, llm.cpus if separate else 0)
     pools = {"global_pool": ResourcePool("global_pool", [trainer.n_workers_per_node] * trainer.nnodes, cpus_per_bundle=cpus, gpus_per_bundle=gpus)}
     if separate:
         pools["env_llm_pool"] = ResourcePool("env_llm_pool", [1], cpus_per_bundle=llm.cpus, gpus_per_bundle=llm.gpus if gpus else 0.0)
     return ResourcePoolManager(pools, {role: "env_llm_pool" if separate and role == "env_llm" else "global_pool" for role in roles})
 
 
-def generator_cpus(config: PosttrainConfig) -> int:
+def trainer_cpus_per_worker(config: PosttrainConfig, reserved: float = 0) -> float:
+    """Each trainer process's CPUs: ``trainer.cpus_per_worker``, or an equal share of what this machine
+    has left after ``reserved`` and the asynchronous generators. Whole CPUs, except that a generator's
+    fraction (``async.generator_cpus=0.5``: it mostly waits on environments) is left to a single trainer
+    process, whose threads round up: the two then share a core."""
+    if config.trainer.cpus_per_worker:
+        return config.trainer.cpus_per_worker
+    free = (os.cpu_count() or 1) - reserved - generator_cpus(config)
+    workers = config.trainer.n_workers_per_node
+    return max(1, free if workers == 1 else free // workers)
+
+
+def generator_cpus(config: PosttrainConfig) -> float:
     """CPUs the asynchronous generators take out of this machine before the trainer's share."""
     return config.async_.num_generators * config.async_.generator_cpus if config.trainer.mode == "async" else 0
 

@@ -9,7 +9,10 @@ environments). It plays "the actor" for that rollout (``generate``, ``generate_t
 
 Weights are pulled, never pushed: before each unit of work the generator asks the weight board
 (a small Ray actor) for the newest published version, and when it is newer than its own it fetches
-that version's one shared object from Ray's object store and loads it into its engine. With
+that version's one shared object from Ray's object store and loads it into its engine. With the
+collective transport (NCCL on GPUs) the trainer broadcasts each version to the generators' group
+instead; a generator receives it in a second thread while it generates (``receive_weights``) and
+loads it at its next unit boundary, the same place it would have pulled it. With
 ``partial_rollout="resume"`` it asks again before every agent turn, so an episode that spans an
 update continues with the newer weights; every token keeps the version and logprob it was sampled
 with either way. A unit is tagged with the version it started with, the oldest of its tokens.
@@ -18,6 +21,7 @@ with either way. A unit is tagged with the version it started with, the oldest o
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,6 +32,9 @@ from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
 from posttrain.workers.engines import rollout_engine
 from posttrain.workers.sampling import Sampling, WeightsAtVersion
+from posttrain.workers.weight_broadcast import WeightBroadcast
+
+WEIGHTS_WAIT_S = 600.0  # how long a generator waits for a broadcast version the board already names
 
 
 class UnitRecipe(Protocol):
@@ -73,6 +80,9 @@ class GeneratorWorker(Sampling, Worker):
         self.recipe = recipe
         self.roles = _GeneratorRoles(actor=self, env_llm=env_llm)
         self.producer = recipe.build(self.tokenizer, self.roles)
+        self.weight_group: WeightBroadcast | None = None
+        self.staged: WeightsAtVersion | None = None  # the newest broadcast weights, not yet loaded
+        self._staged_changed = threading.Condition()
 
     @register(dispatch=Dispatch.RANK_ZERO)
     def pid(self) -> int:
@@ -93,17 +103,43 @@ class GeneratorWorker(Sampling, Worker):
             self.pull_weights()  # an episode that spans an update continues with the newer weights
         return super().generate_turn(batch)
 
+    @register(dispatch=Dispatch.RANK_ZERO, blocking=False)
+    def join_weight_group(self, host: str, port: int, rank: int, world_size: int) -> None:
+        """Join the trainer's weight-broadcast group as ``rank`` (collective: all members join together)."""
+        import torch
+
+        self.weight_group = WeightBroadcast(host, port, rank, world_size, "cuda" if torch.cuda.is_available() else "cpu")
+
+    @register(dispatch=Dispatch.RANK_ZERO, blocking=False)
+    def receive_weights(self) -> int:
+        """The trainer's next broadcast, kept for the next unit boundary (runs beside ``produce``)."""
+        received = self.weight_group.receive()
+        with self._staged_changed:
+            if self.staged is None or received.version > self.staged.version:
+                self.staged = received
+            self._staged_changed.notify_all()
+        return received.version
+
     def pull_weights(self) -> int:
         """Load the newest published weights if they are newer than the engine's; returns the version."""
         import ray
 
         version, refs = ray.get(self.board.latest.remote())
-        if refs and version > self.rollout.version:
-            published: WeightsAtVersion = ray.get(refs[0])
-            self.rollout.wake_up()
-            self.rollout.load_weights(published.named_tensors(), published.version)
-            self.rollout.sleep()
+        if version <= self.rollout.version:
+            return self.rollout.version
+        published: WeightsAtVersion = ray.get(refs[0]) if refs else self._staged_at_least(version)
+        self.rollout.wake_up()
+        self.rollout.load_weights(published.named_tensors(), published.version)
+        self.rollout.sleep()
         return self.rollout.version
+
+    def _staged_at_least(self, version: int) -> WeightsAtVersion:
+        with self._staged_changed:
+            arrived = self._staged_changed.wait_for(lambda: self.staged is not None and self.staged.version >= version, WEIGHTS_WAIT_S)
+            if not arrived:
+                raise TimeoutError(f"version {version} was published but its broadcast did not arrive in {WEIGHTS_WAIT_S:.0f} s")
+            staged, self.staged = self.staged, None
+            return staged
 
 
 class WeightBoard:

@@ -8,7 +8,8 @@ Policy: the configured policy loss (PPO clip / GSPO / CISPO), minus ``entropy_co
 plus ``kl_loss_coef`` × KL(π ‖ π_ref) when the KL is a loss rather than a reward penalty (GRPO).
 With ``importance_cap`` set (asynchronous training: samples from older weights μ), each token's loss
 is weighted by min(π_old / μ, cap) from the rollout's BEHAVIOUR_LOGPROBS while the ratio is still
-taken against π_old, the proximal policy: decoupled PPO (:mod:`posttrain.algos.off_policy`).
+taken against π_old, the proximal policy: decoupled PPO (:mod:`posttrain.algos.off_policy`). For a
+single optimizer step π_old is the update's own forward pass, detached (the weights before it).
 Critic: the clipped value loss.
 SFT: the negative log-likelihood of the assistant tokens (RESPONSE_MASK), averaged over those tokens.
 """
@@ -87,8 +88,6 @@ class PolicyObjective:
         """``token_weights`` min(π_old / μ, cap) and their metrics, when the objective corrects for μ."""
         if self.importance_cap is None:
             return {}, {}
-        if keys.OLD_LOGPROBS not in batch:
-            raise ValueError(f"the behaviour correction needs the proximal policy's {keys.OLD_LOGPROBS} (compute_log_prob first)")
         weights = rollout_importance_weights(old, batch[keys.BEHAVIOUR_LOGPROBS], batch[keys.RESPONSE_MASK], upper=self.importance_cap)
         return {"token_weights": weights.weights}, {
             "behaviour_weight_mean": weights.mean_raw_weight, "behaviour_weight_truncated": weights.truncated_fraction,

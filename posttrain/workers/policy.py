@@ -14,11 +14,13 @@ from pathlib import Path
 from posttrain import keys
 from posttrain.config.schema import ActorConfig, DataConfig, ModelConfig, RolloutConfig
 from posttrain.controller import Dispatch, Worker, WorkerContext, register
+from posttrain.controller.worker import free_port, node_address
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
 from posttrain.workers.engines import rollout_engine, training_engine
 from posttrain.workers.objectives import PolicyObjective, sft_objective
 from posttrain.workers.sampling import VALIDATE_META_KEY, Sampling, WeightsAtVersion
+from posttrain.workers.weight_broadcast import WeightBroadcast
 
 __all__ = ["VALIDATE_META_KEY", "PolicyWorker", "mean_metrics"]
 
@@ -114,6 +116,27 @@ class PolicyWorker(Sampling, Worker):
 
         weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.engine.named_weights()}
         return [ray.put(WeightsAtVersion(version, weights))] if self.rank == 0 else None
+
+    @register(dispatch=Dispatch.RANK_ZERO)
+    def weight_group_address(self) -> tuple[str, int]:
+        """Where the weight-broadcast group's store will listen (this node, a free port)."""
+        return node_address(), free_port()
+
+    @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
+    def join_weight_group(self, host: str, port: int, world_size: int) -> None:
+        """Rank 0 becomes rank 0 of the weight-broadcast group with the generators (collective: they join too)."""
+        if self.rank == 0:
+            self.weight_group = WeightBroadcast(host, port, 0, world_size, self.engine.device)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def broadcast_weights(self, version: int) -> None:
+        """The training weights to every generator of the weight group, as ``version``."""
+        weights = self.engine.named_weights()  # every rank iterates: sharded weights are gathered collectively
+        if self.rank == 0:
+            self.weight_group.send(version, weights)
+        else:
+            for _ in weights:
+                pass
 
     # ---- persistence ----------------------------------------------------------------------------
 

@@ -94,13 +94,17 @@ def test_async_two_steps_then_a_graceful_stop_resumes_within_the_bound(tmp_path)
     staleness_within(records(tmp_path), 2)
 
 
-def test_a_killed_generator_is_replaced_and_the_run_finishes(tmp_path):
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
+def test_a_killed_generator_is_replaced_and_the_run_finishes(tmp_path, transport):
+    """Either weight transport: the replacement pulls the weights (object store) or the group is
+    formed again and the current version broadcast (collective: here through the group's store)."""
+
     def kill_generator():
         pid = json.loads((tmp_path / "generators.json").read_text())["generator_0"]
         os.kill(pid, signal.SIGKILL)
 
     done = run(command(tmp_path, "trainer.total_training_steps=4", "trainer.total_epochs=2", "async.max_staleness=1",
-                       "trainer.val_before_train=false", "trainer.test_freq=-1"),
+                       "trainer.val_before_train=false", "trainer.test_freq=-1", f"async.weight_transport={transport}"),
                while_running=lambda: when_step_logged(tmp_path, 1, kill_generator))
     assert done.returncode == 0, done.stdout[-4000:]
     assert "generator 0 died" in done.stdout
@@ -141,3 +145,11 @@ def test_async_search_agent_two_steps(tmp_path):
             assert math.isfinite(metrics[name]), name
         assert 1 <= metrics["num_turns/max"] <= 3
     staleness_within(found, 1)
+
+
+def test_more_generators_than_the_machine_hosts_is_refused_before_workers_start(tmp_path):
+    cpus = os.cpu_count() or 1
+    done = subprocess.run(command(tmp_path, f"async.num_generators={cpus + 1}"), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"async.num_generators={cpus + 1}" in done.stderr and "Use fewer generators" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "generators.json").exists()

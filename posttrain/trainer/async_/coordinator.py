@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
 from rich.console import Console
 
 from posttrain.config.schema import PosttrainConfig
@@ -33,6 +34,8 @@ from posttrain.trainer.async_.buffer import UnitScheduler
 from posttrain.trainer.phases import repeat_for_groups
 from posttrain.trainer.rollout import build_rollout
 from posttrain.workers.generator import GeneratorWorker
+
+MAX_RESTARTS = 3  # per generator: one that keeps dying (out of memory at start?) stops the run instead
 
 
 @dataclass
@@ -61,11 +64,15 @@ def generator_config(config: PosttrainConfig, retriever_url: str | None) -> Post
 
 class Generators:
     def __init__(
-        self, config: PosttrainConfig, scheduler: UnitScheduler, recipe: RolloutRecipe, board: Any, env_llm: WorkerGroup | None,
-        run_dir: Path, env: dict[str, str], gpus: float,
+        self, config: PosttrainConfig, scheduler: UnitScheduler, recipe: RolloutRecipe, board: Any, trainer: WorkerGroup,
+        env_llm: WorkerGroup | None, run_dir: Path, env: dict[str, str], gpus: float,
     ) -> None:
         self.config, self.scheduler, self.recipe, self.board, self.env_llm = config, scheduler, recipe, board, env_llm
-        self.run_dir, self.env = run_dir, env
+        self.trainer, self.run_dir, self.env = trainer, run_dir, env
+        transport = config.async_.weight_transport
+        # NCCL needs each member on a GPU of its own: auto picks it only for whole-GPU generators
+        self.collective = transport == "collective" or (transport == "auto" and gpus > 0 and config.async_.generator_gpus >= 1)
+        self._weights_lock = threading.Lock()  # a broadcast and a re-formed group never interleave
         options = config.async_
         self.pools = [
             ResourcePool(f"generator_{i}", [1], cpus_per_bundle=options.generator_cpus, gpus_per_bundle=options.generator_gpus if gpus else 0.0)
@@ -74,6 +81,7 @@ class Generators:
         self.groups: list[WorkerGroup | None] = [None] * len(self.pools)
         self.threads: list[threading.Thread] = []
         self.restarts = 0
+        self.restarts_of = [0] * len(self.pools)
         self.produced_samples = 0
         self.busy_s = [0.0] * len(self.pools)
         self.started_at = time.perf_counter()
@@ -82,10 +90,17 @@ class Generators:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        """Start every generator (in parallel: each builds its engine), then one serving thread each."""
+        """Start every generator's process (each builds its engine) and, for the collective
+        transport, the weight group; :meth:`serve` then starts handing out units."""
         for i in range(len(self.pools)):
             self.groups[i] = self._spawn(i)
         self._write_pids()
+        if self.collective:
+            with self._weights_lock:
+                self._form_weight_group()
+
+    def serve(self) -> None:
+        """One thread per generator: take a unit, have it produced, hand the result back."""
         self.started_at = time.perf_counter()
         for i in range(len(self.pools)):
             thread = threading.Thread(target=self._serve, args=(i,), name=f"generator-{i}", daemon=True)
@@ -98,7 +113,25 @@ class Generators:
             "recipe": self.recipe, "board": self.board, "partial_rollout": options.partial_rollout,
             "seed": self.config.trainer.seed, "env_llm": self.env_llm, "generator_index": i,
         })
-        return spawn_ray({"generator": spec}, self.pools[i], name_prefix=f"generator{i}", env=self.env)["generator"]
+        # two calls at once: a broadcast of new weights is received while a unit is produced
+        return spawn_ray({"generator": spec}, self.pools[i], name_prefix=f"generator{i}", env=self.env, max_concurrency=2)["generator"]
+
+    def _form_weight_group(self) -> None:
+        """The trainer's rank 0 and every generator join one broadcast group (again after a replacement)."""
+        host, port = self.trainer.weight_group_address()
+        world = 1 + len(self.groups)
+        joining = [self.trainer.join_weight_group(host, port, world)]
+        joining += [group.join_weight_group(host, port, i + 1, world) for i, group in enumerate(self.groups)]
+        for future in joining:
+            future.get()
+
+    def broadcast(self, version: int) -> None:
+        """Collective transport: the trainer's weights to every generator, as ``version``."""
+        with self._weights_lock:
+            receiving = [group.receive_weights() for group in self.groups]
+            self.trainer.broadcast_weights(version)
+            for future in receiving:
+                future.get()
 
     def _write_pids(self) -> None:
         """Which process is which generator (for a person, or a test, that wants to find one)."""
@@ -125,13 +158,23 @@ class Generators:
             self.scheduler.finish(unit, result)
 
     def _replace(self, i: int, err: Exception) -> bool:
-        self.console.print(f"[yellow]posttrain: generator {i} died ({err}); starting a new one, its unit goes back in line[/]")
         with self._lock:
             self.restarts += 1
+            self.restarts_of[i] += 1
+        if self.restarts_of[i] > MAX_RESTARTS:
+            self.scheduler.close(RuntimeError(f"generator {i} died {self.restarts_of[i]} times; the last: {err}"))
+            return False
+        self.console.print(f"[yellow]posttrain: generator {i} died ({err}); starting a new one, its unit goes back in line[/]")
         try:
             kill_group(self.groups[i])
             self.groups[i] = self._spawn(i)
             self._write_pids()
+            if self.collective:  # the group lost a member: every member joins a new one, then gets the weights
+                with self._weights_lock:
+                    self._form_weight_group()
+                version, _ = ray.get(self.board.latest.remote())
+                if version > 0:
+                    self.broadcast(version)
             return True
         except Exception as spawn_error:  # noqa: BLE001
             self.scheduler.close(RuntimeError(f"generator {i} died and could not be restarted: {spawn_error}"))

@@ -5,8 +5,9 @@
     each step     take batch b from the buffer (its units in data order, each ≤ max_staleness
                   versions old) → learn (π_prox = the trainer's logprobs before the update; π_ref,
                   values, advantages; critic and actor updates with the decoupled-PPO correction
-                  against the behaviour logprobs) → publish version b + 1 as one object in Ray's
-                  object store → the generators pull it before their next unit
+                  against the behaviour logprobs) → publish version b + 1: one object in Ray's
+                  object store, or a broadcast to the generators' group (``async.weight_transport``;
+                  NCCL on GPUs) → the generators load it before their next unit
     validation    on the trainer's own rollout engine, synced just before
     checkpoints   the sync trainer's, plus the scheduler's snapshot: the data position and every
                   unit not yet trained (finished ones as generated, the rest as prompts)
@@ -37,8 +38,9 @@ from posttrain.engines.training.inputs import build_model_inputs
 from posttrain.trainer.async_.buffer import SchedulerClosed, UnitScheduler
 from posttrain.trainer.async_.coordinator import Generators, RolloutRecipe, generator_config
 from posttrain.trainer.metrics import timed
+from posttrain.trainer.phases import single_update_step
 from posttrain.trainer.report import write_report
-from posttrain.trainer.roles import WORKER_ENV, _use_gpu, generator_cpus, start_roles
+from posttrain.trainer.roles import WORKER_ENV, _use_gpu, generator_cpus, start_roles, trainer_cpus_per_worker
 from posttrain.trainer.sync import SyncTrainer
 from posttrain.trainer.tracking import run_tracking
 from posttrain.workers.generator import GeneratedUnit, WeightBoard
@@ -55,8 +57,10 @@ class AsyncTrainer(SyncTrainer):
     def __init__(self, config: PosttrainConfig) -> None:
         super().__init__(config)
         options = config.async_
-        # Every update is from weights newer than the sampling ones: π_prox is always computed.
-        self.on_policy_update = False
+        # The proximal policy π_prox is the trainer's weights before the update (not the sampling
+        # ones): for a single optimizer step that is the update's own forward pass, detached, as in
+        # sync mode; with several mini-batches or epochs it is a pass of its own.
+        self.on_policy_update = single_update_step(config)
         batch = config.data.train_batch_size
         self.groups_per_unit = options.unit_groups or max(1, batch // options.num_generators)
         if batch % self.groups_per_unit:
@@ -92,8 +96,10 @@ class AsyncTrainer(SyncTrainer):
                 self.data.train.load_state_dict(state["data"])  # where the generators had read to
                 self.scheduler.restore(state)
             self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
-            self._publish()
-            self.generators = self._start_generators()
+            self.generators = self._generators()
+            self.generators.start()
+            self._publish()  # a resumed run's weights reach the generators before any unit starts
+            self.generators.serve()
             tracking = run_tracking(self.config, self.run_dir, self.total_steps)
             self._loop(tracking)
         finally:
@@ -187,7 +193,11 @@ class AsyncTrainer(SyncTrainer):
 
         version = self.step if version is None else version
         if version > 0:
-            refs = self.roles.actor.publish_weights(version)[0]
+            if self.generators.collective:
+                self.generators.broadcast(version)
+                refs = []
+            else:
+                refs = self.roles.actor.publish_weights(version)[0]
             ray.get(self.board.publish.remote(version, refs))
         if self.scheduler is not None:
             self.scheduler.advance(version)
@@ -213,31 +223,38 @@ class AsyncTrainer(SyncTrainer):
             for batch in loader:
                 yield epoch, batch
 
-    def _start_generators(self) -> Generators:
+    def _generators(self) -> Generators:
         retriever = self.rollout.retriever.client.url if getattr(self.rollout, "retriever", None) else None
         recipe = RolloutRecipe(generator_config(self.config, retriever), self.data.data_dir)
-        generators = Generators(
-            self.config, self.scheduler, recipe, self.board, self.roles.env_llm, self.run_dir, WORKER_ENV,
+        return Generators(
+            self.config, self.scheduler, recipe, self.board, self.roles.actor, self.roles.env_llm, self.run_dir, WORKER_ENV,
             gpus=1.0 if _use_gpu(self.config.trainer.device) else 0.0,
         )
-        generators.start()
-        return generators
 
     def _check_cluster(self) -> None:
         """More generators than the machine (or cluster) can host: refused before anything starts."""
         import ray
 
-        trainer = self.config.trainer
-        trainer_cpus = trainer.cpus_per_worker or 1
-        need = generator_cpus(self.config) + trainer_cpus * trainer.n_workers_per_node * trainer.nnodes
-        have = ray.cluster_resources().get("CPU", 0)
-        if need > have:
-            options = self.config.async_
+        trainer, options = self.config.trainer, self.config.async_
+        ranks = trainer.n_workers_per_node * trainer.nnodes
+        trainer_cpus = trainer_cpus_per_worker(self.config) * ranks
+        need = generator_cpus(self.config) + trainer_cpus
+        have = ray.cluster_resources()
+        if need > have.get("CPU", 0):
             raise ResourceError(
                 f"async.num_generators={options.num_generators} × async.generator_cpus={options.generator_cpus} plus the "
-                f"trainer's {trainer_cpus * trainer.n_workers_per_node * trainer.nnodes} CPU(s) need {need:g} CPUs; the cluster "
-                f"has {have:g}. Use fewer generators, or join a bigger cluster (trainer.ray_address)"
+                f"trainer's {trainer_cpus} CPU(s) need {need:g} CPUs; the cluster has {have.get('CPU', 0):g}. Use fewer "
+                "generators, or join a bigger cluster (trainer.ray_address)"
             )
+        if _use_gpu(trainer.device):
+            need_gpus = ranks + options.num_generators * options.generator_gpus
+            if need_gpus > have.get("GPU", 0):
+                raise ResourceError(
+                    f"the trainer's {ranks} GPU(s) plus async.num_generators={options.num_generators} × async.generator_gpus="
+                    f"{options.generator_gpus} need {need_gpus:g} GPUs; the cluster has {have.get('GPU', 0):g}. Share GPUs with "
+                    "a fraction (e.g. async.generator_gpus=0.5 beside trainer.n_workers_per_node=1; weights then go "
+                    "through the object store), or use fewer generators"
+                )
 
     # ---- validation and checkpoints -----------------------------------------------------------
 
