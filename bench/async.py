@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--turn-tokens", type=int, default=16, help="new tokens per agent turn")
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--generators", type=int, default=1)
-    parser.add_argument("--generator-cpus", type=float, default=1.0)
+    parser.add_argument("--generator-cpus", type=float, default=0.5)
     args = parser.parse_args()
     args.model = args.model or str(cached_tiny_model("llama"))
     latencies = [float(x) for x in args.latencies.split(",")]

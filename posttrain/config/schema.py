@@ -251,7 +251,7 @@ class AsyncConfig:
     # how new weights reach the generators: object_store (one shared object per version, pulled) |
     # collective (a broadcast group of the trainer and the generators: NCCL on GPUs) | auto (collective on GPUs)
     weight_transport: str = "auto"
-    generator_cpus: float = 1.0  # CPUs of each generator's process (a fraction shares a core: generators waiting on environments)
+    generator_cpus: float = 0.5  # CPUs of each generator's process; a fraction shares a core with the trainer (it rounds its threads up)
     generator_gpus: float = 1.0  # GPUs of each generator on a GPU machine
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
 
 from posttrain.rewards import arithmetic, gsm8k, math_answer
 

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 POINTER = "latest_checkpointed_iteration.txt"
+ASYNC_STATE = "async_state.pt"  # an asynchronous run's buffer: the data read ahead and the units not yet trained
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 

@@ -29,10 +29,13 @@ def single_update_step(config: PosttrainConfig) -> bool:
 def repeat_for_groups(batch: Batch, n: int) -> Batch:
     """Each prompt ``n`` times, interleaved (a group stays contiguous), with GROUP_IDS from its UID."""
     repeated = batch.repeat(n, interleave=True)
-    uids = repeated[keys.UID]
-    index = {uid: i for i, uid in enumerate(dict.fromkeys(uids.tolist()))}
-    group_ids = torch.tensor([index[u] for u in uids.tolist()], dtype=torch.long)
-    return repeated.union(Batch.from_dict({keys.GROUP_IDS: group_ids}))
+    return repeated.union(Batch.from_dict({keys.GROUP_IDS: group_ids_of(repeated[keys.UID])}))
+
+
+def group_ids_of(uids) -> torch.Tensor:
+    """(B,) group number of each row: rows with the same prompt UID share one, numbered in order of appearance."""
+    index = {uid: i for i, uid in enumerate(dict.fromkeys(list(uids)))}
+    return torch.tensor([index[u] for u in uids], dtype=torch.long)
 
 
 def apply_kl_in_reward(batch: Batch, controller: FixedKLController, kind: str) -> tuple[Batch, dict[str, float]]:

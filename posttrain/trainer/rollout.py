@@ -77,13 +77,17 @@ class SingleTurnRollout:
         """Nothing to stop."""
 
     def __call__(
-        self, roles: Any, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None,
+        self, roles: Any, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None, whole_batch: bool = True,
     ) -> tuple[Batch, dict[str, float]]:
         timings = {} if timings is None else timings
         with timed(timings, "gen"):
             generated = roles.actor.generate(validation_view(batch) if validate else batch)
         with timed(timings, "reward"):
             return self.score(roles, batch.union(generated.select(meta_keys=[]) if validate else generated))
+
+    def finish_batch(self, batch: Batch, metrics: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        """Nothing is decided across the whole batch."""
+        return batch, metrics
 
     def score(self, roles: Any, batch: Batch) -> tuple[Batch, dict[str, float]]:
         result = self.reward_manager(batch)
@@ -152,8 +156,10 @@ class AgentRollout:
         self.make_env = None
 
     def __call__(
-        self, roles: Any, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None,
+        self, roles: Any, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None, whole_batch: bool = True,
     ) -> tuple[Batch, dict[str, float]]:
+        """Episodes for ``batch``'s rows, scored. ``whole_batch=False`` (a part of a training batch, as
+        an asynchronous generator produces it) leaves :meth:`finish_batch` to whoever joins the parts."""
         if self.make_env is None:
             raise RuntimeError("AgentRollout.open(roles) must be called before rollouts (it connects the retriever and the Env-LLM)")
         envs = [self.make_env() for _ in range(len(batch))]
@@ -191,9 +197,14 @@ class AgentRollout:
         scored = rest.union(episodes_to_batch(episodes, self.config.data.max_response_length, self.tokenizer.pad_token_id))
         if validate:
             return scored.union(episode_records(episodes, self.env_class.counters)), metrics
-        # filtering looks at the raw rewards' spread (after group normalisation every spread is ~1)
-        scored, metrics = filter_groups(scored, self.config.env.filter_groups_quantile, self.batch_shape, metrics)
-        return normalize_rewards(scored, self.config.env.reward_norm), metrics
+        return self.finish_batch(scored, metrics) if whole_batch else (scored, metrics)
+
+    def finish_batch(self, batch: Batch, metrics: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        """What is decided across a whole training batch: dropping low-spread groups, then reward
+        normalisation (filtering looks at the raw rewards' spread; after group normalisation every
+        spread is ~1)."""
+        batch, metrics = filter_groups(batch, self.config.env.filter_groups_quantile, self.batch_shape, metrics)
+        return normalize_rewards(batch, self.config.env.reward_norm), metrics
 
 
 def episodes_to_batch(episodes: Sequence[Episode], max_response_length: int, pad_token_id: int) -> Batch:

@@ -18,7 +18,7 @@ def run_training(config: PosttrainConfig) -> int:
     import ray
 
     from posttrain.controller import ResourceError, WorkerDiedError
-    from posttrain.trainer.async_.trainer import AsyncTrainer, StopRequested
+    from posttrain.trainer.async_.trainer import AsyncTrainer, GeneratorsFailed, StopRequested
     from posttrain.trainer.sync import SyncTrainer
 
     console = Console()
@@ -36,13 +36,13 @@ def run_training(config: PosttrainConfig) -> int:
             f"{trainer.total_steps} steps{mode} → {trainer.run_dir}"
         )
         trainer.fit()
-    except (RetrieverError, EnvLLMError, ResourceError) as err:  # a service is down, or the cluster too small: the message says what to do
+    except (RetrieverError, EnvLLMError, ResourceError, CheckpointError) as err:  # the message says what to do
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
     except StopRequested:  # a graceful stop: the checkpoint is written and named
         console.print("posttrain: run the same command again to continue (trainer.resume_mode=auto)")
         return 0
-    except WorkerDiedError as err:
+    except (WorkerDiedError, GeneratorsFailed) as err:
         print(f"posttrain: {err}", file=sys.stderr)
         return 1
     finally:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from posttrain import keys
-from posttrain.config import ConfigError
+from posttrain.config import ConfigError, to_yaml
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import check_sft
 from posttrain.data import PromptDataLoader

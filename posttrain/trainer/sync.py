@@ -28,13 +28,13 @@ from posttrain.config import to_yaml
 from posttrain.config.schema import PosttrainConfig
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
-from posttrain.trainer.checkpoint import CheckpointManager, load_rng_state, save_rng_state, step_of
+from posttrain.trainer.checkpoint import ASYNC_STATE, CheckpointError, CheckpointManager, load_rng_state, save_rng_state, step_of
 from posttrain.trainer.data_setup import build_run_data
 from posttrain.trainer.metrics import data_metrics, mean_of_ranks, timed, timing_metrics
 from posttrain.trainer.phases import apply_kl_in_reward, compute_advantages, kl_controller, repeat_for_groups, single_update_step
 from posttrain.trainer.report import write_report
 from posttrain.trainer.roles import Roles, start_roles
-from posttrain.trainer.tracking import run_tracking
+from posttrain.trainer.tracking import Tracking, run_tracking
 from posttrain.trainer.validation import Validator
 from posttrain.trainer.rollout import build_rollout
 from posttrain.workers.objectives import PolicyObjective
@@ -78,28 +78,21 @@ class SyncTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(self.config))
         torch.manual_seed(self.config.trainer.seed)
+        self._before_workers()
         self.roles = start_roles(self.config, self.total_steps)
+        tracking = None
         try:
             self.rollout.open(self.roles)  # the retriever, the Env-LLM client
-        except BaseException:
-            self.roles.release()
-            self.rollout.close()
-            raise
-        self._resume()
-        tracking = run_tracking(self.config, self.run_dir, self.total_steps)
-        try:
+            resumed = self._resume()
+            self._start(resumed)
+            tracking = run_tracking(self.config, self.run_dir, self.total_steps)
             if self.config.trainer.val_before_train and self.step == 0 and self.data.val:
                 tracking.log(self.validate(), self.step)
-            for epoch, batch in self._batches():
-                self.step += 1
-                metrics = self.train_step(batch) | {"training/epoch": float(epoch)}
-                if self._due(self.config.trainer.test_freq) and self.data.val:
-                    metrics |= self.validate()
-                tracking.log(metrics, self.step)
-                if self._due(self.config.trainer.save_freq):
-                    self.save_checkpoint()
+            self._loop(tracking)
         finally:
-            tracking.close()
+            if tracking is not None:
+                tracking.close()
+            self._stop()
             self.roles.release()
             self.rollout.close()
         if self.validator:
@@ -107,6 +100,30 @@ class SyncTrainer:
         else:
             write_report(self.run_dir)
         return self.val_history[-1] if self.val_history else {}
+
+    def _loop(self, tracking: Tracking) -> None:
+        """Generate and train, step after step, with validation and checkpoints when due."""
+        for epoch, batch in self._batches():
+            self.step += 1
+            metrics = self.train_step(batch) | {"training/epoch": float(epoch)}
+            self._after_step(metrics, tracking)
+
+    def _after_step(self, metrics: dict[str, float], tracking: Tracking) -> None:
+        if self._due(self.config.trainer.test_freq) and self.data.val:
+            metrics |= self.validate()
+        tracking.log(metrics, self.step)
+        if self._due(self.config.trainer.save_freq):
+            self.save_checkpoint()
+
+    # What a mode adds around the loop (asynchronous training: its generators).
+    def _before_workers(self) -> None:
+        """Checks that need the cluster but no worker yet."""
+
+    def _start(self, resumed: Path | None) -> None:
+        """After the workers, the rollout's services and the resume (from ``resumed``, if any)."""
+
+    def _stop(self) -> None:
+        """Before the workers are released, whatever ended the run."""
 
     def _batches(self) -> Iterator[tuple[int, Batch]]:
         """(epoch, prompts) until total_steps; a run resumed at an epoch's end starts the next one."""
@@ -212,6 +229,11 @@ class SyncTrainer:
         directory = self.checkpoints.resolve_resume(self.config.trainer.resume_mode)
         if directory is None:
             return None
+        if self.config.trainer.mode == "sync" and (directory / ASYNC_STATE).exists():
+            raise CheckpointError(
+                f"{directory} was written by an asynchronous run: the prompts it had read ahead are in async_state.pt, "
+                "which only trainer.mode=async resumes (or start over: trainer.resume_mode=disable)"
+            )
         state = json.loads((directory / "trainer_state.json").read_text())
         self.step = step_of(directory)
         self.data.train.load_state_dict(state["dataloader"])

@@ -89,11 +89,11 @@ class GeneratorWorker(Sampling, Worker):
         return os.getpid()
 
     @register(dispatch=Dispatch.RANK_ZERO)
-    def produce(self, index: int, prompts: Batch, row_offset: int) -> GeneratedUnit:
-        """Unit ``index``: these prompts (rows ``row_offset``… of their batch), in groups, scored."""
+    def produce(self, index: int, prompts: Batch, batch_index: int, row_offset: int) -> GeneratedUnit:
+        """Unit ``index``: these prompts (rows ``row_offset``… of batch ``batch_index``), in groups, scored."""
         start = time.perf_counter()
         self.pull_weights()
-        version, self.row_offset = self.rollout.version, row_offset
+        version, self.seed_step, self.row_offset = self.rollout.version, batch_index, row_offset
         batch, metrics = self.recipe.produce(self.producer, self.roles, prompts)
         return GeneratedUnit(index, version, batch, metrics, time.perf_counter() - start, self.generator_index)
 

@@ -5,10 +5,12 @@ the policy worker (synchronous training: the hybrid engine) and the generator (a
 training). The rollouts in ``trainer/rollout.py`` call ``generate`` (one response per prompt row)
 or ``generate_turn`` (one agent turn per context) and ``release_rollout``, and do not know which.
 
-Seeds: a request's sampling seed is ``seed + 1000 × weight version + RANK_SEED_STRIDE × rank +
-row_offset`` (+ ``100_003 × turn`` for agent turns); the engine gives the i-th row base + i. A
-generator sets ``row_offset`` to its unit's first row in the batch, so a batch split over
-generator calls samples exactly what one call over the whole batch would.
+Seeds: a request's sampling seed is ``seed + 1000 × step + RANK_SEED_STRIDE × rank + row_offset``
+(+ ``100_003 × turn`` for agent turns); the engine gives the i-th row base + i. ``step`` is the
+weight version in sync mode, where batch ``b`` is always sampled by version ``b``; a generator sets
+``seed_step`` to its unit's batch instead (versions do not number batches when it runs ahead), and
+``row_offset`` to the unit's first row in the batch, so a batch split over generator calls is
+seeded exactly as one call over the whole batch would be.
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ class Sampling:
     """Needs ``self.rollout`` (the engine), ``rollout_config``, ``data``, ``seed``, ``tokenizer``, ``rank``."""
 
     row_offset: int = 0
+    seed_step: int | None = None  # None: the weight version
 
     def _seed(self, turn: int = 0) -> int:
-        return self.seed + 1000 * self.rollout.version + 100_003 * turn + RANK_SEED_STRIDE * self.rank + self.row_offset
+        step = self.rollout.version if self.seed_step is None else self.seed_step
+        return self.seed + 1000 * step + 100_003 * turn + RANK_SEED_STRIDE * self.rank + self.row_offset
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
     def generate(self, batch: Batch) -> Batch:

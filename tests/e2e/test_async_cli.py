@@ -132,7 +132,7 @@ def test_async_search_agent_two_steps(tmp_path):
         sys.executable, "-m", "posttrain.cli", "train", "--preset", "search_grpo",
         f"actor_rollout_ref.model.path={cached_tiny_model('llama')}", f"trainer.default_local_dir={tmp_path}",
         f"data.builtin_options.seed={os.getpid()}", *TINY_SEARCH_RUN, "trainer.mode=async", "async.partial_rollout=resume",
-        "trainer.val_before_train=false",
+        "trainer.val_before_train=false", "async.unit_groups=2",  # two generator calls per batch, joined by the trainer
     ]
     done = run(argv)
     assert done.returncode == 0, done.stdout[-4000:]

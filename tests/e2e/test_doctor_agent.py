@@ -68,3 +68,18 @@ def test_a_missing_patient_model_is_refused_before_any_worker_starts(tmp_path):
     assert done.returncode == 2
     assert "nope" in done.stderr and "neither a built-in model" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_doctor_grpo_async_reaches_the_env_llm_worker_from_its_generator(tmp_path):
+    """Async mode: the generator's agent loop asks the run's Env-LLM worker (colocated with the
+    trainer) for the patient's replies, through the same worker group the sync loop uses."""
+    tiny = str(cached_tiny_model("llama"))
+    posttrain("train", "--preset", "doctor_grpo", f"actor_rollout_ref.model.path={tiny}", f"env.llm.model_path={tiny}",
+              f"trainer.default_local_dir={tmp_path}", *TINY_DOCTOR_RUN, "trainer.mode=async", "trainer.val_before_train=false")
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        metrics = record["metrics"]
+        # the patient answered every question the generator's doctor asked (the client's counts come back with the unit)
+        assert metrics["env_llm/replies"] == pytest.approx(metrics["env/questions"] * 8)
+        assert math.isfinite(metrics["actor/pg_loss"]) and metrics["async/staleness/max"] <= 1

@@ -1,7 +1,6 @@
 """Each tracker writes what it was given where a person would look for it."""
 
 import io
-import math
 
 import pytest
 from rich.console import Console

@@ -15,7 +15,8 @@ does (none should) is dropped, counted, and its prompts generated again: no prom
 ``max_staleness=0`` is synchronous behaviour: batch ``b`` is generated only after version ``b``.
 
 Batches are formed in unit order, not completion order: batch ``b`` waits for its own units, so
-the data order, and with fixed seeds the samples, do not depend on which generator is faster.
+the data order does not depend on which generator is faster (the weights a unit starts with do;
+with ``max_staleness=0`` they are version ``b``, exactly as in sync mode).
 Everything not yet trained (finished units, and the prompts of units not yet finished) is in
 :meth:`UnitScheduler.snapshot`, which a checkpoint saves and a resume restores.
 """
@@ -129,11 +130,12 @@ class UnitScheduler:
 
     # ---- the trainer --------------------------------------------------------------------------
 
-    def take_batch(self, batch_index: int) -> list[GeneratedUnit]:
-        """Batch ``batch_index``'s units in order, once all are finished and within the bound."""
+    def take_batch(self, batch_index: int, while_waiting: Callable[[], None] | None = None) -> list[GeneratedUnit]:
+        """Batch ``batch_index``'s units in order, once all are finished and within the bound.
+        ``while_waiting`` is called (outside the lock) every ``WAIT_S`` while they are not; it may raise."""
         indices = range(batch_index * self.units_per_batch, (batch_index + 1) * self.units_per_batch)
-        with self._condition:
-            while True:
+        while True:
+            with self._condition:
                 if self._closed:
                     raise SchedulerClosed(str(self._closed) if isinstance(self._closed, BaseException) else "the run is stopping")
                 if all(i in self.finished for i in indices):
@@ -147,6 +149,8 @@ class UnitScheduler:
                         self.stale_dropped += 1
                     self._condition.notify_all()
                 self._condition.wait(WAIT_S)
+            if while_waiting is not None:
+                while_waiting()
 
     def advance(self, version: int) -> None:
         """Version ``version`` is published: units of batches up to version + max_staleness may start."""
@@ -175,13 +179,22 @@ class UnitScheduler:
         with self._condition:
             pending = dict(self.unstarted) | dict(self.in_flight)
             return {
-                "next_batch": self.next_batch, "data": data_state(), "data_done": self._data_done,
+                "layout": self.layout(), "next_batch": self.next_batch, "data": data_state(), "data_done": self._data_done,
                 "unstarted": [pending[i] for i in sorted(pending)],
                 "finished": [self.finished[i] for i in sorted(self.finished)],
                 "stale_dropped": self.stale_dropped, "requeued": self.requeued,
             }
 
+    def layout(self) -> dict[str, int]:
+        return {"units_per_batch": self.units_per_batch, "groups_per_unit": self.groups_per_unit, "group_size": self.group_size}
+
     def restore(self, state: dict[str, Any]) -> None:
+        if state["layout"] != self.layout():
+            raise ValueError(
+                f"the checkpoint's buffer holds units of {state['layout']}, this run cuts batches into {self.layout()}; "
+                "resume with the same data.train_batch_size, actor_rollout_ref.rollout.n, async.num_generators and "
+                "async.unit_groups as the run that wrote it"
+            )
         with self._condition:
             self.next_batch, self._data_done = int(state["next_batch"]), bool(state["data_done"])
             self.unstarted = {unit.index: unit for unit in state["unstarted"]}

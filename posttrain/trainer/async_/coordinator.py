@@ -4,9 +4,16 @@ Each generator is a :class:`~posttrain.workers.generator.GeneratorWorker` in a o
 its own (``async.generator_cpus`` CPUs, ``async.generator_gpus`` GPUs on a GPU machine), served by
 one controller thread that loops: take a unit from the scheduler (waiting while the bounds say
 so), have the generator produce it, hand the result back. When the generator's process dies, the
-thread reports it, puts the unit back first in line, and starts a new generator in the same pool;
-any other failure (a bug, an environment error) closes the scheduler with that error, and the
-trainer stops the run with it.
+thread reports it, puts the unit back first in line, and starts a new generator in the same pool
+(at most ``MAX_RESTARTS`` times each); any other failure (a bug, an environment error, a worker the
+generator calls dying) closes the scheduler with that error, and the trainer stops the run with it,
+after a checkpoint.
+
+With the collective transport the weight group is formed, and weights broadcast, only from the
+trainer's thread (:meth:`Generators.broadcast` when it publishes, :meth:`Generators.maintain` while
+it waits for a batch), so the trainer's workers never see two controller threads' calls at once; a
+replaced generator joins at the next of either. A member that dies while NCCL is sending can hang the
+send (NCCL has no timeout here); the store-based broadcast on CPU cannot.
 
 :class:`RolloutRecipe` is what a generator builds its rollout from: the very rollout classes the
 synchronous trainer uses (``build_rollout``), opened against the generator ("the actor"), the
@@ -23,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ray
+from ray.exceptions import RayTaskError
 from rich.console import Console
 
 from posttrain.config.schema import PosttrainConfig
@@ -51,7 +58,8 @@ class RolloutRecipe:
         return rollout
 
     def produce(self, rollout: Any, roles: Any, prompts: Batch) -> tuple[Batch, dict[str, float]]:
-        return rollout(roles, repeat_for_groups(prompts, self.config.actor_rollout_ref.rollout.n))
+        """One unit: part of a batch (what is decided across the batch waits for the trainer's join)."""
+        return rollout(roles, repeat_for_groups(prompts, self.config.actor_rollout_ref.rollout.n), whole_batch=False)
 
 
 def generator_config(config: PosttrainConfig, retriever_url: str | None) -> PosttrainConfig:
@@ -72,7 +80,7 @@ class Generators:
         transport = config.async_.weight_transport
         # NCCL needs each member on a GPU of its own: auto picks it only for whole-GPU generators
         self.collective = transport == "collective" or (transport == "auto" and gpus > 0 and config.async_.generator_gpus >= 1)
-        self._weights_lock = threading.Lock()  # a broadcast and a re-formed group never interleave
+        self.members: dict[int, WorkerGroup] = {}  # the generators in the current weight group, by index
         options = config.async_
         self.pools = [
             ResourcePool(f"generator_{i}", [1], cpus_per_bundle=options.generator_cpus, gpus_per_bundle=options.generator_gpus if gpus else 0.0)
@@ -90,14 +98,10 @@ class Generators:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        """Start every generator's process (each builds its engine) and, for the collective
-        transport, the weight group; :meth:`serve` then starts handing out units."""
+        """Start every generator's process (each builds its engine); :meth:`serve` then hands out units."""
         for i in range(len(self.pools)):
             self.groups[i] = self._spawn(i)
         self._write_pids()
-        if self.collective:
-            with self._weights_lock:
-                self._form_weight_group()
 
     def serve(self) -> None:
         """One thread per generator: take a unit, have it produced, hand the result back."""
@@ -116,22 +120,45 @@ class Generators:
         # two calls at once: a broadcast of new weights is received while a unit is produced
         return spawn_ray({"generator": spec}, self.pools[i], name_prefix=f"generator{i}", env=self.env, max_concurrency=2)["generator"]
 
-    def _form_weight_group(self) -> None:
-        """The trainer's rank 0 and every generator join one broadcast group (again after a replacement)."""
-        host, port = self.trainer.weight_group_address()
-        world = 1 + len(self.groups)
-        joining = [self.trainer.join_weight_group(host, port, world)]
-        joining += [group.join_weight_group(host, port, i + 1, world) for i, group in enumerate(self.groups)]
-        for future in joining:
-            future.get()
+    # ---- the collective transport: called from the trainer's thread only ----------------------
 
     def broadcast(self, version: int) -> None:
-        """Collective transport: the trainer's weights to every generator, as ``version``."""
-        with self._weights_lock:
-            receiving = [group.receive_weights() for group in self.groups]
-            self.trainer.broadcast_weights(version)
-            for future in receiving:
+        """The trainer's weights to every generator of the weight group, as ``version``; the group is
+        formed first when its members changed (a generator replaced). A generator that dies while
+        receiving is left to its serving thread; the next broadcast re-forms the group without it."""
+        if self._members_changed():
+            self._form_weight_group()
+        receiving = [group.receive_weights() for group in self.members.values()]
+        self.trainer.broadcast_weights(version)  # the trainer's own failure propagates: the run stops
+        for future in receiving:
+            try:
                 future.get()
+            except Exception:  # noqa: BLE001 - a dead or replaced member; its thread reports and replaces it
+                self.members = {}
+
+    def maintain(self, version: int) -> None:
+        """While the trainer waits: a replaced generator joins the group and gets ``version``."""
+        if self.collective and version > 0 and self._members_changed():
+            self.broadcast(version)
+
+    def _members_changed(self) -> bool:
+        with self._lock:
+            live = {i: group for i, group in enumerate(self.groups) if group is not None}
+        return live.keys() != self.members.keys() or any(self.members[i] is not group for i, group in live.items())
+
+    def _form_weight_group(self) -> None:
+        """The trainer's rank 0 and every live generator join a new broadcast group."""
+        with self._lock:
+            members = {i: group for i, group in enumerate(self.groups) if group is not None}
+        host, port = self.trainer.weight_group_address()
+        world = 1 + len(members)
+        joining = [self.trainer.join_weight_group(host, port, world)]
+        joining += [group.join_weight_group(host, port, rank, world) for rank, group in enumerate(members.values(), start=1)]
+        for future in joining:
+            future.get()
+        self.members = members
+
+    # ---- serving ------------------------------------------------------------------------------
 
     def _write_pids(self) -> None:
         """Which process is which generator (for a person, or a test, that wants to find one)."""
@@ -139,46 +166,43 @@ class Generators:
         (self.run_dir / "generators.json").write_text(json.dumps(pids))
 
     def _serve(self, i: int) -> None:
-        while (unit := self.scheduler.next_unit()) is not None:
-            group = self.groups[i]
-            start = time.perf_counter()
-            try:
-                result = group.produce(unit.index, unit.prompts, unit.row_offset)
-            except WorkerDiedError as err:
-                self.scheduler.requeue(unit)
-                if self.stopping or not self._replace(i, err):
-                    return
-                continue
-            except Exception as err:  # noqa: BLE001 - any other failure stops the run, with its message
-                self.scheduler.close(RuntimeError(f"generator {i} failed on unit {unit.index}: {type(err).__name__}: {err}"))
-                return
-            with self._lock:
-                self.busy_s[i] += time.perf_counter() - start
-                self.produced_samples += len(result.batch)
-            self.scheduler.finish(unit, result)
+        try:
+            while (unit := self.scheduler.next_unit()) is not None:
+                start = time.perf_counter()
+                try:
+                    result = self.groups[i].produce(unit.index, unit.prompts, unit.batch_index, unit.row_offset)
+                except WorkerDiedError as err:
+                    self.scheduler.requeue(unit)
+                    if isinstance(err, RayTaskError):  # a worker it called died (an Env-LLM), not the generator
+                        raise
+                    if self.stopping or not self._replace(i, err):
+                        return
+                    continue
+                with self._lock:
+                    self.busy_s[i] += time.perf_counter() - start
+                    self.produced_samples += len(result.batch)
+                self.scheduler.finish(unit, result)
+        except BaseException as err:  # noqa: BLE001 - any other failure stops the run, with its message
+            self.scheduler.close(RuntimeError(f"generator {i} failed: {type(err).__name__}: {err}"))
 
     def _replace(self, i: int, err: Exception) -> bool:
         with self._lock:
             self.restarts += 1
             self.restarts_of[i] += 1
+            dead, self.groups[i] = self.groups[i], None
         if self.restarts_of[i] > MAX_RESTARTS:
             self.scheduler.close(RuntimeError(f"generator {i} died {self.restarts_of[i]} times; the last: {err}"))
             return False
         self.console.print(f"[yellow]posttrain: generator {i} died ({err}); starting a new one, its unit goes back in line[/]")
-        try:
-            kill_group(self.groups[i])
-            self.groups[i] = self._spawn(i)
-            self._write_pids()
-            if self.collective:  # the group lost a member: every member joins a new one, then gets the weights
-                with self._weights_lock:
-                    self._form_weight_group()
-                version, _ = ray.get(self.board.latest.remote())
-                if version > 0:
-                    self.broadcast(version)
-            return True
-        except Exception as spawn_error:  # noqa: BLE001
-            self.scheduler.close(RuntimeError(f"generator {i} died and could not be restarted: {spawn_error}"))
-            return False
+        kill_group(dead)
+        replacement = self._spawn(i)
+        with self._lock:
+            if self.stopping:
+                kill_group(replacement)
+                return False
+            self.groups[i] = replacement
+        self._write_pids()
+        return True
 
     def metrics(self) -> dict[str, float]:
         elapsed = max(time.perf_counter() - self.started_at, 1e-9)
@@ -192,7 +216,8 @@ class Generators:
 
     def stop(self) -> None:
         """Close the scheduler, let the threads end (an in-flight unit is abandoned), stop the processes."""
-        self.stopping = True
+        with self._lock:
+            self.stopping = True
         self.scheduler.close()
         for group in self.groups:
             if group is not None:

@@ -24,33 +24,35 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch
 
 from posttrain import keys
-from posttrain.config import to_yaml
 from posttrain.config.schema import PosttrainConfig
 from posttrain.controller import ResourceError, WorkerDiedError
 from posttrain.protocol import Batch, pad_rows
 from posttrain.engines.training.inputs import build_model_inputs
 from posttrain.trainer.async_.buffer import SchedulerClosed, UnitScheduler
 from posttrain.trainer.async_.coordinator import Generators, RolloutRecipe, generator_config
+from posttrain.trainer.checkpoint import ASYNC_STATE
 from posttrain.trainer.metrics import timed
-from posttrain.trainer.phases import single_update_step
-from posttrain.trainer.report import write_report
-from posttrain.trainer.roles import WORKER_ENV, _use_gpu, generator_cpus, start_roles, trainer_cpus_per_worker
+from posttrain.trainer.phases import group_ids_of, single_update_step
+from posttrain.trainer.roles import WORKER_ENV, _use_gpu, generator_cpus, trainer_cpus_per_worker
 from posttrain.trainer.sync import SyncTrainer
-from posttrain.trainer.tracking import run_tracking
+from posttrain.trainer.tracking import Tracking
 from posttrain.workers.generator import GeneratedUnit, WeightBoard
 
 STOP_FILE = "STOP"
-STATE_FILE = "async_state.pt"
 
 
 class StopRequested(Exception):
     """Ctrl-C, SIGTERM or the STOP file: finish gracefully with a checkpoint."""
+
+
+class GeneratorsFailed(RuntimeError):
+    """The generators stopped the run (a bug, an environment error, a generator that kept dying);
+    the trainer's state is checkpointed first."""
 
 
 class AsyncTrainer(SyncTrainer):
@@ -72,85 +74,77 @@ class AsyncTrainer(SyncTrainer):
         self.generators: Generators | None = None
         self.board = None
         self.trained_samples = 0
-        self.staleness_seen: Counter[int] = Counter()
+        self._stop_event = threading.Event()  # set by Ctrl-C / SIGTERM; honoured between steps
+        self._restore_signals = lambda: None
 
     # ---- the loop ---------------------------------------------------------------------------
 
-    def fit(self) -> dict[str, float]:
+    def _before_workers(self) -> None:
+        (self.run_dir / STOP_FILE).unlink(missing_ok=True)
+        self._check_cluster()
+
+    def _start(self, resumed: Path | None) -> None:
+        """The scheduler (with a resumed run's buffer), the weight board, the generators."""
         import ray
 
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(to_yaml(self.config))
-        (self.run_dir / STOP_FILE).unlink(missing_ok=True)
-        torch.manual_seed(self.config.trainer.seed)
-        self._check_cluster()
-        self.roles = start_roles(self.config, self.total_steps)
-        tracking = None
-        restore_signals = _stop_on_signals()
-        try:
-            self.rollout.open(self.roles)  # the retriever (for validation here, and by URL for the generators), the Env-LLM
-            resumed = self._resume()
-            self.scheduler = self._new_scheduler()
-            if resumed is not None and (resumed / STATE_FILE).exists():
-                state = torch.load(resumed / STATE_FILE, weights_only=False)
-                self.data.train.load_state_dict(state["data"])  # where the generators had read to
-                self.scheduler.restore(state)
-            self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
-            self.generators = self._generators()
-            self.generators.start()
-            self._publish()  # a resumed run's weights reach the generators before any unit starts
-            self.generators.serve()
-            tracking = run_tracking(self.config, self.run_dir, self.total_steps)
-            self._loop(tracking)
-        finally:
-            restore_signals()
-            if tracking is not None:
-                tracking.close()
-            if self.generators is not None:
-                self.generators.stop()
-            self.roles.release()
-            self.rollout.close()
-        if self.validator:
-            write_report(self.run_dir, self.validator.first_samples, self.validator.last_samples)
-        else:
-            write_report(self.run_dir)
-        return self.val_history[-1] if self.val_history else {}
+        self.scheduler = self._new_scheduler()
+        if resumed is not None and (resumed / ASYNC_STATE).exists():
+            state = torch.load(resumed / ASYNC_STATE, weights_only=False)
+            self.data.train.load_state_dict(state["data"])  # where the generators had read to
+            self.scheduler.restore(state)
+        self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
+        self.generators = self._generators()
+        self.generators.start()
+        self._publish()  # a resumed run's weights reach the generators before any unit starts
+        self.generators.serve()
+        self._restore_signals = _stop_on_signals(self._stop_event)
 
-    def _loop(self, tracking) -> None:
-        config, first_step = self.config.trainer, self.step
+    def _loop(self, tracking: Tracking) -> None:
+        first_step = self.step
         try:
-            if config.val_before_train and self.step == 0 and self.data.val:
-                tracking.log(self.validate(), self.step)
             while self.step < self.total_steps:
-                if (self.run_dir / STOP_FILE).exists():
-                    raise StopRequested(f"{self.run_dir / STOP_FILE} exists")
-                metrics = self.train_step()  # counts the step once its batch is taken
-                if self._due(config.test_freq) and self.data.val:
-                    metrics |= self.validate()
-                tracking.log(metrics, self.step)
-                if self._due(config.save_freq):
-                    self.save_checkpoint()
-        except (StopRequested, KeyboardInterrupt) as stop:
-            self.generators.stop()  # nothing new starts while the checkpoint is written
-            path = self.save_checkpoint()
-            print(f"posttrain: stopped at step {self.step} ({stop or 'interrupted'}); resumable checkpoint {path}")
+                self._check_stop()
+                metrics = self.train_step()
+                self._after_step(metrics, tracking)
+        except StopRequested as stop:
+            path = self._checkpoint_now()
+            print(f"posttrain: stopped at step {self.step} ({stop}); resumable checkpoint {path}")
             raise StopRequested(str(path)) from None
+        except SchedulerClosed as err:
+            path = self._checkpoint_now()
+            raise GeneratorsFailed(f"the generators stopped the run: {err}. The trainer's state is in {path}; fix the "
+                                   "cause and run the same command to resume") from err
         except WorkerDiedError as err:
             latest = self.checkpoints.latest()
             raise WorkerDiedError(f"{err} The trainer is gone; resume from {latest or 'the start (no checkpoint yet)'} "
                                   "with trainer.resume_mode=auto") from err
-        except SchedulerClosed as err:
-            raise RuntimeError(f"the generators stopped the run: {err}") from err
-        if config.save_freq <= 0 and self.step > first_step:
+        if self.config.trainer.save_freq <= 0 and self.step > first_step:
             self.save_checkpoint()  # the end: a final checkpoint, whatever save_freq says
 
+    def _check_stop(self) -> None:
+        """Between steps, and while waiting for a batch: a stop asked for ends the loop here."""
+        if self._stop_event.is_set():
+            raise StopRequested("interrupted")
+        if (self.run_dir / STOP_FILE).exists():
+            raise StopRequested(f"{self.run_dir / STOP_FILE} exists")
+
+    def _while_waiting(self) -> None:
+        self._check_stop()
+        self.generators.maintain(self.step)  # a replaced generator gets the current weights
+
+    def _checkpoint_now(self) -> Path:
+        """The generators stopped (nothing new starts), then the trainer's state with the buffer."""
+        self.generators.stop()
+        return self.save_checkpoint()
+
     def train_step(self) -> dict[str, float]:
-        """Batch ``self.step`` (0-based) from the buffer → learn → publish version ``self.step``."""
+        """Batch ``self.step`` (0-based) from the buffer → learn → publish version ``self.step``.
+        Signals only set an event, so a step is never cut in half: it is taken, learned and published."""
         timings: dict[str, float] = {}
         with timed(timings, "step"):
             with timed(timings, "wait_buffer"):
-                units = self.scheduler.take_batch(self.step)
-            self.step += 1  # trained from here on: the checkpoint of a stop counts it
+                units = self.scheduler.take_batch(self.step, while_waiting=self._while_waiting)
+            self.step += 1
             batch, metrics = self._join(units)
             self._count_staleness(units, metrics)
             batch, learned = self.learn(batch, timings)
@@ -168,18 +162,18 @@ class AsyncTrainer(SyncTrainer):
         return metrics
 
     def _join(self, units: list[GeneratedUnit]) -> tuple[Batch, dict[str, float]]:
-        """The units' rows as one batch (prompts re-padded to a common width), their metrics averaged."""
+        """The units' rows as one batch: prompts re-padded to a common width, groups numbered across
+        the batch, then what the rollout decides per batch (group filtering, batch reward norm)."""
         batch = join_rollouts([u.batch for u in units], self.tokenizer.pad_token_id)
+        batch.tensors[keys.GROUP_IDS] = group_ids_of(batch[keys.UID])
         batch.meta[keys.WEIGHT_VERSION] = min(u.version for u in units)
-        names = {name for u in units for name in u.metrics}
-        metrics = {name: sum(u.metrics[name] for u in units if name in u.metrics) / sum(name in u.metrics for u in units) for name in names}
+        batch, metrics = self.rollout.finish_batch(batch, merge_unit_metrics([u.metrics for u in units]))
         return batch, metrics
 
     def _count_staleness(self, units: list[GeneratedUnit], metrics: dict[str, float]) -> None:
         lags = [self.step - 1 - u.version for u in units for _ in range(len(u.batch))]  # trained with version step - 1
         if max(lags) > self.config.async_.max_staleness:  # the scheduler guarantees it; a breach is a bug
             raise RuntimeError(f"step {self.step}: a sample {max(lags)} versions old, above async.max_staleness; this is a bug")
-        self.staleness_seen.update(lags)
         metrics["async/staleness/mean"] = sum(lags) / len(lags)
         metrics["async/staleness/max"] = float(max(lags))
         for lag in range(self.config.async_.max_staleness + 1):
@@ -251,19 +245,28 @@ class AsyncTrainer(SyncTrainer):
             if need_gpus > have.get("GPU", 0):
                 raise ResourceError(
                     f"the trainer's {ranks} GPU(s) plus async.num_generators={options.num_generators} × async.generator_gpus="
-                    f"{options.generator_gpus} need {need_gpus:g} GPUs; the cluster has {have.get('GPU', 0):g}. Share GPUs with "
-                    "a fraction (e.g. async.generator_gpus=0.5 beside trainer.n_workers_per_node=1; weights then go "
-                    "through the object store), or use fewer generators"
+                    f"{options.generator_gpus} need {need_gpus:g} GPUs; the cluster has {have.get('GPU', 0):g}. Generators "
+                    "need GPUs besides the trainer's (a fraction, e.g. async.generator_gpus=0.5, lets two share one; "
+                    "weights then go through the object store): use fewer generators or a machine with more GPUs"
                 )
 
     # ---- validation and checkpoints -----------------------------------------------------------
+
+    def _stop(self) -> None:
+        self._restore_signals()
+        if self.generators is not None:
+            self.generators.stop()
+        if self.board is not None:
+            import ray
+
+            ray.kill(self.board)
 
     def validate(self) -> dict[str, float]:
         self.roles.actor.sync_weights(self.step)  # the trainer's engine samples only for validation
         return super().validate()
 
     def _save_more(self, directory: Path) -> None:
-        torch.save(self.scheduler.snapshot(self.data.train.state_dict), directory / STATE_FILE)
+        torch.save(self.scheduler.snapshot(self.data.train.state_dict), directory / ASYNC_STATE)
 
 
 def join_rollouts(batches: list[Batch], pad_token_id: int) -> Batch:
@@ -284,14 +287,28 @@ def join_rollouts(batches: list[Batch], pad_token_id: int) -> Batch:
     return Batch.concat(padded)
 
 
-def _stop_on_signals():
-    """SIGTERM stops like Ctrl-C (a graceful stop with a checkpoint); returns what undoes it."""
+def merge_unit_metrics(per_unit: list[dict[str, float]]) -> dict[str, float]:
+    """One value per metric over a batch's units: the max of ``*/max``, the min of ``*/min``, else the mean."""
+    merged = {}
+    for name in {name for metrics in per_unit for name in metrics}:
+        values = [metrics[name] for metrics in per_unit if name in metrics]
+        merged[name] = max(values) if name.endswith("/max") else min(values) if name.endswith("/min") else sum(values) / len(values)
+    return merged
+
+
+def _stop_on_signals(event: threading.Event):
+    """Ctrl-C and SIGTERM ask for a graceful stop (``event``; a checkpoint at the next step boundary);
+    a second one stops at once. Returns what restores the previous handlers."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
+    def ask_to_stop(signum, frame):
+        if event.is_set():
+            raise KeyboardInterrupt
+        event.set()
+        print("posttrain: stopping after this step with a checkpoint (again to stop at once)", flush=True)
 
-    signal.signal(signal.SIGTERM, interrupt)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+    for sig in previous:
+        signal.signal(sig, ask_to_stop)
+    return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
