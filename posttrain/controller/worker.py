@@ -55,6 +55,11 @@ class Worker:
         self._mesh = MeshInfo(dp_rank, dp_size, is_collect)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        """This rank's process id (to find, or stop, one worker's process from outside)."""
+        return os.getpid()
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
     def mesh_info(self) -> MeshInfo:
         return self._mesh
 

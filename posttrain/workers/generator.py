@@ -20,7 +20,6 @@ with either way. A unit is tagged with the version it started with, the oldest o
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -83,10 +82,6 @@ class GeneratorWorker(Sampling, Worker):
         self.weight_group: WeightBroadcast | None = None
         self.staged: WeightsAtVersion | None = None  # the newest broadcast weights, not yet loaded
         self._staged_changed = threading.Condition()
-
-    @register(dispatch=Dispatch.RANK_ZERO)
-    def pid(self) -> int:
-        return os.getpid()
 
     @register(dispatch=Dispatch.RANK_ZERO)
     def produce(self, index: int, prompts: Batch, batch_index: int, row_offset: int) -> GeneratedUnit:

@@ -100,7 +100,7 @@ def test_a_killed_generator_is_replaced_and_the_run_finishes(tmp_path, transport
     formed again and the current version broadcast (collective: here through the group's store)."""
 
     def kill_generator():
-        pid = json.loads((tmp_path / "generators.json").read_text())["generator_0"]
+        pid = json.loads((tmp_path / "processes.json").read_text())["generator_0"]
         os.kill(pid, signal.SIGKILL)
 
     done = run(command(tmp_path, "trainer.total_training_steps=4", "trainer.total_epochs=2", "async.max_staleness=1",
@@ -152,4 +152,21 @@ def test_more_generators_than_the_machine_hosts_is_refused_before_workers_start(
     done = subprocess.run(command(tmp_path, f"async.num_generators={cpus + 1}"), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"async.num_generators={cpus + 1}" in done.stderr and "Use fewer generators" in done.stderr
-    assert "Traceback" not in done.stderr and not (tmp_path / "generators.json").exists()
+    assert "Traceback" not in done.stderr and not (tmp_path / "processes.json").exists()
+
+
+def test_a_killed_trainer_stops_the_run_naming_the_checkpoint_that_resumes_it(tmp_path):
+    def kill_trainer():
+        os.kill(json.loads((tmp_path / "processes.json").read_text())["trainer"][0], signal.SIGKILL)
+
+    steps = ["trainer.total_training_steps=4", "trainer.total_epochs=2", "trainer.save_freq=1", "trainer.val_before_train=false",
+             "trainer.test_freq=-1"]
+    died = run(command(tmp_path, *steps), while_running=lambda: when_step_logged(tmp_path, 2, kill_trainer))
+    assert died.returncode == 1, died.stdout[-4000:]
+    latest = int((tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
+    assert f"The trainer is gone; resume from {tmp_path / 'checkpoints' / f'global_step_{latest}'}" in died.stdout
+    assert "Traceback" not in died.stdout
+    resumed = run(command(tmp_path, *steps))
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    assert f"resumed from {tmp_path / 'checkpoints' / f'global_step_{latest}'}" in resumed.stdout
+    assert records(tmp_path)[-1]["step"] == 4

@@ -101,6 +101,7 @@ class Generators:
         """Start every generator's process (each builds its engine); :meth:`serve` then hands out units."""
         for i in range(len(self.pools)):
             self.groups[i] = self._spawn(i)
+        self.trainer_pids = self.trainer.pid()  # asked once, here: only the trainer's thread calls the trainer
         self._write_pids()
 
     def serve(self) -> None:
@@ -161,9 +162,9 @@ class Generators:
     # ---- serving ------------------------------------------------------------------------------
 
     def _write_pids(self) -> None:
-        """Which process is which generator (for a person, or a test, that wants to find one)."""
-        pids = {f"generator_{i}": group.pid() for i, group in enumerate(self.groups) if group is not None}
-        (self.run_dir / "generators.json").write_text(json.dumps(pids))
+        """Which process is which worker (for a person, or a test, that wants to find one): ``processes.json``."""
+        pids = {"trainer": self.trainer_pids} | {f"generator_{i}": group.pid()[0] for i, group in enumerate(self.groups) if group is not None}
+        (self.run_dir / "processes.json").write_text(json.dumps(pids))
 
     def _serve(self, i: int) -> None:
         try:
