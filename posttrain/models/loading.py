@@ -14,6 +14,7 @@ with ``pad_token_id``, so a pad token that equals eos does not hide the eos that
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,22 +38,26 @@ _DTYPES = {
 
 
 def resolve_model(name_or_path: str | Path) -> Path:
-    """Return the local HF directory for a built-in model name or a model directory path.
+    """Return the local HF directory for a built-in model name, a model directory path, or a Hugging
+    Face Hub model id (``Qwen/Qwen2.5-0.5B-Instruct``).
 
-    Built-in names (``smollm2-135m-instruct``) are materialised into the cache on first use.
-    A path must be an existing directory with a ``config.json``; otherwise a ``FileNotFoundError``
-    names the path and what to pass instead.
+    Built-in names (``smollm2-135m-instruct``) are materialised into the cache on first use. A Hub id
+    that is not a local directory comes from ``huggingface_hub``'s cache (``HF_HOME`` /
+    ``HF_HUB_CACHE``), downloaded into it once when online; offline (``HF_HUB_OFFLINE=1``, or no
+    network) only the cache is looked at. Anything else raises ``FileNotFoundError`` naming what was
+    looked at and what to pass instead.
     """
     key = str(name_or_path)
     if key in BUILTIN_MODELS:
         return BUILTIN_MODELS[key]()
     path = Path(key).expanduser()
+    if not path.exists() and HUB_ID.match(key):
+        return _from_hub(key)
     if not path.exists():
         raise FileNotFoundError(
-            f"Model '{key}' is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor an "
-            f"existing directory (looked at {path.resolve()}). Models are not downloaded (no "
-            "internet): pass a local Hugging Face model directory, e.g. one written with "
-            "model.save_pretrained(dir) and tokenizer.save_pretrained(dir)."
+            f"Model '{key}' is neither a built-in model ({', '.join(BUILTIN_MODELS)}), nor an existing directory "
+            f"(looked at {path.resolve()}), nor a Hugging Face Hub id (owner/name). Pass a local Hugging Face model "
+            "directory (one written with model.save_pretrained(dir) and tokenizer.save_pretrained(dir)) or a Hub id."
         )
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
@@ -61,6 +66,31 @@ def resolve_model(name_or_path: str | Path) -> Path:
             f"files, or use the built-in '{DEFAULT_MODEL}'."
         )
     return path.resolve()
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the Hub spells repositories
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "tokenizer*"]  # weights as safetensors, tokenizer, configs
+
+
+def _from_hub(repo_id: str) -> Path:
+    """``repo_id``'s snapshot in huggingface_hub's cache: downloaded once when online, the cached one offline."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        path = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+    except RepositoryNotFoundError as err:
+        raise FileNotFoundError(f"Model '{repo_id}': no such model on the Hugging Face Hub (or it is private: set HF_TOKEN)") from err
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
+        offline = "HF_HUB_OFFLINE=1 is set" if constants.HF_HUB_OFFLINE else "the Hub could not be reached"
+        raise FileNotFoundError(
+            f"Model '{repo_id}' is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {offline}, so it cannot be "
+            f"downloaded. On a machine that is online, run once `huggingface-cli download {repo_id}` (or any run with "
+            "this model), or pass a local model directory instead."
+        ) from err
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"Model '{repo_id}' from the Hub has no config.json at {path}; is it a transformers model?")
+    return path
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:

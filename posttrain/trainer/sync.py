@@ -26,6 +26,7 @@ from posttrain import keys
 from posttrain.algos import get_advantage_estimator, get_kl_estimator, masked_mean
 from posttrain.config import to_yaml
 from posttrain.config.schema import PosttrainConfig
+from posttrain.config.validate import critic_enabled
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
 from posttrain.trainer.checkpoint import ASYNC_STATE, CheckpointError, CheckpointManager, load_rng_state, save_rng_state, step_of
@@ -45,6 +46,11 @@ class SyncTrainer:
         self.config = config
         self.run_dir = Path(config.trainer.default_local_dir)
         self.tokenizer = load_tokenizer(resolve_model(config.actor_rollout_ref.model.path))
+        # Hub ids are downloaded here, once, with the controller's network; workers then read the cache (offline)
+        if critic_enabled(config) and config.critic.model_path:
+            resolve_model(config.critic.model_path)
+        if config.reward_model.enable and config.reward_model.model_path:
+            resolve_model(config.reward_model.model_path)
         self.data = build_run_data(config.data, self.tokenizer)
         epochs_steps = len(self.data.train) * config.trainer.total_epochs
         self.total_steps = min(config.trainer.total_training_steps or epochs_steps, epochs_steps)
