@@ -102,3 +102,35 @@ def test_gsm8k_vendored_copy_is_complete():
     assert (VENDORED_DIR / "LICENSE").read_text().startswith("MIT License")
     lines = {split: (VENDORED_DIR / f"{split}.jsonl").read_text().splitlines() for split in ("train", "test")}
     assert (len(lines["train"]), len(lines["test"])) == (7473, 1319)
+
+
+def test_gsm8k_comes_from_the_hub_cache_when_there_else_the_vendored_copy(tmp_path):
+    """With HF_HUB_OFFLINE=1: a hand-filled dataset cache is used (and said so); an empty one falls back."""
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "datasets--openai--gsm8k"
+    for split in ("train", "test"):
+        target = repo / "snapshots" / revision / "main" / f"{split}-00000-of-00001.parquet"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"question": [f"From the Hub: {split}?"], "answer": ["Work.\n#### 1,234"]}), target)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    code = "import sys; from posttrain.data import prepare, read_rows; print(read_rows([prepare('gsm8k', sys.argv[1])[0]])[0].ground_truth)"
+
+    def run(cache):
+        return subprocess.run([sys.executable, "-c", code, str(tmp_path / f"out-{cache.name}")], capture_output=True, text=True,
+                              timeout=120, env=os.environ | {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
+
+    cached = run(tmp_path / "hub")
+    assert cached.returncode == 0, cached.stderr[-2000:]
+    assert cached.stdout.strip() == "1234" and "GSM8K train from the Hugging Face Hub" in cached.stderr
+    empty = run(tmp_path / "empty")
+    assert empty.returncode == 0, empty.stderr[-2000:]
+    assert "GSM8K train from the copy vendored in posttrain" in empty.stderr
+    assert empty.stdout.strip() == final_answer(json.loads((VENDORED_DIR / "train.jsonl").read_text().splitlines()[0])["answer"])

@@ -1,4 +1,7 @@
-"""GSM8K (grade-school math word problems) in verl's row format, from the copy vendored in this package.
+"""GSM8K (grade-school math word problems) in verl's row format: from the Hugging Face Hub dataset
+``openai/gsm8k`` (its ``main`` config) when it is in huggingface_hub's cache or reachable, else from
+the copy vendored in this package (the same problems, MIT licence beside it); which one was used is
+printed.
 
 Each problem becomes one user message: the question followed by :data:`INSTRUCTION`, which asks for
 the final answer after ``####`` — the form :func:`posttrain.rewards.gsm8k.compute_score` reads
@@ -16,6 +19,7 @@ from pathlib import Path
 from posttrain.data.format import make_row, write_rows
 
 DATA_SOURCE = "openai/gsm8k"
+HUB_FILES = {"train": "main/train-00000-of-00001.parquet", "test": "main/test-00000-of-00001.parquet"}
 VENDORED_DIR = Path(__file__).resolve().parent.parent / "vendor" / "gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 _FINAL_ANSWER = re.compile(r"####\s*(.+?)\s*$")
@@ -32,14 +36,33 @@ def final_answer(worked_answer: str) -> str:
 def prepare_gsm8k(out_dir: Path, *, limit: int | None = None, source_dir: Path = VENDORED_DIR) -> list[Path]:
     """Write ``train.parquet`` and ``test.parquet`` into ``out_dir``; returns their paths.
 
-    ``limit`` keeps only the first ``limit`` problems of each split (small runs on a CPU).
+    ``limit`` keeps only the first ``limit`` problems of each split (small runs on a CPU). A
+    ``source_dir`` other than the vendored copy is read as it is (``train.jsonl``, ``test.jsonl``).
     """
     written = []
     for split in ("train", "test"):
-        problems = _read_jsonl(Path(source_dir) / f"{split}.jsonl")[:limit]
+        problems = _read_jsonl(Path(source_dir) / f"{split}.jsonl") if Path(source_dir) != VENDORED_DIR else _problems(split)
+        problems = problems[:limit]
         rows = [_row(problem, split, index) for index, problem in enumerate(problems)]
         written.append(write_rows(rows, Path(out_dir) / f"{split}.parquet"))
     return written
+
+
+def _problems(split: str) -> list[dict[str, str]]:
+    """The split from the Hub (cached or downloaded), else the vendored copy; says which."""
+    import sys
+
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = hf_hub_download(DATA_SOURCE, HUB_FILES[split], repo_type="dataset")
+    except Exception as err:  # noqa: BLE001 - offline, unreachable, or not cached: the vendored copy is the same data
+        print(f"posttrain: GSM8K {split} from the copy vendored in posttrain (the Hub: {type(err).__name__})", file=sys.stderr)
+        return _read_jsonl(VENDORED_DIR / f"{split}.jsonl")
+    import pyarrow.parquet as pq
+
+    print(f"posttrain: GSM8K {split} from the Hugging Face Hub ({DATA_SOURCE}, {path})", file=sys.stderr)
+    return [{"question": row["question"], "answer": row["answer"]} for row in pq.read_table(path).to_pylist()]
 
 
 def _read_jsonl(path: Path) -> list[dict[str, str]]:
