@@ -115,9 +115,7 @@ class AsyncTrainer(SyncTrainer):
             raise GeneratorsFailed(f"the generators stopped the run: {err}. The trainer's state is in {path}; fix the "
                                    "cause and run the same command to resume") from err
         except WorkerDiedError as err:
-            latest = self.checkpoints.latest()
-            raise WorkerDiedError(f"{err} The trainer is gone; resume from {latest or 'the start (no checkpoint yet)'} "
-                                  "with trainer.resume_mode=auto") from err
+            raise self._trainer_gone(err) from err
         if self.config.trainer.save_freq <= 0 and self.step > first_step:
             self.save_checkpoint()  # the end: a final checkpoint, whatever save_freq says
 
@@ -133,9 +131,18 @@ class AsyncTrainer(SyncTrainer):
         self.generators.maintain(self.step)  # a replaced generator gets the current weights
 
     def _checkpoint_now(self) -> Path:
-        """The generators stopped (nothing new starts), then the trainer's state with the buffer."""
+        """The generators stopped (nothing new starts), then the trainer's state with the buffer. A
+        trainer found dead here (the generators saw it first: its weights were gone) is reported as such."""
         self.generators.stop()
-        return self.save_checkpoint()
+        try:
+            return self.save_checkpoint()
+        except WorkerDiedError as err:
+            raise self._trainer_gone(err) from err
+
+    def _trainer_gone(self, err: WorkerDiedError) -> WorkerDiedError:
+        latest = self.checkpoints.latest()
+        return WorkerDiedError(f"{err} The trainer is gone; resume from {latest or 'the start (no checkpoint yet)'} "
+                               "with trainer.resume_mode=auto")
 
     def train_step(self) -> dict[str, float]:
         """Batch ``self.step`` (0-based) from the buffer → learn → publish version ``self.step``.
