@@ -276,6 +276,7 @@ class TrainerConfig:
     resume_mode: str = "auto"  # auto | disable | a checkpoint path
     max_ckpt_to_keep: Optional[int] = None
     ray_address: Optional[str] = None  # None: start a local Ray; "auto": join the running cluster
+    ray_dashboard: bool = False  # start Ray's dashboard (a local Ray) and print its URL
     seed: int = 1
 
 

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from posttrain.agents.env_llm import EnvLLMError
 from posttrain.agents.retriever.types import RetrieverError
-from posttrain.config.schema import PosttrainConfig
+from posttrain.config.schema import PosttrainConfig, TrainerConfig
 from posttrain.trainer.checkpoint import CheckpointError
 
 
@@ -28,7 +28,7 @@ def run_training(config: PosttrainConfig) -> int:
     except (ValueError, FileNotFoundError) as err:  # refused before any worker starts: say why, no traceback
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
-    _start_ray(config.trainer.ray_address)
+    _start_ray(config.trainer)
     try:
         mode = f" ({config.async_.num_generators} generator(s), max staleness {config.async_.max_staleness})" if config.trainer.mode == "async" else ""
         console.print(
@@ -64,7 +64,7 @@ def run_sft(config: PosttrainConfig) -> int:
     except (ValueError, FileNotFoundError, CheckpointError) as err:  # refused before any worker starts
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
-    _start_ray(config.trainer.ray_address)
+    _start_ray(config.trainer)
     try:
         console.print(
             f"[bold]posttrain sft[/] on {config.actor_rollout_ref.model.path}: {len(trainer.train_set)} transcripts"
@@ -105,7 +105,7 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
     if trainer.data.val is None:
         console.print("posttrain: no validation data: set data.val_files (or data.builtin)")
         return 2
-    _start_ray(config.trainer.ray_address)
+    _start_ray(config.trainer)
     try:
         trainer.roles = start_roles(config, trainer.total_steps)
         try:
@@ -134,11 +134,17 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
     return 0
 
 
-def _start_ray(address: str | None) -> None:
-    """Join ``address`` (``auto``: the running cluster) or start a local Ray with this machine's CPUs."""
+def _start_ray(trainer: TrainerConfig) -> None:
+    """Join ``trainer.ray_address`` (``auto``: the running cluster) or start a local Ray with this
+    machine's CPUs; with ``trainer.ray_dashboard``, start Ray's dashboard and print where it is."""
     import ray
 
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, **({} if address else {"num_cpus": os.cpu_count()}))
+    address = trainer.ray_address
+    context = ray.init(address=address, include_dashboard=trainer.ray_dashboard, log_to_driver=False,
+                       **({} if address else {"num_cpus": os.cpu_count()}))
+    if trainer.ray_dashboard:
+        url = context.dashboard_url
+        print(f"posttrain: Ray dashboard at http://{url}" if url else "posttrain: Ray dashboard did not start (is ray[default] installed?)")
 
 
 def _summary(console: Console, history: list[dict[str, float]], run_dir, seconds: float) -> None:

@@ -105,3 +105,14 @@ def test_resume_exactly_at_an_epoch_boundary_continues_into_the_next_epoch(tmp_p
     resumed = [r for r in records[len(first):]]
     assert [r["step"] for r in resumed] == [3, 4]
     assert [r["metrics"]["training/epoch"] for r in resumed] == [1, 1]
+
+
+def test_the_ray_dashboard_starts_when_asked_and_says_where(tmp_path):
+    command = [
+        sys.executable, "-m", "posttrain.cli", "train", f"actor_rollout_ref.model.path={cached_tiny_model('llama')}",
+        f"trainer.default_local_dir={tmp_path}", *TINY_RUN, "trainer.total_training_steps=1", "trainer.val_before_train=false",
+        "trainer.ray_dashboard=true",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "posttrain: Ray dashboard at http://127.0.0.1:" in done.stdout
