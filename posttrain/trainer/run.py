@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 from rich.console import Console
 
@@ -28,7 +29,7 @@ def run_training(config: PosttrainConfig) -> int:
     except (ValueError, FileNotFoundError) as err:  # refused before any worker starts: say why, no traceback
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
-    _start_ray(config.trainer)
+    _start_ray(config.trainer, trainer.run_dir)
     try:
         mode = f" ({config.async_.num_generators} generator(s), max staleness {config.async_.max_staleness})" if config.trainer.mode == "async" else ""
         console.print(
@@ -64,7 +65,7 @@ def run_sft(config: PosttrainConfig) -> int:
     except (ValueError, FileNotFoundError, CheckpointError) as err:  # refused before any worker starts
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
-    _start_ray(config.trainer)
+    _start_ray(config.trainer, trainer.run_dir)
     try:
         console.print(
             f"[bold]posttrain sft[/] on {config.actor_rollout_ref.model.path}: {len(trainer.train_set)} transcripts"
@@ -105,7 +106,7 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
     if trainer.data.val is None:
         console.print("posttrain: no validation data: set data.val_files (or data.builtin)")
         return 2
-    _start_ray(config.trainer)
+    _start_ray(config.trainer, None)  # an evaluation keeps the run directory's link to its training logs
     try:
         trainer.roles = start_roles(config, trainer.total_steps)
         try:
@@ -134,17 +135,32 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
     return 0
 
 
-def _start_ray(trainer: TrainerConfig) -> None:
+def _start_ray(trainer: TrainerConfig, run_dir: Path | None) -> None:
     """Join ``trainer.ray_address`` (``auto``: the running cluster) or start a local Ray with this
-    machine's CPUs; with ``trainer.ray_dashboard``, start Ray's dashboard and print where it is."""
+    machine's CPUs; with ``trainer.ray_dashboard``, start Ray's dashboard and print where it is.
+    ``<run_dir>/ray_logs`` links to this Ray session's logs (each worker's stdout and stderr)."""
     import ray
 
     address = trainer.ray_address
     context = ray.init(address=address, include_dashboard=trainer.ray_dashboard, log_to_driver=False,
                        **({} if address else {"num_cpus": os.cpu_count()}))
+    if run_dir is not None:
+        _link_ray_logs(context.address_info.get("session_dir"), run_dir)
     if trainer.ray_dashboard:
         url = context.dashboard_url
         print(f"posttrain: Ray dashboard at http://{url}" if url else "posttrain: Ray dashboard did not start (is ray[default] installed?)")
+
+
+def _link_ray_logs(session_dir: str | None, run_dir: Path) -> None:
+    logs = Path(session_dir or "") / "logs"
+    if not session_dir or not logs.is_dir():
+        return  # a cluster whose head is another machine: its logs are there
+    run_dir.mkdir(parents=True, exist_ok=True)
+    link = run_dir / "ray_logs"
+    if link.is_symlink():
+        link.unlink()
+    if not link.exists():
+        link.symlink_to(logs, target_is_directory=True)
 
 
 def _summary(console: Console, history: list[dict[str, float]], run_dir, seconds: float) -> None:

@@ -116,3 +116,5 @@ def test_the_ray_dashboard_starts_when_asked_and_says_where(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONUNBUFFERED": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "posttrain: Ray dashboard at http://127.0.0.1:" in done.stdout
+    # the run directory links to the session's logs: every worker process's stdout and stderr
+    assert (tmp_path / "ray_logs").is_symlink() and list((tmp_path / "ray_logs").glob("worker-*.err"))
