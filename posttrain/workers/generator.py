@@ -30,7 +30,7 @@ from posttrain.controller import Dispatch, Worker, WorkerContext, register
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
 from posttrain.workers.engines import rollout_engine
-from posttrain.workers.sampling import Sampling, WeightsAtVersion
+from posttrain.workers.sampling import VALIDATE_META_KEY, Sampling, WeightsAtVersion
 from posttrain.workers.weight_broadcast import WeightBroadcast
 
 WEIGHTS_WAIT_S = 600.0  # how long a generator waits for a broadcast version the board already names
@@ -94,7 +94,7 @@ class GeneratorWorker(Sampling, Worker):
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
     def generate_turn(self, batch: Batch) -> Batch:
-        if self.partial_rollout == "resume" and not batch.meta.get("validate", False):
+        if self.partial_rollout == "resume" and not batch.meta.get(VALIDATE_META_KEY, False):
             self.pull_weights()  # an episode that spans an update continues with the newer weights
         return super().generate_turn(batch)
 

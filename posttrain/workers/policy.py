@@ -114,7 +114,8 @@ class PolicyWorker(Sampling, Worker):
         Every rank takes part: sharded weights are gathered collectively."""
         import ray
 
-        weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.engine.named_weights()}
+        # ray.put copies into the object store at once, so CPU tensors go in as they are (no copy of our own)
+        weights = {name: tensor.detach().to("cpu") for name, tensor in self.engine.named_weights()}
         return [ray.put(WeightsAtVersion(version, weights))] if self.rank == 0 else None
 
     @register(dispatch=Dispatch.RANK_ZERO)

@@ -46,9 +46,7 @@ def run(s: UnitScheduler, generators: int, steps: int, seed: int, start_step: in
         while (unit := s.next_unit()) is not None:
             version = versions["published"]  # a generator starts with the newest published weights
             threading.Event().wait(rng.random() * 0.01)
-            uids = list(unit.prompts[keys.UID])
             s.finish(unit, GeneratedUnit(unit.index, version, unit.prompts, {}, 0.0))
-            assert uids
 
     threads = [threading.Thread(target=generate, daemon=True) for _ in range(generators)]
     for thread in threads:

@@ -188,11 +188,11 @@ class AsyncTrainer(SyncTrainer):
 
     # ---- weights, generators, the scheduler ---------------------------------------------------
 
-    def _publish(self, version: int | None = None) -> None:
-        """The trainer's weights as ``version`` (default: the current step) for the generators to pull."""
+    def _publish(self) -> None:
+        """The trainer's weights as version ``self.step`` (updates done), for the generators to load."""
         import ray
 
-        version = self.step if version is None else version
+        version = self.step
         if version > 0:
             if self.generators.collective:
                 self.generators.broadcast(version)
@@ -204,7 +204,7 @@ class AsyncTrainer(SyncTrainer):
             self.scheduler.advance(version)
 
     def _new_scheduler(self) -> UnitScheduler:
-        batches = self._batches()
+        batches = self._batches()  # the sync trainer's supply, read ahead by the generators
 
         def next_prompts() -> Batch | None:
             return next((batch for _, batch in batches), None)
@@ -215,14 +215,6 @@ class AsyncTrainer(SyncTrainer):
             max_staleness=self.config.async_.max_staleness, total_batches=self.total_steps, next_prompts=next_prompts,
             version=self.step,
         )
-
-    def _batches(self):
-        """Prompt batches from the current data position to the end of the run (the generators' supply)."""
-        loader = self.data.train
-        while loader.epoch < self.config.trainer.total_epochs:
-            epoch = loader.epoch
-            for batch in loader:
-                yield epoch, batch
 
     def _generators(self) -> Generators:
         retriever = self.rollout.retriever.client.url if getattr(self.rollout, "retriever", None) else None
