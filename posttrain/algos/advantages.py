@@ -3,7 +3,8 @@
 Every estimator returns `AdvantageOutput(advantages, returns)`, both (B, T) like the response and
 exactly 0 where `response_mask` is 0. Estimators without a critic set `returns = advantages`
 (nothing trains on them; verl does the same), except REINFORCE++ whose returns are the discounted
-returns before whitening.
+returns before whitening, and ReMax whose returns are the reward-to-go sum_{t' >= t} r_t' (verl's;
+they are what `critic/returns/*` reports, and what a critic would train on).
 
 Outcome-reward estimators (GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline, ReMax, GRPO pass@k) read
 `rewards` as either token-level rewards (B, T), whose masked sum over T is the sequence score, or
@@ -28,6 +29,9 @@ Deviations and edge cases, all deliberate:
   rewards or values at masked positions are ignored. With a contiguous mask this is textbook GAE.
   (verl's REINFORCE++ resets the return at a masked token instead.)
 - Standard deviations are Bessel-corrected, as `torch.std` (and verl).
+- ReMax's advantage is s_i - b_i at every token, the paper's. verl's is the reward-to-go minus b_i,
+  which is the same when the reward sits on the last token only but not when token rewards are
+  spread (a KL penalty in the reward).
 - A group of one, and a group whose scores are all equal, gets advantage exactly 0 under grpo,
   drgrpo, rloo and grpo_passk. REINFORCE++-baseline then whitens over the batch, which shifts every
   sequence, so there a constant group is 0 only before the whitening (as in the paper).
@@ -215,7 +219,11 @@ def reinforce_plus_plus_baseline_advantages(
 
 
 def remax_advantages(rewards: Tensor, response_mask: Tensor, baseline_scores: Tensor) -> AdvantageOutput:
-    """ReMax: s - score of the greedy response to the same prompt.  # (B,T)|(B,), (B,T), (B,) -> 2 x (B,T)"""
+    """ReMax: s - score of the greedy response to the same prompt.  # (B,T)|(B,), (B,T), (B,) -> 2 x (B,T)
+
+    returns: the reward-to-go sum_{t' >= t} r_t' over valid tokens, as verl's; scores (B,) count as
+    a reward on the last token, so every valid token's return is the score.
+    """
     scores = sequence_scores(rewards, response_mask)
     if baseline_scores.shape != scores.shape:
         raise ValueError(
@@ -223,7 +231,10 @@ def remax_advantages(rewards: Tensor, response_mask: Tensor, baseline_scores: Te
             "the greedy-rollout score for each sequence's prompt"
         )
     check_finite("baseline_scores", baseline_scores)
-    return _spread(scores - baseline_scores.to(scores.dtype), response_mask)
+    advantages = _spread(scores - baseline_scores.to(scores.dtype), response_mask).advantages
+    if rewards.dim() == 1:
+        return AdvantageOutput(advantages, _spread(scores, response_mask).returns)
+    return AdvantageOutput(advantages, discounted_returns(rewards.to(scores.dtype), response_mask))
 
 
 def grpo_passk_advantages(

@@ -12,6 +12,19 @@ paper's (Shao et al. 2024) and GSPO's, seq-mean-token-sum-norm is Dr.GRPO's cons
 (Liu et al. 2025), where L is the maximum response length (`max_response_length`, default: this
 batch's T; pass the configured maximum so that every micro-batch uses the same L).
 
+seq-mean-token-sum-norm differs from verl by default. Here it is a mean over sequences of
+(token sum / L), so the loss does not grow with the batch size. verl's `agg_loss` divides the
+summed sequence losses by its `loss_scale_factor` only (default: the micro-batch's T), not by the
+number of sequences:
+
+    verl convention (loss_scale_factor = K)   sum_i (sum_t m_it l_it) / K
+
+Pass `loss_scale_factor` to get verl's convention (with K = L the loss is N times ours). K is a
+constant, so the micro-batch losses still add up to the full-batch loss; `global_normalizer` and
+`max_response_length` are then unused. verl's default K (each micro-batch's own T) is not offered:
+it changes with the padding of each micro-batch. `loss_scale_factor` with any other mode is an
+error (verl ignores it there).
+
 Gradient accumulation and data parallelism. Every mode is a sum over sequences divided by a
 normaliser. When the normaliser is the *global* one, counted over the whole mini-batch on all
 ranks (`loss_normalizer` on each piece, summed, e.g. with an all-reduce), the losses of any split
@@ -69,14 +82,19 @@ def aggregate_loss(
     *,
     global_normalizer: Tensor | float | None = None,
     max_response_length: int | None = None,
+    loss_scale_factor: float | None = None,
 ) -> Tensor:
     """Scalar loss from per-token losses under `loss_agg_mode`.  # (B, T), (B, T) -> ()
 
     `global_normalizer`: the summed `loss_normalizer` of every piece of the mini-batch; None uses
     this batch's own. `max_response_length`: L of seq-mean-token-sum-norm (default T).
+    `loss_scale_factor`: K of verl's seq-mean-token-sum-norm, sum_i (sum_t m l) / K (None: ours,
+    sum_i (sum_t m l) / (N L)).
     """
     check_same_shape(per_token_loss=per_token_loss, response_mask=response_mask)
     _check_mode(loss_agg_mode)
+    if loss_scale_factor is not None:
+        return _verl_token_sum_norm(per_token_loss, response_mask, loss_agg_mode, loss_scale_factor)
     if global_normalizer is None:
         global_normalizer = loss_normalizer(response_mask, loss_agg_mode)
     elif isinstance(global_normalizer, (int, float)) and global_normalizer < 0:
@@ -92,3 +110,15 @@ def aggregate_loss(
         normalizer = normalizer * length
     total = _per_sequence_sums(per_token_loss, response_mask, loss_agg_mode).sum()
     return torch.where(normalizer > 0, total / normalizer.clamp_min(1e-12), torch.zeros_like(total))
+
+
+def _verl_token_sum_norm(per_token_loss: Tensor, response_mask: Tensor, loss_agg_mode: str,
+                         loss_scale_factor: float) -> Tensor:
+    # verl's seq-mean-token-sum-norm: the summed sequence losses over a constant, no count of sequences.
+    if loss_agg_mode != "seq-mean-token-sum-norm":
+        raise ValueError(f"loss_scale_factor applies to loss_agg_mode seq-mean-token-sum-norm only; got "
+                         f"{loss_agg_mode!r}: drop loss_scale_factor or use seq-mean-token-sum-norm")
+    if not loss_scale_factor > 0:
+        raise ValueError(f"loss_scale_factor must be > 0 (e.g. the maximum response length); got {loss_scale_factor}")
+    total = _per_sequence_sums(per_token_loss, response_mask, loss_agg_mode).sum()
+    return total.to(torch.promote_types(total.dtype, torch.float32)) / loss_scale_factor

@@ -2,16 +2,20 @@
 
 Every loss takes (all (B, T)) `logprobs` (current policy, differentiable), `old_logprobs` (the
 policy the advantages were computed for), `advantages` and `response_mask`, and returns
-`PolicyLossOutput(loss, clipfrac, clipfrac_lower, approx_kl)`, all scalars:
+`PolicyLossOutput(loss, clipfrac, clipfrac_lower, ppo_kl, ppo_kl_k3)`, all scalars:
 
 - `loss` is the aggregated loss (see `posttrain.algos.aggregation`: `loss_agg_mode`,
-  `global_normalizer`, `max_response_length` are passed through), the only differentiable field.
+  `global_normalizer`, `max_response_length`, `loss_scale_factor` are passed through), the only
+  differentiable field.
 - `clipfrac`: share of valid tokens where the clip bound took effect (PPO, GSPO: the clipped branch
   of the min was taken; CISPO: the importance weight hit its upper bound).
 - `clipfrac_lower`: share of valid tokens where PPO's dual clip took effect (CISPO: the weight hit
   its lower bound; GSPO: always 0).
-- `approx_kl`: masked mean of the k3 estimate of KL(old || new), (r - 1) - log r with r = new / old
-  (Schulman 2020, "Approximating KL divergence"), non-negative and low in variance.
+- `ppo_kl`: masked mean of log old - log new, the k1 estimate of KL(old || new): verl's
+  `ppo_kl` (the metric `actor/ppo_kl`). Unbiased, but a single batch can make it negative.
+- `ppo_kl_k3`: masked mean of the k3 estimate of the same KL, (r - 1) - log r with r = new / old
+  (Schulman 2020, "Approximating KL divergence"): never negative and lower in variance.
+  Both read the clamped log-ratio below (GSPO: the token log-ratio, not the sequence one).
 Metrics are means over this call's valid tokens (not globally normalised).
 
 `token_weights` (B, T), optional, multiplies the per-token loss before aggregation and carries no
@@ -61,7 +65,8 @@ class PolicyLossOutput:
     loss: Tensor  # () differentiable
     clipfrac: Tensor  # () detached
     clipfrac_lower: Tensor  # () detached
-    approx_kl: Tensor  # () detached
+    ppo_kl: Tensor  # () detached, k1
+    ppo_kl_k3: Tensor  # () detached
 
 
 def clamped_log_ratio(logprobs: Tensor, reference_logprobs: Tensor) -> Tensor:
@@ -82,18 +87,19 @@ def _fraction(condition: Tensor, response_mask: Tensor) -> Tensor:
     return masked_mean(condition.float(), response_mask).detach()
 
 
-def _approx_kl(log_ratio: Tensor, response_mask: Tensor) -> Tensor:
+def _kl_metrics(log_ratio: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor]:
+    # log_ratio = log new - log old; k1 of KL(old || new) is its negation.
     log_ratio = log_ratio.detach()
-    return masked_mean(torch.expm1(log_ratio) - log_ratio, response_mask)
+    return masked_mean(-log_ratio, response_mask), masked_mean(torch.expm1(log_ratio) - log_ratio, response_mask)
 
 
 def _aggregate(per_token_loss: Tensor, response_mask: Tensor, token_weights: Tensor | None,
                loss_agg_mode: str, global_normalizer: Tensor | float | None,
-               max_response_length: int | None) -> Tensor:
+               max_response_length: int | None, loss_scale_factor: float | None) -> Tensor:
     if token_weights is not None:
         per_token_loss = per_token_loss * token_weights.detach()
-    return aggregate_loss(per_token_loss, response_mask, loss_agg_mode,
-                          global_normalizer=global_normalizer, max_response_length=max_response_length)
+    return aggregate_loss(per_token_loss, response_mask, loss_agg_mode, global_normalizer=global_normalizer,
+                          max_response_length=max_response_length, loss_scale_factor=loss_scale_factor)
 
 
 def _clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_ratio_low: float,
@@ -123,6 +129,7 @@ def ppo_policy_loss(
     loss_agg_mode: str = "token-mean",
     global_normalizer: Tensor | float | None = None,
     max_response_length: int | None = None,
+    loss_scale_factor: float | None = None,
     token_weights: Tensor | None = None,
 ) -> PolicyLossOutput:
     """PPO clipped surrogate with clip-higher and dual clip.  # 4 x (B, T) -> PolicyLossOutput
@@ -141,9 +148,10 @@ def ppo_policy_loss(
         cap = -advantages * clip_ratio_dual
         dual_taken = (advantages < 0) & (per_token > cap)
         per_token = torch.where(dual_taken, cap, per_token)
-    loss = _aggregate(per_token, response_mask, token_weights, loss_agg_mode, global_normalizer, max_response_length)
+    loss = _aggregate(per_token, response_mask, token_weights, loss_agg_mode, global_normalizer, max_response_length,
+                      loss_scale_factor)
     return PolicyLossOutput(loss, _fraction(clip_taken, response_mask), _fraction(dual_taken, response_mask),
-                            _approx_kl(log_ratio, response_mask))
+                            *_kl_metrics(log_ratio, response_mask))
 
 
 def gspo_policy_loss(
@@ -157,6 +165,7 @@ def gspo_policy_loss(
     loss_agg_mode: str = "seq-mean-token-mean",
     global_normalizer: Tensor | float | None = None,
     max_response_length: int | None = None,
+    loss_scale_factor: float | None = None,
     token_weights: Tensor | None = None,
 ) -> PolicyLossOutput:
     """GSPO, token-level form: sequence ratio s_i = exp(mean_t log r_it), clipped.  # 4 x (B, T) -> out"""
@@ -168,10 +177,11 @@ def gspo_policy_loss(
     mixed = sequence_log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach()
     ratio = torch.exp(mixed.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     per_token, clip_taken = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
-    loss = _aggregate(per_token, response_mask, token_weights, loss_agg_mode, global_normalizer, max_response_length)
+    loss = _aggregate(per_token, response_mask, token_weights, loss_agg_mode, global_normalizer, max_response_length,
+                      loss_scale_factor)
     no_dual = torch.zeros_like(clip_taken)
     return PolicyLossOutput(loss, _fraction(clip_taken, response_mask), _fraction(no_dual, response_mask),
-                            _approx_kl(clamped_log_ratio(logprobs, old_logprobs), response_mask))
+                            *_kl_metrics(clamped_log_ratio(logprobs, old_logprobs), response_mask))
 
 
 def cispo_policy_loss(
@@ -185,6 +195,7 @@ def cispo_policy_loss(
     loss_agg_mode: str = "token-mean",
     global_normalizer: Tensor | float | None = None,
     max_response_length: int | None = None,
+    loss_scale_factor: float | None = None,
     token_weights: Tensor | None = None,
 ) -> PolicyLossOutput:
     """CISPO: -sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi.  # 4 x (B, T) -> PolicyLossOutput
@@ -198,6 +209,7 @@ def cispo_policy_loss(
     low, high = 1.0 - clip_ratio_low, 1.0 + clip_ratio_high
     weight = ratio.clamp(low, high)
     per_token = -weight * advantages * logprobs
-    loss = _aggregate(per_token, response_mask, token_weights, loss_agg_mode, global_normalizer, max_response_length)
+    loss = _aggregate(per_token, response_mask, token_weights, loss_agg_mode, global_normalizer, max_response_length,
+                      loss_scale_factor)
     return PolicyLossOutput(loss, _fraction(ratio > high, response_mask), _fraction(ratio < low, response_mask),
-                            _approx_kl(log_ratio, response_mask))
+                            *_kl_metrics(log_ratio, response_mask))

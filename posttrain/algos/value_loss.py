@@ -1,12 +1,15 @@
 """Critic loss with value clipping, and the explained variance of values against returns.
 
-    v_clip  = v_old + clip(v - v_old, -c, c)
+    v_clip  = clamp(v, v_old - c, v_old + c)
     loss_t  = 0.5 * max((v - R)^2, (v_clip - R)^2)          aggregated by `loss_agg_mode`
 
 This is the clipped value loss of the PPO reference implementation (OpenAI baselines ppo2; see
 Engstrom et al. 2020, "Implementation matters in deep policy gradients", for why it is a
 pessimistic bound rather than a trust region). `clipfrac` is the share of valid tokens where the
 clipped error was larger (the clipped branch was taken). `clip_range=None` disables clipping.
+v_clip is a clamp of v itself, as in verl, not v_old + clip(v - v_old, -c, c): that form equals
+v_clip in real arithmetic, but in floating point v_old + (v - v_old) need not round back to v, so
+a value inside the range could count as clipped and take the clipped branch's (zero) gradient.
 
     explained_variance = 1 - Var[R - v] / Var[R]     over valid tokens
 
@@ -54,7 +57,7 @@ def value_loss(
         if clip_range < 0:
             raise ValueError(f"clip_range must be >= 0 (or None to disable value clipping); got {clip_range}")
         old = old_values.detach()
-        clipped_values = old + (values - old).clamp(-clip_range, clip_range)
+        clipped_values = torch.clamp(values, old - clip_range, old + clip_range)
         clipped = (clipped_values - returns) ** 2
         per_token, clip_taken = torch.maximum(unclipped, clipped), clipped > unclipped
     loss = 0.5 * aggregate_loss(per_token, response_mask, loss_agg_mode,

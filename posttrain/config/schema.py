@@ -62,6 +62,7 @@ class ActorConfig:
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0
     loss_agg_mode: str = "token-mean"
+    loss_scale_factor: Optional[int] = None  # seq-mean-token-sum-norm only; null: sum / (N * max_response_length), K: verl's sum / K
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001

@@ -53,7 +53,24 @@ def validate_config(config: PosttrainConfig) -> list[ConfigProblem]:
         problems += check_env(config)
     if config.trainer.mode == "async":
         problems += check_async(config)
+    problems += check_loss_scale_factor(config)
     return problems
+
+
+def check_loss_scale_factor(config: PosttrainConfig) -> list[ConfigProblem]:
+    """verl's seq-mean-token-sum-norm divisor: a positive constant, and only for that mode."""
+    key, actor = "actor_rollout_ref.actor.loss_scale_factor", config.actor_rollout_ref.actor
+    factor = actor.loss_scale_factor
+    if factor is None:
+        return []
+    if actor.loss_agg_mode != "seq-mean-token-sum-norm":
+        return [ConfigProblem(key, factor, "config",
+                              f"applies only to actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm (it is "
+                              f"{actor.loss_agg_mode}); remove it, or set that mode")]
+    if factor < 1:
+        return [ConfigProblem(key, factor, "config",
+                              "must be >= 1, e.g. data.max_response_length for verl's convention, or null for posttrain's")]
+    return []
 
 
 def check_async(config: PosttrainConfig) -> list[ConfigProblem]:

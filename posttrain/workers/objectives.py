@@ -36,6 +36,7 @@ class PolicyObjective:
     loss_options: dict
     loss_agg_mode: str
     max_response_length: int
+    loss_scale_factor: int | None  # None: posttrain's seq-mean-token-sum-norm; set: verl's (algos.aggregation)
     entropy_coeff: float
     kl_loss_coef: float | None  # None: no KL loss
     kl_loss_type: str
@@ -48,6 +49,7 @@ class PolicyObjective:
             "clip_ratio_high": actor.clip_ratio_high,
             "loss_agg_mode": actor.loss_agg_mode,
             "max_response_length": max_response_length,
+            "loss_scale_factor": actor.loss_scale_factor,
         }
         if actor.policy_loss in ("vanilla", "ppo"):
             options["clip_ratio_dual"] = actor.clip_ratio_c
@@ -55,7 +57,7 @@ class PolicyObjective:
         if actor.use_kl_loss:
             get_kl_estimator(actor.kl_loss_type)
         return cls(
-            actor.policy_loss, options, actor.loss_agg_mode, max_response_length, actor.entropy_coeff,
+            actor.policy_loss, options, actor.loss_agg_mode, max_response_length, actor.loss_scale_factor, actor.entropy_coeff,
             actor.kl_loss_coef if actor.use_kl_loss else None, actor.kl_loss_type, importance_cap,
         )
 
@@ -72,7 +74,8 @@ class PolicyObjective:
             "pg_loss": local,
             "pg_clipfrac": result.clipfrac,
             "pg_clipfrac_lower": result.clipfrac_lower,
-            "ppo_kl": result.approx_kl,
+            "ppo_kl": result.ppo_kl,
+            "ppo_kl_k3": result.ppo_kl_k3,
         }
         if outputs.entropy is not None:
             metrics["entropy"] = masked_mean(outputs.entropy, mask).detach()
@@ -95,7 +98,8 @@ class PolicyObjective:
 
     def _aggregate(self, per_token: Tensor, mask: Tensor, normalizer: Tensor) -> Tensor:
         return aggregate_loss(
-            per_token, mask, self.loss_agg_mode, global_normalizer=normalizer, max_response_length=self.max_response_length
+            per_token, mask, self.loss_agg_mode, global_normalizer=normalizer, max_response_length=self.max_response_length,
+            loss_scale_factor=self.loss_scale_factor,
         )
 
 

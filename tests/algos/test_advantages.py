@@ -151,7 +151,9 @@ def test_remax_matches_loop(shape, gen):
     baseline = torch.randn(shape[0], generator=gen, dtype=torch.float64)
     scores = _loop_scores(rewards, mask)
     expected = _spread([s - b for s, b in zip(scores, baseline.tolist())], mask)
-    _close(remax_advantages(rewards, mask, baseline).advantages, expected)
+    out = remax_advantages(rewards, mask, baseline)
+    _close(out.advantages, expected)
+    _close(out.returns, _loop_discounted(rewards, mask, 1.0))
 
 
 # ---------------------------------------------------------------- hand-worked numbers
@@ -196,6 +198,18 @@ def test_outcome_estimators_hand_worked():
     # ReMax: scores minus greedy baseline 0.5, 0.5, 0.5, 0.5, 2 -> 0.5, -0.5, -0.5, 0.5, 1
     baseline = torch.tensor([0.5, 0.5, 0.5, 0.5, 2.0])
     assert remax_advantages(scores, mask, baseline).advantages[:, 1].tolist() == [0.5, -0.5, -0.5, 0.5, 1.0]
+    # ... and its returns are the scores themselves (a score is a reward on the last token), not s - b
+    assert remax_advantages(scores, mask, baseline).returns[:, 1].tolist() == [1.0, 0.0, 0.0, 1.0, 3.0]
+
+
+def test_remax_returns_are_verls_reward_to_go():
+    # Token rewards 0.5, 0 (masked, ignored: 9), 1, 2 -> score 3.5; greedy baseline 1.
+    # Advantages: 3.5 - 1 = 2.5 on every valid token. Returns, verl's reward-to-go sum_{t' >= t} r_t':
+    # 3.5, (masked) 0, 3, 2.
+    rewards = torch.tensor([[0.5, 9.0, 1.0, 2.0]])
+    out = remax_advantages(rewards, torch.tensor([[1, 0, 1, 1]]), torch.tensor([1.0]))
+    assert out.advantages.tolist() == [[2.5, 0.0, 2.5, 2.5]]
+    assert out.returns.tolist() == [[3.5, 0.0, 3.0, 2.0]]
 
 
 def test_passk_hand_worked():

@@ -68,7 +68,7 @@ def test_losses_and_gradients_match_cpu(name, gen):
                                   loss_agg_mode="seq-mean-token-mean", global_normalizer=normalizer)
         critic = value_loss(lp, old.to(device), advantages.to(device), mask.to(device)).loss
         (grad,) = torch.autograd.grad(out.loss + critic, lp)
-        results.append([out.loss, out.clipfrac, out.approx_kl, critic, grad])
+        results.append([out.loss, out.clipfrac, out.ppo_kl, out.ppo_kl_k3, critic, grad])
     for expected, actual in zip(*results):
         torch.testing.assert_close(actual.cpu(), expected, rtol=1e-5, atol=1e-6)
 

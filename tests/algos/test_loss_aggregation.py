@@ -43,6 +43,29 @@ def test_hand_worked_modes():
     assert loss_normalizer(mask, "seq-mean-token-mean").item() == 2  # the empty row does not count
 
 
+def test_loss_scale_factor_is_verls_token_sum_norm():
+    # The rows of test_hand_worked_modes: sequence sums 6 and 4, the empty row adds nothing.
+    # verl's agg_loss: (6 + 4) / loss_scale_factor, with no division by the 2 sequences;
+    # posttrain's default with the same L = 10: (6 + 4) / (2 * 10).
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
+    assert aggregate_loss(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=10).item() == 1.0
+    assert aggregate_loss(loss, mask, "seq-mean-token-sum-norm", max_response_length=10).item() == 0.5
+    # The divisor is the factor alone: a global normaliser or a maximum length does not enter.
+    assert aggregate_loss(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=4, global_normalizer=7,
+                          max_response_length=10).item() == 2.5
+
+
+def test_loss_scale_factor_split_sums_to_the_full_batch(gen):
+    loss = torch.randn(6, 5, generator=gen, dtype=torch.float64)
+    mask = random_mask(6, 5, gen)
+    full = aggregate_loss(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=8)
+    halves = [aggregate_loss(loss[piece], mask[piece], "seq-mean-token-sum-norm", loss_scale_factor=8)
+              for piece in (slice(0, 2), slice(2, 6))]
+    torch.testing.assert_close(halves[0] + halves[1], full)
+    torch.testing.assert_close(full, (loss * mask).sum() / 8)
+
+
 def _random_split(batch: int, gen: torch.Generator) -> list[torch.Tensor]:
     order = torch.randperm(batch, generator=gen)
     cuts = sorted(torch.randperm(batch - 1, generator=gen)[: int(torch.randint(0, batch, (1,), generator=gen))] + 1)
@@ -89,3 +112,7 @@ def test_bad_arguments_raise_clear_errors():
         aggregate_loss(torch.zeros(2, 3), torch.ones(2, 3), global_normalizer=-1)
     with pytest.raises(ValueError, match=r"per_token_loss \(2, 3\).*response_mask \(3, 2\)"):
         aggregate_loss(torch.zeros(2, 3), torch.ones(3, 2))
+    with pytest.raises(ValueError, match="loss_scale_factor applies to loss_agg_mode seq-mean-token-sum-norm only"):
+        aggregate_loss(torch.zeros(2, 3), torch.ones(2, 3), "token-mean", loss_scale_factor=3)
+    with pytest.raises(ValueError, match="loss_scale_factor must be > 0"):
+        aggregate_loss(torch.zeros(2, 3), torch.ones(2, 3), "seq-mean-token-sum-norm", loss_scale_factor=0)

@@ -21,7 +21,7 @@ def _k3(log_ratio: float) -> float:
 
 def _loop_ppo(logprobs, old, advantages, mask, low, high, dual):
     """Token-mean PPO loss built one token at a time from scalar tensors (autograd follows)."""
-    total, clipped, dual_count, kl, positions = 0.0, 0, 0, 0.0, 0
+    total, clipped, dual_count, k1, k3, positions = 0.0, 0, 0, 0.0, 0.0, 0
     for b, valid in enumerate(rows(mask)):
         for t in valid:
             a = advantages[b, t].item()
@@ -32,9 +32,10 @@ def _loop_ppo(logprobs, old, advantages, mask, low, high, dual):
             if dual is not None and a < 0 and term.item() > -a * dual:
                 term, dual_count = term * 0 + (-a * dual), dual_count + 1
             total = total + term
-            kl += _k3((logprobs[b, t] - old[b, t]).item())
+            k1 += (old[b, t] - logprobs[b, t]).item()
+            k3 += _k3((logprobs[b, t] - old[b, t]).item())
             positions += 1
-    return total / positions, clipped / positions, dual_count / positions, kl / positions
+    return total / positions, clipped / positions, dual_count / positions, k1 / positions, k3 / positions
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -43,10 +44,10 @@ def test_ppo_matches_loop(shape, low, high, dual, gen):
     logprobs, old, advantages, mask = _inputs(shape, gen)
     out = ppo_policy_loss(logprobs, old, advantages, mask, clip_ratio_low=low, clip_ratio_high=high,
                           clip_ratio_dual=dual)
-    loss, clipfrac, lower, kl = _loop_ppo(logprobs, old, advantages, mask, low, high, dual)
+    loss, clipfrac, lower, k1, k3 = _loop_ppo(logprobs, old, advantages, mask, low, high, dual)
     torch.testing.assert_close(out.loss, loss)
     assert (out.clipfrac.item(), out.clipfrac_lower.item()) == pytest.approx((clipfrac, lower))
-    assert out.approx_kl.item() == pytest.approx(kl)
+    assert (out.ppo_kl.item(), out.ppo_kl_k3.item()) == pytest.approx((k1, k3))
     torch.testing.assert_close(torch.autograd.grad(out.loss, logprobs)[0], torch.autograd.grad(loss, logprobs)[0])
 
 
@@ -104,12 +105,14 @@ def test_ppo_hand_worked():
     #   r=4,   A=-1: max(4, 1.2) = 4, capped by the dual clip at -A c = 3
     #   r=0.5, A=1:  max(-0.5, -0.8) = -0.5
     # token-mean = (-1.2 + 1.5 + 3 - 0.5) / 4 = 0.7; clipfrac 1/4; clipfrac_lower 1/4
-    # approx_kl: (r - 1 - ln r) = 0.094535, 0.094535, 1.613706, 0.193147 -> mean 0.498981
+    # ppo_kl (k1, old - new = -ln r): -0.405465, -0.405465, -1.386294, 0.693147 -> mean -0.376019
+    # ppo_kl_k3 (r - 1 - ln r): 0.094535, 0.094535, 1.613706, 0.193147 -> mean 0.498981
     logprobs = torch.log(torch.tensor([[1.5, 1.5, 4.0, 0.5]])).requires_grad_()
     out = ppo_policy_loss(logprobs, torch.zeros(1, 4), torch.tensor([[1.0, -1.0, -1.0, 1.0]]), torch.ones(1, 4))
     assert out.loss.item() == pytest.approx(0.7)
     assert (out.clipfrac.item(), out.clipfrac_lower.item()) == (0.25, 0.25)
-    assert out.approx_kl.item() == pytest.approx(0.498981, abs=1e-6)
+    assert out.ppo_kl.item() == pytest.approx(-0.376019, abs=1e-6)
+    assert out.ppo_kl_k3.item() == pytest.approx(0.498981, abs=1e-6)
     # d loss / d logprob = -A r / 4 where unclipped: 0 (clipped), 1.5 / 4, 0 (dual), -0.5 / 4
     (grad,) = torch.autograd.grad(out.loss, logprobs)
     assert grad.flatten().tolist() == pytest.approx([0.0, 0.375, 0.0, -0.125])
@@ -169,6 +172,18 @@ def test_bad_inputs_raise(loss):
         loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), clip_ratio_low=-0.1)
 
 
+@pytest.mark.parametrize("loss", [ppo_policy_loss, gspo_policy_loss, cispo_policy_loss])
+def test_ppo_kl_is_verls_mean_of_old_minus_new_logprobs(loss):
+    # old - new per valid token: -1.5 - (-1) = -0.5 and -1 - (-2) = 1; the masked token (old - new = 7)
+    # is left out: ppo_kl = (-0.5 + 1) / 2 = 0.25, whatever the loss. k3 = e^x - 1 - x of x = new - old:
+    # e^0.5 - 1.5 = 0.148721 and e^-1 = 0.367879 -> 0.258300.
+    logprobs = torch.tensor([[-1.0, -2.0, -8.0]])
+    old = torch.tensor([[-1.5, -1.0, -1.0]])
+    out = loss(logprobs, old, torch.ones(1, 3), torch.tensor([[1.0, 1.0, 0.0]]))
+    assert out.ppo_kl.item() == pytest.approx(0.25)
+    assert out.ppo_kl_k3.item() == pytest.approx(0.258300, abs=1e-6)
+
+
 def test_dual_clip_must_exceed_one():
     with pytest.raises(ValueError, match="clip_ratio_dual must be > 1"):
         ppo_policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), clip_ratio_dual=1.0)
@@ -176,4 +191,4 @@ def test_dual_clip_must_exceed_one():
 
 def test_empty_mask_gives_zero_loss_and_metrics():
     out = ppo_policy_loss(torch.zeros(2, 3, requires_grad=True), torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(2, 3))
-    assert [out.loss.item(), out.clipfrac.item(), out.approx_kl.item()] == [0.0, 0.0, 0.0]
+    assert [out.loss.item(), out.clipfrac.item(), out.ppo_kl.item(), out.ppo_kl_k3.item()] == [0.0, 0.0, 0.0, 0.0]

@@ -21,7 +21,7 @@ def test_value_loss_matches_loop(shape, clip_range, gen):
             if clip_range is None:
                 term = unclipped
             else:
-                clipped_error = (o + torch.clamp(v - o, -clip_range, clip_range) - r) ** 2
+                clipped_error = (torch.clamp(v, o - clip_range, o + clip_range) - r) ** 2
                 term = torch.maximum(unclipped, clipped_error)
                 clipped += int(clipped_error.item() > unclipped.item())
             total, count = total + 0.5 * term, count + 1
@@ -41,6 +41,29 @@ def test_value_loss_hand_worked():
     assert out.clipfrac.item() == 0.5
     # The clipped branch has no gradient; the other: 0.5 * 2 * (0.25 - 0) / 2 = 0.125
     assert torch.autograd.grad(out.loss, values)[0].flatten().tolist() == pytest.approx([0.0, 0.125])
+
+
+def test_a_value_inside_the_clip_range_is_never_counted_as_clipped():
+    # float32, clip 0.5, each value well inside old +- 0.5, and the critic exact (returns = values):
+    # nothing is clipped and the loss is 0. The form old + clip(v - old, -c, c) gives back
+    # 0.1 - 7.5e-9, 0.001 - 1.7e-9 and 0.05 + 1.1e-8 after rounding, a squared error above 0,
+    # and would count all three tokens as clipped.
+    values = torch.tensor([[0.1, 0.001, 0.05]])
+    old = torch.tensor([[0.3, 0.05, 0.3]])
+    rounded = old + (values - old).clamp(-0.5, 0.5)
+    assert (rounded != values).all()  # the case really rounds
+    out = value_loss(values, old, values.clone(), torch.ones(1, 3), clip_range=0.5)
+    assert out.clipfrac.item() == 0.0
+    assert out.loss.item() == 0.0
+
+
+def test_a_value_on_the_clip_bound_is_not_clipped():
+    # old 0.5, clip 0.25, return 1: v = 0.75 sits exactly on the bound (binary fractions, no rounding),
+    # stays 0.75, not clipped; one float32 step beyond (0.75 + 2^-24) is clamped back to 0.75, whose
+    # error 0.0625 exceeds its own (0.25 - 2^-24)^2, and counts: clipfrac 1/2.
+    values = torch.tensor([[0.75, 0.75 + 2**-24]])
+    out = value_loss(values, torch.full((1, 2), 0.5), torch.ones(1, 2), torch.ones(1, 2), clip_range=0.25)
+    assert out.clipfrac.item() == 0.5
 
 
 @pytest.mark.parametrize("shape", SHAPES[1:])

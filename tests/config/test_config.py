@@ -160,3 +160,16 @@ def test_async_settings_that_cannot_work_are_refused_before_start():
     config = load_config([], ["trainer.mode=async", "async.max_staleness=2"])  # both spellings reach one section
     assert config.async_.max_staleness == 2 and "async:" in to_yaml(config) and "async_" not in to_yaml(config)
     assert load_config([], ["trainer.mode=sync", "async.max_staleness=-1"]).async_.max_staleness == -1  # unused: unchecked
+
+
+def test_loss_scale_factor_is_verls_seq_mean_token_sum_norm_divisor_only():
+    sum_norm = "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"
+    assert load_config([], [sum_norm, "actor_rollout_ref.actor.loss_scale_factor=512"]).actor_rollout_ref.actor.loss_scale_factor == 512
+    assert load_config().actor_rollout_ref.actor.loss_scale_factor is None
+    for overrides, expected in (
+        (["actor_rollout_ref.actor.loss_scale_factor=512"], "applies only to actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"),
+        ([sum_norm, "actor_rollout_ref.actor.loss_scale_factor=0"], "must be >= 1"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            load_config([], overrides)
+        assert "actor_rollout_ref.actor.loss_scale_factor" in str(info.value) and expected in str(info.value)

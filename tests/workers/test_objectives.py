@@ -1,11 +1,15 @@
 """The policy objective's π_old: a separate forward pass, or (one optimizer step per trainer step) the
 update's own forward pass, detached. Both must give the same update."""
 
+import math
+
+import pytest
 import torch
 
 from posttrain import keys
 from posttrain.config.schema import ActorConfig
 from posttrain.engines.training import TrainingEngine
+from posttrain.engines.training.modeling import ForwardOutputs
 from posttrain.protocol import Batch
 from posttrain.workers.objectives import PolicyObjective
 from tests.engines.training.conftest import small_lm  # noqa: F401  (fixture)
@@ -32,8 +36,6 @@ def test_a_single_step_update_needs_no_separate_old_logprob_pass(small_lm):  # n
 
 
 def _objective_loss(objective: PolicyObjective, batch: Batch, logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    from posttrain.engines.training.modeling import ForwardOutputs
-
     normalizer = batch[keys.RESPONSE_MASK].sum()
     return objective(ForwardOutputs(logprobs=logprobs, entropy=None, values=None), batch, normalizer)
 
@@ -58,3 +60,29 @@ def test_the_behaviour_correction_weights_each_token_by_proximal_over_behaviour_
     same = Batch(batch.tensors | {keys.BEHAVIOUR_LOGPROBS: old.clone()}, batch.non_tensors, batch.meta)
     plain, _ = _objective_loss(PolicyObjective.from_config(ActorConfig(), 8), same, logprobs)
     torch.testing.assert_close(_objective_loss(corrected, same, logprobs)[0], plain)
+
+
+def test_loss_scale_factor_gives_verls_token_sum_norm_for_every_actor_term():
+    # With π = π_old (ratio 1, no clip) PPO's per-token loss is -A, the KL loss is 0 and the entropy
+    # bonus is subtracted: loss = (sum_i sum_t m (-A - 0.1 H)) / K, the sequence count left out (verl).
+    batch = make_batch(4, seed=7)
+    mask, old, advantages = batch[keys.RESPONSE_MASK], batch[keys.OLD_LOGPROBS], batch[keys.ADVANTAGES]
+    batch = batch.union(Batch.from_dict({keys.REF_LOGPROBS: old.clone()}))
+    entropy = torch.rand(old.shape, generator=torch.Generator().manual_seed(1))
+    actor = ActorConfig(loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=5, entropy_coeff=0.1, use_kl_loss=True)
+    loss, metrics = PolicyObjective.from_config(actor, 8)(ForwardOutputs(logprobs=old, entropy=entropy, values=None),
+                                                          batch, torch.tensor(4.0))
+    torch.testing.assert_close(loss, ((-advantages - 0.1 * entropy) * mask).sum() / 5)
+    ours, _ = PolicyObjective.from_config(ActorConfig(loss_agg_mode="seq-mean-token-sum-norm", entropy_coeff=0.1),
+                                          8)(ForwardOutputs(logprobs=old, entropy=entropy, values=None), batch, torch.tensor(4.0))
+    torch.testing.assert_close(ours, ((-advantages - 0.1 * entropy) * mask).sum() / (4 * 8))  # N = 4 sequences, L = 8
+    assert metrics["ppo_kl"].item() == 0.0 and metrics["ppo_kl_k3"].item() == 0.0
+
+
+def test_actor_ppo_kl_is_the_mean_of_old_minus_new_logprobs():
+    batch = make_batch(3, seed=2)
+    mask, old = batch[keys.RESPONSE_MASK], batch[keys.OLD_LOGPROBS]
+    new = old - 0.25 * mask  # every valid token 0.25 less likely in log space: k1 = 0.25
+    _, metrics = _objective_loss(PolicyObjective.from_config(ActorConfig(), 8), batch, new)
+    assert metrics["ppo_kl"].item() == pytest.approx(0.25)
+    assert metrics["ppo_kl_k3"].item() == pytest.approx(math.exp(-0.25) - 1 + 0.25)  # e^x - 1 - x, x = -0.25

@@ -62,7 +62,7 @@ def ppo_loss(outputs: ForwardOutputs, micro_batch: Batch, global_normalizer: Ten
         outputs.logprobs, micro_batch[keys.OLD_LOGPROBS], micro_batch[keys.ADVANTAGES], micro_batch[keys.RESPONSE_MASK],
         loss_agg_mode="token-mean", global_normalizer=global_normalizer,
     )
-    return result.loss, {"pg_clipfrac": result.clipfrac, "ppo_kl": result.approx_kl}
+    return result.loss, {"pg_clipfrac": result.clipfrac, "ppo_kl": result.ppo_kl}
 
 
 def ppo_entropy_loss(outputs: ForwardOutputs, micro_batch: Batch, global_normalizer: Tensor) -> tuple[Tensor, dict]:
