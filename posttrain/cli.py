@@ -27,7 +27,7 @@ DEFAULT_PRESET = "arithmetic_grpo"
 
 def _resolved_config(args: argparse.Namespace):
     files = [preset_path(args.preset)] if args.preset else []
-    return load_config(files + (args.config or []), args.overrides)
+    return load_config(files + (args.config or []), args.overrides, command=args.command)
 
 
 def _config_command(args: argparse.Namespace) -> int:

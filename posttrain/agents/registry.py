@@ -99,3 +99,21 @@ def env_factory(env_class: type[Environment], options: Mapping[str, Any], resour
     wanted = {name: value for name, value in resources.items() if name in inspect.signature(env_class).parameters}
     arguments = {**options, **wanted}
     return lambda: env_class(**arguments)
+
+
+def probe_environment(env_class: type[Environment], options: Mapping[str, Any]) -> Environment:
+    """One environment built from ``options`` with stand-ins for its resources, to check option names
+    and values before any worker starts; raises ValueError naming what is wrong."""
+    resources = wanted_resources(env_class, options)
+    check_options(env_class, options, resources)
+    return env_factory(env_class, options, {name: _StandIn(name) for name in resources})()
+
+
+class _StandIn:
+    """Takes a shared resource's place when an environment is built only to check its options."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, attribute: str) -> Any:
+        raise RuntimeError(f"the stand-in for {self.name!r} was used; environments must not call resources in __init__")

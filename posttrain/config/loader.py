@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +51,21 @@ def preset_path(name: str) -> Path:
     return path
 
 
-def load_config(yaml_files: Iterable[str | Path] = (), overrides: Sequence[str] = (), validate: bool = True) -> PosttrainConfig:
-    """Defaults, then each YAML file, then dotted ``key=value`` overrides; all problems at once."""
+def load_config(
+    yaml_files: Iterable[str | Path] = (), overrides: Sequence[str] = (), validate: bool = True, command: str = "train",
+) -> PosttrainConfig:
+    """Defaults, then each YAML file, then dotted ``key=value`` overrides; all problems at once, for
+    ``command`` (``sft`` also checks the sft section).
+
+    A value of the wrong type keeps the key's earlier value, and validation still runs, so a type
+    error never hides a value error elsewhere. Each problem says where its key was last set: a file,
+    ``command line``, or ``default``.
+    """
     from posttrain.config.validate import validate_config
 
     merged = OmegaConf.structured(PosttrainConfig)
     problems: list[ConfigProblem] = []
+    sources: dict[str, str] = {}
     for path in yaml_files:
         path = Path(path)
         if not path.exists():
@@ -67,19 +76,25 @@ def load_config(yaml_files: Iterable[str | Path] = (), overrides: Sequence[str] 
         except (OmegaConfBaseException, yaml.YAMLError) as err:
             problems.append(ConfigProblem("config file", str(path), str(path), f"not valid YAML: {str(err).splitlines()[0]}"))
             continue
-        problems += _apply(merged, _flatten(loaded), source=str(path))
-    problems += _apply(merged, _parse_overrides(overrides, problems), source="command line")
-    if problems:
-        raise ConfigError(problems)
+        problems += _apply(merged, _flatten(loaded), str(path), sources)
+    problems += _apply(merged, _parse_overrides(overrides, problems), "command line", sources)
     try:
         config: PosttrainConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:  # e.g. a ${...} interpolation pointing nowhere
-        raise ConfigError([ConfigProblem("interpolation", "", "config", str(err).splitlines()[0])]) from err
+        raise ConfigError([*problems, ConfigProblem("interpolation", "", "config", str(err).splitlines()[0])]) from err
     if validate:
-        problems = validate_config(config)
-        if problems:
-            raise ConfigError(problems)
+        reported = {p.key for p in problems}
+        problems += [_with_source(p, sources) for p in validate_config(config, command) if _field_key(p.key) not in reported]
+    if problems:
+        raise ConfigError(problems)
     return config
+
+
+def _with_source(problem: ConfigProblem, sources: dict[str, str]) -> ConfigProblem:
+    """A validator's problem labelled with where its key was set (validators only know the key)."""
+    if problem.source != "config":
+        return problem
+    return replace(problem, source=sources.get(_field_key(problem.key), "default"))
 
 
 ASYNC_SECTION = ("async", "async_")  # what users write, and the field's name (``async`` is a Python keyword)
@@ -122,7 +137,8 @@ def _parse_overrides(overrides: Sequence[str], problems: list[ConfigProblem]) ->
     return pairs
 
 
-def _apply(config: DictConfig, pairs: list[tuple[str, Any]], source: str) -> list[ConfigProblem]:
+def _apply(config: DictConfig, pairs: list[tuple[str, Any]], source: str, sources: dict[str, str]) -> list[ConfigProblem]:
+    """Set each key; ``sources`` records where each key that took its value came from."""
     problems = []
     for key, value in pairs:
         key = _field_key(key)
@@ -133,6 +149,8 @@ def _apply(config: DictConfig, pairs: list[tuple[str, Any]], source: str) -> lis
             OmegaConf.update(config, key, value, merge=False)
         except OmegaConfBaseException as err:
             problems.append(ConfigProblem(key, value, source, _type_message(config, key, err)))
+            continue
+        sources[key] = source
     return problems
 
 

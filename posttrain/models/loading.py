@@ -50,22 +50,35 @@ def resolve_model(name_or_path: str | Path) -> Path:
     key = str(name_or_path)
     if key in BUILTIN_MODELS:
         return BUILTIN_MODELS[key]()
+    problem = model_path_problem(key)
+    if problem:
+        raise FileNotFoundError(problem)
     path = Path(key).expanduser()
-    if not path.exists() and HUB_ID.match(key):
-        return _from_hub(key)
+    return path.resolve() if path.exists() else _from_hub(key)
+
+
+def model_path_problem(name_or_path: str) -> str | None:
+    """Why ``name_or_path`` cannot name a model, found without loading or downloading anything
+    (a Hub id is taken on trust here: :func:`resolve_model` says so if it is not on the Hub or in the
+    cache); None when it can."""
+    if name_or_path in BUILTIN_MODELS:
+        return None
+    path = Path(name_or_path).expanduser()
     if not path.exists():
-        raise FileNotFoundError(
-            f"Model '{key}' is neither a built-in model ({', '.join(BUILTIN_MODELS)}), nor an existing directory "
+        if HUB_ID.match(name_or_path):
+            return None
+        return (
+            f"Model '{name_or_path}' is neither a built-in model ({', '.join(BUILTIN_MODELS)}), nor an existing directory "
             f"(looked at {path.resolve()}), nor a Hugging Face Hub id (owner/name). Pass a local Hugging Face model "
             "directory (one written with model.save_pretrained(dir) and tokenizer.save_pretrained(dir)) or a Hub id."
         )
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(
+        return (
             f"Model directory {path.resolve()} has no config.json, so it is not a Hugging Face "
             "model directory. Point to the directory that holds config.json and the *.safetensors "
             f"files, or use the built-in '{DEFAULT_MODEL}'."
         )
-    return path.resolve()
+    return None
 
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the Hub spells repositories

@@ -30,7 +30,7 @@ from posttrain.agents import (
     load_env_class, run_episodes,
 )
 from posttrain.agents.env_llm import EnvLLMClient
-from posttrain.agents.registry import check_options, wanted_resources
+from posttrain.agents.registry import probe_environment, wanted_resources
 from posttrain.algos import groups_with_spread, normalize_episode_rewards
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
@@ -38,6 +38,7 @@ from posttrain.engines.training.inputs import build_model_inputs
 from posttrain.models import resolve_model
 from posttrain.protocol import Batch, pad_rows
 from posttrain.rewards import build_reward_manager
+from posttrain.trainer.data_setup import check_scorable
 from posttrain.trainer.env_llm import open_env_llm
 from posttrain.trainer.metrics import timed
 from posttrain.trainer.retriever_service import RetrieverHandle, corpus_path, open_retriever
@@ -53,7 +54,7 @@ def build_rollout(config: PosttrainConfig, tokenizer: Any, data_dir: Path | None
     reward = config.custom_reward_function
     return SingleTurnRollout(build_reward_manager(
         tokenizer, custom_path=reward.path, custom_name=reward.name, reward_kwargs=reward.reward_kwargs,
-        timeout_s=reward.timeout_s, batched=config.reward_model.reward_manager == "batch",
+        timeout_s=reward.timeout_s, budget_s=reward.step_timeout_s, batched=config.reward_model.reward_manager == "batch",
     ))
 
 
@@ -66,9 +67,13 @@ class SingleTurnRollout:
 
     def __init__(self, reward_manager: Any) -> None:
         self.reward_manager = reward_manager
+        self.first_failures: dict[str, str] = {}  # of the last rollout, by circuit breaker (trainer/breakers.py)
 
     def check_data(self, **datasets: Any) -> None:
-        """Any prompt will do."""
+        """Refuse, before any worker starts, a prompt the reward manager's table cannot score (its
+        data source has no function, its ground truth is missing); a custom function takes any."""
+        if self.reward_manager.score_function is None:
+            check_scorable(self.reward_manager.score_functions, datasets.values())
 
     def open(self, roles: Any) -> None:
         """Nothing to start."""
@@ -91,6 +96,7 @@ class SingleTurnRollout:
 
     def score(self, roles: Any, batch: Batch) -> tuple[Batch, dict[str, float]]:
         result = self.reward_manager(batch)
+        self.first_failures = {"reward": result.first_failure} if result.first_failure else {}
         scored = batch.union(result.to_batch().select(meta_keys=[]))
         if roles.reward_model is not None:
             model_scores = roles.reward_model.compute_rm_score(batch)[keys.TOKEN_SCORES]
@@ -112,9 +118,7 @@ class AgentRollout:
             max_obs_length=env.max_obs_length, seed=config.trainer.seed,
         )
         self.resources = wanted_resources(self.env_class, env.options)
-        # Before any worker starts: option names, and values (one environment built with stand-ins).
-        check_options(self.env_class, env.options, self.resources)
-        probe = env_factory(self.env_class, env.options, {name: _StandIn(name) for name in self.resources})()
+        probe = probe_environment(self.env_class, env.options)
         self.stop_strings = probe.stop_strings  # what ends an agent turn inside the engine
         if "retriever" in self.resources and not env.retriever.url:
             corpus_path(env.retriever, data_dir)
@@ -124,6 +128,7 @@ class AgentRollout:
         self.env_llm: EnvLLMClient | None = None
         self.make_env: Callable[[], Environment] | None = None
         self.batch_shape = update_batch_shape(config)
+        self.first_failures: dict[str, str] = {}  # of the last rollout, by circuit breaker (trainer/breakers.py)
 
     def check_data(self, **datasets: Any) -> None:
         """Refuse, before any worker starts, a prompt the environment cannot play (its ``check_sample``)."""
@@ -191,6 +196,7 @@ class AgentRollout:
         group_ids = batch[keys.GROUP_IDS].tolist() if keys.GROUP_IDS in batch else None
         metrics = episode_metrics(episodes, group_ids, self.env_class.counters, self.env_class.ratios)
         if self.env_llm is not None:
+            self.first_failures = {"env LLM": self.env_llm.stats.first_error} if self.env_llm.stats.first_error else {}
             metrics |= self.env_llm.drain_metrics()
         # the episodes' prompts replace the batch's: an episode may have extended its prompt
         rest = Batch({k: v for k, v in batch.tensors.items() if k not in (keys.PROMPT_IDS, keys.PROMPT_MASK)}, batch.non_tensors, batch.meta)
@@ -332,13 +338,3 @@ def episode_keys(prompts: Sequence[Sequence[int]]) -> list[str]:
         seen[digest] = seen.get(digest, -1) + 1
         keys_.append(f"{digest}-{seen[digest]}")
     return keys_
-
-
-class _StandIn:
-    """Takes a shared resource's place when an environment is built only to check its options."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __getattr__(self, attribute: str) -> Any:
-        raise RuntimeError(f"the stand-in for {self.name!r} was used; environments must not call resources in __init__")

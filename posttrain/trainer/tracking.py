@@ -1,12 +1,19 @@
 """Where metrics go: console (a live progress bar), JSONL, TensorBoard, Weights & Biases (offline),
 MLflow (local file store). Chosen by name from ``trainer.logger``; every tracker takes the same flat
 ``{name: number}`` dict per step, with verl's namespaced names (``critic/score/mean``, ``timing_s/gen``).
+
+No step is recorded twice. A run resumed from step k (or started again from scratch) passes
+``purge_step`` k + 1 (or 0): ``metrics.jsonl`` loses its records of that step and later (the steps
+of an attempt that went on past its last checkpoint) and TensorBoard hides them (its own
+``purge_step``). Weights & Biases and MLflow start a new run each time the trainer starts, so each of
+their runs holds every step once.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,7 +33,11 @@ HEADLINE_METRICS = (
     ("async/buffer_units", "buffer"),
     ("async/staleness/mean", "staleness"),
     ("async/trainer_wait_fraction", "trainer waits"),
+    ("actor/skipped_total", "skipped updates"),
+    ("critic/skipped_total", "critic skipped"),
 )
+# Shown only when above 0: counts of things that went wrong (updates skipped for a non-finite gradient).
+HEADLINE_WHEN_NONZERO = frozenset({"actor/skipped_total", "critic/skipped_total"})
 
 
 class Tracker(Protocol):
@@ -59,7 +70,7 @@ class ConsoleTracker:
         parts = []
         for name, label in HEADLINE_METRICS:
             matches = [v for k, v in self.latest.items() if k == name or (name == "val/acc" and k.startswith("val/") and "/acc/" in k)]
-            if matches:
+            if matches and (matches[0] or name not in HEADLINE_WHEN_NONZERO):
                 parts.append(f"{label} {matches[0]:.3g}")
         return " · ".join(parts)
 
@@ -75,11 +86,14 @@ class ConsoleTracker:
 
 
 class JsonlTracker:
-    """One JSON object per step: ``{"step": n, "time": unix_s, "metrics": {...}}``; NaN/inf written as null."""
+    """One JSON object per step: ``{"step": n, "time": unix_s, "metrics": {...}}``; NaN/inf written as null.
+    With ``purge_step``, the file's records of that step and later are dropped first."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, purge_step: int | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        if purge_step is not None and path.exists():
+            truncate_jsonl(path, purge_step)
         self.file = path.open("a", encoding="utf-8")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
@@ -92,10 +106,11 @@ class JsonlTracker:
 
 
 class TensorBoardTracker:
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        # purge_step: TensorBoard hides the events of that step and later written before it
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         for name, value in _finite_numbers(metrics).items():
@@ -160,21 +175,27 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 TRACKERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 
 
+def unknown_trackers(names: Sequence[str]) -> str | None:
+    """What is wrong with the tracker names of ``trainer.logger``, or None."""
+    unknown = [n for n in names if n not in TRACKERS]
+    return f"unknown tracker(s) {unknown}; choose from {list(TRACKERS)}" if unknown else None
+
+
 class Tracking:
     """Fans each step's metrics out to the trackers named in ``trainer.logger``."""
 
     def __init__(
         self, names: Sequence[str], *, run_dir: Path, project: str, experiment: str, total_steps: int,
-        config: Mapping[str, Any] | None = None,
+        config: Mapping[str, Any] | None = None, purge_step: int | None = None,
     ) -> None:
-        unknown = [n for n in names if n not in TRACKERS]
-        if unknown:
-            raise ValueError(f"trainer.logger: unknown tracker(s) {unknown}; choose from {list(TRACKERS)}")
+        problem = unknown_trackers(names)
+        if problem:
+            raise ValueError(f"trainer.logger: {problem}")
         config = dict(config or {})
         builders = {
             "console": lambda: ConsoleTracker(total_steps),
-            "jsonl": lambda: JsonlTracker(run_dir / "metrics.jsonl"),
-            "tensorboard": lambda: TensorBoardTracker(run_dir / "tensorboard"),
+            "jsonl": lambda: JsonlTracker(run_dir / "metrics.jsonl", purge_step),
+            "tensorboard": lambda: TensorBoardTracker(run_dir / "tensorboard", purge_step),
             "wandb": lambda: WandbTracker(project, experiment, run_dir, config),
             "mlflow": lambda: MlflowTracker(project, experiment, run_dir, config),
         }
@@ -194,12 +215,35 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def run_tracking(config: Any, run_dir: Path, total_steps: int) -> Tracking:
-    """The trackers ``trainer.logger`` names for a run of ``total_steps`` steps, given the whole config."""
+def truncate_jsonl(path: Path, purge_step: int) -> int:
+    """Drop the records of ``purge_step`` and later, and a last line cut short by a kill; the new
+    file replaces the old one atomically. Returns how many lines went."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        try:
+            if line.strip() and json.loads(line)["step"] < purge_step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+        except (ValueError, KeyError, TypeError):
+            pass  # a record half-written when the run was killed
+    if kept == lines:
+        return 0
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.writelines(kept)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    return len(lines) - len(kept)
+
+
+def run_tracking(config: Any, run_dir: Path, total_steps: int, purge_step: int | None = None) -> Tracking:
+    """The trackers ``trainer.logger`` names for a run of ``total_steps`` steps, given the whole config;
+    ``purge_step``: the first step this run logs, from which what earlier runs recorded is dropped."""
     from omegaconf import OmegaConf
 
     trainer = config.trainer
     return Tracking(
         trainer.logger, run_dir=run_dir, project=trainer.project_name, experiment=trainer.experiment_name,
-        total_steps=total_steps, config=OmegaConf.to_container(OmegaConf.structured(config)),
+        total_steps=total_steps, config=OmegaConf.to_container(OmegaConf.structured(config)), purge_step=purge_step,
     )

@@ -33,14 +33,14 @@ def test_every_problem_is_reported_together_with_key_value_source_and_fix(tmp_pa
     with pytest.raises(ConfigError) as info:
         load_config([yaml], ["data.max_prompt_length=abc", "algorithm.kl_ctrl.type=pid", "novalue"])
     problems = {p.key: p for p in info.value.problems}
-    assert set(problems) == {"data.train_batch_sise", "data.max_prompt_length", "novalue"}
+    # the type error (max_prompt_length) does not hide the value error (kl_ctrl.type)
+    assert set(problems) == {"data.train_batch_sise", "data.max_prompt_length", "novalue", "algorithm.kl_ctrl.type"}
     assert "did you mean data.train_batch_size" in problems["data.train_batch_sise"].message
     assert problems["data.train_batch_sise"].source == str(yaml)
     assert "expected int" in problems["data.max_prompt_length"].message
     assert "key=value" in problems["novalue"].message
-    # value problems are checked only once the keys and types are right
-    with pytest.raises(ConfigError, match="must be one of fixed, adaptive"):
-        load_config([], ["algorithm.kl_ctrl.type=pid"])
+    assert problems["algorithm.kl_ctrl.type"].source == "command line"
+    assert "must be one of fixed, adaptive" in problems["algorithm.kl_ctrl.type"].message
 
 
 def test_batch_arithmetic_names_the_numbers():

@@ -69,7 +69,7 @@ def test_sft_two_steps_then_rl_from_its_export(tmp_path):
 
 @pytest.mark.parametrize("overrides, message", [
     ([], "no SFT data"),
-    (["sft.train_files=[/nonexistent/sft.parquet]"], "does not exist"),
+    (["sft.train_files=[/nonexistent/sft.parquet]"], "sft.train_files = '/nonexistent/sft.parquet' (from command line): no such file"),
     (["sft.train_batch_size=6", "sft.micro_batch_size_per_gpu=4", "sft.train_files=[x.parquet]"], "sft.micro_batch_size_per_gpu"),
 ])
 def test_sft_refuses_bad_input_before_any_worker_starts(tmp_path, overrides, message):

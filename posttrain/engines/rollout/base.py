@@ -30,6 +30,8 @@ from typing import Literal
 
 import torch
 
+from posttrain.engines.settings import InvalidSettings, SettingProblem
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -66,17 +68,17 @@ class GenerationParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         problems = []
         if self.max_new_tokens < 1:
-            problems.append(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+            problems.append(SettingProblem("max_new_tokens", self.max_new_tokens, "must be >= 1"))
         if self.temperature < 0:
-            problems.append(f"temperature={self.temperature} must be >= 0 (0 means greedy)")
+            problems.append(SettingProblem("temperature", self.temperature, "must be >= 0 (0 means greedy)"))
         if not 0 < self.top_p <= 1:
-            problems.append(f"top_p={self.top_p} must be in (0, 1]")
+            problems.append(SettingProblem("top_p", self.top_p, "must be in (0, 1] (1: no nucleus cut)"))
         if self.top_k is not None and self.top_k < 1:
-            problems.append(f"top_k={self.top_k} must be >= 1, or None for no top-k cut")
+            problems.append(SettingProblem("top_k", self.top_k, "must be >= 1, or None for no top-k cut"))
         if self.n < 1:
-            problems.append(f"n={self.n} must be >= 1")
+            problems.append(SettingProblem("n", self.n, "must be >= 1"))
         if problems:
-            raise ValueError("Invalid GenerationParams: " + "; ".join(problems) + ".")
+            raise InvalidSettings("GenerationParams", problems)
 
     @property
     def greedy(self) -> bool:

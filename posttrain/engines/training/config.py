@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from posttrain.engines.settings import InvalidSettings, SettingProblem
+
 STRATEGIES = ("auto", "none", "ddp", "fsdp")
 LR_SCHEDULERS = ("constant", "cosine")
 DTYPES = ("auto", "float32", "bfloat16")
@@ -31,7 +33,7 @@ class TrainingEngineConfig:
     lr, betas, eps, weight_decay: AdamW's (decay applies to every trainable parameter, as verl).
     lr_scheduler:  ``constant`` or ``cosine``, both after ``warmup_steps`` of linear warmup; cosine
                    decays to ``min_lr_ratio * lr`` over ``total_steps`` (needed for cosine).
-    grad_clip:     max global gradient norm; None or 0 computes the norm but does not clip.
+    grad_clip:     max global gradient norm (> 0); None computes the norm but does not clip.
     gradient_checkpointing: recompute activations in the backward pass (less memory, ~30% slower).
     lora_rank:     0 trains every weight; > 0 trains LoRA adapters (``peft``) of this rank on
                    ``lora_target_modules`` with scale ``lora_alpha / lora_rank``.
@@ -72,43 +74,47 @@ class TrainingEngineConfig:
             object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
         problems = self.problems()
         if problems:
-            raise ValueError("Invalid TrainingEngineConfig: " + "; ".join(problems) + ".")
+            raise InvalidSettings("TrainingEngineConfig", problems)
 
-    def problems(self) -> list[str]:
-        """Every inconsistency, each as 'field=value: what to do'."""
+    def problems(self) -> list[SettingProblem]:
+        """Every inconsistency, each naming the field, its value and what to do."""
         found = _choice_problems(self) + _range_problems(self)
         if self.lr_scheduler == "cosine" and self.total_steps is None:
-            found.append("lr_scheduler='cosine' needs total_steps (the number of optimizer steps to decay over)")
+            found.append(SettingProblem("lr_scheduler", "cosine", "needs total_steps (the number of optimizer steps to decay over)"))
         if self.total_steps is not None and self.total_steps < max(1, self.warmup_steps):
-            found.append(f"total_steps={self.total_steps} must be >= 1 and >= warmup_steps={self.warmup_steps}")
+            found.append(SettingProblem("total_steps", self.total_steps, f"must be >= 1 and >= warmup_steps={self.warmup_steps}"))
         if self.cpu_offload and self.strategy in ("none", "ddp"):
-            found.append(f"cpu_offload=True needs strategy 'fsdp' or 'auto' on CUDA, not {self.strategy!r}")
+            found.append(SettingProblem("cpu_offload", True, f"needs strategy 'fsdp' or 'auto' on CUDA, not {self.strategy!r}"))
         return found
 
 
-def _choice_problems(config: TrainingEngineConfig) -> list[str]:
+def _choice_problems(config: TrainingEngineConfig) -> list[SettingProblem]:
     choices = {"strategy": STRATEGIES, "lr_scheduler": LR_SCHEDULERS, "dtype": DTYPES, "device": DEVICES}
     return [
-        f"{name}={getattr(config, name)!r}: use one of {', '.join(allowed)}"
+        SettingProblem(name, getattr(config, name), f"use one of {', '.join(allowed)}")
         for name, allowed in choices.items()
         if getattr(config, name) not in allowed
     ]
 
 
-def _range_problems(config: TrainingEngineConfig) -> list[str]:
+def _range_problems(config: TrainingEngineConfig) -> list[SettingProblem]:
     found = []
     if not config.lr > 0:
-        found.append(f"lr={config.lr}: must be > 0")
+        found.append(SettingProblem("lr", config.lr, "must be > 0 (e.g. 1e-6 for RL, 1e-5 for SFT)"))
     if len(config.betas) != 2 or not all(0 <= b < 1 for b in config.betas):
-        found.append(f"betas={config.betas}: need two numbers in [0, 1)")
-    if config.weight_decay < 0 or config.eps <= 0:
-        found.append(f"weight_decay={config.weight_decay}, eps={config.eps}: need weight_decay >= 0 and eps > 0")
+        found.append(SettingProblem("betas", list(config.betas), "need two numbers in [0, 1), e.g. [0.9, 0.999]"))
+    if config.weight_decay < 0:
+        found.append(SettingProblem("weight_decay", config.weight_decay, "must be >= 0"))
+    if config.eps <= 0:
+        found.append(SettingProblem("eps", config.eps, "must be > 0"))
     if config.warmup_steps < 0:
-        found.append(f"warmup_steps={config.warmup_steps}: must be >= 0")
+        found.append(SettingProblem("warmup_steps", config.warmup_steps, "must be >= 0"))
     if not 0 <= config.min_lr_ratio <= 1:
-        found.append(f"min_lr_ratio={config.min_lr_ratio}: must be in [0, 1]")
-    if config.grad_clip is not None and config.grad_clip < 0:
-        found.append(f"grad_clip={config.grad_clip}: must be >= 0, or None for no clipping")
-    if config.lora_rank < 0 or (config.lora_rank > 0 and config.lora_alpha <= 0):
-        found.append(f"lora_rank={config.lora_rank}, lora_alpha={config.lora_alpha}: need rank >= 0 and alpha > 0")
+        found.append(SettingProblem("min_lr_ratio", config.min_lr_ratio, "must be in [0, 1]"))
+    if config.grad_clip is not None and not config.grad_clip > 0:
+        found.append(SettingProblem("grad_clip", config.grad_clip, "must be > 0 (the largest gradient norm kept; a large value rarely clips), or None for no clipping"))
+    if config.lora_rank < 0:
+        found.append(SettingProblem("lora_rank", config.lora_rank, "must be >= 0 (0: train every weight)"))
+    if config.lora_rank > 0 and config.lora_alpha <= 0:
+        found.append(SettingProblem("lora_alpha", config.lora_alpha, "must be > 0 with LoRA (lora_rank > 0)"))
     return found

@@ -49,11 +49,11 @@ def test_config_lists_every_problem_with_the_fix():
     with pytest.raises(ValueError) as error:
         TrainingEngineConfig(model_path="m", lr_scheduler="cosine", strategy="zero3", dtype="float16", lr=0.0)
     message = str(error.value)
-    assert "cosine' needs total_steps" in message
+    assert "lr_scheduler='cosine': needs total_steps" in message
     assert "strategy='zero3': use one of auto, none, ddp, fsdp" in message
     assert "dtype='float16'" in message and "lr=0.0" in message
 
 
 def test_cpu_offload_needs_fsdp():
-    with pytest.raises(ValueError, match="cpu_offload=True needs strategy 'fsdp'"):
+    with pytest.raises(ValueError, match="cpu_offload=True: needs strategy 'fsdp'"):
         TrainingEngineConfig(model_path="m", cpu_offload=True, strategy="ddp")
