@@ -17,11 +17,14 @@ Building loaders from the config (``DataConfig``) is the trainer's job::
 """
 
 from posttrain.data.dataset import PromptSample, PromptTooLongError, RLDataset, TRUNCATION_MODES, tokenize_prompts
-from posttrain.data.format import DataFormatError, PromptRow, make_row, read_rows, write_conversations, write_rows
+from posttrain.data.format import (
+    CHAT_ROLES, DataFormatError, PromptRow, RowProblem, make_row, problems_report, read_rows, write_conversations, write_rows,
+)
 from posttrain.data.loader import EpochSampler, PromptDataLoader, collate_prompts
 from posttrain.data.preparers import PREPARERS, describe_options, parse_options, prepare, preparer_names
 
 __all__ = [
+    "CHAT_ROLES",
     "PREPARERS",
     "TRUNCATION_MODES",
     "DataFormatError",
@@ -31,12 +34,14 @@ __all__ = [
     "PromptSample",
     "PromptTooLongError",
     "RLDataset",
+    "RowProblem",
     "collate_prompts",
     "describe_options",
     "make_row",
     "parse_options",
     "prepare",
     "preparer_names",
+    "problems_report",
     "read_rows",
     "tokenize_prompts",
     "write_conversations",

@@ -39,6 +39,8 @@ class PromptSample:
     data_source: str
     ground_truth: Any
     extra_info: dict[str, Any]
+    file: Path                          # where it was read, so a later check can name the row
+    row: int                            # position within ``file``
 
 
 class PromptTooLongError(ValueError):
@@ -118,4 +120,6 @@ def _make_sample(row: PromptRow, prompt_ids: list[int]) -> PromptSample:
         data_source=row.data_source,
         ground_truth=row.ground_truth,
         extra_info=row.extra_info,
+        file=row.file,
+        row=row.row,
     )

@@ -14,16 +14,26 @@ column             type                                        required
 
 Files are read one at a time and their rows concatenated, so files whose optional columns or
 ``extra_info`` fields differ can still be mixed. Users' own Parquet in this format needs no code.
+
+Every row is checked when it is read, and all the problems of all the files are reported together
+(:func:`problems_report`: each names the file, the row and the field, and each kind of problem says
+its fix once): a prompt that is not a list of chat messages, a message whose role is not one of
+:data:`CHAT_ROLES`, a ``reward_model`` without a ``ground_truth`` field. Whether a row can be
+*scored* (its ``data_source`` has a score function, its ground truth is there to compare with)
+depends on the run's reward; the rollout checks that after loading, with the same report.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REQUIRED_COLUMNS = ("data_source", "reward_model")
+# the roles chat templates know; any other is rendered wrongly or not at all
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+MAX_LISTED_PROBLEMS = 10
 FORMAT_HINT = (
     "Each row needs data_source (str), {prompt_key} (a list of chat messages like "
     "[{{'role': 'user', 'content': '...'}}]), reward_model (a struct with ground_truth, e.g. "
@@ -34,6 +44,29 @@ FORMAT_HINT = (
 
 class DataFormatError(ValueError):
     """A data file is missing, unreadable or not in verl's row format; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class RowProblem:
+    """One thing wrong with one field of one row."""
+
+    file: Path
+    row: int      # position within ``file``
+    field: str    # e.g. ``prompt[1].role``, ``data_source``, ``reward_model.ground_truth``
+    problem: str  # what is wrong with its value
+    fix: str      # what to do; said once per report, however many rows share it
+
+
+def problems_report(problems: Sequence[RowProblem]) -> str:
+    """One message for ``problems``: the first :data:`MAX_LISTED_PROBLEMS` one a line, how many
+    more there are, then each distinct fix. A row read twice (one file for training and validation) counts once."""
+    problems = list(dict.fromkeys(problems))
+    lines = [f"{len(problems)} problem(s) in the data:"]
+    lines += [f"  {p.file} row {p.row}, {p.field}: {p.problem}" for p in problems[:MAX_LISTED_PROBLEMS]]
+    if len(problems) > MAX_LISTED_PROBLEMS:
+        lines.append(f"  ... and {len(problems) - MAX_LISTED_PROBLEMS} more")
+    lines += [f"Fix: {fix}" for fix in dict.fromkeys(p.fix for p in problems)]
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -52,20 +85,36 @@ class PromptRow:
 def read_rows(files: Sequence[str | Path], prompt_key: str = "prompt") -> list[PromptRow]:
     """Rows of all ``files`` in order (the files concatenated).
 
-    Raises :class:`DataFormatError` naming the file, and the column or row, when a file is missing,
-    is not Parquet, lacks a required column, or holds a prompt that is not a list of chat messages.
+    Raises :class:`DataFormatError` naming the file and the column when a file is missing, is not
+    Parquet or lacks a required column; and, after reading every file, one listing each row problem
+    (module docstring) by file, row and field.
     """
     if isinstance(files, (str, Path)):
         files = [files]
     if not files:
         raise DataFormatError("no data files given; pass Parquet files (data.train_files / data.val_files)")
     rows: list[PromptRow] = []
+    problems: list[RowProblem] = []
     for file in files:
-        rows.extend(_read_file(Path(file), prompt_key))
+        for row in _read_file(Path(file), prompt_key):
+            found = list(_row_problems(row, prompt_key))
+            if found:
+                problems += found
+            else:
+                rows.append(_make_row(row, prompt_key))
+    if problems:
+        raise DataFormatError(problems_report(problems))
     return rows
 
 
-def _read_file(path: Path, prompt_key: str) -> list[PromptRow]:
+@dataclass(frozen=True)
+class _RawRow:
+    values: dict[str, Any]  # column name -> this row's value
+    file: Path
+    row: int
+
+
+def _read_file(path: Path, prompt_key: str) -> list[_RawRow]:
     import pyarrow.parquet as pq
 
     if not path.is_file():
@@ -86,30 +135,37 @@ def _read_file(path: Path, prompt_key: str) -> list[PromptRow]:
     columns = {name: table.column(name).to_pylist() for name in table.column_names}
     for optional in ("ability", "extra_info"):
         columns.setdefault(optional, [None] * table.num_rows)
-    return [_make_row(columns, i, path, prompt_key) for i in range(table.num_rows)]
+    return [_RawRow({name: values[i] for name, values in columns.items()}, path, i) for i in range(table.num_rows)]
 
 
-def _make_row(columns: dict[str, list], i: int, path: Path, prompt_key: str) -> PromptRow:
-    messages = columns[prompt_key][i]
+def _row_problems(raw: _RawRow, prompt_key: str) -> Iterator[RowProblem]:
+    messages, reward_model = raw.values[prompt_key], raw.values["reward_model"]
     if not _is_chat(messages):
-        raise DataFormatError(
-            f"{path} row {i}: column {prompt_key!r} holds {messages!r}, not a list of chat messages. "
-            + FORMAT_HINT.format(prompt_key=prompt_key)
-        )
-    reward_model = columns["reward_model"][i]
+        yield RowProblem(raw.file, raw.row, prompt_key, f"{messages!r:.100} is not a list of chat messages",
+                         FORMAT_HINT.format(prompt_key=prompt_key))
+    else:
+        for index, message in enumerate(messages):
+            if message["role"] not in CHAT_ROLES:
+                yield RowProblem(
+                    raw.file, raw.row, f"{prompt_key}[{index}].role", f"{message['role']!r} is not a chat role",
+                    f"give each message one of the roles {', '.join(CHAT_ROLES)} (the model's own turns are "
+                    "'assistant', a tool's or environment's output 'tool')",
+                )
     if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
-        raise DataFormatError(
-            f"{path} row {i}: reward_model is {reward_model!r}, not a struct with a ground_truth field. "
-            + FORMAT_HINT.format(prompt_key=prompt_key)
-        )
+        yield RowProblem(raw.file, raw.row, "reward_model", f"{reward_model!r:.100} is not a struct with a ground_truth field",
+                         FORMAT_HINT.format(prompt_key=prompt_key))
+
+
+def _make_row(raw: _RawRow, prompt_key: str) -> PromptRow:
+    values = raw.values
     return PromptRow(
-        messages=[{"role": m["role"], "content": m["content"]} for m in messages],
-        data_source=columns["data_source"][i],
-        ground_truth=reward_model["ground_truth"],
-        ability=columns["ability"][i],
-        extra_info=dict(columns["extra_info"][i] or {}),
-        file=path,
-        row=i,
+        messages=[{"role": m["role"], "content": m["content"]} for m in values[prompt_key]],
+        data_source=values["data_source"],
+        ground_truth=values["reward_model"]["ground_truth"],
+        ability=values["ability"],
+        extra_info=dict(values["extra_info"] or {}),
+        file=raw.file,
+        row=raw.row,
     )
 
 

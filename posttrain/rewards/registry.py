@@ -11,6 +11,11 @@ To score a data source of your own, either give the manager a table with it adde
 or point ``custom_reward_function.path`` / ``.name`` at a function in a .py file, which then scores
 every sample whatever its data source. Bind options with ``functools.partial``
 (``partial(gsm8k.compute_score, format_score=0.1)``).
+
+A table's functions compare the response with the sample's ground truth, so a run scored by a
+table refuses at load (the rollout's ``check_data``) a row whose data source is not in it
+(:func:`unknown_source_fix`) or whose ground truth is missing (:func:`lacks_ground_truth`). A custom
+function is given whatever the row holds and decides for itself.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
+from typing import Any
 
 from posttrain.rewards import arithmetic, gsm8k, math_answer
 
@@ -50,18 +56,40 @@ class UnknownDataSourceError(KeyError):
         return str(self.args[0])
 
 
+# What to do about a row whose ground truth a table's function cannot compare with.
+GROUND_TRUTH_FIX = (
+    "the built-in score functions compare the response with reward_model.ground_truth: fill it in "
+    "(the expected answer, e.g. '42'), drop those rows, or set custom_reward_function.path/.name to your "
+    "own function, which is given whatever the row holds"
+)
+
+
 def score_function_for(data_source: str, functions: Mapping[str, ScoreFunction] = DEFAULT_SCORE_FUNCTIONS) -> ScoreFunction:
     """The function that scores ``data_source``; UnknownDataSourceError says how to add one."""
     try:
         return functions[data_source]
     except KeyError:
-        raise UnknownDataSourceError(
-            f"no score function for data_source {data_source!r}; known data sources: {sorted(functions)}. "
-            "Write the data_source column with one of these, set custom_reward_function.path (a .py "
-            "file) and custom_reward_function.name (a function score(solution_str, ground_truth, ...)) "
-            "to score every sample with your own function, or pass "
-            "score_functions={**DEFAULT_SCORE_FUNCTIONS, data_source: fn} to the reward manager"
-        ) from None
+        raise UnknownDataSourceError(f"no score function for data_source {data_source!r}; {unknown_source_fix(functions)}") from None
+
+
+def unknown_source_fix(functions: Mapping[str, ScoreFunction] = DEFAULT_SCORE_FUNCTIONS) -> str:
+    """What to do about a data source that ``functions`` has no entry for."""
+    return (
+        f"known data sources: {sorted(functions)}. Write the data_source column with one of these, set "
+        "custom_reward_function.path (a .py file) and custom_reward_function.name (a function "
+        "score(solution_str, ground_truth, ...)) to score every sample with your own function, or pass "
+        "score_functions={**DEFAULT_SCORE_FUNCTIONS, data_source: fn} to the reward manager"
+    )
+
+
+def lacks_ground_truth(ground_truth: Any) -> bool:
+    """Whether ``ground_truth`` gives a table's function nothing to compare with: None, or empty
+    (a blank string, an empty list or struct)."""
+    if isinstance(ground_truth, str):
+        return not ground_truth.strip()
+    if isinstance(ground_truth, (list, tuple, dict)):
+        return len(ground_truth) == 0
+    return ground_truth is None
 
 
 def context_keywords(function: ScoreFunction, optional: Sequence[str] = CONTEXT_KEYWORDS) -> tuple[str, ...]:

@@ -68,7 +68,7 @@ def test_prompt_key_and_non_chat_prompt(tmp_path, tokenizer):
     with pytest.raises(DataFormatError, match="lacks column.*'chat'"):
         RLDataset(path, tokenizer, prompt_key="chat")
     bad = write_parquet(tmp_path / "bad.parquet", [verl_row(0, "x") | {"prompt": "a plain string"}])
-    with pytest.raises(DataFormatError, match="row 0: column 'prompt' holds 'a plain string', not a list of chat messages"):
+    with pytest.raises(DataFormatError, match="bad.parquet row 0, prompt: 'a plain string' is not a list of chat messages"):
         RLDataset(bad, tokenizer)
 
 
