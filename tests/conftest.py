@@ -10,6 +10,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
+def worker_runtime_env() -> dict:
+    """Ray's workers import the test modules' worker classes by name, and every package this Python
+    finds: its whole path, not the repository alone (a machine whose Ray comes from PYTHONPATH would
+    otherwise start workers that cannot import ray)."""
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO), *sys.path[1:]])}}
+
+
 def start_local_ray(num_cpus: int = 4, num_gpus: int = 0) -> None:
     import ray
 
@@ -19,8 +26,7 @@ def start_local_ray(num_cpus: int = 4, num_gpus: int = 0) -> None:
             num_gpus=num_gpus,
             include_dashboard=False,
             log_to_driver=True,
-            # Ray's workers import the test modules' worker classes by name.
-            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO), *sys.path[1:]])}},
+            runtime_env=worker_runtime_env(),
         )
 
 

@@ -7,7 +7,10 @@ from posttrain.controller.worker import MeshInfo, Worker, WorkerContext
 from posttrain.controller.worker_group import (
     WorkerDiedError,
     WorkerGroup,
+    WorkerHungError,
+    WorkerProcess,
     WorkerSpec,
+    WorkerStartError,
     kill_group,
     spawn_local,
     spawn_pools,
@@ -16,6 +19,7 @@ from posttrain.controller.worker_group import (
 
 __all__ = [
     "Dispatch", "Execute", "register", "GroupFuture", "ResourceError", "ResourcePool", "ResourcePoolManager",
-    "MeshInfo", "Worker", "WorkerContext", "WorkerDiedError", "WorkerGroup", "WorkerSpec", "kill_group",
+    "MeshInfo", "Worker", "WorkerContext", "WorkerDiedError", "WorkerGroup", "WorkerHungError",
+    "WorkerProcess", "WorkerSpec", "WorkerStartError", "kill_group",
     "spawn_local", "spawn_pools", "spawn_ray",
 ]

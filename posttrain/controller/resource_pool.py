@@ -5,6 +5,10 @@ may host several colocated roles). Bundles are CPU-only here and carry GPUs on G
 ``max_colocate > 1`` several separately spawned worker groups share each bundle, each taking that
 fraction of its CPUs/GPUs. Ranks are assigned in node order (address, then node name), so the same
 cluster gives the same ranks after a restart.
+
+Asking never hangs: a node's share that no node of the cluster could ever hold is refused at once,
+and one that does not become free within ``ready_timeout_s`` is refused then; both messages set
+what was asked against what the nodes have.
 """
 
 from __future__ import annotations
@@ -12,11 +16,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from posttrain.errors import PosttrainError
+
 TIMEOUT_S = 60.0
 
 
-class ResourceError(RuntimeError):
+class ResourceError(PosttrainError):
     """The cluster cannot hold what a pool asks for."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,7 @@ class ResourcePool:
     cpus_per_bundle: float = 1.0
     gpus_per_bundle: float = 0.0
     max_colocate: int = 1
+    ready_timeout_s: float = TIMEOUT_S  # how long the bundles may take to become free
     _placements: list[Placement] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -64,18 +73,20 @@ class ResourcePool:
         from ray.util.placement_group import placement_group, placement_group_table
 
         bundle = {"CPU": self.cpus_per_bundle} | ({"GPU": self.gpus_per_bundle} if self.use_gpu else {})
+        self._check_nodes(bundle)
         groups = [
             placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_PACK", name=f"{self.name}_{i}")
             for i, count in enumerate(self.bundles_per_node)
         ]
-        ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=TIMEOUT_S)
+        ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=self.ready_timeout_s)
         if len(ready) < len(groups):
             for g in groups:
                 ray.util.remove_placement_group(g)
             raise ResourceError(
-                f"resource pool {self.name!r} asks for {len(groups)} node(s) with bundles {self.bundles_per_node} of {bundle}, "
-                f"but the cluster has {ray.available_resources()} free after {TIMEOUT_S:.0f} s. "
-                "Lower trainer.nnodes / trainer.n_workers_per_node or add nodes."
+                f"resource pool {self.name!r} asks for {len(groups)} node(s) with bundles {self.bundles_per_node} of {bundle}; "
+                f"after {self.ready_timeout_s:g} s the cluster has {_amounts(ray.available_resources())} free "
+                f"(nodes: {_nodes_text()}), held by other pools or jobs. Lower trainer.nnodes / "
+                "trainer.n_workers_per_node, free the cluster, or add nodes."
             )
         order = _node_order()
         placements = []
@@ -84,12 +95,36 @@ class ResourcePool:
             placements += [Placement(g, i, node_of_bundle[i]) for i in range(g.bundle_count)]
         return sorted(placements, key=lambda p: (order.get(p.node_id, ("~", "")), p.node_id, p.bundle_index))
 
+    def _check_nodes(self, bundle: dict[str, float]) -> None:
+        """Each node's share (its bundles, STRICT_PACK on one node) must fit some node's total."""
+        import ray
+
+        nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+        for count in set(self.bundles_per_node):
+            share = {name: amount * count for name, amount in bundle.items()}
+            if not any(all(node.get(name, 0) >= amount for name, amount in share.items()) for node in nodes):
+                raise ResourceError(
+                    f"resource pool {self.name!r} needs {_amounts(share)} on one node ({count} bundle(s) of {_amounts(bundle)}), "
+                    f"and no node has that: {_nodes_text()}. Lower trainer.n_workers_per_node or trainer.cpus_per_worker, "
+                    "or use trainer.device=cpu on nodes without GPUs."
+                )
+
     def release(self) -> None:
         import ray
 
         for g in {id(p.placement_group): p.placement_group for p in self._placements}.values():
             ray.util.remove_placement_group(g)
         self._placements = []
+
+
+def _amounts(resources: Mapping[str, float]) -> str:
+    return ", ".join(f"{resources.get(name, 0):g} {name}" for name in ("CPU", "GPU"))
+
+
+def _nodes_text() -> str:
+    import ray
+
+    return "; ".join(f"{n['NodeManagerAddress']}: {_amounts(n['Resources'])}" for n in ray.nodes() if n["Alive"])
 
 
 def _node_order() -> dict[str, tuple[str, str]]:

@@ -7,6 +7,13 @@ controller dispatches the batch, runs ``generate`` on the ranks and collects the
 
 Two backends run the same hosts: Ray actors placed in a :class:`ResourcePool`, or local mode, where
 the hosts are plain objects in the controller's process (breakpoints work; tests need no cluster).
+
+On Ray nothing the controller waits for can hang it. Each new process must answer within
+``start_timeout_s`` (:class:`WorkerStartError`: Ray could not launch it, e.g. its Python cannot
+import Ray); each call's results are gathered within ``call_timeout_s`` (:class:`WorkerHungError`,
+naming the role, the ranks still busy and the method; ``None``: no deadline); a rank whose process
+is gone fails the call within about a second (:class:`WorkerDiedError`), without waiting for its
+peers. The three errors name each rank's process id and the log file its stderr goes to.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,13 +30,40 @@ from posttrain.controller.decorator import REGISTER_ATTR, Dispatch, Execute, reg
 from posttrain.controller.dispatch import GroupFuture, own_batches, plan_call
 from posttrain.controller.resource_pool import ResourcePool
 from posttrain.controller.worker import Worker, WorkerContext, free_port, init_process_group, node_address
+from posttrain.errors import PosttrainError
 from posttrain.protocol import Batch
 
 DEATH_POLL_S = 1.0
+START_TIMEOUT_S = 300.0  # a new process imports torch (and vLLM) before it answers: a minute on a busy small machine
 
 
-class WorkerDiedError(RuntimeError):
-    """A worker process is gone; the message names the role and the rank."""
+class WorkerDiedError(PosttrainError):
+    """A worker process is gone; the message names the role, the rank and the process's log."""
+
+
+class WorkerHungError(PosttrainError):
+    """A worker is alive but has not answered a call within the deadline; the message names the role,
+    the ranks still busy, the method and the deadline."""
+
+    def __init__(self, message: str, role: str, ranks: Sequence[int], method: str) -> None:
+        super().__init__(message)
+        self.role, self.ranks, self.method = role, list(ranks), method
+
+
+class WorkerStartError(PosttrainError):
+    """Ray did not start a worker process in time (it cannot launch one, or the resources never come)."""
+
+
+@dataclass(frozen=True)
+class WorkerProcess:
+    """Where one rank runs: its process id, its node, and the file its stderr goes to (Ray's log)."""
+
+    pid: int
+    node: str
+    stderr: str | None
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} on {self.node}, stderr in {self.stderr or 'the worker logs of that node'}"
 
 
 @dataclass(frozen=True)
@@ -76,6 +110,13 @@ class WorkerHost:
     def pid(self) -> int:
         return os.getpid()
 
+    def process(self) -> WorkerProcess:
+        try:
+            stderr = os.readlink("/proc/self/fd/2")  # Ray points each worker's stderr at its own log file
+        except OSError:
+            stderr = ""
+        return WorkerProcess(os.getpid(), node_address(), stderr if os.path.isfile(stderr) else None)
+
 
 class _LocalBackend:
     """Runs calls at once in this process; a 'ref' is the finished value (or the raised error)."""
@@ -90,13 +131,32 @@ class _LocalBackend:
         kwargs = {k: v.copy() if isinstance(v, Batch) else v for k, v in kwargs.items()}
         return self.hosts[rank].call(role, method, *args, **kwargs)
 
-    def fetch(self, refs: list[Any], ranks: list[int], role: str) -> list[Any]:
+    def fetch(self, refs: list[Any], ranks: list[int], role: str, method: str) -> list[Any]:
         return list(refs)
 
 
 class _RayBackend:
-    def __init__(self, actors: list[Any]) -> None:
+    def __init__(self, actors: list[Any], call_timeout_s: float | None = None) -> None:
         self.actors = actors
+        self.call_timeout_s = call_timeout_s
+        self.processes: list[WorkerProcess | None] = [None] * len(actors)
+
+    def start(self, role: str, timeout_s: float) -> None:
+        """Wait until every process answers (learning where it runs and logs), at most ``timeout_s``."""
+        import ray
+
+        refs = [actor.process.remote() for actor in self.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            missing = [rank for rank, ref in enumerate(refs) if ref not in ready]
+            for actor in self.actors:
+                ray.kill(actor)  # or Ray keeps trying to launch them
+            raise WorkerStartError(
+                f"worker {role!r} rank(s) {missing}: Ray did not start the process within {timeout_s:g} s. Ray's "
+                f"raylet.err and worker-*.err in {_ray_logs_dir()} say why (a Python that cannot import ray or "
+                "posttrain: PYTHONPATH/runtime_env; a node without the resources asked for)."
+            )
+        self.processes = self.fetch(refs, list(range(len(refs))), role, "start")
 
     def call(self, rank: int, role: str, method: str, args: tuple, kwargs: dict) -> Any:
         # Arguments go top-level so Ray resolves ObjectRefs from earlier calls on the worker side.
@@ -106,25 +166,51 @@ class _RayBackend:
         kwargs = {k: _put_batch(v) for k, v in kwargs.items()}
         return self.actors[rank].call.remote(role, method, *args, **kwargs)
 
-    def fetch(self, refs: list[Any], ranks: list[int], role: str) -> list[Any]:
-        """Wait for all refs, failing as soon as any rank's process has died (no hang on its peers)."""
+    def fetch(self, refs: list[Any], ranks: list[int], role: str, method: str) -> list[Any]:
+        """Wait for all refs, failing as soon as any rank's process has died (no hang on its peers),
+        or once ``call_timeout_s`` has passed with a rank still busy."""
         import ray
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+        deadline = None if self.call_timeout_s is None else time.monotonic() + self.call_timeout_s
         pending = dict(zip(refs, range(len(refs))))
         values: list[Any] = [None] * len(refs)
         while pending:
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=DEATH_POLL_S)
+            left = DEATH_POLL_S if deadline is None else max(0.0, min(DEATH_POLL_S, deadline - time.monotonic()))
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=left)
             for ref in done:
                 position = pending.pop(ref)
                 try:
                     values[position] = ray.get(ref)
                 except (RayActorError, ActorDiedError, ActorUnavailableError) as err:
+                    rank = ranks[position]
                     raise WorkerDiedError(
-                        f"worker {role!r} rank {ranks[position]} died (its process is gone): {type(err).__name__}. "
-                        "Check its log above (out of memory? killed?); the group must be re-created."
+                        f"worker {role!r} rank {rank} died during {method}() (its process is gone: {type(err).__name__}; "
+                        f"out of memory? killed?): {self._where(rank)}. The group must be re-created."
                     ) from err
+            if not done and deadline is not None and time.monotonic() >= deadline:
+                busy = sorted(ranks[position] for position in pending.values())
+                where = "; ".join(f"rank {rank}: {self._where(rank)}" for rank in busy)
+                raise WorkerHungError(
+                    f"worker {role!r} rank(s) {busy} did not answer {method}() within {self.call_timeout_s:g} s and "
+                    f"still run it: stuck (a deadlock? a peer gone from a collective?) or slower than the deadline "
+                    f"(raise trainer.call_timeout_s). {where}", role, busy, method,
+                )
         return values
+
+    def _where(self, rank: int) -> str:
+        process = self.processes[rank] if rank < len(self.processes) else None
+        return str(process) if process else f"its log is in {_ray_logs_dir()}"
+
+
+def _ray_logs_dir() -> str:
+    """This Ray session's log directory (every worker's stdout and stderr, the raylet's log)."""
+    try:
+        import ray._private.worker as ray_worker
+
+        return ray_worker._global_node.get_logs_dir_path()
+    except (ImportError, AttributeError):  # a Ray without that internal: its documented default
+        return "/tmp/ray/session_latest/logs"
 
 
 def _put_batch(value: Any) -> Any:
@@ -157,11 +243,12 @@ class WorkerGroup:
         mesh = self._mesh_info() if dispatch is Dispatch.DP_MESH else None
         plan = plan_call(dispatch, args, kwargs, self.world_size, mesh)
         refs = [self._backend.call(r, self.role, method, a, k) for r, a, k in zip(plan.ranks, plan.args, plan.kwargs)]
-        future = GroupFuture(refs, plan.ranks, plan.collect, self._fetch, plan.pad, plan.layout)
+        future = GroupFuture(refs, plan.ranks, plan.collect, self._fetcher(method), plan.pad, plan.layout)
         return future.get() if registration.blocking else future
 
-    def _fetch(self, refs: list[Any], ranks: list[int]) -> list[Any]:
-        return self._backend.fetch(refs, ranks, self.role)
+    def _fetcher(self, method: str):
+        """Gathers one call's refs, naming ``method`` if a rank dies or hangs."""
+        return lambda refs, ranks: self._backend.fetch(refs, ranks, self.role, method)
 
     def _mesh_info(self) -> list[Any]:
         if self._mesh is None:
@@ -173,13 +260,13 @@ class WorkerGroup:
     def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> GroupFuture:
         ranks = list(range(self.world_size))
         refs = [self._backend.call(r, self.role, method, args, kwargs) for r in ranks]
-        return GroupFuture(refs, ranks, list, self._fetch)
+        return GroupFuture(refs, ranks, list, self._fetcher(method))
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return self.execute_all_async(method, *args, **kwargs).get()
 
     def execute_rank_zero_async(self, method: str, *args: Any, **kwargs: Any) -> GroupFuture:
-        return GroupFuture([self._backend.call(0, self.role, method, args, kwargs)], [0], lambda outs: outs[0], self._fetch)
+        return GroupFuture([self._backend.call(0, self.role, method, args, kwargs)], [0], lambda outs: outs[0], self._fetcher(method))
 
     def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self.execute_rank_zero_async(method, *args, **kwargs).get()
@@ -199,13 +286,15 @@ def spawn_local(specs: Mapping[str, WorkerSpec], world_size: int = 1) -> dict[st
 
 def spawn_ray(
     specs: Mapping[str, WorkerSpec], pool: ResourcePool, *, name_prefix: str = "", env: Mapping[str, str] | None = None,
-    distributed: bool = False, max_concurrency: int = 1,
+    distributed: bool = False, max_concurrency: int = 1, call_timeout_s: float | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> dict[str, WorkerGroup]:
     """Colocated roles on one Ray actor per bundle of ``pool``; rank order follows the pool's node order.
 
     ``distributed``: every rank joins the group's process group before its workers are constructed.
     ``max_concurrency`` > 1: a process runs that many calls at once, in threads (a generator
-    receiving weights while it generates).
+    receiving weights while it generates). ``start_timeout_s``: how long the processes may take to
+    start; ``call_timeout_s``: the deadline of every call, building the workers included (None: none).
     """
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -226,14 +315,15 @@ def spawn_ray(
                 max_concurrency=max_concurrency,
             ).remote(specs)
         )
-    backend = _RayBackend(actors)
+    backend = _RayBackend(actors, call_timeout_s)
     role_name = "+".join(specs)
-    master_addr, master_port = backend.fetch([actors[0].rendezvous.remote()], [0], role_name)[0]
+    backend.start(role_name, start_timeout_s)
+    master_addr, master_port = backend.fetch([actors[0].rendezvous.remote()], [0], role_name, "rendezvous")[0]
     contexts = [
         WorkerContext(rank, len(actors), master_addr, master_port, num_cpus=cpus, use_gpu=gpus > 0)
         for rank in range(len(actors))
     ]
-    backend.fetch([a.build.remote(ctx, True, distributed) for a, ctx in zip(actors, contexts)], list(range(len(actors))), role_name)
+    backend.fetch([a.build.remote(ctx, True, distributed) for a, ctx in zip(actors, contexts)], list(range(len(actors))), role_name, "__init__")
     return {role: WorkerGroup(role, spec.cls, backend, len(actors)) for role, spec in specs.items()}
 
 
@@ -247,7 +337,8 @@ def kill_group(group: WorkerGroup) -> None:
 
 
 def spawn_pools(
-    manager: Any, specs: Mapping[str, WorkerSpec], env: Mapping[str, str] | None = None, distributed: bool = False
+    manager: Any, specs: Mapping[str, WorkerSpec], env: Mapping[str, str] | None = None, distributed: bool = False,
+    call_timeout_s: float | None = None,
 ) -> dict[str, WorkerGroup]:
     """Every role in its pool from a :class:`ResourcePoolManager`; roles sharing a pool share processes."""
     manager.check_cluster()
@@ -256,5 +347,5 @@ def spawn_pools(
         wanted = {role: specs[role] for role in roles if role in specs}
         if wanted:
             pool = manager.pools[pool_name]  # a one-process pool (an Env-LLM of its own) joins no process group
-            groups |= spawn_ray(wanted, pool, env=env, distributed=distributed and pool.world_size > 1)
+            groups |= spawn_ray(wanted, pool, env=env, distributed=distributed and pool.world_size > 1, call_timeout_s=call_timeout_s)
     return groups

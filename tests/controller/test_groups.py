@@ -1,6 +1,9 @@
-"""Worker groups on Ray: colocation, process groups, dead workers, pools across two nodes."""
+"""Worker groups on Ray: colocation, process groups, dead, stuck and unstartable workers, pools that
+cannot be placed, pools across two nodes."""
 
+import re
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,14 +13,16 @@ from posttrain.controller import (
     ResourcePool,
     ResourcePoolManager,
     WorkerDiedError,
+    WorkerHungError,
     WorkerSpec,
+    WorkerStartError,
     kill_group,
     spawn_local,
     spawn_pools,
     spawn_ray,
 )
 from posttrain.protocol import Batch
-from tests.controller.workers import Counter, Doubler
+from tests.controller.workers import Counter, Doubler, NeverArrives
 
 pytestmark = pytest.mark.ray
 
@@ -68,11 +73,57 @@ def test_a_dead_worker_is_named_within_seconds(ray_local):
     group.execute_rank_zero_async("die")
     time.sleep(1.0)
     start = time.monotonic()
-    with pytest.raises(WorkerDiedError, match=r"'doubler' rank 0 died"):
+    with pytest.raises(WorkerDiedError, match=r"'doubler' rank 0 died during sleep_then_return\(\)") as died:
         group.sleep_then_return(30.0)  # rank 1 would answer in 30 s; the error must not wait for it
     assert time.monotonic() - start < 10
+    log = re.search(r"stderr in (\S+\.err)", str(died.value))
+    assert log and Path(log.group(1)).is_file()  # the dead process's own log file, named
     kill_group(group)
     pool.release()
+
+
+def test_a_stuck_worker_is_named_with_its_rank_and_method_once_the_deadline_passes(ray_local):
+    pool = ResourcePool("stuck", [2])
+    group = spawn_ray({"doubler": WorkerSpec(Doubler)}, pool, call_timeout_s=3.0)["doubler"]
+    pids = group.pid()
+    start = time.monotonic()
+    with pytest.raises(WorkerHungError, match=r"'doubler' rank\(s\) \[1\] did not answer stuck_on\(\) within 3 s") as hung:
+        group.stuck_on(1)  # rank 0 answers at once, rank 1 never
+    assert 3.0 <= time.monotonic() - start < 8
+    assert (hung.value.role, hung.value.ranks, hung.value.method) == ("doubler", [1], "stuck_on")
+    assert f"pid {pids[1]}" in str(hung.value) and f"pid {pids[0]}" not in str(hung.value)
+    kill_group(group)
+    pool.release()
+
+
+def test_a_worker_process_that_cannot_start_fails_within_the_start_timeout(ray_local):
+    pool = ResourcePool("unstartable", [1])
+    start = time.monotonic()
+    with pytest.raises(WorkerStartError, match=r"'doubler' rank\(s\) \[0\].*within 5 s.*raylet.err"):
+        spawn_ray({"doubler": WorkerSpec(Doubler, kwargs={"factor": NeverArrives()})}, pool, start_timeout_s=5.0)
+    assert time.monotonic() - start < 20
+    pool.release()
+
+
+def test_bundles_that_never_become_free_are_refused_after_the_ready_timeout(ray_local):
+    holder = ResourcePool("holder", [3])
+    holder.placements()  # 3 of the 4 CPUs
+    waiting = ResourcePool("waiting", [2], ready_timeout_s=2.0)
+    start = time.monotonic()
+    with pytest.raises(ResourceError, match=r"asks for 1 node\(s\) with bundles \[2\].*after 2 s the cluster has 1 CPU, 0 GPU free"):
+        waiting.placements()
+    assert time.monotonic() - start < 10
+    holder.release()
+    after = ResourcePool("after", [2])
+    assert len(after.placements()) == 2  # the refused request left nothing behind
+    after.release()
+
+
+def test_a_share_no_node_can_hold_is_refused_at_once(ray_local):
+    start = time.monotonic()
+    with pytest.raises(ResourceError, match=r"needs 64 CPU, 0 GPU on one node .* no node has that: .*: 4 CPU"):
+        ResourcePool("too_big", [1], cpus_per_bundle=64).placements()
+    assert time.monotonic() - start < 5
 
 
 def test_a_pool_larger_than_the_cluster_fails_with_the_numbers(ray_local):
@@ -102,14 +153,16 @@ def test_two_node_cluster_ranks_follow_node_order():
     import ray
     from ray.cluster_utils import Cluster
 
-    from tests.conftest import REPO
+    from tests.conftest import worker_runtime_env
 
     ray.shutdown()
     cluster = Cluster()
     cluster.add_node(num_cpus=2, resources={"node_a": 1})
     cluster.add_node(num_cpus=2, resources={"node_b": 1})
     try:
-        ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+        # The workers' PYTHONPATH was the repository alone: on a machine whose Ray itself comes from
+        # PYTHONPATH they could not start, and the test hung (now: WorkerStartError)
+        ray.init(address=cluster.address, runtime_env=worker_runtime_env())
         pool = ResourcePool("spread", bundles_per_node=[2, 2])
         group = spawn_ray({"doubler": WorkerSpec(Doubler)}, pool)["doubler"]
         node_ids = group.node_id()

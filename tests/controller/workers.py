@@ -77,6 +77,14 @@ class Doubler(Worker):
         return self.rank
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
+    def stuck_on(self, rank: int) -> int:
+        """Rank ``rank`` never returns (a deadlock, as the controller sees it); the others answer."""
+        if self.rank == rank:
+            while True:
+                time.sleep(1)
+        return self.rank
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
     def all_reduce(self, value: float) -> float:
         import torch.distributed as dist
 
@@ -103,6 +111,14 @@ class Doubler(Worker):
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+
+class NeverArrives:
+    """An argument whose unpickling never ends: the process it is sent to never comes up (as one that
+    Ray cannot launch, or that waits for a resource no node has, looks to the controller)."""
+
+    def __reduce__(self):
+        return time.sleep, (3600,)
 
 
 class Counter(Worker):
