@@ -84,9 +84,20 @@ def test_ppo_with_a_critic_and_kl_in_the_reward(tmp_path):
 
 
 def test_remax_scores_a_greedy_baseline(tmp_path):
-    records = train(tmp_path, "trainer.total_training_steps=1", "algorithm.adv_estimator=remax", "trainer.val_before_train=false")
+    # Scores of 1 to 3 by response length: never 0, so the greedy baseline is never 0 and s - b differs from s.
+    reward = tmp_path / "length_reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return 1.0 + len(solution_str) % 3\n")
+    records = train(tmp_path, "trainer.total_training_steps=1", "algorithm.adv_estimator=remax", "trainer.val_before_train=false",
+                    f"custom_reward_function.path={reward}")
     finite(records[0], "timing_s/gen_max")
     finite(records[0], "critic/advantages/mean")
+    # ReMax's returns are verl's reward-to-go: with the score on the last token, each token's return is the score
+    assert finite(records[0], "critic/score/min") >= 1
+    for stat in ("max", "min"):
+        assert finite(records[0], f"critic/returns/{stat}") == finite(records[0], f"critic/score/{stat}")
+    finite(records[0], "actor/ppo_kl")
+    assert finite(records[0], "actor/ppo_kl_k3") >= 0
 
 
 def test_resume_continues_from_the_saved_step(tmp_path):
