@@ -79,6 +79,7 @@ class EnvLLMStats:
     seconds: float = 0.0       # wall time spent waiting for replies
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    first_error: str = ""      # of the first failed reply (not a metric: the trainer's circuit breaker quotes it)
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -111,6 +112,7 @@ class EnvLLMClient(abc.ABC):
             raise EnvLLMError(f"{self.describe()} returned {len(replies)} replies for {len(conversations)} conversations")
         self.stats.conversations += len(replies)
         self.stats.failures += sum(r.failed for r in replies)
+        self.stats.first_error = self.stats.first_error or next((r.error or "no reason given" for r in replies if r.failed), "")
         self.stats.prompt_tokens += sum(r.prompt_tokens for r in replies)
         self.stats.completion_tokens += sum(r.completion_tokens for r in replies)
         return replies

@@ -1,7 +1,7 @@
 """Step metrics of a batch of finished episodes (pure: episodes in, ``{name: float}`` out).
 
 ``num_turns/{mean,max,min}``; ``agent/{valid,effective}_action_ratio`` over all turns;
-``agent/success_rate``, ``agent/forced_final_ratio``, ``agent/out_of_tokens_ratio`` over episodes;
+``agent/episodes`` (their number); ``agent/success_rate``, ``agent/forced_final_ratio``, ``agent/out_of_tokens_ratio`` over episodes;
 ``agent/observations_truncated`` per episode; ``agent/reward_std_in_group`` (the mean over groups
 of the episode-reward spread inside a group: near 0 means the group teaches nothing);
 ``env/<count>`` the per-episode mean of each counter the environment reports (``env/searches``), and
@@ -30,6 +30,7 @@ def episode_metrics(
     turns = np.array([e.num_turns for e in episodes], dtype=float)
     total_turns = max(turns.sum(), 1.0)
     metrics = {
+        "agent/episodes": float(len(episodes)),
         "num_turns/mean": float(turns.mean()), "num_turns/max": float(turns.max()), "num_turns/min": float(turns.min()),
         "agent/valid_action_ratio": sum(e.valid_actions for e in episodes) / total_turns,
         "agent/effective_action_ratio": sum(e.effective_actions for e in episodes) / total_turns,

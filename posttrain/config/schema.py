@@ -133,6 +133,8 @@ class CustomRewardConfig:
     name: str = "compute_score"
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 10.0
+    step_timeout_s: Optional[float] = 600.0  # all of a step's scoring (a generator's unit, async); samples left score 0 as timeouts; null: no limit
+    stop_at_failed_fraction: Optional[float] = 1.0  # stop the run when this fraction of a step's rewards error or time out (1.0: all); null: never
 
 
 @dataclass
@@ -163,6 +165,7 @@ class RetrieverConfig:
     timeout_s: float = 30.0
     retries: int = 2
     startup_timeout_s: float = 600.0
+    stop_at_failed_fraction: Optional[float] = 1.0  # stop the run when this fraction of a step's searches fail (1.0: all); null: never
 
 
 @dataclass
@@ -187,6 +190,7 @@ class EnvLLMConfig:
     gpu_memory_utilization: float = 0.2
     timeout_s: float = 60.0  # per HTTP request (url)
     retries: int = 2  # per conversation, for a server at url (the in-cluster worker is part of the run: it fails it)
+    stop_at_failed_fraction: Optional[float] = 1.0  # stop the run when this fraction of a step's replies fail (1.0: all); null: never
 
 
 @dataclass
@@ -278,6 +282,8 @@ class TrainerConfig:
     max_ckpt_to_keep: Optional[int] = None
     ray_address: Optional[str] = None  # None: start a local Ray; "auto": join the running cluster
     ray_dashboard: bool = False  # start Ray's dashboard (a local Ray) and print its URL
+    call_timeout_s: Optional[float] = 3600.0  # a worker call unanswered this long stops the run naming role, rank, method, step; None: no deadline
+    stop_after_skipped_steps: int = 3  # stop the run after this many steps in a row with every update skipped (non-finite gradient); 0: never
     seed: int = 1
 
 

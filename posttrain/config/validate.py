@@ -55,7 +55,7 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Con
         problems += check_env(config)
     if config.trainer.mode == "async":
         problems += check_async(config)
-    problems += check_loss_scale_factor(config)
+    problems += check_loss_scale_factor(config) + check_call_timeout(config)
     problems += check_breakers(config)
     if command == "sft":
         problems += check_sft(config)
@@ -76,6 +76,14 @@ def check_breakers(config: PosttrainConfig) -> list[ConfigProblem]:
         problems.append(ConfigProblem("trainer.stop_after_skipped_steps", config.trainer.stop_after_skipped_steps, "config",
                                       "must be >= 0 (0: never stop for skipped updates)"))
     return problems
+
+
+def check_call_timeout(config: PosttrainConfig) -> list[ConfigProblem]:
+    timeout = config.trainer.call_timeout_s
+    if timeout is not None and not timeout > 0:
+        return [ConfigProblem("trainer.call_timeout_s", timeout, "config",
+                              "must be > 0 seconds (how long a worker call may take before the run stops), or null for no deadline")]
+    return []
 
 
 def check_loss_scale_factor(config: PosttrainConfig) -> list[ConfigProblem]:

@@ -12,11 +12,23 @@ table (:data:`~posttrain.rewards.registry.DEFAULT_SCORE_FUNCTIONS`) unless one `
 scores everything (the user's custom function). :class:`BatchRewardManager` calls one function once
 with lists (``solution_strs``, ``ground_truths``, ...), for scorers that batch (a model, an API).
 
-Failures are contained: a call that raises, returns something other than a number or a dict with a
-finite ``"score"``, or runs past its deadline scores 0 and is counted in ``metrics``
-(``reward/errors``, ``reward/timeouts``); the first failure of each call is logged with its reason.
+Failures are contained, and nothing a score function does escapes the manager. A sample scores 0
+and is counted in ``metrics`` when its call
+  raises (or its process dies)                   ``reward/errors``
+  returns an unusable score                      ``reward/errors``: anything but an int or a float
+                                                 (numpy's too) that is finite as a float, alone or as a
+                                                 dict's ``"score"``; so ``True``, ``"1.0"``, ``None``,
+                                                 ``1j``, ``nan``, ``inf`` and ``10**400`` (too big for a
+                                                 float) are all the same case
+  runs past its deadline, or past the budget     ``reward/timeouts``
+``reward/samples`` is the number of samples scored, so the failed fraction is
+(errors + timeouts) / samples; the first failure of each call is logged with its reason and kept in
+:attr:`RewardResult.first_failure` (the trainer's circuit breaker quotes it).
+
 ``timeout_s`` is the deadline per sample (see :mod:`posttrain.rewards.sandbox`); the batched call
 gets ``timeout_s`` times the batch size. ``timeout_s=None`` scores in this process with no deadline.
+``budget_s`` bounds the whole batch's scoring (one manager call: a training step, or an
+asynchronous generator's unit): the samples not scored when it is spent score 0 as timeouts.
 """
 
 from __future__ import annotations
@@ -42,7 +54,7 @@ from posttrain.rewards.registry import (
     context_keywords,
     score_function_for,
 )
-from posttrain.rewards.sandbox import CallOutcome, InlineScorer, ProcessScorer, check_picklable
+from posttrain.rewards.sandbox import CallOutcome, InlineScorer, ProcessScorer, check_picklable, describe_exception
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +64,8 @@ class RewardResult:
     token_scores: torch.Tensor                                     # (B, T) float32, score on the last valid response token
     scores: torch.Tensor                                           # (B,) float32
     extra: dict[str, np.ndarray] = field(default_factory=dict)     # name -> (B,) values besides "score" (e.g. acc); NaN/None where missing
-    metrics: dict[str, float] = field(default_factory=dict)        # reward/errors, reward/timeouts, reward/empty_responses
+    metrics: dict[str, float] = field(default_factory=dict)        # reward/{samples,errors,timeouts,empty_responses}
+    first_failure: str | None = None                               # "sample 3: ZeroDivisionError: ... (f.py:2 in f)", if any failed
 
     def to_batch(self) -> Batch:
         """TOKEN_SCORES as a Batch to union into the step's batch; extras as ``reward_extra/<name>``, metrics in meta."""
@@ -124,8 +137,9 @@ class RewardManager:
         score_functions: Mapping[str, ScoreFunction] = DEFAULT_SCORE_FUNCTIONS,
         score_function: ScoreFunction | None = None,
         timeout_s: float | None = 10.0,
+        budget_s: float | None = None,
     ) -> None:
-        self.tokenizer = tokenizer
+        self.tokenizer, self.budget_s = tokenizer, budget_s
         self.score_functions = dict(score_functions)
         self.score_function = score_function
         candidates = {"custom": score_function} if score_function is not None else self.score_functions
@@ -151,7 +165,7 @@ class RewardManager:
             context = {"data_source": source, "extra_info": info}
             arguments = {"solution_str": text, "ground_truth": truth} | {k: context[k] for k in accepted[function]}
             calls.append((table[function], arguments))
-        outcomes = self.scorer.run(list(table), calls)
+        outcomes = self.scorer.run(list(table), calls, budget_s=self.budget_s)
         return _collect(outcomes, decoded)
 
     def close(self) -> None:
@@ -166,11 +180,11 @@ class BatchRewardManager:
     scores 0 and counts as an error (or a timeout).
     """
 
-    def __init__(self, tokenizer: Any, score_function: ScoreFunction, *, timeout_s: float | None = 10.0) -> None:
+    def __init__(self, tokenizer: Any, score_function: ScoreFunction, *, timeout_s: float | None = 10.0, budget_s: float | None = None) -> None:
         check_callable_with(score_function, "custom (batched)", BATCHED_REQUIRED_KEYWORDS, BATCHED_CONTEXT_KEYWORDS)
         if timeout_s is not None:
             check_picklable(score_function, "custom (batched)")
-        self.tokenizer, self.score_function, self.timeout_s = tokenizer, score_function, timeout_s
+        self.tokenizer, self.score_function, self.timeout_s, self.budget_s = tokenizer, score_function, timeout_s, budget_s
         self.scorer = _make_scorer(timeout_s)
 
     def __call__(self, batch: Batch) -> RewardResult:
@@ -179,7 +193,7 @@ class BatchRewardManager:
         arguments = {"solution_strs": decoded.texts, "ground_truths": _per_sample(batch, keys.GROUND_TRUTH)}
         arguments |= {k: context[k] for k in context_keywords(self.score_function, BATCHED_CONTEXT_KEYWORDS)}
         deadline = None if self.timeout_s is None else self.timeout_s * max(len(batch), 1)
-        (outcome,) = self.scorer.run([self.score_function], [(0, arguments)], timeout_s=deadline)
+        (outcome,) = self.scorer.run([self.score_function], [(0, arguments)], timeout_s=deadline, budget_s=self.budget_s)
         return _collect(_split_batched(outcome, len(batch)), decoded)
 
     def close(self) -> None:
@@ -193,6 +207,7 @@ def build_reward_manager(
     custom_name: str = "compute_score",
     reward_kwargs: Mapping[str, Any] | None = None,
     timeout_s: float | None = 10.0,
+    budget_s: float | None = None,
     batched: bool = False,
 ) -> RewardManager | BatchRewardManager:
     """The manager a run uses, from ``custom_reward_function``'s fields given one by one.
@@ -206,11 +221,11 @@ def build_reward_manager(
             raise ValueError(
                 "batched scoring and reward_kwargs apply to a custom function; set custom_reward_function.path"
             )
-        return RewardManager(tokenizer, timeout_s=timeout_s)
+        return RewardManager(tokenizer, timeout_s=timeout_s, budget_s=budget_s)
     function = FileScoreFunction(custom_path, custom_name, reward_kwargs, batched=batched)
     if batched:
-        return BatchRewardManager(tokenizer, function, timeout_s=timeout_s)
-    return RewardManager(tokenizer, score_function=function, timeout_s=timeout_s)
+        return BatchRewardManager(tokenizer, function, timeout_s=timeout_s, budget_s=budget_s)
+    return RewardManager(tokenizer, score_function=function, timeout_s=timeout_s, budget_s=budget_s)
 
 
 def _split_batched(outcome: CallOutcome, size: int) -> list[CallOutcome]:
@@ -226,32 +241,46 @@ def _split_batched(outcome: CallOutcome, size: int) -> list[CallOutcome]:
 
 def _as_score_dict(value: Any) -> dict[str, Any]:
     """A score function's return value as a dict with a finite float "score"; ValueError otherwise."""
-    if isinstance(value, dict):
-        result = dict(value)
-    elif isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
-        result = {"score": value}
-    else:
-        raise ValueError(f"returned {type(value).__name__} {value!r:.80}; return a float or a dict with a 'score'")
+    if isinstance(value, Mapping):
+        if "score" not in value:
+            raise ValueError(f"returned a dict without a 'score' (keys {_shown(list(value))}); add one")
+        return dict(value) | {"score": _as_score(value["score"], "a dict whose 'score' is")}
+    return {"score": _as_score(value, "returned")}
+
+
+def _as_score(value: Any, what: str) -> float:
+    """``value`` as a finite float if it is a number (not a bool), ValueError naming it otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{what} {type(value).__name__} {_shown(value)}; return a float or a dict with a float 'score'")
     try:
-        result["score"] = float(result["score"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"returned a dict without a numeric 'score' ({sorted(result)})") from None
-    if not math.isfinite(result["score"]):
-        raise ValueError(f"returned a non-finite score {result['score']}")
-    return result
+        score = float(value)
+    except OverflowError:
+        raise ValueError(f"{what} {type(value).__name__} {_shown(value)}, too large for a float") from None
+    if not math.isfinite(score):
+        raise ValueError(f"{what} the non-finite {score}; return a finite float")
+    return score
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, and never an exception (a user's __repr__ may raise)."""
+    try:
+        text = repr(value)
+    except Exception as error:  # noqa: BLE001 - e.g. an int too long to print, or a broken __repr__
+        return f"<unprintable: {type(error).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _collect(outcomes: Sequence[CallOutcome], decoded: DecodedResponses) -> RewardResult:
     results: list[dict[str, Any] | None] = []
     errors, timeouts, first_failure = 0, 0, None
     for index, outcome in enumerate(outcomes):
-        failure = "timed out" if outcome.timed_out else outcome.error
+        failure = outcome.error or ("timed out" if outcome.timed_out else None)
         if failure is None:
             try:
                 results.append(_as_score_dict(outcome.value))
                 continue
-            except ValueError as error:
-                failure = f"the score function {error}"
+            except Exception as error:  # noqa: BLE001 - the value's own methods (__eq__, __hash__ of its keys) are user code
+                failure = f"the score function {error}" if isinstance(error, ValueError) else f"its result failed: {describe_exception(error)}"
         results.append(None)
         timeouts += outcome.timed_out
         errors += not outcome.timed_out
@@ -261,25 +290,36 @@ def _collect(outcomes: Sequence[CallOutcome], decoded: DecodedResponses) -> Rewa
                        errors + timeouts, len(outcomes), errors, timeouts, first_failure)
     scores = torch.tensor([r["score"] if r else 0.0 for r in results], dtype=torch.float32)
     metrics = {
+        "reward/samples": float(len(outcomes)),
         "reward/errors": float(errors),
         "reward/timeouts": float(timeouts),
         "reward/empty_responses": float((decoded.last_positions < 0).sum()),
     }
-    return RewardResult(place_scores(scores, decoded.last_positions, decoded.width), scores, _extra_columns(results), metrics)
+    return RewardResult(
+        place_scores(scores, decoded.last_positions, decoded.width), scores, _extra_columns(results), metrics, first_failure,
+    )
 
 
 def _extra_columns(results: Sequence[dict[str, Any] | None]) -> dict[str, np.ndarray]:
-    """Per-key (B,) arrays of the non-score values: float64 with NaN gaps if all numbers, else object with None."""
+    """Per-key (B,) arrays of the non-score values: float64 with NaN gaps if all are real numbers
+    that fit a float, else object with None."""
     names = list(dict.fromkeys(k for r in results if r for k in r if k != "score"))
     columns = {}
     for name in names:
         values = [r.get(name) if r else None for r in results]
-        present = [v for v in values if v is not None]
-        if all(isinstance(v, (int, float, bool, np.number)) for v in present):
-            columns[name] = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
-        else:
+        columns[name] = _float_column(values)
+        if columns[name] is None:
             column = np.empty(len(values), dtype=object)
             for row, value in enumerate(values):  # one by one, so a list value stays one object
                 column[row] = value
             columns[name] = column
     return columns
+
+
+def _float_column(values: Sequence[Any]) -> np.ndarray | None:
+    if not all(v is None or isinstance(v, (int, float, bool, np.integer, np.floating, np.bool_)) for v in values):
+        return None
+    try:
+        return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+    except OverflowError:  # an int beyond a float's range stays as it is
+        return None

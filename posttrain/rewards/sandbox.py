@@ -10,6 +10,11 @@ the score functions need; the :mod:`posttrain.rewards` package root is kept free
 reason. Score functions therefore must be picklable: module-level functions, ``functools.partial``
 of them, or :class:`~posttrain.rewards.custom.FileScoreFunction`.
 
+Both scorers also take a ``budget_s`` per run: the seconds ALL its calls together may take (a step's
+scoring). Once it is spent, the call under way (which :class:`ProcessScorer` kills) and every call
+not yet made time out, with the reason in ``error``. Only time spent in calls is charged: starting
+the child and loading the functions are not.
+
 :class:`InlineScorer` calls in this process with no deadline (``timeout_s=None``): exceptions are
 still contained, but a hanging function hangs the caller. It is for trusted, fast functions and for
 functions that cannot be pickled.
@@ -19,8 +24,10 @@ Both return one :class:`CallOutcome` per call, in order. Neither is thread-safe.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import pickle
+import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
@@ -37,7 +44,7 @@ DEFAULT_START_TIMEOUT_S = 120.0
 @dataclass(frozen=True)
 class CallOutcome:
     value: Any = None
-    error: str | None = None  # "ValueError: ... (file.py:12 in f)" when the call raised or its process died
+    error: str | None = None  # "ValueError: ... (file.py:12 in f)" when the call raised or its process died; why, for a timeout past the budget
     timed_out: bool = False
 
     @property
@@ -62,11 +69,41 @@ def _call(functions: Sequence[Callable[..., Any]], call: Call) -> CallOutcome:
         return CallOutcome(error=describe_exception(error))
 
 
-class InlineScorer:
-    """Calls in this process, exceptions contained, no deadline."""
+class Budget:
+    """Seconds left of a run's total time for scoring (``None``: no limit)."""
 
-    def run(self, functions: Sequence[Callable[..., Any]], calls: Sequence[Call], timeout_s: float | None = None) -> list[CallOutcome]:
-        return [_call(functions, call) for call in calls]
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.left = math.inf if seconds is None else seconds
+
+    @property
+    def spent(self) -> bool:
+        return self.left <= 0
+
+    def charge(self, seconds: float) -> None:
+        self.left -= seconds
+
+    def outcomes(self, count: int) -> list[CallOutcome]:
+        """Timeouts for ``count`` calls that the spent budget left unfinished."""
+        reason = f"not scored within the budget of {self.seconds:g} s for all of this batch's calls"
+        return [CallOutcome(error=reason, timed_out=True)] * count
+
+
+class InlineScorer:
+    """Calls in this process, exceptions contained, no deadline; a call cannot be stopped, so the
+    budget only spares the calls after it is spent."""
+
+    def run(
+        self, functions: Sequence[Callable[..., Any]], calls: Sequence[Call], timeout_s: float | None = None, budget_s: float | None = None,
+    ) -> list[CallOutcome]:
+        budget, outcomes = Budget(budget_s), []
+        for call in calls:
+            if budget.spent:
+                return outcomes + budget.outcomes(len(calls) - len(outcomes))
+            start = time.monotonic()
+            outcomes.append(_call(functions, call))
+            budget.charge(time.monotonic() - start)
+        return outcomes
 
     def close(self) -> None:
         pass
@@ -97,28 +134,42 @@ class ProcessScorer:
         self._connection: Any = None
         self._finalizer: weakref.finalize | None = None
 
-    def run(self, functions: Sequence[Callable[..., Any]], calls: Sequence[Call], timeout_s: float | None = None) -> list[CallOutcome]:
-        """One outcome per call; ``timeout_s`` overrides the per-call deadline for this run."""
+    def run(
+        self, functions: Sequence[Callable[..., Any]], calls: Sequence[Call], timeout_s: float | None = None, budget_s: float | None = None,
+    ) -> list[CallOutcome]:
+        """One outcome per call; ``timeout_s`` overrides the per-call deadline for this run, ``budget_s``
+        bounds all its calls together."""
         deadline_s = timeout_s or self.timeout_s
+        budget = Budget(budget_s)
         blob = pickle.dumps(list(functions))
         outcomes: list[CallOutcome] = []
         try:
             while len(outcomes) < len(calls):
-                outcomes += self._run_until_failure(blob, calls[len(outcomes):], deadline_s)
+                if budget.spent:
+                    return outcomes + budget.outcomes(len(calls) - len(outcomes))
+                outcomes += self._run_until_failure(blob, calls[len(outcomes):], deadline_s, budget)
         except BaseException:
             self._stop()  # a child left mid-run would answer the next run with stale results
             raise
         return outcomes
 
-    def _run_until_failure(self, blob: bytes, calls: Sequence[Call], deadline_s: float) -> list[CallOutcome]:
-        """Outcomes of a prefix of ``calls``, ending at the first timeout or death of the child (included)."""
+    def _run_until_failure(self, blob: bytes, calls: Sequence[Call], deadline_s: float, budget: Budget) -> list[CallOutcome]:
+        """Outcomes of a prefix of ``calls``, ending at the first timeout or death of the child (included);
+        all of them when the budget runs out (the rest as timeouts)."""
         load_error = self._start_run(blob, calls)
         if load_error is not None:
             return [CallOutcome(error=load_error) for _ in calls]
         outcomes = []
         for _ in calls:
-            if not self._connection.poll(deadline_s):
+            wait_s = min(deadline_s, budget.left)
+            start = time.monotonic()
+            answered = self._connection.poll(max(wait_s, 0.0))
+            budget.charge(time.monotonic() - start)
+            if not answered:
                 self._stop()
+                if wait_s < deadline_s:  # the budget ran out before the call's own deadline
+                    budget.charge(math.inf)
+                    return outcomes + budget.outcomes(len(calls) - len(outcomes))
                 return outcomes + [CallOutcome(timed_out=True)]
             try:
                 outcomes.append(self._connection.recv())

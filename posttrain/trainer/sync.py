@@ -11,13 +11,18 @@
         advantages   by the configured estimator, on the controller
         update       critic (then actor, after critic_warmup steps)
         sync         new weights into the rollout engine, version + 1
-    validation every test_freq steps, a checkpoint every save_freq steps, metrics every step.
+    validation every test_freq steps, a checkpoint every save_freq steps and at the last step (the
+    run's trained policy, whatever save_freq says), metrics every step.
+
+A step whose rewards or services failed as a whole, or a run whose updates keep being skipped for
+non-finite gradients, stops with a CircuitBreakerError (trainer/breakers.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -29,11 +34,12 @@ from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
+from posttrain.trainer.breakers import BreakerLimits, CircuitBreakers
 from posttrain.trainer.checkpoint import ASYNC_STATE, CheckpointError, CheckpointManager, load_rng_state, save_rng_state, step_of
 from posttrain.trainer.data_setup import build_run_data
 from posttrain.trainer.metrics import data_metrics, mean_of_ranks, timed, timing_metrics
 from posttrain.trainer.phases import apply_kl_in_reward, compute_advantages, kl_controller, repeat_for_groups, single_update_step
-from posttrain.trainer.report import write_report
+from posttrain.trainer.report import FIRST_SAMPLES, load_samples, save_samples, write_report
 from posttrain.trainer.roles import Roles, start_roles
 from posttrain.trainer.tracking import Tracking, run_tracking
 from posttrain.trainer.validation import Validator
@@ -69,6 +75,7 @@ class SyncTrainer:
         # One optimizer step per trainer step: π_old is exactly the weights the update starts from, so
         # the loss takes its own forward pass (detached) as π_old and the separate pass is skipped.
         self.on_policy_update = single_update_step(config)
+        self.breakers = CircuitBreakers(BreakerLimits.from_config(config))
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=config.trainer.max_ckpt_to_keep)
         self.step = 0
         self.roles: Roles | None = None
@@ -91,7 +98,8 @@ class SyncTrainer:
             self.rollout.open(self.roles)  # the retriever, the Env-LLM client
             resumed = self._resume()
             self._start(resumed)
-            tracking = run_tracking(self.config, self.run_dir, self.total_steps)
+            # what an earlier attempt logged after the step resumed from is dropped: no step twice
+            tracking = run_tracking(self.config, self.run_dir, self.total_steps, purge_step=self.step + 1 if resumed else 0)
             if self.config.trainer.val_before_train and self.step == 0 and self.data.val:
                 tracking.log(self.validate(), self.step)
             self._loop(tracking)
@@ -118,7 +126,7 @@ class SyncTrainer:
         if self._due(self.config.trainer.test_freq) and self.data.val:
             metrics |= self.validate()
         tracking.log(metrics, self.step)
-        if self._due(self.config.trainer.save_freq):
+        if self._due(self.config.trainer.save_freq) or self.step == self.total_steps:  # the last: the run's policy
             self.save_checkpoint()
 
     # What a mode adds around the loop (asynchronous training: its generators).
@@ -150,6 +158,7 @@ class SyncTrainer:
         with timed(timings, "step"):
             # the rollout times its own phases: gen (and reward, for single-turn scoring)
             batch, metrics = self.rollout(roles, repeat_for_groups(prompts, config.actor_rollout_ref.rollout.n), timings=timings)
+            self.breakers.check_rollout(metrics, self.step, notes=self.rollout.first_failures)
             if config.algorithm.adv_estimator == "remax":
                 with timed(timings, "gen_max"):
                     batch = batch.union(self._greedy_baseline(prompts, batch[keys.GROUP_IDS]))
@@ -187,6 +196,7 @@ class SyncTrainer:
         if self.step > config.trainer.critic_warmup:
             with timed(timings, "update_actor"):
                 metrics |= mean_of_ranks(roles.actor.update(batch).metrics)
+        self.breakers.check_update(metrics, self.step)
         return batch, metrics
 
     def batch_metrics(self, batch: Batch, timings: dict[str, float]) -> dict[str, float]:
@@ -203,7 +213,11 @@ class SyncTrainer:
     # ---- validation -------------------------------------------------------------------------
 
     def validate(self) -> dict[str, float]:
-        return self.validator(self.roles, self.step)
+        metrics = self.validator(self.roles, self.step)
+        first_samples = self.run_dir / "report" / FIRST_SAMPLES
+        if len(self.validator.history) == 1 and (self.resume_from is None or not first_samples.exists()):
+            save_samples(first_samples, self.validator.first_samples)  # the run's first validation, for its report
+        return metrics
 
     @property
     def val_history(self) -> list[dict[str, float]]:
@@ -230,16 +244,31 @@ class SyncTrainer:
     def _save_more(self, directory: Path) -> None:
         """What a mode adds to a checkpoint (asynchronous training: its buffer)."""
 
+    @cached_property
+    def resume_from(self) -> Path | None:
+        """The checkpoint this run continues from (``trainer.resume_mode``), found once."""
+        return self.checkpoints.resolve_resume(self.config.trainer.resume_mode)
+
+    def finished(self) -> bool:
+        """The checkpoint to continue from already holds the last step: there is nothing to train."""
+        return self.resume_from is not None and step_of(self.resume_from) >= self.total_steps
+
     def _resume(self) -> Path | None:
-        """Restore the newest checkpoint (``trainer.resume_mode``); returns its directory, or None."""
-        directory = self.checkpoints.resolve_resume(self.config.trainer.resume_mode)
-        if directory is None:
-            return None
-        if self.config.trainer.mode == "sync" and (directory / ASYNC_STATE).exists():
+        """Restore the newest checkpoint (``trainer.resume_mode``); returns its directory, or None.
+        Checkpoints after it (an earlier attempt that went further) are moved aside."""
+        directory = self.resume_from
+        if directory is not None and self.config.trainer.mode == "sync" and (directory / ASYNC_STATE).exists():
             raise CheckpointError(
                 f"{directory} was written by an asynchronous run: the prompts it had read ahead are in async_state.pt, "
                 "which only trainer.mode=async resumes (or start over: trainer.resume_mode=disable)"
             )
+        start = step_of(directory) if directory is not None else 0
+        moved = self.checkpoints.abandon_after(start)
+        if moved:
+            print(f"posttrain: continuing from step {start}, so the later checkpoints of an earlier attempt "
+                  f"({', '.join(p.name for p in moved)}) were moved to {moved[0].parent}")
+        if directory is None:
+            return None
         state = json.loads((directory / "trainer_state.json").read_text())
         self.step = step_of(directory)
         self.data.train.load_state_dict(state["dataloader"])
@@ -248,6 +277,8 @@ class SyncTrainer:
         self.roles.actor.load_checkpoint(str(directory / "actor"), self.step)
         if self.roles.critic is not None:
             self.roles.critic.load_checkpoint(str(directory / "critic"))
+        if self.validator:
+            self.validator.first_samples = load_samples(self.run_dir / "report" / FIRST_SAMPLES)
         print(f"posttrain: resumed from {directory} (step {self.step})")
         return directory
 

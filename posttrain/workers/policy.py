@@ -26,8 +26,10 @@ __all__ = ["VALIDATE_META_KEY", "PolicyWorker", "mean_metrics"]
 
 
 def mean_metrics(per_step: list[dict[str, float]]) -> dict[str, float]:
-    names = {name for metrics in per_step for name in metrics}
-    return {name: statistics.fmean(m[name] for m in per_step if name in m) for name in sorted(names)}
+    """The mean over optimizer steps; a running count (``*_total``) as it stands after the last."""
+    names = sorted({name for metrics in per_step for name in metrics})
+    values = {name: [m[name] for m in per_step if name in m] for name in names}
+    return {name: v[-1] if name.endswith("_total") else statistics.fmean(v) for name, v in values.items()}
 
 
 class PolicyWorker(Sampling, Worker):

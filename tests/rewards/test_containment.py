@@ -107,3 +107,45 @@ def test_batched_custom_function_from_config_fields(module):
         build_reward_manager(CharTokenizer(), custom_path=str(module), batched=True)  # compute_score is per-sample
     with pytest.raises(ValueError, match="set custom_reward_function.path"):
         build_reward_manager(CharTokenizer(), batched=True)
+
+
+def test_the_budget_bounds_a_whole_batch_and_times_out_what_is_left(module):
+    # Each call has 30 s, but the batch has 1 s: the hang is cut at the budget, the rest never start.
+    texts = ["ok", "ok", "hang", "ok", "ok"]
+    manager = build_reward_manager(CharTokenizer(), custom_path=str(module), timeout_s=30, budget_s=1.0)
+    try:
+        started = time.monotonic()
+        result = manager(response_batch(texts, [[1] * 4] * 5, ["x"] * 5, ["-"] * 5))
+        elapsed = time.monotonic() - started
+        again = manager(response_batch(["ok"], [[1, 1]], ["x"], ["-"]))  # the next batch has a budget of its own
+    finally:
+        manager.close()
+    assert result.scores.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert result.metrics["reward/timeouts"] == 3.0 and result.metrics["reward/errors"] == 0.0
+    assert "sample 2: not scored within the budget of 1 s" in result.first_failure
+    assert elapsed < 15  # the budget plus starting the child twice, not the 30 s deadline
+    assert again.scores.tolist() == [1.0]
+
+
+def test_the_inline_scorer_spends_its_budget_then_skips_the_rest():
+    def slow(**_):
+        time.sleep(0.3)
+        return 1.0
+
+    outcomes = InlineScorer().run([slow], [(0, {})] * 5, budget_s=0.5)
+    # 0.3 s left 0.2 s; the second call cannot be stopped, and after it (0.6 s) nothing else starts
+    assert [o.value for o in outcomes] == [1.0, 1.0, None, None, None]
+    assert [o.timed_out for o in outcomes] == [False, False, True, True, True]
+
+
+def test_the_batched_call_gets_the_smaller_of_its_deadline_and_the_budget(module):
+    function = FileScoreFunction(module, "batched", batched=True)
+    manager = BatchRewardManager(CharTokenizer(), function, timeout_s=30, budget_s=0.5)
+    try:
+        started = time.monotonic()
+        hung = manager(response_batch(["hang", "x"], [[1] * 4] * 2, ["x"] * 2, ["-"] * 2))
+        elapsed = time.monotonic() - started
+    finally:
+        manager.close()
+    assert hung.metrics["reward/timeouts"] == 2.0 and "budget of 0.5 s" in hung.first_failure
+    assert elapsed < 15  # not 30 s x 2 samples

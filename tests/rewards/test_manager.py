@@ -37,7 +37,7 @@ def test_scores_sit_on_the_last_valid_response_token():
     expected = torch.zeros(4, 6)
     expected[0, 2], expected[1, 5], expected[2, 4] = 3.0, 6.0, 5.0
     assert torch.equal(result.token_scores, expected) and result.token_scores.dtype == torch.float32
-    assert result.metrics == {"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/empty_responses": 1.0}
+    assert result.metrics == {"reward/samples": 4.0, "reward/errors": 0.0, "reward/timeouts": 0.0, "reward/empty_responses": 1.0}
 
 
 def test_attention_mask_tail_is_used_without_a_response_mask():
@@ -175,3 +175,68 @@ def test_real_tokenizer_skips_special_tokens(tokenizer):
     result = RewardManager(tokenizer, timeout_s=None)(batch)
     assert result.scores.tolist() == [1.0]
     assert result.token_scores[0].nonzero().flatten().tolist() == [len(text_ids)]  # on the eos token
+
+
+class _Unprintable:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+# What a score function returns → its score (0.0: unusable, counted in reward/errors).
+RETURN_VALUES = [
+    pytest.param(2, 2.0, False, id="int"),
+    pytest.param(0.5, 0.5, False, id="float"),
+    pytest.param(np.float32(0.25), 0.25, False, id="numpy-float"),
+    pytest.param(np.int64(3), 3.0, False, id="numpy-int"),
+    pytest.param({"score": 1, "acc": True}, 1.0, False, id="dict"),
+    pytest.param(True, 0.0, True, id="bool"),
+    pytest.param(np.bool_(True), 0.0, True, id="numpy-bool"),
+    pytest.param("1.0", 0.0, True, id="str"),
+    pytest.param(None, 0.0, True, id="None"),
+    pytest.param(1j, 0.0, True, id="complex"),
+    pytest.param(10**400, 0.0, True, id="10**400"),  # an int beyond a float's range
+    pytest.param(10**5000, 0.0, True, id="10**5000"),  # beyond what Python will even print
+    pytest.param(float("nan"), 0.0, True, id="nan"),
+    pytest.param(float("-inf"), 0.0, True, id="-inf"),
+    pytest.param(np.float64("inf"), 0.0, True, id="numpy-inf"),
+    pytest.param([1.0], 0.0, True, id="list"),
+    pytest.param(_Unprintable(), 0.0, True, id="broken-repr"),
+    pytest.param({"score": "1.0"}, 0.0, True, id="dict-str"),
+    pytest.param({"score": True}, 0.0, True, id="dict-bool"),
+    pytest.param({"score": 10**400}, 0.0, True, id="dict-10**400"),
+    pytest.param({"score": None}, 0.0, True, id="dict-None"),
+    pytest.param({"acc": 1.0}, 0.0, True, id="dict-without-score"),
+]
+
+
+@pytest.mark.parametrize(("value", "score", "is_error"), RETURN_VALUES)
+def test_any_return_value_is_a_finite_score_or_a_counted_zero(value, score, is_error):
+    manager = RewardManager(CharTokenizer(), score_function=lambda solution_str, ground_truth: value, timeout_s=None)
+    result = manager(response_batch(["a", "b"], [[1, 1]] * 2, ["x"] * 2, ["-"] * 2))  # never raises
+    assert result.scores.tolist() == [score, score]
+    assert result.metrics["reward/errors"] == (2.0 if is_error else 0.0) and result.metrics["reward/samples"] == 2.0
+    assert (result.first_failure is not None) == is_error
+    if is_error:
+        assert result.first_failure.startswith("sample 0: the score function ")
+
+
+def test_an_extra_too_big_for_a_float_is_kept_as_an_object():
+    values = iter([{"score": 1.0, "big": 10**400}, {"score": 0.5, "big": 2}])
+    manager = RewardManager(CharTokenizer(), score_function=lambda solution_str, ground_truth: next(values), timeout_s=None)
+    result = manager(response_batch(["a", "b"], [[1, 1]] * 2, ["x"] * 2, ["-"] * 2))
+    assert result.scores.tolist() == [1.0, 0.5] and result.metrics["reward/errors"] == 0.0
+    assert result.extra["big"].dtype == object and result.extra["big"].tolist() == [10**400, 2]
+
+
+def test_a_huge_score_from_the_scoring_process_is_an_error_too(tmp_path):
+    path = write_module(tmp_path / "huge.py", """
+        def compute_score(solution_str, ground_truth):
+            return 10**400 if solution_str == "huge" else 1.0
+    """)
+    manager = build_reward_manager(CharTokenizer(), custom_path=str(path), timeout_s=10)
+    try:
+        result = manager(response_batch(["huge", "ok"], [[1, 1, 1, 1]] * 2, ["x"] * 2, ["-"] * 2))
+    finally:
+        manager.close()
+    assert result.scores.tolist() == [0.0, 1.0] and result.metrics["reward/errors"] == 1.0
+    assert "too large for a float" in result.first_failure

@@ -13,7 +13,8 @@
                   unit not yet trained (finished ones as generated, the rest as prompts)
     stopping      at the end, on Ctrl-C / SIGTERM, or when ``<run dir>/STOP`` appears: the
                   in-flight units are abandoned (their prompts are in the checkpoint) and a final
-                  checkpoint is written; a dead trainer worker stops the run pointing at the last one
+                  checkpoint is written (the last step always writes one, as in sync mode); a dead
+                  trainer worker stops the run pointing at the last one
 
 It reuses the synchronous trainer's phases (``learn``), validation, checkpoints and tracking; only
 where the batch comes from and how the weights travel differ.
@@ -100,7 +101,6 @@ class AsyncTrainer(SyncTrainer):
         self._restore_signals = _stop_on_signals(self._stop_event)
 
     def _loop(self, tracking: Tracking) -> None:
-        first_step = self.step
         try:
             while self.step < self.total_steps:
                 self._check_stop()
@@ -116,8 +116,6 @@ class AsyncTrainer(SyncTrainer):
                                    "cause and run the same command to resume") from err
         except WorkerDiedError as err:
             raise self._trainer_gone(err) from err
-        if self.config.trainer.save_freq <= 0 and self.step > first_step:
-            self.save_checkpoint()  # the end: a final checkpoint, whatever save_freq says
 
     def _check_stop(self) -> None:
         """Between steps, and while waiting for a batch: a stop asked for ends the loop here."""
@@ -153,6 +151,7 @@ class AsyncTrainer(SyncTrainer):
                 units = self.scheduler.take_batch(self.step, while_waiting=self._while_waiting)
             self.step += 1
             batch, metrics = self._join(units)
+            self.breakers.check_rollout(metrics, self.step, units=len(units))  # the generators' texts are in their logs
             self._count_staleness(units, metrics)
             batch, learned = self.learn(batch, timings)
             metrics |= learned

@@ -1,0 +1,137 @@
+"""Circuit breakers: a step that failed as a whole stops the run, instead of training on zeros.
+
+Both trainers check each training step's metrics, so the same breakers work in synchronous and
+asynchronous runs (there the batch's units are merged first; their counts are per-unit means, which
+``units`` turns back into the step's totals). A breaker raises :class:`CircuitBreakerError`, whose
+message names the breaker, the numbers, the first failure when this process saw it, and the key to change.
+
+    breaker        the step's failed calls of all its calls               trips when the fraction reaches
+    reward         reward/errors + reward/timeouts of reward/samples     custom_reward_function.stop_at_failed_fraction
+    retriever      env/retriever_errors of env/searches + that,           env.retriever.stop_at_failed_fraction
+                   per episode, times agent/episodes
+    env LLM        env_llm/failures of env_llm/replies                     env.llm.stop_at_failed_fraction
+    non-finite     steps in a row in which every update of the actor (or   trainer.stop_after_skipped_steps
+                   of the critic) was skipped for a non-finite gradient
+                   (``actor/skipped`` = 1: the weights did not move)
+
+A fraction breaker looks only at a step that made at least one such call; 1.0 (the defaults) trips
+only when every call failed, a smaller fraction sooner, ``None`` never. ``stop_after_skipped_steps=0``
+never stops. The reward's time budget per step (``custom_reward_function.step_timeout_s``) is kept by
+the reward manager: samples past it count as timeouts here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from posttrain.config.schema import PosttrainConfig
+
+
+class CircuitBreakerError(RuntimeError):
+    """A whole step failed (rewards, a service, or the updates): the run stops; the message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class BreakerLimits:
+    reward: float | None = 1.0       # the failed fraction of a step's rewards that stops the run; None: never
+    retriever: float | None = 1.0    # ... of its retriever searches
+    env_llm: float | None = 1.0      # ... of its env-LLM replies
+    skipped_steps: int = 3           # steps in a row with every update skipped that stop the run; 0: never
+
+    @classmethod
+    def from_config(cls, config: PosttrainConfig) -> BreakerLimits:
+        return cls(
+            config.custom_reward_function.stop_at_failed_fraction, config.env.retriever.stop_at_failed_fraction,
+            config.env.llm.stop_at_failed_fraction, config.trainer.stop_after_skipped_steps,
+        )
+
+
+@dataclass(frozen=True)
+class _FractionBreaker:
+    name: str
+    limit_field: str                                            # of BreakerLimits
+    key: str                                                    # the config key of the limit
+    counts: Callable[[Mapping[str, float]], tuple[float, float] | None]  # (failed, all) per unit, or None when not measured
+    failed: str                                                 # what failed, for the message
+    fix: str
+
+
+def _reward_counts(metrics: Mapping[str, float]) -> tuple[float, float] | None:
+    if "reward/samples" not in metrics:
+        return None
+    return metrics.get("reward/errors", 0.0) + metrics.get("reward/timeouts", 0.0), metrics["reward/samples"]
+
+
+def _retriever_counts(metrics: Mapping[str, float]) -> tuple[float, float] | None:
+    if "env/retriever_errors" not in metrics or "agent/episodes" not in metrics:
+        return None
+    episodes, errors = metrics["agent/episodes"], metrics["env/retriever_errors"]
+    return errors * episodes, (errors + metrics.get("env/searches", 0.0)) * episodes
+
+
+def _env_llm_counts(metrics: Mapping[str, float]) -> tuple[float, float] | None:
+    if "env_llm/replies" not in metrics:
+        return None
+    return metrics.get("env_llm/failures", 0.0), metrics["env_llm/replies"]
+
+
+_FRACTION_BREAKERS = (
+    _FractionBreaker(
+        "reward", "reward", "custom_reward_function.stop_at_failed_fraction", _reward_counts,
+        "rewards errored or timed out",
+        "fix the score function (the run's log has each failure), give it more time (custom_reward_function.timeout_s, "
+        "custom_reward_function.step_timeout_s)",
+    ),
+    _FractionBreaker(
+        "retriever", "retriever", "env.retriever.stop_at_failed_fraction", _retriever_counts,
+        "retriever searches failed",
+        "check that the retriever is up (env.retriever.url, or the service the run started; its warnings are in the log)",
+    ),
+    _FractionBreaker(
+        "env LLM", "env_llm", "env.llm.stop_at_failed_fraction", _env_llm_counts,
+        "env-LLM replies failed (finish_reason=error)",
+        "check the environment's model (env.llm.url and env.llm.api_model, or the Env-LLM worker's log)",
+    ),
+)
+
+
+class CircuitBreakers:
+    """The breakers of one run; the non-finite one counts across steps."""
+
+    def __init__(self, limits: BreakerLimits) -> None:
+        self.limits = limits
+        self.skipped_in_a_row = 0
+
+    def check_rollout(self, metrics: Mapping[str, float], step: int, *, units: int = 1, notes: Mapping[str, str] | None = None) -> None:
+        """After the rollout phase (scored samples, before any update). ``units``: how many merged
+        parts the metrics are means of; ``notes``: the first failure's text per breaker name, if known."""
+        for breaker in _FRACTION_BREAKERS:
+            limit = getattr(self.limits, breaker.limit_field)
+            counts = breaker.counts(metrics)
+            if limit is None or counts is None:
+                continue
+            failed, total = round(counts[0] * units), round(counts[1] * units)
+            if total > 0 and failed / total >= limit:
+                note = (notes or {}).get(breaker.name)
+                raise CircuitBreakerError(
+                    f"circuit breaker '{breaker.name}': {failed} of {total} {breaker.failed} in step {step}"
+                    + (f" (first: {note})" if note else "") + f", so the run stopped rather than train on them. "
+                    f"{breaker.fix[0].upper()}{breaker.fix[1:]}; or allow more failures with {breaker.key} "
+                    f"(now {limit:g}: stop when that fraction fails; null: never stop)"
+                )
+
+    def check_update(self, metrics: Mapping[str, float], step: int) -> None:
+        """After the updates: count the steps in a row whose every actor (or critic) update was skipped."""
+        skipped = [role for role in ("actor", "critic") if metrics.get(f"{role}/skipped", 0.0) >= 1.0]
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
+        limit = self.limits.skipped_steps
+        if limit and self.skipped_in_a_row >= limit:
+            raise CircuitBreakerError(
+                f"circuit breaker 'non-finite': the {' and '.join(skipped)}'s gradient was not finite (inf or nan) in "
+                f"every update of {self.skipped_in_a_row} steps in a row (steps {step - self.skipped_in_a_row + 1} to "
+                f"{step}), so the weights have not moved since. Lower the learning rate "
+                "(actor_rollout_ref.actor.optim.lr), check the rewards for huge values, train in float32 "
+                f"(actor_rollout_ref.actor.dtype=float32); or allow more with trainer.stop_after_skipped_steps "
+                f"(now {limit}; 0: never stop)"
+            )
