@@ -9,7 +9,8 @@
   posttrain prepare NAME [--in FILE] --out DIR [key=value ...]
                                                      write a dataset (gsm8k, arithmetic, synthetic-search, synthetic-doctor,
                                                      doctor --in FILE.json) as verl-format Parquet
-  posttrain serve-retriever --corpus FILE [--index bm25|dense] [--port P]   the search agent's retriever (Search-R1's HTTP API)
+  posttrain serve-retriever --corpus FILE [--index bm25|dense] [--port P] [--host H --token T]
+                                                     the search agent's retriever (Search-R1's HTTP API)
   posttrain demo                                     the single controller at work on local Ray
 """
 
@@ -69,7 +70,7 @@ def _prepare_command(args: argparse.Namespace) -> int:
 
     try:
         paths = prepare(args.name, args.out, **_prepare_options(args))
-    except ValueError as err:
+    except (ValueError, OSError) as err:  # OSError: a write that failed after the checks (a full disk)
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
     for path in paths:
@@ -95,11 +96,17 @@ def _prepare_options(args: argparse.Namespace) -> dict:
 
 
 def _serve_retriever_command(args: argparse.Namespace) -> int:
-    from posttrain.agents.retriever import CorpusError, serve
+    import os
+
+    from posttrain.agents.retriever import CorpusError, ServeError, serve
+    from posttrain.agents.retriever.types import TOKEN_ENV
 
     try:
-        serve(args.corpus, args.index, host=args.host, port=args.port, cache_dir=args.cache_dir)
-    except CorpusError as err:
+        limits = {name: getattr(args, name) for name in ("max_body_bytes", "max_queries", "max_query_chars")}
+        serve(args.corpus, args.index, host=args.host, port=args.port, cache_dir=args.cache_dir,
+              token=args.token or os.environ.get(TOKEN_ENV) or None,
+              **{name: value for name, value in limits.items() if value is not None})
+    except (CorpusError, ServeError) as err:
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
     return 0
@@ -153,9 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
     retriever = commands.add_parser("serve-retriever", help="serve a corpus over HTTP for search agents (Search-R1's /retrieve API)")
     retriever.add_argument("--corpus", required=True, type=Path, help='JSON lines, one {"id": ..., "contents": ...} a line')
     retriever.add_argument("--index", default="bm25", choices=["bm25", "dense"], help="bm25 (sparse) or dense (MiniLM + faiss); default bm25")
-    retriever.add_argument("--host", default="127.0.0.1")
+    retriever.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only); any other host needs a token")
     retriever.add_argument("--port", type=int, default=8000)
     retriever.add_argument("--cache-dir", type=Path, help="where dense indexes are cached (default ~/.cache/posttrain/retriever)")
+    retriever.add_argument("--token", help="require `Authorization: Bearer TOKEN` on every request (default: $POSTTRAIN_RETRIEVER_TOKEN)")
+    retriever.add_argument("--max-body-bytes", type=int, help="larger request bodies get 413 (default 8 MiB)")
+    retriever.add_argument("--max-queries", type=int, help="more queries in one request get 422 (default 1024)")
+    retriever.add_argument("--max-query-chars", type=int, help="a longer query gets 422 (default 1024)")
     retriever.set_defaults(run=_serve_retriever_command)
 
     demo = commands.add_parser("demo", help="run the single-controller demo on local Ray")

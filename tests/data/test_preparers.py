@@ -1,10 +1,14 @@
-"""Preparers: arithmetic (seeded, disjoint splits, right answers) and GSM8K (rows and ground truths)."""
+"""Preparers: arithmetic (seeded, disjoint splits, right answers) and GSM8K (rows and ground truths);
+`posttrain prepare` refusing bad sizes and unwritable outputs before writing anything."""
 
 import json
+import os
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+from posttrain.cli import main
 from posttrain.data import parse_options, prepare, preparer_names, read_rows
 from posttrain.data.preparers.arithmetic import Problem, generate_problems
 from posttrain.data.preparers.gsm8k import INSTRUCTION, VENDORED_DIR, final_answer
@@ -134,3 +138,44 @@ def test_gsm8k_comes_from_the_hub_cache_when_there_else_the_vendored_copy(tmp_pa
     assert empty.returncode == 0, empty.stderr[-2000:]
     assert "GSM8K train from the copy vendored in posttrain" in empty.stderr
     assert empty.stdout.strip() == final_answer(json.loads((VENDORED_DIR / "train.jsonl").read_text().splitlines()[0])["answer"])
+
+
+@pytest.mark.parametrize("name, option, message", [
+    ("arithmetic", "train_size=0", "train_size=0: must be at least 1; pass train_size=N with N >= 1"),
+    ("arithmetic", "val_size=-3", "val_size=-3: must be at least 1"),
+    ("gsm8k", "limit=0", "limit=0: must be at least 1"),
+    ("synthetic-search", "num_places=0", "num_places=0: must be at least 1"),
+    ("synthetic-search", "sft_topk=0", "sft_topk=0: must be at least 1"),
+    ("synthetic-search", "sft_size=-1", "sft_size=-1: must be at least 0 (0 writes none)"),
+    ("synthetic-doctor", "val_size=-1", "val_size=-1: must be at least 1"),
+    ("synthetic-doctor", "patient_sft_size=-2", "patient_sft_size=-2: must be at least 0"),
+])
+def test_prepare_refuses_sizes_below_their_minimum_writing_nothing(tmp_path, capsys, name, option, message):
+    assert main(["prepare", name, "--out", str(tmp_path / "out"), option]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"posttrain: {message}") and "Traceback" not in error
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_refuses_an_out_that_is_a_file_or_lies_under_one(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["prepare", "arithmetic", "--out", str(tmp_path / "notes.txt")]) == 2
+    assert capsys.readouterr().err == (
+        f"posttrain: --out {tmp_path / 'notes.txt'} is a file; pass --out a directory (it is created if missing)\n")
+    assert main(["prepare", "arithmetic", "--out", str(tmp_path / "notes.txt" / "data")]) == 2
+    assert f"lies under {tmp_path / 'notes.txt'}, which is a file" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_prepare_refuses_an_out_under_a_read_only_directory(tmp_path, capsys, monkeypatch):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    if os.geteuid() == 0:  # root writes through any mode bits: stand in for the kernel's answer
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != locked and real_access(path, mode))
+    assert main(["prepare", "arithmetic", "--out", str(locked / "data")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"posttrain: --out {locked / 'data'}: {locked} is not writable by this user; pass --out a directory")
+    assert list(locked.iterdir()) == []
+    assert main(["prepare", "arithmetic", "--out", str(tmp_path / "fresh" / "data"), "train_size=4", "val_size=2"]) == 0
+    assert (tmp_path / "fresh" / "data" / "train.parquet").is_file()  # a directory that does not exist yet is fine

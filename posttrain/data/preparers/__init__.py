@@ -16,6 +16,7 @@ from typing import Any
 from posttrain.data.preparers.arithmetic import prepare_arithmetic
 from posttrain.data.preparers.doctor_json import prepare_doctor
 from posttrain.data.preparers.gsm8k import prepare_gsm8k
+from posttrain.data.preparers.options import check_output_dir
 from posttrain.data.preparers.synthetic_doctor import prepare_synthetic_doctor
 from posttrain.data.preparers.synthetic_search import prepare_synthetic_search
 
@@ -54,12 +55,14 @@ def reads_source_file(name: str) -> bool:
 
 
 def prepare(name: str, out_dir: str | Path, **options: Any) -> list[Path]:
-    """Write dataset ``name`` into ``out_dir``; returns the Parquet files written."""
+    """Write dataset ``name`` into ``out_dir``; returns the Parquet files written. ValueError, before
+    anything is written, for bad options or an ``out_dir`` that cannot be written."""
     preparer = get_preparer(name)
     try:
         inspect.signature(preparer).bind(Path(out_dir), **options)
     except TypeError as error:
         raise ValueError(f"bad options {sorted(options)} for dataset {name!r} ({error}); its options are: {describe_options(name)}") from None
+    check_output_dir(Path(out_dir))
     return preparer(Path(out_dir), **options)
 
 

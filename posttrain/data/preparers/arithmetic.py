@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.data.format import make_row, write_rows
+from posttrain.data.preparers.options import check_counts
 
 DATA_SOURCE = "arithmetic"
 SUPPORTED_OPERATORS = "+-*"
@@ -112,6 +113,7 @@ def prepare_arithmetic(
     seed: int = 0,
 ) -> list[Path]:
     """Write ``train.parquet`` and ``test.parquet`` (the held-out split) into ``out_dir``."""
+    check_counts(1, train_size=train_size, val_size=val_size)
     problems = generate_problems(
         train_size + val_size, digits=digits, num_operands=num_operands, operators=operators, seed=seed
     )

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from posttrain.data.format import make_row, write_rows
+from posttrain.data.preparers.options import check_counts
 
 DATA_SOURCE = "openai/gsm8k"
 HUB_FILES = {"train": "main/train-00000-of-00001.parquet", "test": "main/test-00000-of-00001.parquet"}
@@ -39,6 +40,8 @@ def prepare_gsm8k(out_dir: Path, *, limit: int | None = None, source_dir: Path =
     ``limit`` keeps only the first ``limit`` problems of each split (small runs on a CPU). A
     ``source_dir`` other than the vendored copy is read as it is (``train.jsonl``, ``test.jsonl``).
     """
+    if limit is not None:
+        check_counts(1, limit=limit)
     written = []
     for split in ("train", "test"):
         problems = _read_jsonl(Path(source_dir) / f"{split}.jsonl") if Path(source_dir) != VENDORED_DIR else _problems(split)

@@ -60,6 +60,7 @@ from posttrain.agents.doctor.case import QA, Case
 from posttrain.agents.doctor.prompts import doctor_instruction
 from posttrain.data.format import write_conversations, write_rows
 from posttrain.data.preparers.doctor_json import case_row
+from posttrain.data.preparers.options import check_counts
 
 DATA_SOURCE = "synthetic_doctor"
 PATTERNS = {"A": (True, True, True), "B": (True, True, False), "C": (True, False, False), "D": (False, False, True)}
@@ -366,17 +367,11 @@ def write_patient_transcripts(train: list[tuple[CaseKey, Case]], out_dir: Path, 
 
 def _check_options(train_size: int, val_size: int, sft_size: int, sft_val_size: int, sft_questions: int,
                    sft_extra_question_fraction: float, patient_sft_size: int = 0) -> None:
-    for key, value in (("train_size", train_size), ("val_size", val_size)):
-        if value < 1:
-            raise ValueError(f"{key}={value}: must be at least 1; pass {key}=N with N >= 1")
-    for key, value in (("sft_size", sft_size), ("sft_val_size", sft_val_size)):
-        if value < 0:
-            raise ValueError(f"{key}={value}: must be at least 0 (0 writes no such file)")
+    check_counts(1, train_size=train_size, val_size=val_size)
+    check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size, patient_sft_size=patient_sft_size)
     if sft_size and sft_size + sft_val_size > train_size:
         raise ValueError(f"sft_size={sft_size} + sft_val_size={sft_val_size} transcripts need as many train cases, but "
                          f"train_size={train_size}; raise train_size or lower sft_size/sft_val_size")
-    if patient_sft_size < 0:
-        raise ValueError(f"patient_sft_size={patient_sft_size}: must be at least 0 (0 writes no patient transcripts)")
     if sft_questions not in (1, 2, 3):
         raise ValueError(f"sft_questions={sft_questions}: a cluster has 3 questions; pass 1, 2 or 3")
     if not 0.0 <= sft_extra_question_fraction <= 1.0:

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.data.format import make_row, write_conversations, write_rows
+from posttrain.data.preparers.options import check_counts
 
 DATA_SOURCE = "synthetic_search"
 ABILITY = "fact-reasoning"
@@ -268,12 +269,9 @@ def _check_supply(available: int, wanted: int, hops: str, world: World) -> None:
         )
 
 
-def _check_options(sizes: dict[str, int], two_hop_fraction: float) -> None:
-    for key, value in sizes.items():
-        if value < 1:
-            raise ValueError(f"{key}={value}: must be at least 1; pass {key}=N with N >= 1")
-    if not 0.0 <= two_hop_fraction <= 1.0:
-        raise ValueError(f"two_hop_fraction={two_hop_fraction}: must lie in [0, 1], e.g. two_hop_fraction=0.5")
+def _check_fraction(key: str, fraction: float) -> None:
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"{key}={fraction}: must lie in [0, 1], e.g. {key}=0.5")
 
 
 def prepare_synthetic_search(
@@ -293,11 +291,11 @@ def prepare_synthetic_search(
 ) -> list[Path]:
     """Write ``train.parquet`` and ``test.parquet`` (returned) and, beside them, ``corpus.jsonl`` (:data:`CORPUS_FILE`);
     with ``sft_size > 0`` also ``sft.parquet`` and ``sft_val.parquet`` (returned after them)."""
-    _check_options({"num_people": num_people, "num_places": num_places, "num_organisations": num_organisations,
-                    "train_size": train_size, "val_size": val_size}, two_hop_fraction)
-    if sft_size < 0 or sft_val_size < 0 or not 0.0 <= sft_two_hop_fraction <= 1.0:
-        raise ValueError(f"sft_size={sft_size}, sft_val_size={sft_val_size} must be >= 0 and sft_two_hop_fraction="
-                         f"{sft_two_hop_fraction} in [0, 1]")
+    check_counts(1, num_people=num_people, num_places=num_places, num_organisations=num_organisations,
+                 train_size=train_size, val_size=val_size, sft_topk=sft_topk)
+    check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size)
+    _check_fraction("two_hop_fraction", two_hop_fraction)
+    _check_fraction("sft_two_hop_fraction", sft_two_hop_fraction)
     world = build_world(num_people, num_places, num_organisations, seed)
     # questions draw from their own stream, so the world does not change with the split sizes
     splits = split_questions(world, train_size, val_size, two_hop_fraction, random.Random(f"questions-{seed}"))
