@@ -3,7 +3,8 @@
 Both trainers check each training step's metrics, so the same breakers work in synchronous and
 asynchronous runs (there the batch's units are merged first; their counts are per-unit means, which
 ``units`` turns back into the step's totals). A breaker raises :class:`CircuitBreakerError`, whose
-message names the breaker, the numbers, the first failure when this process saw it, and the key to change.
+message names the breaker, the numbers, the first failure when this process saw it, and the key to
+change; it is a PosttrainError, which the CLI shows as one line.
 
     breaker        the step's failed calls of all its calls               trips when the fraction reaches
     reward         reward/errors + reward/timeouts of reward/samples     custom_reward_function.stop_at_failed_fraction
@@ -26,9 +27,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from posttrain.config.schema import PosttrainConfig
+from posttrain.errors import PosttrainError
+
+RESUME = "Then run the same command: it resumes from the last checkpoint (trainer.resume_mode=auto)"
 
 
-class CircuitBreakerError(RuntimeError):
+class CircuitBreakerError(PosttrainError):
     """A whole step failed (rewards, a service, or the updates): the run stops; the message says why and what to change."""
 
 
@@ -118,7 +122,7 @@ class CircuitBreakers:
                     f"circuit breaker '{breaker.name}': {failed} of {total} {breaker.failed} in step {step}"
                     + (f" (first: {note})" if note else "") + f", so the run stopped rather than train on them. "
                     f"{breaker.fix[0].upper()}{breaker.fix[1:]}; or allow more failures with {breaker.key} "
-                    f"(now {limit:g}: stop when that fraction fails; null: never stop)"
+                    f"(now {limit:g}: stop when that fraction fails; null: never stop). {RESUME}"
                 )
 
     def check_update(self, metrics: Mapping[str, float], step: int) -> None:
@@ -133,5 +137,5 @@ class CircuitBreakers:
                 f"{step}), so the weights have not moved since. Lower the learning rate "
                 "(actor_rollout_ref.actor.optim.lr), check the rewards for huge values, train in float32 "
                 f"(actor_rollout_ref.actor.dtype=float32); or allow more with trainer.stop_after_skipped_steps "
-                f"(now {limit}; 0: never stop)"
+                f"(now {limit}; 0: never stop). {RESUME}"
             )

@@ -19,6 +19,7 @@ from posttrain.agents.retriever.process import free_port
 from posttrain.agents.search import SearchEnv
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import check_breakers
+from posttrain.errors import PosttrainError
 from posttrain.rewards import RewardManager, build_reward_manager
 from posttrain.trainer.breakers import BreakerLimits, CircuitBreakerError, CircuitBreakers
 from posttrain.trainer.rollout import SingleTurnRollout
@@ -55,6 +56,7 @@ def test_every_reward_erroring_stops_the_run_naming_the_numbers_the_error_and_th
     assert "circuit breaker 'reward': 64 of 64 rewards errored or timed out in step 3" in message
     assert "(first: sample 0: ZeroDivisionError: division by zero" in message
     assert "custom_reward_function.stop_at_failed_fraction (now 1: " in message
+    assert isinstance(caught.value, PosttrainError) and message.endswith("resumes from the last checkpoint (trainer.resume_mode=auto)")
 
 
 def test_rewards_failing_in_part_stop_only_at_the_configured_fraction():
