@@ -3,14 +3,19 @@
 Plots read ``metrics.jsonl`` (the JSONL tracker's file): reward (``critic/score/mean``), validation
 accuracy (every ``val/*/acc/*``), response length (``response_length/mean``), KL (``actor/ppo_kl``,
 ``actor/kl_loss``, ``critic/kl``, whichever were logged), the SFT loss (``sft/loss``, ``val/sft_loss``) and, in
-asynchronous runs, staleness, buffer fill and the trainer's waiting share. ``report.md`` ties them together with the
-first and last validation's sample generations.
+asynchronous runs, staleness, buffer fill and the trainer's waiting share. ``report.md`` ties them together with each
+validation accuracy's first and last value and the first and last validation's sample generations.
+
+"First" is the run's, across resumes: the values come from ``metrics.jsonl`` (which a resumed run
+continues), the samples from ``report/first_samples.json``, kept by the trainer from the run's first
+validation (:func:`save_samples`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from posttrain.trainer.tracking import read_jsonl
@@ -23,6 +28,7 @@ PANELS = {
     "sft_loss": ("sft/loss", "val/sft_loss"),
     "async": ("async/staleness/mean", "async/buffer_units", "async/trainer_wait_fraction"),
 }
+FIRST_SAMPLES = "first_samples.json"  # in <run_dir>/report/: the run's first validation's samples
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,20 @@ def series(records: Sequence[dict], prefixes: Sequence[str]) -> dict[str, tuple[
                 steps.append(record["step"])
                 values.append(value)
     return found
+
+
+def first_and_last_validation(records: Sequence[dict]) -> dict[str, tuple[tuple[int, float], tuple[int, float]]]:
+    """name -> ((step, value) at the first validation, (step, value) at the last), for every accuracy."""
+    return {name: ((steps[0], values[0]), (steps[-1], values[-1])) for name, (steps, values) in series(records, ("val/",)).items()}
+
+
+def save_samples(path: Path, samples: Sequence[Sample]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([asdict(s) for s in samples], ensure_ascii=False), encoding="utf-8")
+
+
+def load_samples(path: Path) -> list[Sample]:
+    return [Sample(**s) for s in json.loads(path.read_text(encoding="utf-8"))] if path.is_file() else []
 
 
 def plot_panels(records: Sequence[dict], out_dir: Path) -> list[Path]:
@@ -76,9 +96,15 @@ def write_report(run_dir: Path, first_samples: Sequence[Sample] = (), last_sampl
     out_dir = run_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics_file = run_dir / "metrics.jsonl"
-    plots = plot_panels(read_jsonl(metrics_file), out_dir) if metrics_file.exists() else []
+    records = read_jsonl(metrics_file) if metrics_file.exists() else []
+    plots = plot_panels(records, out_dir)
     lines = [f"# Run report: {run_dir.name}", ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots] or ["(no metrics.jsonl: enable the jsonl logger for plots)"]
+    endpoints = first_and_last_validation(records)
+    if endpoints:
+        lines += ["", "## Validation: first → last", ""]
+        lines += [f"- `{name}`: {first:.3f} (step {a}) → {last:.3f} (step {b})"
+                  for name, ((a, first), (b, last)) in sorted(endpoints.items())]
     for title, samples in (("First validation", first_samples), ("Last validation", last_samples)):
         if samples:
             lines += ["", f"## {title}: sample generations", ""]

@@ -26,9 +26,16 @@ def run_training(config: PosttrainConfig) -> int:
     start = time.perf_counter()
     try:
         trainer = (AsyncTrainer if config.trainer.mode == "async" else SyncTrainer)(config)
-    except (ValueError, FileNotFoundError) as err:  # refused before any worker starts: say why, no traceback
+        finished = trainer.finished()
+    except (ValueError, FileNotFoundError, CheckpointError) as err:  # refused before any worker starts: say why, no traceback
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
+    if finished:  # nothing to train: no Ray, no workers
+        console.print(f"posttrain: this run is finished: {trainer.resume_from} holds its last step ({trainer.total_steps}). To train "
+                      "further raise trainer.total_training_steps (or trainer.total_epochs); to start over, "
+                      "trainer.resume_mode=disable", soft_wrap=True, highlight=False)
+        _export_hint(console, trainer.resume_from, trainer.run_dir)
+        return 0
     _start_ray(config.trainer, trainer.run_dir)
     try:
         mode = f" ({config.async_.num_generators} generator(s), max staleness {config.async_.max_staleness})" if config.trainer.mode == "async" else ""
@@ -49,7 +56,15 @@ def run_training(config: PosttrainConfig) -> int:
     finally:
         ray.shutdown()
     _summary(console, trainer.val_history, trainer.run_dir, time.perf_counter() - start)
+    _export_hint(console, trainer.checkpoints.latest(), trainer.run_dir)
     return 0
+
+
+def _export_hint(console: Console, checkpoint: Path | None, run_dir: Path) -> None:
+    """The trained policy's checkpoint and the command that makes it a Hugging Face model."""
+    if checkpoint is not None:
+        console.print(f"policy: {checkpoint}  (as a Hugging Face model: posttrain export {checkpoint} --out {run_dir / 'hf_model'})",
+                      soft_wrap=True, highlight=False)
 
 
 def run_sft(config: PosttrainConfig) -> int:
@@ -164,8 +179,16 @@ def _link_ray_logs(session_dir: str | None, run_dir: Path) -> None:
 
 
 def _summary(console: Console, history: list[dict[str, float]], run_dir, seconds: float) -> None:
-    if history:
-        first, last = history[0], history[-1]
-        for name in sorted(k for k in last if "/acc/" in k):
-            console.print(f"{name}: {first.get(name, float('nan')):.3f} → {last[name]:.3f}")
+    """Each validation accuracy, first → last: the run's first from metrics.jsonl (a resumed run's
+    own ``history`` starts at the resume), else this process's."""
+    from posttrain.trainer.report import first_and_last_validation
+    from posttrain.trainer.tracking import read_jsonl
+
+    metrics_file = Path(run_dir) / "metrics.jsonl"
+    if metrics_file.exists():
+        endpoints = {name: (first, last) for name, ((_, first), (_, last)) in first_and_last_validation(read_jsonl(metrics_file)).items()}
+    else:
+        endpoints = {name: (history[0].get(name, float("nan")), value) for name, value in (history[-1] if history else {}).items() if "/acc/" in name}
+    for name, (first, last) in sorted(endpoints.items()):
+        console.print(f"{name}: {first:.3f} → {last:.3f}")
     console.print(f"wall time {seconds / 60:.1f} min · report: {run_dir / 'report' / 'report.md'}")

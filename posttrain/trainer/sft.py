@@ -149,7 +149,8 @@ class SFTTrainer:
 
     def _fit(self, roles: Roles) -> Path:
         self._resume()
-        tracking = run_tracking(self.config, self.run_dir, self.total_steps)
+        # what an earlier attempt logged after the step resumed from is dropped: no step twice
+        tracking = run_tracking(self.config, self.run_dir, self.total_steps, purge_step=self.step + 1 if self.resume_from else 0)
         try:
             if self.step == 0:
                 tracking.log(self.validate(), 0)
@@ -222,6 +223,9 @@ class SFTTrainer:
     def _resume(self) -> None:
         """Continue from the checkpoint found at start (its data position is already loaded)."""
         directory = self.resume_from
+        moved = self.checkpoints.abandon_after(step_of(directory) if directory is not None else 0)
+        if moved:
+            print(f"posttrain: the later checkpoints of an earlier attempt ({', '.join(p.name for p in moved)}) were moved to {moved[0].parent}")
         if directory is None:
             return
         self.step = step_of(directory)

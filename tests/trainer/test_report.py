@@ -1,4 +1,4 @@
-from posttrain.trainer.report import Sample, series, write_report
+from posttrain.trainer.report import FIRST_SAMPLES, Sample, load_samples, save_samples, series, write_report
 from posttrain.trainer.tracking import Tracking
 
 
@@ -15,8 +15,16 @@ def test_report_plots_logged_metrics_and_quotes_samples(tmp_path):
     assert pngs == ["kl.png", "response_length.png", "reward.png", "validation_accuracy.png"]
     assert all((tmp_path / "report" / p).stat().st_size > 1000 for p in pngs)
     assert "![reward](reward.png)" in text and "> #### 2" in text and "**score 1**" in text
+    assert "- `val/arith/acc/mean@1`: 0.100 (step 0) → 0.300 (step 3)" in text  # the run's first validation → its last
     from posttrain.trainer.tracking import read_jsonl
 
     val = series(read_jsonl(tmp_path / "metrics.jsonl"), ("val/",))
     assert list(val) == ["val/arith/acc/mean@1"]  # accuracies only, not other val metrics
     assert val["val/arith/acc/mean@1"] == ([0, 3], [0.1, 0.3])
+
+
+def test_the_first_validations_samples_survive_a_resume(tmp_path):
+    samples = [Sample("2+2=?", "#### 4", 1.0), Sample("héllo", "", 0.0)]
+    save_samples(tmp_path / "report" / FIRST_SAMPLES, samples)
+    assert load_samples(tmp_path / "report" / FIRST_SAMPLES) == samples
+    assert load_samples(tmp_path / "nothing.json") == []

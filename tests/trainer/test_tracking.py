@@ -63,3 +63,37 @@ def test_mlflow_local_store_and_wandb_offline_record_the_run(tmp_path, monkeypat
 def test_unknown_tracker_is_named():
     with pytest.raises(ValueError, match=r"unknown tracker\(s\) \['tensorbord'\]"):
         Tracking(["tensorbord"], run_dir=None, project="p", experiment="e", total_steps=1)
+
+
+def test_a_resumed_run_records_each_step_once(tmp_path):
+    """Steps 1..4 were logged but the last checkpoint was step 2 (and the kill cut a line short):
+    the resumed run's trackers drop steps 3 and 4, and the file and TensorBoard then hold each step
+    once, with the resumed run's values."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = Tracking(["jsonl", "tensorboard"], run_dir=tmp_path, project="p", experiment="e", total_steps=4)
+    for step in (1, 2, 3, 4):
+        first.log({"critic/score/mean": step / 10}, step)
+    first.close()
+    with open(tmp_path / "metrics.jsonl", "a") as torn:
+        torn.write('{"step": 5, "time": 1.0, "metr')
+    resumed = Tracking(["jsonl", "tensorboard"], run_dir=tmp_path, project="p", experiment="e", total_steps=4, purge_step=3)
+    for step in (3, 4):
+        resumed.log({"critic/score/mean": step}, step)
+    resumed.close()
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["metrics"]["critic/score/mean"]) for r in records] == [(1, 0.1), (2, 0.2), (3, 3.0), (4, 4.0)]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, round(e.value, 3)) for e in events.Scalars("critic/score/mean")] == [(1, 0.1), (2, 0.2), (3, 3.0), (4, 4.0)]
+
+
+def test_a_fresh_start_clears_an_earlier_attempts_records(tmp_path):
+    tracking = Tracking(["jsonl"], run_dir=tmp_path, project="p", experiment="e", total_steps=2)
+    tracking.log({"val/arith/acc/mean@1": 0.1}, 0)
+    tracking.log({"critic/score/mean": 0.5}, 1)
+    tracking.close()
+    again = Tracking(["jsonl"], run_dir=tmp_path, project="p", experiment="e", total_steps=2, purge_step=0)
+    again.log({"val/arith/acc/mean@1": 0.2}, 0)
+    again.close()
+    assert [(r["step"], r["metrics"]) for r in read_jsonl(tmp_path / "metrics.jsonl")] == [(0, {"val/arith/acc/mean@1": 0.2})]
