@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
-from posttrain.controller import ResourcePool, ResourcePoolManager, WorkerGroup, WorkerSpec, spawn_pools
+from posttrain.controller import ResourcePool, ResourcePoolManager, WorkerGroup, WorkerSpec, kill_group, spawn_pools
 from posttrain.trainer.env_llm import needs_env_llm_worker
 from posttrain.workers.critic import CriticWorker
 from posttrain.workers.env_llm import EnvLLMWorker
@@ -47,6 +47,10 @@ class Roles:
     env_llm: WorkerGroup | None = None
 
     def release(self) -> None:
+        """Stop every worker process (a stuck one too), then free the pools."""
+        for group in (self.actor, self.ref, self.critic, self.reward_model, self.env_llm):
+            if group is not None:
+                kill_group(group)
         for pool in self.pools.pools.values():
             pool.release()
 
@@ -117,7 +121,7 @@ def start_roles(config: PosttrainConfig, total_steps: int) -> Roles:
     manager = resource_pools(config, list(specs))
     # Several ranks: the process group exists before the engines are built, so they pick DDP/FSDP.
     distributed = manager.pools["global_pool"].world_size > 1
-    groups = spawn_pools(manager, specs, env=WORKER_ENV, distributed=distributed)
+    groups = spawn_pools(manager, specs, env=WORKER_ENV, distributed=distributed, call_timeout_s=config.trainer.call_timeout_s)
     return Roles(groups["actor"], groups.get("ref"), groups.get("critic"), groups.get("reward_model"), manager, groups.get("env_llm"))
 
 

@@ -1,10 +1,20 @@
-"""``posttrain train``: start Ray, run the trainer, say what happened."""
+"""``posttrain train``: start Ray, run the trainer, say what happened.
+
+A run that fails with an error whose message is complete (a :class:`~posttrain.errors.PosttrainError`,
+or one of :data:`REFUSED`) ends with that message as one line on stderr and exit
+code 2 (fix something, then run again) or 1 (the run broke off; the message names what resumes it).
+Its traceback, and every record of posttrain's loggers while the run lasted, are in
+``<run dir>/posttrain.log``; any other error is a bug and shows its traceback on the console as well.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -12,14 +22,53 @@ from rich.console import Console
 from posttrain.agents.env_llm import EnvLLMError
 from posttrain.agents.retriever.types import RetrieverError
 from posttrain.config.schema import PosttrainConfig, TrainerConfig
+from posttrain.errors import PosttrainError
 from posttrain.trainer.checkpoint import CheckpointError
+
+RUN_LOG = "posttrain.log"
+# Errors of other modules whose message says what to do, beside PosttrainError's subclasses.
+REFUSED = (RetrieverError, EnvLLMError, CheckpointError)  # exit 2: a setting, an input or a service to fix
+
+
+def exit_code_of(err: BaseException) -> int | None:
+    """2 or 1 for an error shown as one line (see the module's docstring); None for any other (a bug)."""
+    if isinstance(err, PosttrainError):
+        return err.exit_code
+    return 2 if isinstance(err, REFUSED) else None
+
+
+@contextmanager
+def run_log(run_dir: Path) -> Iterator[Callable[[], None]]:
+    """``<run dir>/posttrain.log`` receives posttrain's log records (INFO and up) while the run lasts;
+    the console keeps WARNING and up, as Python shows them without any logging set up. Yields what
+    writes the exception being handled, with its traceback, to that file alone."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger("posttrain")
+    to_file = logging.FileHandler(run_dir / RUN_LOG)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    to_console = logging.StreamHandler()
+    to_console.setLevel(logging.WARNING)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(to_file)
+    logger.addHandler(to_console)
+
+    def keep_traceback() -> None:
+        to_file.handle(logging.LogRecord(logger.name, logging.ERROR, __file__, 0, "the run stopped", None, sys.exc_info()))
+
+    try:
+        yield keep_traceback
+    finally:
+        for handler in (to_file, to_console):
+            logger.removeHandler(handler)
+        to_file.close()
+        logger.setLevel(level)
 
 
 def run_training(config: PosttrainConfig) -> int:
     import ray
 
-    from posttrain.controller import ResourceError, WorkerDiedError
-    from posttrain.trainer.async_.trainer import AsyncTrainer, GeneratorsFailed, StopRequested
+    from posttrain.trainer.async_.trainer import AsyncTrainer, StopRequested
     from posttrain.trainer.sync import SyncTrainer
 
     console = Console()
@@ -37,24 +86,26 @@ def run_training(config: PosttrainConfig) -> int:
         _export_hint(console, trainer.resume_from, trainer.run_dir)
         return 0
     _start_ray(config.trainer, trainer.run_dir)
-    try:
-        mode = f" ({config.async_.num_generators} generator(s), max staleness {config.async_.max_staleness})" if config.trainer.mode == "async" else ""
-        console.print(
-            f"[bold]posttrain[/] {config.algorithm.adv_estimator} on {config.actor_rollout_ref.model.path}: "
-            f"{trainer.total_steps} steps{mode} → {trainer.run_dir}"
-        )
-        trainer.fit()
-    except (RetrieverError, EnvLLMError, ResourceError, CheckpointError) as err:  # the message says what to do
-        print(f"posttrain: {err}", file=sys.stderr)
-        return 2
-    except StopRequested:  # a graceful stop: the checkpoint is written and named
-        console.print("posttrain: run the same command again to continue (trainer.resume_mode=auto)")
-        return 0
-    except (WorkerDiedError, GeneratorsFailed) as err:
-        print(f"posttrain: {err}", file=sys.stderr)
-        return 1
-    finally:
-        ray.shutdown()
+    with run_log(trainer.run_dir) as keep_traceback:
+        try:
+            mode = f" ({config.async_.num_generators} generator(s), max staleness {config.async_.max_staleness})" if config.trainer.mode == "async" else ""
+            console.print(
+                f"[bold]posttrain[/] {config.algorithm.adv_estimator} on {config.actor_rollout_ref.model.path}: "
+                f"{trainer.total_steps} steps{mode} → {trainer.run_dir}"
+            )
+            trainer.fit()
+        except StopRequested:  # a graceful stop: the checkpoint is written and named
+            console.print("posttrain: run the same command again to continue (trainer.resume_mode=auto)")
+            return 0
+        except Exception as err:
+            keep_traceback()
+            code = exit_code_of(err)
+            if code is None:
+                raise
+            print(f"posttrain: {err} [traceback: {trainer.run_dir / RUN_LOG}]", file=sys.stderr)
+            return code
+        finally:
+            ray.shutdown()
     _summary(console, trainer.val_history, trainer.run_dir, time.perf_counter() - start)
     _export_hint(console, trainer.checkpoints.latest(), trainer.run_dir)
     return 0

@@ -32,6 +32,7 @@ from posttrain.algos import get_advantage_estimator, get_kl_estimator, masked_me
 from posttrain.config import to_yaml
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
+from posttrain.controller import WorkerDiedError, WorkerHungError
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
 from posttrain.trainer.breakers import BreakerLimits, CircuitBreakers
@@ -95,6 +96,8 @@ class SyncTrainer:
         self.roles = start_roles(self.config, self.total_steps)
         tracking = None
         try:
+            # which process is which rank: to find (or stop) one from outside
+            (self.run_dir / "processes.json").write_text(json.dumps({"actor": self.roles.actor.pid()}))
             self.rollout.open(self.roles)  # the retriever, the Env-LLM client
             resumed = self._resume()
             self._start(resumed)
@@ -103,6 +106,9 @@ class SyncTrainer:
             if self.config.trainer.val_before_train and self.step == 0 and self.data.val:
                 tracking.log(self.validate(), self.step)
             self._loop(tracking)
+        except (WorkerDiedError, WorkerHungError) as err:
+            self._name_the_resume(err)
+            raise
         finally:
             if tracking is not None:
                 tracking.close()
@@ -114,6 +120,15 @@ class SyncTrainer:
         else:
             write_report(self.run_dir)
         return self.val_history[-1] if self.val_history else {}
+
+    def _name_the_resume(self, err: WorkerDiedError | WorkerHungError) -> None:
+        """A dead or stuck worker ends the run; its message gets the step and what resumes the run.
+        Nothing more is saved: the worker that died or hangs holds the weights (a save would wait
+        on it), so the last committed checkpoint is the one to resume from."""
+        latest = self.checkpoints.latest()
+        resume = (f"resume from {latest} with trainer.resume_mode=auto (the same command again)" if latest else
+                  "no checkpoint was written yet, so the same command starts over (trainer.save_freq=N saves every N steps)")
+        err.args = (f"{err} The run stopped in step {self.step}; {resume}.",)
 
     def _loop(self, tracking: Tracking) -> None:
         """Generate and train, step after step, with validation and checkpoints when due."""

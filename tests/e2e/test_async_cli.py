@@ -9,14 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from posttrain.models import cached_tiny_model
+from tests.e2e.cli_runs import records, run, when_step_logged
 from tests.e2e.test_search_agent import TINY_SEARCH_RUN
 from tests.e2e.test_train_cli import TINY_RUN
 
@@ -28,31 +27,6 @@ def command(run_dir: Path, *overrides: str) -> list[str]:
         sys.executable, "-m", "posttrain.cli", "train", f"actor_rollout_ref.model.path={cached_tiny_model('llama')}",
         f"trainer.default_local_dir={run_dir}", *TINY_RUN, "trainer.mode=async", *overrides,
     ]
-
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def run(argv: list[str], while_running=None) -> subprocess.CompletedProcess:
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
-    watcher = threading.Thread(target=while_running, daemon=True) if while_running else None
-    if watcher:
-        watcher.start()
-    output, _ = process.communicate(timeout=600)
-    return subprocess.CompletedProcess(argv, process.returncode, output, "")
-
-
-def when_step_logged(run_dir: Path, step: int, action) -> None:
-    """Call ``action`` once metrics.jsonl holds ``step`` (polls; gives up after 5 minutes)."""
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        path = run_dir / "metrics.jsonl"
-        if path.exists() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines()):
-            action()
-            return
-        time.sleep(0.2)
 
 
 def staleness_within(metric_records: list[dict], bound: int) -> None:
@@ -164,7 +138,7 @@ def test_a_killed_trainer_stops_the_run_naming_the_checkpoint_that_resumes_it(tm
     died = run(command(tmp_path, *steps), while_running=lambda: when_step_logged(tmp_path, 2, kill_trainer))
     assert died.returncode == 1, died.stdout[-4000:]
     latest = int((tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
-    assert f"The trainer is gone; resume from {tmp_path / 'checkpoints' / f'global_step_{latest}'}" in died.stdout
+    assert f"resume from {tmp_path / 'checkpoints' / f'global_step_{latest}'} with trainer.resume_mode=auto" in died.stdout
     assert "Traceback" not in died.stdout
     resumed = run(command(tmp_path, *steps))
     assert resumed.returncode == 0, resumed.stdout[-4000:]

@@ -119,7 +119,8 @@ class Generators:
             "seed": self.config.trainer.seed, "env_llm": self.env_llm, "generator_index": i,
         })
         # two calls at once: a broadcast of new weights is received while a unit is produced
-        return spawn_ray({"generator": spec}, self.pools[i], name_prefix=f"generator{i}", env=self.env, max_concurrency=2)["generator"]
+        return spawn_ray({"generator": spec}, self.pools[i], name_prefix=f"generator{i}", env=self.env, max_concurrency=2,
+                         call_timeout_s=self.config.trainer.call_timeout_s)["generator"]
 
     # ---- the collective transport: called from the trainer's thread only ----------------------
 

@@ -14,7 +14,7 @@
     stopping      at the end, on Ctrl-C / SIGTERM, or when ``<run dir>/STOP`` appears: the
                   in-flight units are abandoned (their prompts are in the checkpoint) and a final
                   checkpoint is written (the last step always writes one, as in sync mode); a dead
-                  trainer worker stops the run pointing at the last one
+                  or stuck trainer worker stops the run pointing at the last one, as in sync mode
 
 It reuses the synchronous trainer's phases (``learn``), validation, checkpoints and tracking; only
 where the batch comes from and how the weights travel differ.
@@ -31,7 +31,8 @@ import torch
 
 from posttrain import keys
 from posttrain.config.schema import PosttrainConfig
-from posttrain.controller import ResourceError, WorkerDiedError
+from posttrain.controller import ResourceError
+from posttrain.errors import PosttrainError
 from posttrain.protocol import Batch, pad_rows
 from posttrain.engines.training.inputs import build_model_inputs
 from posttrain.trainer.async_.buffer import SchedulerClosed, UnitScheduler
@@ -51,7 +52,7 @@ class StopRequested(Exception):
     """Ctrl-C, SIGTERM or the STOP file: finish gracefully with a checkpoint."""
 
 
-class GeneratorsFailed(RuntimeError):
+class GeneratorsFailed(PosttrainError):
     """The generators stopped the run (a bug, an environment error, a generator that kept dying);
     the trainer's state is checkpointed first."""
 
@@ -114,8 +115,6 @@ class AsyncTrainer(SyncTrainer):
             path = self._checkpoint_now()
             raise GeneratorsFailed(f"the generators stopped the run: {err}. The trainer's state is in {path}; fix the "
                                    "cause and run the same command to resume") from err
-        except WorkerDiedError as err:
-            raise self._trainer_gone(err) from err
 
     def _check_stop(self) -> None:
         """Between steps, and while waiting for a batch: a stop asked for ends the loop here."""
@@ -130,17 +129,10 @@ class AsyncTrainer(SyncTrainer):
 
     def _checkpoint_now(self) -> Path:
         """The generators stopped (nothing new starts), then the trainer's state with the buffer. A
-        trainer found dead here (the generators saw it first: its weights were gone) is reported as such."""
+        trainer found dead here (the generators saw it first: its weights were gone) stops the run as
+        a dead worker does anywhere, naming the last checkpoint (``SyncTrainer.fit``)."""
         self.generators.stop()
-        try:
-            return self.save_checkpoint()
-        except WorkerDiedError as err:
-            raise self._trainer_gone(err) from err
-
-    def _trainer_gone(self, err: WorkerDiedError) -> WorkerDiedError:
-        latest = self.checkpoints.latest()
-        return WorkerDiedError(f"{err} The trainer is gone; resume from {latest or 'the start (no checkpoint yet)'} "
-                               "with trainer.resume_mode=auto")
+        return self.save_checkpoint()
 
     def train_step(self) -> dict[str, float]:
         """Batch ``self.step`` (0-based) from the buffer → learn → publish version ``self.step``.

@@ -1,0 +1,47 @@
+"""Running the real CLI from a test and acting on it from outside while it runs (killing a worker,
+touching the STOP file) once the run reaches a given point."""
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def run(argv: list[str], while_running: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
+    """``argv`` to its end (stdout and stderr together), with ``while_running`` in a thread beside it."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    watcher = threading.Thread(target=while_running, daemon=True) if while_running else None
+    if watcher:
+        watcher.start()
+    output, _ = process.communicate(timeout=600)
+    return subprocess.CompletedProcess(argv, process.returncode, output, "")
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def when(condition: Callable[[], bool], action: Callable[[], None]) -> None:
+    """Call ``action`` once ``condition()`` holds (polls; gives up after 5 minutes)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if condition():
+            action()
+            return
+        time.sleep(0.2)
+
+
+def when_step_logged(run_dir: Path, step: int, action: Callable[[], None]) -> None:
+    """Call ``action`` once metrics.jsonl holds ``step``."""
+    path = run_dir / "metrics.jsonl"
+    when(lambda: path.exists() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines()), action)
+
+
+def when_checkpointed(run_dir: Path, step: int, action: Callable[[], None]) -> None:
+    """Call ``action`` once the checkpoint of ``step`` is committed (the latest pointer names it)."""
+    pointer = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+    when(lambda: pointer.exists() and pointer.read_text().strip() == str(step), action)

@@ -1,0 +1,50 @@
+"""How a failed run surfaces: one line for the errors whose message says what to do (the exit code
+says whether to fix something first or to resume), the traceback kept in ``<run dir>/posttrain.log``."""
+
+import logging
+
+from posttrain.config.loader import ConfigError
+from posttrain.controller import ResourceError, WorkerDiedError, WorkerHungError
+from posttrain.errors import PosttrainError
+from posttrain.trainer.async_.trainer import GeneratorsFailed
+from posttrain.trainer.breakers import CircuitBreakerError
+from posttrain.trainer.checkpoint import CheckpointError
+from posttrain.trainer.run import RUN_LOG, exit_code_of, run_log
+
+
+def test_known_errors_get_one_line_and_an_exit_code_and_a_bug_keeps_its_traceback():
+    assert exit_code_of(WorkerDiedError("gone")) == 1  # the run broke off: resume
+    assert exit_code_of(WorkerHungError("stuck", "actor", [0], "update")) == 1
+    assert exit_code_of(GeneratorsFailed("x")) == 1
+    assert exit_code_of(CircuitBreakerError("x")) == 1
+    assert exit_code_of(ResourceError("too big")) == 2  # fix something first
+    assert exit_code_of(CheckpointError("not a checkpoint")) == 2
+
+    class NewKind(PosttrainError):  # a new error type needs no change to the CLI
+        exit_code = 2
+
+    assert exit_code_of(NewKind("x")) == 2
+    assert exit_code_of(KeyError("a bug")) is None
+    assert exit_code_of(ConfigError("cli.main prints it before any run")) is None
+
+
+def test_the_run_log_keeps_the_runs_records_and_the_traceback_that_ended_it(tmp_path, capsys):
+    logger = logging.getLogger("posttrain")
+    level, handlers = logger.level, list(logger.handlers)
+    with run_log(tmp_path) as keep_traceback:
+        logging.getLogger("posttrain.rewards.manager").info("scored 8 samples")
+        logging.getLogger("posttrain.rewards.manager").warning("2 rewards timed out")
+        try:
+            raise WorkerHungError("worker 'actor' rank(s) [0] did not answer update()", "actor", [0], "update")
+        except WorkerHungError:
+            keep_traceback()
+    logging.getLogger("posttrain.data").warning("after the run")  # the file is closed: not in it
+    kept = (tmp_path / RUN_LOG).read_text()
+    assert "INFO posttrain.rewards.manager: scored 8 samples" in kept
+    assert "WARNING posttrain.rewards.manager: 2 rewards timed out" in kept
+    assert "Traceback" in kept and "WorkerHungError: worker 'actor' rank(s) [0] did not answer update()" in kept
+    assert "after the run" not in kept
+    console = capsys.readouterr().err
+    assert "2 rewards timed out" in console and "scored 8 samples" not in console  # warnings still reach the console
+    assert "Traceback" not in console  # the traceback went to the file alone
+    assert (logger.level, logger.handlers) == (level, handlers)
