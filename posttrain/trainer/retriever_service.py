@@ -1,13 +1,18 @@
 """The retriever a search environment talks to during a run: a given URL, or a service started for it.
 
 ``env.retriever.url`` set: connect, check ``/health`` once, and fail early with the fix when it is
-down. Unset: start ``posttrain serve-retriever`` on 127.0.0.1 over ``env.retriever.corpus`` (by
-default the ``corpus.jsonl`` beside the training data, which ``posttrain prepare synthetic-search``
-writes) and stop it when the run ends.
+down (or refuses the token). Unset: start ``posttrain serve-retriever`` on 127.0.0.1 over
+``env.retriever.corpus`` (by default the ``corpus.jsonl`` beside the training data, which
+``posttrain prepare synthetic-search`` writes) and stop it when the run ends.
+
+The token is the value of the environment variable ``env.retriever.token_env`` names
+(``POSTTRAIN_RETRIEVER_TOKEN`` by default), read in each process that opens the retriever; unset or
+empty, no token is sent. A service started for the run is given the same token.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,9 +44,15 @@ def corpus_path(config: RetrieverConfig, data_dir: Path | None) -> Path:
     return corpus
 
 
+def retriever_token(config: RetrieverConfig) -> str | None:
+    """The token in the variable env.retriever.token_env names; None when unset or empty."""
+    return (os.environ.get(config.token_env) or None) if config.token_env else None
+
+
 def open_retriever(config: RetrieverConfig, data_dir: Path | None) -> RetrieverHandle:
+    token = retriever_token(config)
     if config.url:
-        client = RetrieverClient(config.url, timeout_s=config.timeout_s, retries=config.retries)
+        client = RetrieverClient(config.url, timeout_s=config.timeout_s, retries=config.retries, token=token)
         try:
             client.health()
         except RetrieverError:
@@ -49,6 +60,7 @@ def open_retriever(config: RetrieverConfig, data_dir: Path | None) -> RetrieverH
             raise
         return RetrieverHandle(client)
     corpus = corpus_path(config, data_dir)
-    process = RetrieverProcess(corpus, config.index, port=config.port, startup_timeout_s=config.startup_timeout_s)
+    process = RetrieverProcess(corpus, config.index, port=config.port, startup_timeout_s=config.startup_timeout_s, token=token)
     print(f"posttrain: retriever ({config.index}) over {corpus} at {process.url}")
-    return RetrieverHandle(RetrieverClient(process.url, timeout_s=config.timeout_s, retries=config.retries), process)
+    client = RetrieverClient(process.url, timeout_s=config.timeout_s, retries=config.retries, token=token)
+    return RetrieverHandle(client, process)

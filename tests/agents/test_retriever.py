@@ -1,22 +1,27 @@
-"""The retriever: corpus loading, BM25 and dense ranking, the dense cache, the real HTTP service, the client."""
+"""The retriever: corpus loading, BM25 and dense ranking, the dense cache, the real HTTP service (its limits,
+its token, a fuzzer against its schema), the client."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from posttrain.agents.retriever import (
-    BM25Index, CorpusError, DenseIndex, Document, Hit, RetrieverClient, RetrieverError, RetrieverProcess, build_index,
-    create_app, load_corpus,
+    BM25Index, CorpusError, DenseIndex, Document, Hit, RetrieverClient, RetrieverError, RetrieverProcess, ServeError,
+    build_index, create_app, load_corpus,
 )
 from posttrain.agents.retriever.process import free_port
 
@@ -266,34 +271,45 @@ class FlakyIndex:
         return [[Hit(DOCUMENTS[0], 1.0)] for _ in queries]
 
 
+def serve_in_thread(app) -> tuple[str, Callable[[], None]]:
+    """Serve ``app`` with uvicorn in a thread on a free port; returns (url, stop)."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+    return f"http://127.0.0.1:{port}", stop
+
+
 @pytest.fixture
 def threaded_service():
-    """Serve an index with uvicorn in a thread; yields (start(index) -> url, paths of requests seen)."""
-    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+    """Serve an index with uvicorn in a thread; yields (start(index, **create_app options) -> url,
+    paths of the requests that reached the app)."""
+    stops: list[Callable[[], None]] = []
     seen: list[str] = []
 
-    def start(index) -> str:
-        app = create_app(index, DOCUMENTS)
+    def start(index, **options) -> str:
+        app = create_app(index, DOCUMENTS, **options)
 
         @app.middleware("http")
         async def record(request, call_next):
             seen.append(request.url.path)
             return await call_next(request)
 
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        servers.append((server, thread))
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return f"http://127.0.0.1:{port}"
+        url, stop = serve_in_thread(app)
+        stops.append(stop)
+        return url
 
     yield start, seen
-    for server, thread in servers:
-        server.should_exit = True
-        thread.join(timeout=10)
+    for stop in stops:
+        stop()
 
 
 def test_a_500_is_retried_and_the_next_answer_is_used(threaded_service):
@@ -366,3 +382,218 @@ def test_bm25_leaves_numba_unimported():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# --- limits, the token, and a fuzzer ------------------------------------------------------------
+
+def small_service(start, index=None, **options) -> str:
+    """A threaded service with limits small enough to hit: 4 queries, 10 characters, 1000 bytes."""
+    limits = {"max_queries": 4, "max_query_chars": 10, "max_body_bytes": 1000} | options
+    return start(index or BM25Index(DOCUMENTS), **limits)
+
+
+def serves_jazz(url: str, headers: dict[str, str] | None = None) -> bool:
+    response = httpx.post(f"{url}/retrieve", json={"queries": ["jazz"]}, headers=headers, timeout=10)
+    return response.status_code == 200 and response.json()["result"][0][0]["document"]["id"] == "4"
+
+
+def test_a_body_over_the_limit_gets_413_before_anything_parses_it(threaded_service):
+    start, _ = threaded_service
+    index = FlakyIndex()
+    url = small_service(start, index)
+    garbage = b"{" * 1001  # not JSON: a parser would answer 422, the size check answers first
+    declared = httpx.post(f"{url}/retrieve", content=garbage, headers={"content-type": "application/json"}, timeout=10)
+    chunked = httpx.post(f"{url}/retrieve", content=iter([b"{" * 400] * 3), headers={"content-type": "application/json"}, timeout=10)
+    assert "content-length" not in chunked.request.headers and chunked.request.headers["transfer-encoding"] == "chunked"
+    for response in (declared, chunked):
+        assert response.status_code == 413
+        assert "over 1000 bytes" in response.json()["detail"] and "--max-body-bytes" in response.json()["detail"]
+    at_the_limit = json.dumps({"queries": ["jazz"]}).encode().ljust(1000)  # JSON allows the trailing spaces
+    response = httpx.post(f"{url}/retrieve", content=at_the_limit, headers={"content-type": "application/json"}, timeout=10)
+    assert len(at_the_limit) == 1000 and response.status_code == 200
+    assert index.calls == 1  # the index saw only the request within the limit
+
+
+def test_too_many_or_too_long_queries_get_422_naming_the_limit_and_the_service_keeps_serving(threaded_service):
+    start, _ = threaded_service
+    url = small_service(start)
+    too_many = post(url, {"queries": ["jazz"] * 5})
+    too_long = post(url, {"queries": ["jazz", "x" * 11]})
+    assert too_many.status_code == too_long.status_code == 422
+    assert too_many.json()["detail"][0]["msg"] == "List should have at most 4 items after validation, not 5"
+    assert too_long.json()["detail"] == [{"type": "string_too_long", "loc": ["body", "queries", 1],
+                                          "msg": "String should have at most 10 characters", "ctx": {"max_length": 10}}]
+    assert post(url, {"queries": ["jazz"] + ["x" * 10] * 3}).status_code == 200  # exactly at both limits
+    assert serves_jazz(url)
+
+
+def test_the_openapi_schema_states_the_limits(threaded_service):
+    start, _ = threaded_service
+    schema = httpx.get(f"{small_service(start)}/openapi.json").json()["components"]["schemas"]["RetrieveRequest"]
+    queries = schema["properties"]["queries"]
+    assert (queries["minItems"], queries["maxItems"], queries["items"]["maxLength"]) == (1, 4, 10)
+    assert (schema["properties"]["topk"]["minimum"], schema["properties"]["topk"]["maximum"]) == (1, 100)
+
+
+@pytest.mark.parametrize("body, problem", [
+    # Valid JSON that decodes to a string UTF-8 cannot encode: FastAPI's own 422 echoed it and failed with a 500.
+    (b'{"queries": ["\\ud800"]}', "string_unicode"),
+    (b'{"queries": ["jazz"], "topk": "\\udfff"}', "string_unicode"),
+    # Bodies FastAPI answered with a bare 400 "There was an error parsing the body".
+    (b"\x80", "UnicodeDecodeError"),
+    (b"[" * 5000, "RecursionError"),
+    (b'{"queries": ["jazz"], "topk": ' + b"9" * 5000 + b"}", "4300 digits"),
+], ids=["surrogate-query", "surrogate-topk", "not-utf8", "deep-nesting", "huge-integer"])
+def test_bodies_python_cannot_decode_get_422_and_the_service_keeps_serving(threaded_service, body, problem):
+    start, _ = threaded_service
+    url = small_service(start, max_body_bytes=10_000)
+    response = httpx.post(f"{url}/retrieve", content=body, headers={"content-type": "application/json"}, timeout=10)
+    assert response.status_code == 422 and problem in json.dumps(response.json()["detail"])
+    assert serves_jazz(url)
+
+
+def json_values():
+    """Any JSON value: strings with every code point (lone surrogates too), big numbers, nesting."""
+    text = st.text(alphabet=st.characters(exclude_categories=()), max_size=12)
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | text
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4), max_leaves=12)
+
+
+def request_shapes(schema: dict):
+    """Bodies shaped like the schema's request, with sizes on both sides of its limits."""
+    properties = schema["properties"]
+    max_items, max_chars = properties["queries"]["maxItems"], properties["queries"]["items"]["maxLength"]
+    low, high = properties["topk"]["minimum"], properties["topk"]["maximum"]
+    query = st.text(max_size=max_chars + 2)  # lone surrogates come from json_values
+    return st.fixed_dictionaries(
+        {"queries": st.lists(query, max_size=max_items + 2) | json_values()},
+        optional={"topk": st.integers(int(low) - 2, int(high) + 2) | json_values(),
+                  "return_scores": st.booleans() | json_values(), "extra": json_values()},
+    )
+
+
+@pytest.fixture(scope="module")
+def fuzzed_service():
+    """A service with limits a fuzzer reaches often (4 queries, 10 characters, 300 bytes), an HTTP
+    client for it, and the request schema it serves."""
+    app = create_app(BM25Index(DOCUMENTS), DOCUMENTS, max_queries=4, max_query_chars=10, max_body_bytes=300)
+    url, stop = serve_in_thread(app)
+    with httpx.Client(base_url=url, timeout=10) as client:
+        yield client, client.get("/openapi.json").json()["components"]["schemas"]["RetrieveRequest"]
+    stop()
+
+
+def test_fuzzed_requests_get_200_413_or_422_and_the_service_keeps_serving(fuzzed_service):
+    client, schema = fuzzed_service
+    bodies = (st.builds(lambda value: json.dumps(value).encode(), request_shapes(schema) | json_values())
+              | st.binary(max_size=400))
+    answered: set[int] = set()
+
+    @settings(max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(body=bodies, chunked=st.booleans())
+    def each_request(body: bytes, chunked: bool) -> None:
+        content = iter([body[:150], body[150:]]) if chunked else body
+        response = client.post("/retrieve", content=content, headers={"content-type": "application/json"})
+        answered.add(response.status_code)
+        assert response.status_code in (200, 413, 422), (response.status_code, response.text[:300])
+        if response.status_code == 200:
+            assert len(response.json()["result"]) == len(json.loads(body)["queries"])
+        else:
+            assert response.json()["detail"]
+        normal = client.post("/retrieve", json={"queries": ["jazz"]})
+        assert normal.status_code == 200 and normal.json()["result"][0][0]["document"]["id"] == "4"
+
+    each_request()
+    assert answered == {200, 413, 422}  # the fuzzer reached every answer, so the property covered each path
+
+
+@pytest.mark.parametrize("host, allowed", [
+    ("127.0.0.1", True), ("127.0.0.2", True), ("localhost", True), ("::1", True),
+    ("0.0.0.0", False), ("::", False), ("10.1.2.3", False), ("retriever.example.org", False),
+])
+def test_only_a_loopback_host_serves_without_a_token(host, allowed):
+    from posttrain.agents.retriever.service import check_host
+
+    check_host(host, "a-token")  # any host with a token
+    if allowed:
+        check_host(host, None)
+    else:
+        with pytest.raises(ServeError, match=f"--host {re.escape(host)} lets other machines reach"):
+            check_host(host, None)
+
+
+def test_serve_retriever_on_all_interfaces_without_a_token_refuses_before_loading(tmp_path, monkeypatch, capsys):
+    from posttrain.cli import main
+
+    monkeypatch.delenv("POSTTRAIN_RETRIEVER_TOKEN", raising=False)
+    missing = tmp_path / "missing.jsonl"  # the refusal comes first, so the corpus is never opened
+    assert main(["serve-retriever", "--corpus", str(missing), "--host", "0.0.0.0"]) == 2
+    message = capsys.readouterr().err
+    assert "--host 0.0.0.0 lets other machines reach the retriever, so it needs a token" in message
+    assert "--token TOKEN" in message and "POSTTRAIN_RETRIEVER_TOKEN=TOKEN" in message
+    assert "`Authorization: Bearer TOKEN`" in message and "env.retriever.token_env" in message
+    assert "does not exist" not in message
+
+
+def test_with_a_token_a_request_without_it_or_with_another_gets_401(threaded_service):
+    start, _ = threaded_service
+    index = FlakyIndex()
+    url = start(index, token="s3cret")
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}, {"authorization": "Bearer s3cret2"}):
+        response = httpx.post(f"{url}/retrieve", json={"queries": ["jazz"]}, headers=headers, timeout=10)
+        assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+        assert "Authorization: Bearer <token>" in response.json()["detail"]
+    assert httpx.get(f"{url}/health").status_code == 401 and httpx.get(f"{url}/openapi.json").status_code == 401
+    assert index.calls == 0  # none of them reached the index
+    with_token = httpx.post(f"{url}/retrieve", json={"queries": ["jazz"]}, headers={"authorization": "Bearer s3cret"}, timeout=10)
+    assert with_token.status_code == 200 and index.calls == 1
+
+
+def test_the_client_sends_its_token_and_names_the_fix_for_a_401(threaded_service):
+    start, seen = threaded_service
+    url = start(FlakyIndex(), token="s3cret")
+    with RetrieverClient(url, token="s3cret") as client:
+        assert client.health()["status"] == "ok" and client.retrieve(["q"], 1) == [[Hit(DOCUMENTS[0], 1.0)]]
+    seen.clear()
+    with RetrieverClient(url, retries=2, backoff_s=0.01) as client, pytest.raises(RetrieverError) as caught:
+        client.retrieve(["q"], 1)
+    assert "HTTP 401" in str(caught.value) and "env.retriever.token_env" in str(caught.value)
+    assert seen == ["/retrieve"]  # a 401 is not retried
+
+
+def test_a_run_sends_the_token_from_the_variable_token_env_names(threaded_service, monkeypatch):
+    from posttrain.config.schema import RetrieverConfig
+    from posttrain.trainer.retriever_service import open_retriever
+
+    start, _ = threaded_service
+    url = start(FlakyIndex(), token="s3cret")
+    monkeypatch.delenv("MY_RETRIEVER_TOKEN", raising=False)
+    config = RetrieverConfig(url=url, token_env="MY_RETRIEVER_TOKEN", retries=0)
+    with pytest.raises(RetrieverError, match="HTTP 401"):
+        open_retriever(config, None)
+    monkeypatch.setenv("MY_RETRIEVER_TOKEN", "s3cret")
+    handle = open_retriever(config, None)
+    try:
+        assert handle.client.retrieve(["q"], 1) == [[Hit(DOCUMENTS[0], 1.0)]]
+    finally:
+        handle.close()
+
+
+def test_a_started_service_gets_its_token_by_environment_only(monkeypatch):
+    from posttrain.agents.retriever.process import _child_env
+
+    monkeypatch.setenv("POSTTRAIN_RETRIEVER_TOKEN", "someone-elses")
+    assert "POSTTRAIN_RETRIEVER_TOKEN" not in _child_env(None)
+    assert _child_env("s3cret")["POSTTRAIN_RETRIEVER_TOKEN"] == "s3cret"
+
+
+def test_serve_retriever_on_all_interfaces_with_a_token_says_so_and_enforces_it(corpus_file, monkeypatch):
+    monkeypatch.setenv("POSTTRAIN_RETRIEVER_TOKEN", "not-this-one")  # the process hands the child its own
+    with RetrieverProcess(corpus_file, "bm25", host="0.0.0.0", token="s3cret", startup_timeout_s=60) as service:
+        assert "s3cret" not in " ".join(service.command)
+        local = f"http://127.0.0.1:{service.port}"
+        assert httpx.post(f"{local}/retrieve", json={"queries": ["jazz"]}, timeout=10).status_code == 401
+        assert serves_jazz(local, {"authorization": "Bearer s3cret"})
+        log = service.log_tail()
+    assert "on http://0.0.0.0:" in log and "every request must carry `Authorization: Bearer <token>`" in log
+    assert "s3cret" not in log

@@ -9,10 +9,10 @@ from posttrain.agents.retriever.client import Health, RetrieverClient
 from posttrain.agents.retriever.corpus import CorpusError, load_corpus
 from posttrain.agents.retriever.index import INDEX_KINDS, BM25Index, DenseIndex, SearchIndex, build_index
 from posttrain.agents.retriever.process import RetrieverProcess
-from posttrain.agents.retriever.service import create_app, serve
+from posttrain.agents.retriever.service import ServeError, create_app, serve
 from posttrain.agents.retriever.types import Document, Hit, RetrieverError
 
 __all__ = [
     "BM25Index", "CorpusError", "DenseIndex", "Document", "Health", "Hit", "INDEX_KINDS", "RetrieverClient",
-    "RetrieverError", "RetrieverProcess", "SearchIndex", "build_index", "create_app", "load_corpus", "serve",
+    "RetrieverError", "RetrieverProcess", "SearchIndex", "ServeError", "build_index", "create_app", "load_corpus", "serve",
 ]

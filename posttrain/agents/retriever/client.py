@@ -2,14 +2,17 @@
 
 ``RetrieverClient(url).retrieve(queries, topk)`` sends all queries in ONE ``POST /retrieve`` and
 returns one hit list per query, best first. ``url`` is the service's base URL; a URL ending in
-``/retrieve`` (as Search-R1 configs write it) is accepted too.
+``/retrieve`` (as Search-R1 configs write it) is accepted too. With ``token`` every request carries
+``Authorization: Bearer <token>``, which a service serving other machines asks for.
 
 Failures: a refused connection, a timeout (``timeout_s`` per attempt), another transport error or a
 5xx answer is retried ``retries`` times, sleeping ``backoff_s``, then twice that, and so on; after
 the last attempt a ``RetrieverError`` names the URL, what happened (refused / timed out after Xs /
 the HTTP status and the server's detail) and what to do (start the service with
 ``posttrain serve-retriever ...`` or point ``env.retriever.url`` at it). A 4xx answer means the
-request itself is wrong; it is not retried. An answer in an unexpected shape is a ``RetrieverError``.
+request itself is wrong; it is not retried, and the message says which limit (413: the body, 422:
+the schema's, as the server's detail names it) or, for a 401, how to give the token. An answer in an
+unexpected shape is a ``RetrieverError``.
 
 ``health()`` returns the service's ``/health`` report; ``wait_until_healthy(deadline_s)`` polls it
 until it is healthy or ``deadline_s`` seconds have passed. Close the client with ``close()`` or use
@@ -23,7 +26,7 @@ from typing import Any, TypedDict
 
 import httpx
 
-from posttrain.agents.retriever.types import MAX_QUERIES, MAX_TOPK, Document, Hit, RetrieverError
+from posttrain.agents.retriever.types import MAX_QUERIES, MAX_TOPK, TOKEN_ENV, Document, Hit, RetrieverError
 
 _HEALTH_POLL_S = 0.2
 
@@ -35,12 +38,14 @@ class Health(TypedDict):
 
 
 class RetrieverClient:
-    def __init__(self, url: str, *, timeout_s: float = 10.0, retries: int = 2, backoff_s: float = 0.2):
+    def __init__(self, url: str, *, timeout_s: float = 10.0, retries: int = 2, backoff_s: float = 0.2,
+                 token: str | None = None):
         self.url = _base_url(url)
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        headers = {"authorization": f"Bearer {token}"} if token else None
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
 
     def retrieve(self, queries: list[str], topk: int) -> list[list[Hit]]:
         """Hits for every query: one request, or one per MAX_QUERIES queries for a longer list
@@ -93,9 +98,8 @@ class RetrieverClient:
                 return self._json(response, path)
             problem = f"HTTP {response.status_code}: {_detail(response)}"
             if response.status_code < 500:
-                raise RetrieverError(f"the retriever at {self.url}{path} rejected the request ({problem}); check that "
-                                     f"{self.url} is a retriever service and that the request fits it "
-                                     f"(1 to 1024 queries, topk 1 to 100)")
+                raise RetrieverError(f"the retriever at {self.url}{path} rejected the request ({problem}); "
+                                     f"{_rejection_hint(response.status_code, self.url)}")
         attempts = f"{self.retries + 1} attempt{'s' if self.retries else ''}"
         hint = self._start_hint() if not problem.startswith("HTTP") else "The retriever's log has the traceback."
         raise RetrieverError(f"the retriever at {self.url}{path} failed after {attempts}: {problem}. {hint}")
@@ -143,6 +147,16 @@ class RetrieverClient:
         if len(hits) != query_count:
             raise RetrieverError(f"the retriever at {self.url} answered {len(hits)} hit lists for {query_count} queries")
         return hits
+
+
+def _rejection_hint(status: int, url: str) -> str:
+    if status == 401:
+        return (f"it wants a token: export it in the variable env.retriever.token_env names ({TOKEN_ENV} by default), "
+                "the token it was started with (--token or that variable)")
+    if status == 413:
+        return "send fewer or shorter queries per request, or start the service with a larger --max-body-bytes"
+    return (f"check that {url} is a retriever service and that the request fits it (1 to {MAX_QUERIES} queries "
+            f"by default, topk 1 to {MAX_TOPK}; the detail names the limit)")
 
 
 def _base_url(url: str) -> str:

@@ -7,6 +7,10 @@ file (``log_path``, or ``retriever.log`` in a fresh temporary directory), and re
 ``startup_timeout_s`` (building a dense index of a large corpus takes minutes the first time), it
 is stopped and a ``RetrieverError`` carries the end of its log. ``stop()`` sends SIGTERM, then
 SIGKILL after a few seconds; it is also called on interpreter exit and by the context manager.
+
+``token`` is handed to the child in ``POSTTRAIN_RETRIEVER_TOKEN`` (never on its command line, which
+other users can read), and its health probes send it; without one the variable is removed from the
+child's environment, so a token exported for some other service does not lock this one.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import posttrain
 from posttrain.agents.retriever.client import RetrieverClient
-from posttrain.agents.retriever.types import RetrieverError
+from posttrain.agents.retriever.types import TOKEN_ENV, RetrieverError
 
 _POLL_S = 0.2
 _TERMINATE_GRACE_S = 5.0
@@ -32,7 +36,7 @@ _LOG_TAIL_CHARS = 3000
 class RetrieverProcess:
     def __init__(self, corpus: str | Path, index_kind: str, *, port: int | None = None, host: str = "127.0.0.1",
                  cache_dir: str | Path | None = None, startup_timeout_s: float = 300,
-                 log_path: str | Path | None = None):
+                 log_path: str | Path | None = None, token: str | None = None):
         self.port = port or free_port(host)  # 0, like None, means any free port
         self.url = f"http://{host}:{self.port}"
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="posttrain-retriever-")) / "retriever.log"
@@ -42,8 +46,9 @@ class RetrieverProcess:
         if cache_dir is not None:
             self.command += ["--cache-dir", str(cache_dir)]
         self._log = self.log_path.open("wb")
+        self._token = token
         self._process: subprocess.Popen[bytes] | None = subprocess.Popen(
-            self.command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=_child_env())
+            self.command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=_child_env(token))
         atexit.register(self.stop)
         try:
             self._wait_until_healthy(startup_timeout_s)
@@ -74,7 +79,7 @@ class RetrieverProcess:
 
     def _wait_until_healthy(self, timeout_s: float) -> None:
         give_up_at = time.monotonic() + timeout_s
-        with RetrieverClient(self.url, timeout_s=2.0, retries=0) as client:
+        with RetrieverClient(self.url, timeout_s=2.0, retries=0, token=self._token) as client:
             while not client.is_healthy():
                 exit_code = self._process.poll() if self._process else None
                 if exit_code is not None:
@@ -99,8 +104,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(token: str | None) -> dict[str, str]:
     env = dict(os.environ)
+    env.pop(TOKEN_ENV, None)
+    if token:
+        env[TOKEN_ENV] = token
     env["PYTHONUNBUFFERED"] = "1"  # the startup line and errors reach the log at once
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 MAX_QUERIES = 1024  # queries in one request; a client splits longer lists
 MAX_TOPK = 100      # hits per query
+TOKEN_ENV = "POSTTRAIN_RETRIEVER_TOKEN"  # where `serve-retriever` finds its token when --token is not given
 
 
 @dataclass(frozen=True)
