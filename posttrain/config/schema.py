@@ -159,6 +159,7 @@ class AlgorithmConfig:
 @dataclass
 class RetrieverConfig:
     url: Optional[str] = None  # a running service (`posttrain serve-retriever`); None: start one for the run
+    token_env: Optional[str] = "POSTTRAIN_RETRIEVER_TOKEN"  # the environment variable holding the service's token, sent as `Authorization: Bearer` (unset or empty: none sent)
     corpus: Optional[str] = None  # JSON lines {"id", "contents"}; None: the built-in dataset's corpus.jsonl
     index: str = "bm25"  # bm25 | dense
     port: Optional[int] = None  # for a service the trainer starts; None: any free port
