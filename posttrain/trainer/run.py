@@ -5,6 +5,7 @@ or one of :data:`REFUSED`) ends with that message as one line on stderr and exit
 code 2 (fix something, then run again) or 1 (the run broke off; the message names what resumes it).
 Its traceback, and every record of posttrain's loggers while the run lasted, are in
 ``<run dir>/posttrain.log``; any other error is a bug and shows its traceback on the console as well.
+``posttrain sft`` does the same.
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ def run_log(run_dir: Path) -> Iterator[Callable[[], None]]:
         logger.setLevel(level)
 
 
+def _report(err: Exception, run_dir: Path) -> int | None:
+    """``err`` as one line on stderr, if its message is complete; its exit code (None: a bug, re-raise it)."""
+    code = exit_code_of(err)
+    if code is not None:
+        print(f"posttrain: {err} [traceback: {run_dir / RUN_LOG}]", file=sys.stderr)
+    return code
+
+
 def run_training(config: PosttrainConfig) -> int:
     import ray
 
@@ -99,10 +108,8 @@ def run_training(config: PosttrainConfig) -> int:
             return 0
         except Exception as err:
             keep_traceback()
-            code = exit_code_of(err)
-            if code is None:
+            if (code := _report(err, trainer.run_dir)) is None:
                 raise
-            print(f"posttrain: {err} [traceback: {trainer.run_dir / RUN_LOG}]", file=sys.stderr)
             return code
         finally:
             ray.shutdown()
@@ -132,17 +139,20 @@ def run_sft(config: PosttrainConfig) -> int:
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
     _start_ray(config.trainer, trainer.run_dir)
-    try:
-        console.print(
-            f"[bold]posttrain sft[/] on {config.actor_rollout_ref.model.path}: {len(trainer.train_set)} transcripts"
-            f" ({trainer.train_set.num_dropped} dropped as too long), {trainer.total_steps} steps → {trainer.run_dir}"
-        )
-        export = trainer.fit()
-    except (RetrieverError, EnvLLMError, CheckpointError) as err:
-        print(f"posttrain: {err}", file=sys.stderr)
-        return 2
-    finally:
-        ray.shutdown()
+    with run_log(trainer.run_dir) as keep_traceback:
+        try:
+            console.print(
+                f"[bold]posttrain sft[/] on {config.actor_rollout_ref.model.path}: {len(trainer.train_set)} transcripts"
+                f" ({trainer.train_set.num_dropped} dropped as too long), {trainer.total_steps} steps → {trainer.run_dir}"
+            )
+            export = trainer.fit()
+        except Exception as err:
+            keep_traceback()
+            if (code := _report(err, trainer.run_dir)) is None:
+                raise
+            return code
+        finally:
+            ray.shutdown()
     if len(trainer.loss_history) >= 2:
         console.print(f"val/sft_loss: {trainer.loss_history[0]:.3f} → {trainer.loss_history[-1]:.3f}")
     _summary(console, trainer.validator.history if trainer.validator else [], trainer.run_dir, time.perf_counter() - start)

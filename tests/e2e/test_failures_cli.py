@@ -1,6 +1,8 @@
 """Runs that fail, fail cleanly, through the real CLI on the tiny model (HF rollout, local Ray): a
 policy worker killed from outside mid-step stops the run within seconds with one line naming the
-dead rank, its log file and the checkpoint that resumes the run; the same command then finishes it."""
+dead rank, its log file and the checkpoint that resumes the run, and the same command then finishes
+it; a policy worker frozen mid-step (alive, never answering) stops the run at the call deadline with
+one line naming role, rank, method, step and that checkpoint, and its process does not outlive the run."""
 
 import json
 import os
@@ -54,3 +56,37 @@ def test_a_policy_worker_killed_mid_step_stops_the_run_in_seconds_and_the_same_c
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert f"resumed from {latest}" in resumed.stdout
     assert [r["step"] for r in records(tmp_path)][-2:] == [2, 3]
+
+
+def test_a_frozen_policy_worker_stops_the_run_at_the_call_deadline_naming_what_it_was_doing(tmp_path):
+    steps = ["trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
+             "trainer.call_timeout_s=30"]
+    frozen = []
+
+    def freeze_policy():  # step 1 is checkpointed; SIGSTOP: the process lives on but never answers, as in a deadlock
+        pid = json.loads((tmp_path / "processes.json").read_text())["actor"][0]
+        frozen.append((pid, time.monotonic()))
+        os.kill(pid, signal.SIGSTOP)
+
+    hung = run(command(tmp_path, *steps), while_running=lambda: when_checkpointed(tmp_path, 1, freeze_policy))
+    assert frozen and time.monotonic() - frozen[0][1] < 30 + 15, hung.stdout[-3000:]  # the deadline, then a prompt exit
+    assert hung.returncode == 1, hung.stdout[-3000:]
+    assert "Traceback" not in hung.stdout
+    errors = [line for line in hung.stdout.splitlines() if line.startswith("posttrain: worker")]
+    assert len(errors) == 1, hung.stdout[-3000:]
+    assert re.search(r"posttrain: worker 'actor' rank\(s\) \[0\] did not answer \w+\(\) within 30 s", errors[0])
+    assert f"rank 0: pid {frozen[0][0]}" in errors[0]
+    assert f"The run stopped in step 2; resume from {tmp_path / 'checkpoints' / 'global_step_1'} with trainer.resume_mode=auto" in errors[0]
+    assert "WorkerHungError" in (tmp_path / "posttrain.log").read_text()
+    deadline = time.monotonic() + 10
+    while _alive(frozen[0][0]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(frozen[0][0])  # the stuck process was killed with the run, not left behind
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
