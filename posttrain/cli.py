@@ -55,11 +55,12 @@ def _eval_command(args: argparse.Namespace) -> int:
 
 
 def _export_command(args: argparse.Namespace) -> int:
+    from posttrain.trainer.checkpoint import CheckpointError
     from posttrain.trainer.export import export_checkpoint
 
     try:
         print(export_checkpoint(args.checkpoint, args.out))
-    except FileNotFoundError as err:
+    except (FileNotFoundError, CheckpointError) as err:
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
     return 0

@@ -186,3 +186,14 @@ def test_resume_modes(tmp_path):
         manager.resolve_resume(str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="max_ckpt_to_keep"):
         CheckpointManager(tmp_path, keep=0)
+
+
+def test_export_of_a_run_whose_checkpoints_are_all_damaged_says_what_to_do(tmp_path, capsys):
+    from posttrain.cli import main
+
+    manager = CheckpointManager(tmp_path / "checkpoints")
+    save(manager, 1)
+    (tmp_path / "checkpoints" / "global_step_1" / "state.txt").write_text("cut")
+    assert main(["export", str(tmp_path), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "names step 1, but" in err and "has 3 bytes, the manifest says 6" in err and "trainer.resume_mode" in err
