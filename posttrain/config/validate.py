@@ -56,10 +56,20 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Con
     if config.trainer.mode == "async":
         problems += check_async(config)
     problems += check_loss_scale_factor(config) + check_call_timeout(config)
-    problems += check_breakers(config)
+    problems += check_breakers(config) + check_retriever_token_env(config)
     if command == "sft":
         problems += check_sft(config)
     return _unique(problems)
+
+
+def check_retriever_token_env(config: PosttrainConfig) -> list[ConfigProblem]:
+    """env.retriever.token_env names a variable; a value that cannot be one is likely the token itself."""
+    name = config.env.retriever.token_env
+    if name is None or (name.isascii() and name.replace("_", "a").isalnum() and not name[0].isdigit()):
+        return []
+    return [ConfigProblem("env.retriever.token_env", "(hidden: it may be the token)", "config",
+                          "must name the environment variable that holds the retriever's token (e.g. POSTTRAIN_RETRIEVER_TOKEN), "
+                          "not the token itself; export the token in that variable, or null to send none")]
 
 
 def check_breakers(config: PosttrainConfig) -> list[ConfigProblem]:

@@ -597,3 +597,14 @@ def test_serve_retriever_on_all_interfaces_with_a_token_says_so_and_enforces_it(
         log = service.log_tail()
     assert "on http://0.0.0.0:" in log and "every request must carry `Authorization: Bearer <token>`" in log
     assert "s3cret" not in log
+
+
+def test_a_token_in_place_of_its_variable_name_is_refused_without_printing_it():
+    from posttrain.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as caught:
+        load_config([], ["env.retriever.token_env=tok-3f9a.b7"])
+    message = str(caught.value)
+    assert "env.retriever.token_env" in message and "not the token itself" in message and "tok-3f9a.b7" not in message
+    assert load_config([], ["env.retriever.token_env=MY_TOKEN_2"]).env.retriever.token_env == "MY_TOKEN_2"
+    assert load_config([], ["env.retriever.token_env=null"]).env.retriever.token_env is None
