@@ -79,7 +79,8 @@ class SingleTurnRollout:
         """Nothing to start."""
 
     def close(self) -> None:
-        """Nothing to stop."""
+        """Stop the reward's scoring process (started again by the next scoring call, if any)."""
+        self.reward_manager.close()
 
     def __call__(
         self, roles: Any, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None, whole_batch: bool = True,
