@@ -47,12 +47,15 @@ def records(run_dir: Path) -> dict[int, dict[str, float]]:
 
 
 def test_a_resumed_run_gives_the_uninterrupted_runs_metrics(tmp_path):
-    """8 prompts in batches of 4: steps 1-2 are epoch 0, step 3 epoch 1. The uninterrupted run is
-    resumed from its step-2 checkpoint (the end of an epoch) and then from step 1 (mid-epoch): each
-    time every later step's metrics — rewards, advantages, losses, grad norm, entropy, the step-3
-    validation — are exactly (==) the uninterrupted run's, and the abandoned steps are moved aside."""
+    """8 prompts in batches of 4: steps 1-2 are epoch 0, step 3 epoch 1. After the uninterrupted
+    run, (a) it is made to look killed while saving step 3 (logged, not committed) and run again
+    with the same command: it resumes at the epoch boundary (step 2); (b) it is resumed from step 1
+    (mid-epoch) by path. Each time every later step's metrics — rewards, advantages, losses, grad
+    norm, entropy, the step-3 validation — are exactly (==) the uninterrupted run's, each step is
+    recorded once, and the checkpoints after the resumed step are moved aside."""
     run_dir = tmp_path / "run"
-    cli(run_dir, "trainer.total_training_steps=3", "trainer.save_freq=1")
+    overrides = ["trainer.total_training_steps=3", "trainer.save_freq=1"]
+    cli(run_dir, *overrides)
     uninterrupted = records(run_dir)
     assert sorted(uninterrupted) == [0, 1, 2, 3]
     assert uninterrupted[3]["training/epoch"] == 1 and uninterrupted[2]["training/epoch"] == 0
@@ -60,15 +63,21 @@ def test_a_resumed_run_gives_the_uninterrupted_runs_metrics(tmp_path):
     first_report = (run_dir / "report" / "report.md").read_text()
 
     checkpoints = run_dir / "checkpoints"
-    for resume_at, abandoned in ((2, ["global_step_3"]), (1, ["global_step_2", "global_step_3", "global_step_3.2"])):
-        done = cli(run_dir, "trainer.total_training_steps=3", "trainer.save_freq=1", f"trainer.resume_mode={checkpoints}/global_step_{resume_at}")
+    # (a) what a kill while step 3 was being saved leaves: its directory partial, the pointer at 2
+    (checkpoints / "global_step_3").rename(checkpoints / "global_step_3.partial")
+    (checkpoints / "global_step_3.partial" / "manifest.json").unlink()
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text("2")
+    # (b) resumed by path from an older step: steps 2 and 3 of (a) become an abandoned branch
+    for resume_at, extra, abandoned in ((2, [], []), (1, [f"trainer.resume_mode={checkpoints}/global_step_1"], ["global_step_2", "global_step_3"])):
+        done = cli(run_dir, *overrides, *extra)
         assert f"resumed from {checkpoints}/global_step_{resume_at} (step {resume_at})" in done.stdout
-        resumed = records(run_dir)  # no step twice: the abandoned attempt's steps were dropped
+        resumed = records(run_dir)  # no step twice: the steps logged after the resumed one were dropped
         assert sorted(resumed) == [0, 1, 2, 3]
         for step in range(resume_at + 1, 4):
             assert resumed[step] == uninterrupted[step], step
-        assert sorted(p.name for p in (checkpoints / "abandoned").iterdir()) == abandoned
+        assert sorted(p.name for p in (checkpoints / "abandoned").glob("*")) == abandoned
         assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "3"
+        assert sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("global_step_")) == [f"global_step_{s}" for s in (1, 2, 3)]
 
     # The report and the summary start from the run's first validation (step 0), not the resume's.
     report = (run_dir / "report" / "report.md").read_text()
