@@ -95,9 +95,11 @@ def test_the_preparers_rows_pass_the_load_checks(tmp_path, name):
     assert len(rows) == 6
 
 
-def test_posttrain_train_refuses_unscorable_rows_before_starting_ray(tmp_path, capsys):
-    import ray
+def test_posttrain_train_refuses_unscorable_rows_before_starting_ray(tmp_path, capsys, monkeypatch):
+    import posttrain.trainer.run as run
 
+    started = []
+    monkeypatch.setattr(run, "_start_ray", lambda *args: started.append(args))  # other tests may have Ray up in this process
     rows = [verl_row(i, f"{i}+1?", data_source="arithmetic", ground_truth=str(i + 1)) for i in range(4)]
     rows[3] = rows[3] | {"data_source": "mine"}
     path = write_parquet(tmp_path / "train.parquet", rows)
@@ -110,4 +112,4 @@ def test_posttrain_train_refuses_unscorable_rows_before_starting_ray(tmp_path, c
     assert code == 2, error
     assert f"1 problem(s) in the data:\n  {path} row 3, data_source: 'mine' has no score function" in error  # read twice, said once
     assert "Traceback" not in error
-    assert not ray.is_initialized()
+    assert not started
