@@ -1,0 +1,98 @@
+"""TRL's GRPOTrainer on the task that ``bench/vs_trl.py`` writes, run in a Python that has TRL.
+
+Not a posttrain module: ``bench/vs_trl.py`` starts it as a script in the TRL Python, with the
+posttrain checkout on ``PYTHONPATH`` so that the reward is posttrain's own arithmetic score (the
+same function on the same decoded text, not a copy). It imports TRL, transformers, datasets and
+torch, and from posttrain only :mod:`posttrain.rewards.arithmetic` (no torch, no Ray).
+
+TRL's settings are posttrain's, where TRL's defaults differ: float32 (``bf16=False``; TRL turns
+bf16 on by default), no gradient checkpointing (TRL's default is on, posttrain's off), constant
+learning rate, AdamW weight decay 0.01, ``shuffle_dataset=False`` (posttrain runs with
+``data.shuffle=false``, so both see the same prompts in the same order). One optimizer step per
+step: one generation batch of prompts x n completions, in micro-batches of ``--micro-batch``
+completions with gradient accumulation over the rest. Generation is HF ``generate`` (TRL's default,
+``use_vllm=False``).
+
+Writes ``--out``: ``{"step_end_times": [unix_s per optimizer step], "logs": [TRL's log dicts],
+"trl": version, "generation": "hf generate", "torch_threads": n}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+import torch
+import trl
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from posttrain.rewards.arithmetic import compute_score
+
+
+def arithmetic_reward(completions, reward_model, **_) -> list[float]:
+    """posttrain's score of each completion against the row's ``reward_model.ground_truth``."""
+    return [compute_score(completion[-1]["content"], truth["ground_truth"])["score"]
+            for completion, truth in zip(completions, reward_model)]
+
+
+class StepClock(TrainerCallback):
+    """The wall time at the end of every optimizer step, and every log TRL writes."""
+
+    def __init__(self) -> None:
+        self.step_end_times: list[float] = []
+        self.logs: list[dict] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step_end_times.append(time.time())
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs or {}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="a local model directory (HF format)")
+    parser.add_argument("--train", required=True, help="the train.parquet that bench/vs_trl.py wrote")
+    parser.add_argument("--out", required=True, help="where to write the JSON of step times")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--prompts", type=int, required=True, help="prompts per step")
+    parser.add_argument("--n", type=int, required=True, help="completions per prompt")
+    parser.add_argument("--micro-batch", type=int, required=True, help="completions per forward/backward")
+    parser.add_argument("--max-new-tokens", type=int, required=True)
+    parser.add_argument("--temperature", type=float, required=True)
+    parser.add_argument("--lr", type=float, required=True)
+    parser.add_argument("--weight-decay", type=float, required=True)
+    parser.add_argument("--grad-clip", type=float, required=True)
+    parser.add_argument("--clip-ratio", type=float, required=True)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+
+    completions = args.prompts * args.n
+    if completions % args.micro_batch:
+        raise SystemExit(f"--micro-batch {args.micro_batch} must divide prompts x n = {completions}")
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-grpo-"), report_to="none", save_strategy="no", logging_steps=1,
+        use_cpu=True, bf16=False, gradient_checkpointing=False, seed=args.seed, max_steps=args.steps,
+        per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=completions // args.micro_batch,
+        num_generations=args.n, max_completion_length=args.max_new_tokens, temperature=args.temperature,
+        beta=0.0, num_iterations=1, epsilon=args.clip_ratio, loss_type="dapo", scale_rewards="group",
+        learning_rate=args.lr, lr_scheduler_type="constant", weight_decay=args.weight_decay,
+        max_grad_norm=args.grad_clip, shuffle_dataset=False, use_vllm=False,
+    )
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    clock = StepClock()
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=arithmetic_reward, args=config,
+                          train_dataset=load_dataset("parquet", data_files=args.train, split="train"), callbacks=[clock])
+    trainer.train()
+    with open(args.out, "w") as out:
+        json.dump({"step_end_times": clock.step_end_times, "logs": clock.logs, "trl": trl.__version__,
+                   "generation": "hf generate", "torch_threads": torch.get_num_threads()}, out)
+
+
+if __name__ == "__main__":
+    main()
