@@ -195,9 +195,11 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
         finally:
             trainer.roles.release()
             trainer.rollout.close()
-    except (RetrieverError, EnvLLMError) as err:
+    except Exception as err:  # an evaluation keeps no log file: known errors are one line, bugs keep their traceback
+        if (code := exit_code_of(err)) is None:
+            raise
         print(f"posttrain: {err}", file=sys.stderr)
-        return 2
+        return code
     finally:
         ray.shutdown()
     for name, value in sorted(metrics.items()):
