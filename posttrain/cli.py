@@ -20,15 +20,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from posttrain.config import ConfigError, load_config, preset_names, preset_path, to_yaml
+from posttrain.config import ConfigError, preset_names, preset_path, to_yaml
 
 
 DEFAULT_PRESET = "arithmetic_grpo"
 
 
 def _resolved_config(args: argparse.Namespace):
+    from posttrain.trainer.preflight import load_run_config
+
     files = [preset_path(args.preset)] if args.preset else []
-    return load_config(files + (args.config or []), args.overrides, command=args.command)
+    return load_run_config(files + (args.config or []), args.overrides, command=args.command)
 
 
 def _config_command(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ came from and what to do.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -53,9 +53,11 @@ def preset_path(name: str) -> Path:
 
 def load_config(
     yaml_files: Iterable[str | Path] = (), overrides: Sequence[str] = (), validate: bool = True, command: str = "train",
+    extra_checks: Callable[[PosttrainConfig], list[ConfigProblem]] | None = None,
 ) -> PosttrainConfig:
     """Defaults, then each YAML file, then dotted ``key=value`` overrides; all problems at once, for
-    ``command`` (``sft`` also checks the sft section).
+    ``command`` (``sft`` also checks the sft section). ``extra_checks`` adds the rules of the layers
+    above (``trainer/preflight.py``: engines, registries, files), reported in the same go.
 
     A value of the wrong type keeps the key's earlier value, and validation still runs, so a type
     error never hides a value error elsewhere. Each problem says where its key was last set: a file,
@@ -83,11 +85,18 @@ def load_config(
     except OmegaConfBaseException as err:  # e.g. a ${...} interpolation pointing nowhere
         raise ConfigError([*problems, ConfigProblem("interpolation", "", "config", str(err).splitlines()[0])]) from err
     if validate:
-        reported = {p.key for p in problems}
-        problems += [_with_source(p, sources) for p in validate_config(config, command) if _field_key(p.key) not in reported]
+        reported = {_field_key(p.key) for p in problems}
+        found = validate_config(config, command) + (extra_checks(config) if extra_checks else [])
+        problems += [_with_source(p, sources) for p in _unique(found) if _field_key(p.key) not in reported]
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def _unique(problems: list[ConfigProblem]) -> list[ConfigProblem]:
+    """Each problem once (two engines built from the same keys report the same mistake)."""
+    seen: set[tuple[str, str]] = set()
+    return [p for p in problems if (p.key, p.message) not in seen and not seen.add((p.key, p.message))]
 
 
 def _with_source(problem: ConfigProblem, sources: dict[str, str]) -> ConfigProblem:

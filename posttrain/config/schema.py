@@ -67,7 +67,7 @@ class ActorConfig:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
-    grad_clip: float = 1.0
+    grad_clip: Optional[float] = 1.0  # max gradient norm; null: measured, never clipped
     dtype: str = "auto"  # autocast dtype: auto (bfloat16 where native: CUDA, AVX-512 BF16/AMX CPUs; else float32) | bfloat16 | float32
     optim: OptimConfig = field(default_factory=OptimConfig)
 
@@ -115,7 +115,7 @@ class CriticConfig:
     ppo_micro_batch_size_per_gpu: int = 4
     ppo_epochs: int = 1
     cliprange_value: float = 0.5
-    grad_clip: float = 1.0
+    grad_clip: Optional[float] = 1.0  # null: measured, never clipped
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
 
 
@@ -232,7 +232,7 @@ class SFTConfig:
     micro_batch_size_per_gpu: int = 8
     total_epochs: int = 2
     total_training_steps: Optional[int] = None  # None: the epochs decide
-    grad_clip: float = 1.0
+    grad_clip: Optional[float] = 1.0  # null: measured, never clipped
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, lr_scheduler="cosine", warmup_steps=5, min_lr_ratio=0.1))
     test_freq: int = -1  # validation loss every N steps (and always at the start and end)
     val_rollout: bool = True  # the RL task's validation (reward, accuracy) before and after; needs validation prompts

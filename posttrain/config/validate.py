@@ -4,12 +4,10 @@ so that a user sees every mistake in one go."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from posttrain.config.loader import ConfigProblem
 from posttrain.config.schema import PosttrainConfig
-from posttrain.trainer.tracking import unknown_trackers
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "data.truncation": ("error", "left", "right"),
@@ -46,11 +44,12 @@ def get(config: object, key: str) -> object:
 
 
 def validate_config(config: PosttrainConfig, command: str = "train") -> list[ConfigProblem]:
-    """Every problem of the config for ``command`` (train, eval, config, sft), before any worker starts."""
-    problems = _check_choices(config) + _check_positive(config) + check_ranges(config) + check_algorithm(config)
+    """The config's own rules for ``command`` (train, eval, config, sft): choices, ranges, batch
+    arithmetic, settings that cannot work together. The rules that need the layers below — engine
+    settings, registries, files — are ``trainer/preflight.py``'s."""
+    problems = _check_choices(config) + _check_positive(config) + check_ranges(config)
     if not any(p.key in POSITIVE for p in problems):
         problems += check_batch_arithmetic(config)
-    problems += check_engines(config) + check_paths(config)
     if config.env.name is not None:
         problems += check_env(config)
     if config.trainer.mode == "async":
@@ -59,7 +58,7 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Con
     problems += check_breakers(config) + check_retriever_token_env(config)
     if command == "sft":
         problems += check_sft(config)
-    return _unique(problems)
+    return problems
 
 
 def check_retriever_token_env(config: PosttrainConfig) -> list[ConfigProblem]:
@@ -146,19 +145,21 @@ def check_sft(config: PosttrainConfig) -> list[ConfigProblem]:
     """The SFT section's batch arithmetic (checked by ``posttrain sft`` only, so that an RL run's
     layout never trips over SFT defaults): transcripts per step split over ranks, then micro-batches."""
     sft, ranks = config.sft, config.trainer.nnodes * config.trainer.n_workers_per_node
+    problems = []
+    if sft.total_training_steps is not None and sft.total_training_steps < 1:
+        problems.append(ConfigProblem("sft.total_training_steps", sft.total_training_steps, "config", "must be >= 1, or null for sft.total_epochs"))
     if min(sft.train_batch_size, sft.micro_batch_size_per_gpu, ranks) < 1:
-        return []  # reported by _check_positive
+        return problems  # the rest is reported by _check_positive
     if sft.train_batch_size % ranks:
-        return [ConfigProblem("sft.train_batch_size", sft.train_batch_size, "config",
-                              f"must be a multiple of the {ranks} rank(s) (trainer.nnodes × trainer.n_workers_per_node)")]
+        problems.append(ConfigProblem("sft.train_batch_size", sft.train_batch_size, "config",
+                                      f"must be a multiple of the {ranks} rank(s) (trainer.nnodes × trainer.n_workers_per_node)"))
+        return problems
     per_rank = sft.train_batch_size // ranks
     if per_rank % sft.micro_batch_size_per_gpu:
-        return [ConfigProblem("sft.micro_batch_size_per_gpu", sft.micro_batch_size_per_gpu, "config",
-                              f"must divide the {per_rank} transcripts each rank gets per step; e.g. set it to "
-                              f"{_largest_divisor_at_most(per_rank, sft.micro_batch_size_per_gpu)}")]
-    if sft.total_training_steps is not None and sft.total_training_steps < 1:
-        return [ConfigProblem("sft.total_training_steps", sft.total_training_steps, "config", "must be >= 1, or null for sft.total_epochs")]
-    return engine_problems(config, "sft", sft.optim, sft.grad_clip) + file_problems("sft.train_files", sft.train_files) + file_problems("sft.val_files", sft.val_files)
+        problems.append(ConfigProblem("sft.micro_batch_size_per_gpu", sft.micro_batch_size_per_gpu, "config",
+                                      f"must divide the {per_rank} transcripts each rank gets per step; e.g. set it to "
+                                      f"{_largest_divisor_at_most(per_rank, sft.micro_batch_size_per_gpu)}"))
+    return problems
 
 
 def check_env(config: PosttrainConfig) -> list[ConfigProblem]:
@@ -185,40 +186,22 @@ def check_env(config: PosttrainConfig) -> list[ConfigProblem]:
             "env.reward_norm", env.reward_norm, "config",
             "ReMax subtracts the greedy episode's raw reward, so the rewards must stay raw: set env.reward_norm=none",
         ))
-    return problems + _check_env_llm(config) + _check_env_class(config)
+    return problems + _check_env_llm(config)
 
 
-def _check_env_class(config: PosttrainConfig) -> list[ConfigProblem]:
-    """``env.name`` (or ``env.path`` + ``env.class_name``) names an environment, and ``env.options``
-    build one (the environment's own checks, run on one built with stand-ins for its resources)."""
-    from posttrain.agents.registry import load_env_class, probe_environment
-
-    env = config.env
-    try:
-        env_class = load_env_class(env.name, env.path, env.class_name)
-    except ValueError as error:
-        key = "env.name" if env.path is None else "env.class_name" if not env.class_name else "env.path"
-        return [ConfigProblem(key, get(config, key), "config", str(error))]
-    try:
-        probe_environment(env_class, env.options)
-    except (ValueError, TypeError) as error:
-        return [ConfigProblem("env.options", dict(env.options), "config", str(error))]
-    return []
 
 
 def _check_env_llm(config: PosttrainConfig) -> list[ConfigProblem]:
-    llm, problems = config.env.llm, []
-    for key in ("max_tokens", "cpus"):
-        if getattr(llm, key) < 1:
-            problems.append(ConfigProblem(f"env.llm.{key}", getattr(llm, key), "config", "must be >= 1"))
-    if llm.max_model_len <= llm.max_tokens:
-        problems.append(ConfigProblem("env.llm.max_model_len", llm.max_model_len, "config",
-                                      f"must exceed env.llm.max_tokens={llm.max_tokens}: it holds the prompt and the reply"))
-    if llm.temperature < 0 or not 0 < llm.top_p <= 1:
-        problems.append(ConfigProblem("env.llm.temperature", llm.temperature, "config", "temperature must be >= 0 (0: greedy) and top_p in (0, 1]"))
-    if llm.retries < 0 or llm.timeout_s <= 0:
-        problems.append(ConfigProblem("env.llm.retries", llm.retries, "config", "retries must be >= 0 and timeout_s > 0"))
-    return problems
+    """The environment LLM's numbers (its sampling settings are the rollout engine's rules: preflight)."""
+    llm = config.env.llm
+    rules = (
+        ("max_tokens", llm.max_tokens >= 1, "must be >= 1"),
+        ("cpus", llm.cpus >= 1, "must be >= 1"),
+        ("max_model_len", llm.max_model_len > llm.max_tokens, f"must exceed env.llm.max_tokens={llm.max_tokens}: it holds the prompt and the reply"),
+        ("retries", llm.retries >= 0, "must be >= 0"),
+        ("timeout_s", llm.timeout_s > 0, "must be > 0 seconds"),
+    )
+    return [ConfigProblem(f"env.llm.{key}", getattr(llm, key), "config", fix) for key, holds, fix in rules if not holds]
 
 
 def _check_choices(config: PosttrainConfig) -> list[ConfigProblem]:
@@ -281,10 +264,6 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
-def _unique(problems: list[ConfigProblem]) -> list[ConfigProblem]:
-    """Each problem once (two engines built from the same keys report the same mistake)."""
-    seen: set[tuple[str, str]] = set()
-    return [p for p in problems if (p.key, p.message) not in seen and not seen.add((p.key, p.message))]
 
 
 RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
@@ -298,7 +277,6 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("algorithm.kl_ctrl.kl_coef", lambda v: v >= 0, "must be >= 0"),
     ("algorithm.kl_ctrl.target_kl", lambda v: v > 0, "must be > 0"),
     ("algorithm.kl_ctrl.horizon", lambda v: v >= 1, "must be >= 1"),
-    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", lambda v: v >= 1, "must be >= 1"),
     ("actor_rollout_ref.rollout.gpu_memory_utilization", lambda v: 0 < v <= 1, "must be in (0, 1]: the share of GPU memory vLLM may take"),
     ("actor_rollout_ref.rollout.cpu_kv_cache_gb", lambda v: v > 0, "must be > 0 (GiB for vLLM's KV cache on CPU)"),
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", lambda v: v >= 1, "must be >= 1"),
@@ -315,124 +293,16 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 
 
 def check_ranges(config: PosttrainConfig) -> list[ConfigProblem]:
-    """Numbers that must lie in a range (discounts, clip ratios, coefficients, timeouts), and tracker names."""
-    problems = [ConfigProblem(key, get(config, key), "config", fix) for key, holds, fix in RANGES if not holds(get(config, key))]
-    unknown = unknown_trackers(config.trainer.logger)
-    if unknown:
-        problems.append(ConfigProblem("trainer.logger", config.trainer.logger, "config", unknown))
-    return problems
+    """Numbers that must lie in a range: discounts, clip ratios, coefficients, timeouts, frequencies."""
+    return [ConfigProblem(key, get(config, key), "config", fix) for key, holds, fix in RANGES if not holds(get(config, key))]
 
 
-def check_algorithm(config: PosttrainConfig) -> list[ConfigProblem]:
-    """Names that select functions (the algos registries), and what the estimator needs: values need
-    a critic, a group baseline needs several samples per prompt."""
-    from posttrain.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
-
-    algorithm, actor, n = config.algorithm, config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout.n
-    names = (
-        ("algorithm.adv_estimator", ADVANTAGE_ESTIMATORS, "advantage estimator"),
-        ("actor_rollout_ref.actor.policy_loss", POLICY_LOSSES, "policy loss"),
-        ("actor_rollout_ref.actor.kl_loss_type", KL_ESTIMATORS, "KL estimator"),
-        ("algorithm.kl_penalty", KL_ESTIMATORS, "KL estimator"),
-    )
-    problems = [
-        ConfigProblem(key, get(config, key), "config", f"unknown {what}; choose one of {', '.join(registry)}")
-        for key, registry, what in names
-        if get(config, key) not in registry
-    ]
-    estimator = ADVANTAGE_ESTIMATORS.get(algorithm.adv_estimator)
-    if estimator is not None and "values" in estimator.inputs and not critic_enabled(config):
-        problems.append(ConfigProblem("critic.enable", config.critic.enable, "config",
-                                      f"algorithm.adv_estimator={algorithm.adv_estimator} needs a critic's values: set critic.enable=true "
-                                      "(or null), or choose an estimator without a critic (grpo, rloo, reinforce_plus_plus)"))
-    if estimator is not None and "group_ids" in estimator.inputs and n < 2:
-        problems.append(ConfigProblem("actor_rollout_ref.rollout.n", n, "config",
-                                      f"algorithm.adv_estimator={algorithm.adv_estimator} compares the samples of each prompt: set "
-                                      "rollout.n >= 2 (4-8 is usual), or use reinforce_plus_plus or gae with one sample per prompt"))
-    if actor.policy_loss in POLICY_LOSSES and actor.loss_agg_mode in CHOICES["actor_rollout_ref.actor.loss_agg_mode"]:
-        from posttrain.workers.objectives import PolicyObjective
-
-        try:  # the worker's own construction: the loss's options are checked against its signature
-            PolicyObjective.from_config(actor, config.data.max_response_length)
-        except ValueError as error:
-            problems.append(ConfigProblem("actor_rollout_ref.actor.policy_loss", actor.policy_loss, "config", str(error)))
-    return problems
 
 
-def check_engines(config: PosttrainConfig) -> list[ConfigProblem]:
-    """The engines' own rules (optimizer, schedule, dtype, LoRA, sampling) applied to the settings the
-    workers will build, each mapped back to its config key."""
-    from posttrain.engines.settings import InvalidSettings
-    from posttrain.workers.engines import generation_params
-
-    arr = config.actor_rollout_ref
-    problems = engine_problems(config, "actor_rollout_ref.actor", arr.actor.optim, arr.actor.grad_clip)
-    if critic_enabled(config):
-        problems += engine_problems(config, "critic", config.critic.optim, config.critic.grad_clip)
-    for section, validation in (("actor_rollout_ref.rollout", False), ("actor_rollout_ref.rollout.val_kwargs", True)):
-        try:
-            generation_params(arr.rollout, 1, validation=validation, seed=None)
-        except InvalidSettings as error:
-            problems += [ConfigProblem(f"{section}.{p.field}", p.value, "config", p.message) for p in error.problems]
-    return problems
 
 
-def engine_problems(config: PosttrainConfig, section: str, optim: Any, grad_clip: float) -> list[ConfigProblem]:
-    """The training engine's rules for ``section`` (``actor_rollout_ref.actor``, ``critic``, ``sft``) with
-    its ``optim`` and ``grad_clip``; the schedule's length depends on the data and is judged at start."""
-    from posttrain.engines.settings import InvalidSettings
-    from posttrain.workers.engines import ENGINE_FIELD_KEYS, training_engine_config
-
-    arr = config.actor_rollout_ref
-    try:
-        training_engine_config("model", arr.model, optim, dtype=arr.actor.dtype, grad_clip=grad_clip,
-                               total_steps=max(1, optim.warmup_steps), device=config.trainer.device)
-    except InvalidSettings as error:
-        return [ConfigProblem(_engine_key(section, ENGINE_FIELD_KEYS[p.field]), p.value, "config", p.message) for p in error.problems]
-    return []
 
 
-def _engine_key(section: str, field_key: str) -> str:
-    if field_key.startswith("model."):
-        return f"actor_rollout_ref.{field_key}"
-    if field_key == "dtype":
-        return "actor_rollout_ref.actor.dtype"
-    return field_key if field_key.startswith("trainer.") else f"{section}.{field_key}"
 
 
-def check_paths(config: PosttrainConfig) -> list[ConfigProblem]:
-    """Models and files the run reads must exist before any worker starts (a Hub id is looked up when
-    the run starts, and says so if it cannot be had)."""
-    from posttrain.models.loading import model_path_problem
 
-    models = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path)]
-    if critic_enabled(config) and config.critic.model_path:
-        models.append(("critic.model_path", config.critic.model_path))
-    if config.reward_model.enable:
-        models.append(("reward_model.model_path", config.reward_model.model_path))
-    problems = []
-    for key, path in models:
-        problem = "required with reward_model.enable=true: the reward model's directory" if path is None else model_path_problem(path)
-        if problem:
-            problems.append(ConfigProblem(key, path, "config", problem))
-    problems += file_problems("data.train_files", config.data.train_files) + file_problems("data.val_files", config.data.val_files)
-    if config.custom_reward_function.path:
-        problems += file_problems("custom_reward_function.path", [config.custom_reward_function.path])
-    if config.env.retriever.corpus:
-        problems += file_problems("env.retriever.corpus", [config.env.retriever.corpus])
-    mode = config.trainer.resume_mode
-    if mode not in ("auto", "disable") and not Path(mode).is_dir():
-        problems.append(ConfigProblem("trainer.resume_mode", mode, "config",
-                                      "must be auto (the latest checkpoint, if any), disable, or an existing global_step_N directory"))
-    return problems
-
-
-def file_problems(key: str, paths: list[str]) -> list[ConfigProblem]:
-    """Each of ``paths`` (the value of ``key``) that is missing or is a directory."""
-    problems = []
-    for path in paths:
-        if Path(path).is_dir():
-            problems.append(ConfigProblem(key, path, "config", "is a directory; name the file(s) in it, e.g. [dir/train.parquet]"))
-        elif not Path(path).is_file():
-            problems.append(ConfigProblem(key, path, "config", f"no such file (looked at {Path(path).resolve()})"))
-    return problems

@@ -26,7 +26,8 @@ def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
     config = load_config([directory / "config.yaml"], validate=False)
     arr = config.actor_rollout_ref
     engine = training_engine(
-        arr.model.path, arr.model, arr.actor.optim, dtype=arr.actor.dtype, grad_clip=arr.actor.grad_clip,
+        # nothing is trained here: no clipping (a run saved before grad_clip had to be > 0 may hold 0)
+        arr.model.path, arr.model, arr.actor.optim, dtype=arr.actor.dtype, grad_clip=None,
         total_steps=config.trainer.total_training_steps, seed=config.trainer.seed, device="cpu",
     )
     engine.load_checkpoint(directory / "actor")

@@ -75,6 +75,12 @@ def build_engine(
     raise ValueError(f"{setting}={name!r}: use vllm or hf")
 
 
+def env_llm_params(config: EnvLLMConfig, *, seed: int | None) -> GenerationParams:
+    """How the Env-LLM samples its replies (greedy by default); no logprobs: nothing trains on them."""
+    return GenerationParams(max_new_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p, n=1,
+                            seed=seed, logprobs=False)
+
+
 def generation_params(rollout: RolloutConfig, max_new_tokens: int, *, validation: bool, seed: int | None) -> GenerationParams:
     """Sampling for training rollouts (one sample per row: rows are already repeated n times) or validation."""
     sampling = rollout.val_kwargs if validation else rollout

@@ -16,10 +16,9 @@ from typing import Any
 from posttrain import keys
 from posttrain.config.schema import EnvLLMConfig
 from posttrain.controller import Dispatch, Worker, WorkerContext, register
-from posttrain.engines.rollout import GenerationParams
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
-from posttrain.workers.engines import env_llm_engine
+from posttrain.workers.engines import env_llm_engine, env_llm_params
 
 
 class EnvLLMWorker(Worker):
@@ -31,10 +30,7 @@ class EnvLLMWorker(Worker):
             raise ValueError(f"env.llm.model_path={config.model_path!r}: its tokenizer has no chat template; the Env-LLM needs a chat model")
         self.engine = env_llm_engine(path, config, seed=seed + ctx.rank)
         self.prompt_limit = self.engine.max_model_len - config.max_tokens
-        self.params = GenerationParams(
-            max_new_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p, n=1,
-            seed=seed + ctx.rank, logprobs=False,
-        )
+        self.params = env_llm_params(config, seed=seed + ctx.rank)
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
     def chat(self, batch: Batch) -> Batch:

@@ -110,8 +110,10 @@ def test_multi_turn_settings_that_cannot_work_together_are_named():
 
 
 def test_env_llm_settings_are_checked_before_any_worker():
+    from posttrain.trainer.preflight import load_run_config
+
     with pytest.raises(ConfigError) as info:
-        load_config([], [
+        load_run_config([], [
             "env.name=doctor", "env.llm.placement=elsewhere", "env.llm.rollout=tgi", "env.llm.max_tokens=64",
             "env.llm.max_model_len=64", "env.llm.temperature=-1", "env.llm.cpus=0",
         ])

@@ -6,7 +6,10 @@ import sys
 
 import pytest
 
+from omegaconf import OmegaConf
+
 from posttrain.config import ConfigError, load_config
+from posttrain.trainer.preflight import load_run_config
 
 # (overrides, the key the problem names, a fragment of its message)
 WRONG = [
@@ -60,26 +63,31 @@ WRONG = [
 def test_each_wrong_config_is_refused_naming_key_value_source_and_fix(tmp_path, overrides, key, fragment):
     overrides = [item.replace("{tmp}", str(tmp_path)) for item in overrides]
     with pytest.raises(ConfigError) as info:
-        load_config([], overrides)
-    named = [p for p in info.value.problems if p.key == key]
-    assert named, f"no problem names {key}: {info.value}"
-    assert any(fragment in p.message for p in named), str(info.value)
-    # the key was set on the command line (or follows from one set there): the problem says where it came from
-    assert all(p.source in ("command line", "default", "trainer.mode=async") for p in info.value.problems)
+        load_run_config([], overrides)
+    named = [p for p in info.value.problems if p.key == key and fragment in p.message]
+    assert named, f"no problem names {key} with {fragment!r}: {info.value}"
+    given = dict(item.split("=", 1) for item in overrides)
+    for problem in named:
+        if key in given:  # a key set here: the problem says so, with the value given
+            value = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={given[key]}"]))["value"]  # as the loader reads it
+            assert problem.source == "command line", str(problem)
+            assert problem.value == value or (isinstance(value, list) and problem.value in value), str(problem)
+        else:  # a key left alone, named because of another one
+            assert problem.source == "default", str(problem)
 
 
 def test_command_line_values_are_labelled_and_untouched_keys_say_default():
     with pytest.raises(ConfigError) as info:
-        load_config([], ["actor_rollout_ref.rollout.n=1", "algorithm.gamma=2"])
+        load_run_config([], ["actor_rollout_ref.rollout.n=1", "algorithm.gamma=2"])
     problems = {p.key: p for p in info.value.problems}
     assert problems["algorithm.gamma"].source == "command line"
     # the rule broken by rollout.n=1 involves algorithm.adv_estimator, left at its default; n is named
     assert problems["actor_rollout_ref.rollout.n"].source == "command line"
     with pytest.raises(ConfigError) as info:
-        load_config([], ["algorithm.adv_estimator=gae", "critic.enable=false"])
+        load_run_config([], ["algorithm.adv_estimator=gae", "critic.enable=false"])
     assert [p.source for p in info.value.problems] == ["command line"]
     with pytest.raises(ConfigError) as info:
-        load_config([], ["reward_model.enable=true"])
+        load_run_config([], ["reward_model.enable=true"])
     (problem,) = info.value.problems
     assert (problem.key, problem.source) == ("reward_model.model_path", "default")  # a key nobody set
     assert str(problems["algorithm.gamma"]).startswith("  algorithm.gamma = 2.0 (from command line): must be in [0, 1]")
@@ -98,7 +106,7 @@ def test_all_problems_at_once_type_errors_do_not_hide_value_errors():
     overrides = ["data.train_batch_size=many", "actor_rollout_ref.actor.optim.lr=0", "algorithm.gamma=-1",
                  "trainer.logger=[console,tensorbord]", "actor_rollout_ref.rollout.top_p=0"]
     with pytest.raises(ConfigError) as info:
-        load_config([], overrides)
+        load_run_config([], overrides)
     keys = {p.key for p in info.value.problems}
     assert keys == {"data.train_batch_size", "actor_rollout_ref.actor.optim.lr", "algorithm.gamma", "trainer.logger",
                     "actor_rollout_ref.rollout.top_p"}
@@ -121,6 +129,47 @@ def test_posttrain_config_exits_2_with_one_line_per_problem(tmp_path):
 def test_the_presets_and_defaults_pass():
     from posttrain.config import preset_names, preset_path
 
-    load_config()
+    load_run_config()
     for name in preset_names():
-        load_config([preset_path(name)], command="sft" if name.endswith("_sft") else "train")
+        for command in ("sft", "eval", "config") if name.endswith("_sft") else ("train", "eval", "config"):
+            load_run_config([preset_path(name)], command=command)
+
+
+def test_group_and_critic_needs_are_judged_only_for_commands_that_train():
+    # SFT and evaluation run no RL update: one sample per prompt is fine there
+    for command in ("sft", "eval"):
+        load_run_config([], ["actor_rollout_ref.rollout.n=1"], command=command)
+    with pytest.raises(ConfigError, match="rollout.n >= 2"):
+        load_run_config([], ["actor_rollout_ref.rollout.n=1"], command="train")
+
+
+def test_every_sft_problem_at_once():
+    with pytest.raises(ConfigError) as info:
+        load_run_config([], ["sft.micro_batch_size_per_gpu=3", "sft.optim.lr=0", "sft.train_files=[/nonexistent/sft.parquet]",
+                             "sft.total_training_steps=0"], command="sft")
+    keys = {p.key for p in info.value.problems}
+    assert keys == {"sft.micro_batch_size_per_gpu", "sft.optim.lr", "sft.train_files", "sft.total_training_steps"}
+
+
+def test_env_llm_problems_name_their_own_key():
+    with pytest.raises(ConfigError) as info:
+        load_run_config([], ["env.name=doctor", "env.llm.top_p=2", "env.llm.timeout_s=0", "env.llm.temperature=-1"])
+    problems = {p.key: p for p in info.value.problems}
+    assert set(problems) == {"env.llm.top_p", "env.llm.timeout_s", "env.llm.temperature"}
+    assert (problems["env.llm.top_p"].value, problems["env.llm.top_p"].source) == (2.0, "command line")
+    assert "must be in (0, 1]" in problems["env.llm.top_p"].message
+
+
+def test_grad_clip_null_turns_clipping_off():
+    config = load_run_config([], ["actor_rollout_ref.actor.grad_clip=null"])
+    assert config.actor_rollout_ref.actor.grad_clip is None
+
+
+def test_the_config_layer_imports_nothing_above_it():
+    import subprocess
+    import sys
+
+    code = ("import sys, posttrain.config, posttrain.config.validate; "
+            "print(sorted(m for m in sys.modules if m.startswith('posttrain.') and not m.startswith('posttrain.config')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

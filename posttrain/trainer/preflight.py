@@ -1,0 +1,196 @@
+"""Preflight: the checks of a run's config that need the layers below ``config/``, before any worker starts.
+
+``config/validate.py`` holds the config's own rules (choices, ranges, batch arithmetic). The rules here
+belong to the pieces a run will build, and each is asked of that piece, so that it is written once:
+the training engine's settings (optimizer, schedule, dtype, LoRA) and the rollout engine's sampling
+settings, built from the config exactly as the workers build them (``workers/engines.py``); the
+names the algos registries know; the estimator's needs (values need a critic, a group baseline
+needs several samples per prompt); the environment class and its options (``agents/registry.py``);
+tracker names; and the models and files the run reads. :func:`load_run_config` runs both sets through
+the loader, so every problem comes in one report, each labelled with where its key was set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from posttrain.config import ConfigProblem, PosttrainConfig, load_config
+from posttrain.config.validate import CHOICES, critic_enabled, get
+
+TRAINING_COMMANDS = ("train", "config")  # the commands whose config will run RL updates
+
+
+def load_run_config(yaml_files: Iterable[str | Path] = (), overrides: Sequence[str] = (), command: str = "train") -> PosttrainConfig:
+    """The config for ``command`` (train, eval, config, sft), with every problem reported at once."""
+    return load_config(yaml_files, overrides, command=command, extra_checks=partial(preflight_problems, command=command))
+
+
+def preflight_problems(config: PosttrainConfig, command: str = "train") -> list[ConfigProblem]:
+    from posttrain.trainer.tracking import unknown_trackers
+
+    problems = check_names(config) + check_engines(config) + check_paths(config)
+    if command in TRAINING_COMMANDS:
+        problems += check_estimator_needs(config)
+    unknown = unknown_trackers(config.trainer.logger)
+    if unknown:
+        problems.append(ConfigProblem("trainer.logger", config.trainer.logger, "config", unknown))
+    if config.env.name is not None:
+        problems += check_environment(config)
+    if command == "sft":
+        sft = config.sft
+        problems += engine_problems(config, "sft", sft.optim, sft.grad_clip)
+        problems += file_problems("sft.train_files", sft.train_files) + file_problems("sft.val_files", sft.val_files)
+    return problems
+
+
+def check_names(config: PosttrainConfig) -> list[ConfigProblem]:
+    """Names that select functions, checked against the algos registries (and, for the policy loss,
+    its options against its signature, by the worker's own construction)."""
+    from posttrain.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+
+    actor = config.actor_rollout_ref.actor
+    names = (
+        ("algorithm.adv_estimator", ADVANTAGE_ESTIMATORS, "advantage estimator"),
+        ("actor_rollout_ref.actor.policy_loss", POLICY_LOSSES, "policy loss"),
+        ("actor_rollout_ref.actor.kl_loss_type", KL_ESTIMATORS, "KL estimator"),
+        ("algorithm.kl_penalty", KL_ESTIMATORS, "KL estimator"),
+    )
+    problems = [
+        ConfigProblem(key, get(config, key), "config", f"unknown {what}; choose one of {', '.join(registry)}")
+        for key, registry, what in names
+        if get(config, key) not in registry
+    ]
+    if actor.policy_loss in POLICY_LOSSES and actor.loss_agg_mode in CHOICES["actor_rollout_ref.actor.loss_agg_mode"]:
+        from posttrain.workers.objectives import PolicyObjective
+
+        try:
+            PolicyObjective.from_config(actor, config.data.max_response_length)
+        except ValueError as error:
+            problems.append(ConfigProblem("actor_rollout_ref.actor.policy_loss", actor.policy_loss, "config", str(error)))
+    return problems
+
+
+def check_estimator_needs(config: PosttrainConfig) -> list[ConfigProblem]:
+    """What the advantage estimator reads: values need a critic; a group baseline needs n >= 2."""
+    from posttrain.algos import ADVANTAGE_ESTIMATORS
+
+    name, n = config.algorithm.adv_estimator, config.actor_rollout_ref.rollout.n
+    estimator = ADVANTAGE_ESTIMATORS.get(name)
+    problems = []
+    if estimator is not None and "values" in estimator.inputs and not critic_enabled(config):
+        problems.append(ConfigProblem("critic.enable", config.critic.enable, "config",
+                                      f"algorithm.adv_estimator={name} needs a critic's values: set critic.enable=true "
+                                      "(or null), or choose an estimator without a critic (grpo, rloo, reinforce_plus_plus)"))
+    if estimator is not None and "group_ids" in estimator.inputs and n < 2:
+        problems.append(ConfigProblem("actor_rollout_ref.rollout.n", n, "config",
+                                      f"algorithm.adv_estimator={name} compares the samples of each prompt: set "
+                                      "rollout.n >= 2 (4-8 is usual), or use reinforce_plus_plus or gae with one sample per prompt"))
+    return problems
+
+
+def check_engines(config: PosttrainConfig) -> list[ConfigProblem]:
+    """The engines' own rules applied to the settings the workers will build, mapped to config keys."""
+    from posttrain.engines.settings import InvalidSettings
+    from posttrain.workers.engines import env_llm_params, generation_params
+
+    arr = config.actor_rollout_ref
+    problems = engine_problems(config, "actor_rollout_ref.actor", arr.actor.optim, arr.actor.grad_clip)
+    if critic_enabled(config):
+        problems += engine_problems(config, "critic", config.critic.optim, config.critic.grad_clip)
+    samplers = [("actor_rollout_ref.rollout", lambda: generation_params(arr.rollout, 1, validation=False, seed=None)),
+                ("actor_rollout_ref.rollout.val_kwargs", lambda: generation_params(arr.rollout, 1, validation=True, seed=None))]
+    if config.env.name is not None:
+        samplers.append(("env.llm", lambda: env_llm_params(config.env.llm, seed=None)))
+    for section, build in samplers:
+        try:
+            build()
+        except InvalidSettings as error:
+            problems += [ConfigProblem(f"{section}.{SAMPLING_FIELD_KEYS.get(p.field, p.field)}", p.value, "config", p.message)
+                         for p in error.problems if p.field in SAMPLING_FIELD_KEYS]
+    return problems
+
+
+# GenerationParams field -> its key under a sampling section (lengths and n are checked as batch settings)
+SAMPLING_FIELD_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
+
+
+def engine_problems(config: PosttrainConfig, section: str, optim: Any, grad_clip: float | None) -> list[ConfigProblem]:
+    """The training engine's rules for ``section`` (``actor_rollout_ref.actor``, ``critic``, ``sft``) with
+    its ``optim`` and ``grad_clip``; the schedule's length depends on the data and is judged at start."""
+    from posttrain.engines.settings import InvalidSettings
+    from posttrain.workers.engines import ENGINE_FIELD_KEYS, training_engine_config
+
+    arr = config.actor_rollout_ref
+    try:
+        training_engine_config("model", arr.model, optim, dtype=arr.actor.dtype, grad_clip=grad_clip,
+                               total_steps=max(1, optim.warmup_steps), device=config.trainer.device)
+    except InvalidSettings as error:
+        return [ConfigProblem(_engine_key(section, ENGINE_FIELD_KEYS[p.field]), p.value, "config", p.message) for p in error.problems]
+    return []
+
+
+def _engine_key(section: str, field_key: str) -> str:
+    if field_key.startswith("model."):
+        return f"actor_rollout_ref.{field_key}"
+    if field_key == "dtype":
+        return "actor_rollout_ref.actor.dtype"
+    return field_key if field_key.startswith("trainer.") else f"{section}.{field_key}"
+
+
+def check_environment(config: PosttrainConfig) -> list[ConfigProblem]:
+    """``env.name`` (or ``env.path`` + ``env.class_name``) names an environment, and ``env.options``
+    build one (the environment's own checks, run on one built with stand-ins for its resources)."""
+    from posttrain.agents.registry import load_env_class, probe_environment
+
+    env = config.env
+    try:
+        env_class = load_env_class(env.name, env.path, env.class_name)
+    except ValueError as error:
+        key = "env.name" if env.path is None else "env.class_name" if not env.class_name else "env.path"
+        return [ConfigProblem(key, get(config, key), "config", str(error))]
+    try:
+        probe_environment(env_class, env.options)
+    except (ValueError, TypeError) as error:
+        return [ConfigProblem("env.options", dict(env.options), "config", str(error))]
+    return []
+
+
+def check_paths(config: PosttrainConfig) -> list[ConfigProblem]:
+    """Models and files the run reads must exist (a Hub id is looked up when the run starts, and says
+    so if it cannot be had)."""
+    from posttrain.models.loading import model_path_problem
+
+    models = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path)]
+    if critic_enabled(config) and config.critic.model_path:
+        models.append(("critic.model_path", config.critic.model_path))
+    if config.reward_model.enable:
+        models.append(("reward_model.model_path", config.reward_model.model_path))
+    problems = []
+    for key, path in models:
+        problem = "required with reward_model.enable=true: the reward model's directory" if path is None else model_path_problem(path)
+        if problem:
+            problems.append(ConfigProblem(key, path, "config", problem))
+    problems += file_problems("data.train_files", config.data.train_files) + file_problems("data.val_files", config.data.val_files)
+    if config.custom_reward_function.path:
+        problems += file_problems("custom_reward_function.path", [config.custom_reward_function.path])
+    if config.env.retriever.corpus:
+        problems += file_problems("env.retriever.corpus", [config.env.retriever.corpus])
+    mode = config.trainer.resume_mode
+    if mode not in ("auto", "disable") and not Path(mode).is_dir():
+        problems.append(ConfigProblem("trainer.resume_mode", mode, "config",
+                                      "must be auto (the latest checkpoint, if any), disable, or an existing global_step_N directory"))
+    return problems
+
+
+def file_problems(key: str, paths: list[str]) -> list[ConfigProblem]:
+    """Each of ``paths`` (the value of ``key``) that is missing or is a directory."""
+    problems = []
+    for path in paths:
+        if Path(path).is_dir():
+            problems.append(ConfigProblem(key, path, "config", "is a directory; name the file(s) in it, e.g. [dir/train.parquet]"))
+        elif not Path(path).is_file():
+            problems.append(ConfigProblem(key, path, "config", f"no such file (looked at {Path(path).resolve()})"))
+    return problems
