@@ -45,9 +45,12 @@ class WorkerHungError(PosttrainError):
     """A worker is alive but has not answered a call within the deadline; the message names the role,
     the ranks still busy, the method and the deadline."""
 
-    def __init__(self, message: str, role: str, ranks: Sequence[int], method: str) -> None:
+    def __init__(self, message: str, role: str = "", ranks: Sequence[int] = (), method: str = "") -> None:
         super().__init__(message)
         self.role, self.ranks, self.method = role, list(ranks), method
+
+    def __reduce__(self):  # rebuilt whole on the other side of a process boundary (an async generator's call)
+        return type(self), (str(self), self.role, self.ranks, self.method)
 
 
 class WorkerStartError(PosttrainError):
@@ -317,13 +320,18 @@ def spawn_ray(
         )
     backend = _RayBackend(actors, call_timeout_s)
     role_name = "+".join(specs)
-    backend.start(role_name, start_timeout_s)
-    master_addr, master_port = backend.fetch([actors[0].rendezvous.remote()], [0], role_name, "rendezvous")[0]
-    contexts = [
-        WorkerContext(rank, len(actors), master_addr, master_port, num_cpus=cpus, use_gpu=gpus > 0)
-        for rank in range(len(actors))
-    ]
-    backend.fetch([a.build.remote(ctx, True, distributed) for a, ctx in zip(actors, contexts)], list(range(len(actors))), role_name, "__init__")
+    try:
+        backend.start(role_name, start_timeout_s)
+        master_addr, master_port = backend.fetch([actors[0].rendezvous.remote()], [0], role_name, "rendezvous")[0]
+        contexts = [
+            WorkerContext(rank, len(actors), master_addr, master_port, num_cpus=cpus, use_gpu=gpus > 0)
+            for rank in range(len(actors))
+        ]
+        backend.fetch([a.build.remote(ctx, True, distributed) for a, ctx in zip(actors, contexts)], list(range(len(actors))), role_name, "__init__")
+    except BaseException:  # a worker that failed to build (or hung, or a Ctrl-C) takes its group's processes with it
+        for actor in actors:
+            ray.kill(actor)
+        raise
     return {role: WorkerGroup(role, spec.cls, backend, len(actors)) for role, spec in specs.items()}
 
 
@@ -343,9 +351,16 @@ def spawn_pools(
     """Every role in its pool from a :class:`ResourcePoolManager`; roles sharing a pool share processes."""
     manager.check_cluster()
     groups: dict[str, WorkerGroup] = {}
-    for pool_name, roles in manager.roles_by_pool().items():
-        wanted = {role: specs[role] for role in roles if role in specs}
-        if wanted:
-            pool = manager.pools[pool_name]  # a one-process pool (an Env-LLM of its own) joins no process group
-            groups |= spawn_ray(wanted, pool, env=env, distributed=distributed and pool.world_size > 1, call_timeout_s=call_timeout_s)
+    try:
+        for pool_name, roles in manager.roles_by_pool().items():
+            wanted = {role: specs[role] for role in roles if role in specs}
+            if wanted:
+                pool = manager.pools[pool_name]  # a one-process pool (an Env-LLM of its own) joins no process group
+                groups |= spawn_ray(wanted, pool, env=env, distributed=distributed and pool.world_size > 1, call_timeout_s=call_timeout_s)
+    except BaseException:  # the pools spawned before a failing one are stopped and every pool is freed
+        for group in groups.values():
+            kill_group(group)
+        for pool in manager.pools.values():
+            pool.release()
+        raise
     return groups

@@ -93,7 +93,7 @@ class SyncTrainer:
         (self.run_dir / "config.yaml").write_text(to_yaml(self.config))
         torch.manual_seed(self.config.trainer.seed)
         self._before_workers()
-        self.roles = start_roles(self.config, self.total_steps)
+        self.roles = start_roles(self.config, self.total_steps)  # a failed start stops what it had started
         tracking = None
         try:
             # which process is which rank: to find (or stop) one from outside

@@ -22,7 +22,7 @@ from posttrain.controller import (
     spawn_ray,
 )
 from posttrain.protocol import Batch
-from tests.controller.workers import Counter, Doubler, NeverArrives
+from tests.controller.workers import Counter, Doubler, FailsToBuild, NeverArrives
 
 pytestmark = pytest.mark.ray
 
@@ -102,6 +102,24 @@ def test_a_worker_process_that_cannot_start_fails_within_the_start_timeout(ray_l
     with pytest.raises(WorkerStartError, match=r"'doubler' rank\(s\) \[0\].*within 5 s.*raylet.err"):
         spawn_ray({"doubler": WorkerSpec(Doubler, kwargs={"factor": NeverArrives()})}, pool, start_timeout_s=5.0)
     assert time.monotonic() - start < 20
+    pool.release()
+
+
+def test_a_group_that_fails_to_build_leaves_no_process_behind(ray_local):
+    from ray._private import state
+
+    pool = ResourcePool("failing", [1, 1])
+    # the error is kept, as a caller that reports it keeps it: its traceback holds the actors' handles
+    with pytest.raises(Exception, match="rank 1 refuses to build") as error:
+        spawn_ray({"fails": WorkerSpec(FailsToBuild)}, pool, name_prefix="fails_to_build")
+    deadline = time.monotonic() + 10
+    while True:  # Ray ends killed actors asynchronously
+        alive = [a for a in state.actors().values() if a["Name"].startswith("fails_to_build") and a["State"] != "DEAD"]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not alive, alive  # rank 0 built fine, and is stopped with its failing peer
+    assert error.value is not None
     pool.release()
 
 

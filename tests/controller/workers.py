@@ -166,3 +166,12 @@ class SeesItsGroup(Worker):
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def echo_later(self, batch: Batch) -> Batch:
         return batch
+
+
+class FailsToBuild(Worker):
+    """Rank 1 cannot be built (a bad setting found in __init__); rank 0 builds fine."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx)
+        if ctx.rank == 1:
+            raise ValueError("rank 1 refuses to build")

@@ -48,3 +48,29 @@ def test_the_run_log_keeps_the_runs_records_and_the_traceback_that_ended_it(tmp_
     assert "2 rewards timed out" in console and "scored 8 samples" not in console  # warnings still reach the console
     assert "Traceback" not in console  # the traceback went to the file alone
     assert (logger.level, logger.handlers) == (level, handlers)
+
+
+def test_every_known_error_crosses_a_process_boundary_whole():
+    """Errors raised in a worker or generator reach the controller pickled: each comes back as itself,
+    with its message and (for a hang) the role, ranks and method it names."""
+    import pickle
+
+    import posttrain.controller.resource_pool  # noqa: F401  (every module that defines one)
+    import posttrain.trainer.async_.trainer  # noqa: F401
+    import posttrain.trainer.breakers  # noqa: F401
+    from posttrain.controller.worker_group import WorkerHungError
+    from posttrain.errors import PosttrainError
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    kinds = [kind for kind in subclasses(PosttrainError) if kind.__module__.startswith("posttrain.")]  # not tests' own
+    assert len(kinds) >= 6
+    for kind in kinds:
+        error = kind("what happened; what to do")
+        back = pickle.loads(pickle.dumps(error))
+        assert (type(back), str(back), back.exit_code) == (kind, str(error), error.exit_code)
+    hung = pickle.loads(pickle.dumps(WorkerHungError("stuck", "actor", [1], "update_actor")))
+    assert (hung.role, hung.ranks, hung.method) == ("actor", [1], "update_actor")

@@ -190,7 +190,13 @@ class AsyncTrainer(SyncTrainer):
                 refs = []
             else:
                 refs = self.roles.actor.publish_weights(version)[0]
-            ray.get(self.board.publish.remote(version, refs))
+            try:
+                ray.get(self.board.publish.remote(version, refs), timeout=self.config.trainer.call_timeout_s)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
+                path = self._checkpoint_now()  # the weights are the trainer's: they are safe to save
+                raise GeneratorsFailed(f"the weight board (the actor that tells generators the newest version) did not take "
+                                       f"version {version} ({type(err).__name__}); the trainer's state is in {path}: run the "
+                                       "same command to resume") from err
         if self.scheduler is not None:
             self.scheduler.advance(version)
 
