@@ -103,6 +103,16 @@ class CheckpointManager:
                 (self.root / POINTER).unlink(missing_ok=True)
         return moved
 
+    def continue_from(self, directory: Path | None) -> int:
+        """A run starting from ``directory`` (None: from scratch): the checkpoints after it move aside,
+        saying so; returns the step it continues from (0 from scratch)."""
+        step = step_of(directory) if directory is not None else 0
+        moved = self.abandon_after(step)
+        if moved:
+            print(f"posttrain: continuing from step {step}, so the later checkpoints of an earlier attempt "
+                  f"({', '.join(p.name for p in moved)}) were moved to {moved[0].parent}")
+        return step
+
     # ---- reading ----------------------------------------------------------------------------
 
     def steps(self) -> list[int]:

@@ -75,8 +75,6 @@ def _report(err: Exception, run_dir: Path) -> int | None:
 
 
 def run_training(config: PosttrainConfig) -> int:
-    import ray
-
     from posttrain.trainer.async_.trainer import AsyncTrainer, StopRequested
     from posttrain.trainer.sync import SyncTrainer
 
@@ -94,28 +92,41 @@ def run_training(config: PosttrainConfig) -> int:
                       "trainer.resume_mode=disable", soft_wrap=True, highlight=False)
         _export_hint(console, trainer.resume_from, trainer.run_dir)
         return 0
-    _start_ray(config.trainer, trainer.run_dir)
-    with run_log(trainer.run_dir) as keep_traceback:
+
+    def train() -> int:
+        mode = f" ({config.async_.num_generators} generator(s), max staleness {config.async_.max_staleness})" if config.trainer.mode == "async" else ""
+        console.print(
+            f"[bold]posttrain[/] {config.algorithm.adv_estimator} on {config.actor_rollout_ref.model.path}: "
+            f"{trainer.total_steps} steps{mode} → {trainer.run_dir}"
+        )
         try:
-            mode = f" ({config.async_.num_generators} generator(s), max staleness {config.async_.max_staleness})" if config.trainer.mode == "async" else ""
-            console.print(
-                f"[bold]posttrain[/] {config.algorithm.adv_estimator} on {config.actor_rollout_ref.model.path}: "
-                f"{trainer.total_steps} steps{mode} → {trainer.run_dir}"
-            )
             trainer.fit()
         except StopRequested:  # a graceful stop: the checkpoint is written and named
             console.print("posttrain: run the same command again to continue (trainer.resume_mode=auto)")
             return 0
+        _summary(console, trainer.val_history, trainer.run_dir, time.perf_counter() - start)
+        _export_hint(console, trainer.checkpoints.latest(), trainer.run_dir)
+        return 0
+
+    return _with_ray(config.trainer, trainer.run_dir, train)
+
+
+def _with_ray(trainer_config: TrainerConfig, run_dir: Path, body: Callable[[], int]) -> int:
+    """``body`` with Ray up and the run's log file open: a known error ends it as one line and its exit
+    code (the traceback in the log file); a bug keeps its traceback. Ray is shut down either way."""
+    import ray
+
+    _start_ray(trainer_config, run_dir)
+    with run_log(run_dir) as keep_traceback:
+        try:
+            return body()
         except Exception as err:
             keep_traceback()
-            if (code := _report(err, trainer.run_dir)) is None:
+            if (code := _report(err, run_dir)) is None:
                 raise
             return code
         finally:
             ray.shutdown()
-    _summary(console, trainer.val_history, trainer.run_dir, time.perf_counter() - start)
-    _export_hint(console, trainer.checkpoints.latest(), trainer.run_dir)
-    return 0
 
 
 def _export_hint(console: Console, checkpoint: Path | None, run_dir: Path) -> None:
@@ -127,8 +138,6 @@ def _export_hint(console: Console, checkpoint: Path | None, run_dir: Path) -> No
 
 def run_sft(config: PosttrainConfig) -> int:
     """``posttrain sft``: supervised fine-tuning, then the policy exported for ``posttrain train``."""
-    import ray
-
     from posttrain.trainer.sft import SFTTrainer
 
     console = Console()
@@ -138,26 +147,20 @@ def run_sft(config: PosttrainConfig) -> int:
     except (ValueError, FileNotFoundError, CheckpointError) as err:  # refused before any worker starts
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
-    _start_ray(config.trainer, trainer.run_dir)
-    with run_log(trainer.run_dir) as keep_traceback:
-        try:
-            console.print(
-                f"[bold]posttrain sft[/] on {config.actor_rollout_ref.model.path}: {len(trainer.train_set)} transcripts"
-                f" ({trainer.train_set.num_dropped} dropped as too long), {trainer.total_steps} steps → {trainer.run_dir}"
-            )
-            export = trainer.fit()
-        except Exception as err:
-            keep_traceback()
-            if (code := _report(err, trainer.run_dir)) is None:
-                raise
-            return code
-        finally:
-            ray.shutdown()
-    if len(trainer.loss_history) >= 2:
-        console.print(f"val/sft_loss: {trainer.loss_history[0]:.3f} → {trainer.loss_history[-1]:.3f}")
-    _summary(console, trainer.validator.history if trainer.validator else [], trainer.run_dir, time.perf_counter() - start)
-    console.print(f"policy: {export}  (RL from it: posttrain train actor_rollout_ref.model.path={export})")
-    return 0
+
+    def fine_tune() -> int:
+        console.print(
+            f"[bold]posttrain sft[/] on {config.actor_rollout_ref.model.path}: {len(trainer.train_set)} transcripts"
+            f" ({trainer.train_set.num_dropped} dropped as too long), {trainer.total_steps} steps → {trainer.run_dir}"
+        )
+        export = trainer.fit()
+        if len(trainer.loss_history) >= 2:
+            console.print(f"val/sft_loss: {trainer.loss_history[0]:.3f} → {trainer.loss_history[-1]:.3f}")
+        _summary(console, trainer.validator.history if trainer.validator else [], trainer.run_dir, time.perf_counter() - start)
+        console.print(f"policy: {export}  (RL from it: posttrain train actor_rollout_ref.model.path={export})")
+        return 0
+
+    return _with_ray(config.trainer, trainer.run_dir, fine_tune)
 
 
 def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episodes: str | None = None, by: str | None = None) -> int:

@@ -35,7 +35,7 @@ from posttrain.data.sft_dataset import SFTDataError, SFTDataset, SFTSample
 from posttrain.engines.training.inputs import build_model_inputs
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch, pad_rows
-from posttrain.trainer.checkpoint import CheckpointManager, load_rng_state, save_rng_state, step_of
+from posttrain.trainer.checkpoint import CheckpointManager, load_rng_state, save_rng_state
 from posttrain.trainer.data_setup import build_run_data, resolve_files
 from posttrain.trainer.metrics import mean_of_ranks
 from posttrain.trainer.report import write_report
@@ -223,12 +223,9 @@ class SFTTrainer:
     def _resume(self) -> None:
         """Continue from the checkpoint found at start (its data position is already loaded)."""
         directory = self.resume_from
-        moved = self.checkpoints.abandon_after(step_of(directory) if directory is not None else 0)
-        if moved:
-            print(f"posttrain: the later checkpoints of an earlier attempt ({', '.join(p.name for p in moved)}) were moved to {moved[0].parent}")
+        self.step = self.checkpoints.continue_from(directory)
         if directory is None:
             return
-        self.step = step_of(directory)
         load_rng_state(directory)
         self.roles.actor.load_checkpoint(str(directory / "actor"), self.step)
         print(f"posttrain: resumed from {directory} (step {self.step})")

@@ -277,15 +277,10 @@ class SyncTrainer:
                 f"{directory} was written by an asynchronous run: the prompts it had read ahead are in async_state.pt, "
                 "which only trainer.mode=async resumes (or start over: trainer.resume_mode=disable)"
             )
-        start = step_of(directory) if directory is not None else 0
-        moved = self.checkpoints.abandon_after(start)
-        if moved:
-            print(f"posttrain: continuing from step {start}, so the later checkpoints of an earlier attempt "
-                  f"({', '.join(p.name for p in moved)}) were moved to {moved[0].parent}")
+        self.step = self.checkpoints.continue_from(directory)
         if directory is None:
             return None
         state = json.loads((directory / "trainer_state.json").read_text())
-        self.step = step_of(directory)
         self.data.train.load_state_dict(state["dataloader"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         load_rng_state(directory)
