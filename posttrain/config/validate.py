@@ -289,6 +289,10 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("trainer.test_freq", lambda v: v == -1 or v >= 1, "must be -1 (validate before and after training only) or >= 1 (every N steps)"),
     ("trainer.save_freq", lambda v: v == -1 or v >= 1, "must be -1 (save at the end only) or >= 1 (every N steps)"),
     ("trainer.val_samples_in_report", lambda v: v >= 0, "must be >= 0"),
+    ("trainer.cpus_per_worker", lambda v: v is None or v >= 1, "must be >= 1, or null for this machine's CPUs split evenly over its workers"),
+    ("env.retriever.timeout_s", lambda v: v > 0, "must be > 0 seconds (per search request)"),
+    ("env.retriever.retries", lambda v: v >= 0, "must be >= 0"),
+    ("env.retriever.startup_timeout_s", lambda v: v > 0, "must be > 0 seconds (how long a started retriever may take to serve)"),
 )
 
 

@@ -54,7 +54,10 @@ class WorkerHungError(PosttrainError):
 
 
 class WorkerStartError(PosttrainError):
-    """Ray did not start a worker process in time (it cannot launch one, or the resources never come)."""
+    """Ray did not start a worker process in time (it cannot launch one, or the resources never come):
+    something to fix before the run can start."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)

@@ -159,13 +159,16 @@ class CheckpointManager:
             raise CheckpointError(
                 f"trainer.resume_mode={mode!r}: expected auto, disable, or a global_step_N directory that exists"
             )
-        reason = incomplete(path)
-        if reason is not None and (path / MANIFEST).exists():
-            raise CheckpointError(f"trainer.resume_mode={mode!r}: the checkpoint is incomplete ({reason}); pick another step")
-        if reason is not None:
-            logger.warning("posttrain: %s has no %s (written before checkpoints had one); resuming from it as "
-                           "trainer.resume_mode says", path, MANIFEST)
-        return path
+        return checked_by_name(path, f"trainer.resume_mode={mode!r}")
+
+    def name_the_resume(self, err: BaseException, step: int) -> None:
+        """A dead or stuck worker ends a run; its message gets the step and what resumes the run.
+        Nothing more is saved: the worker that died or hangs holds the weights (a save would wait
+        on it), so the last committed checkpoint is the one to resume from."""
+        latest = self.latest()
+        resume = (f"resume from {latest} with trainer.resume_mode=auto (the same command again)" if latest else
+                  "no checkpoint was written yet, so the same command starts over (trainer.save_freq=N saves every N steps)")
+        err.args = (f"{err} The run stopped in step {step}; {resume}.",)
 
     # ---- internals --------------------------------------------------------------------------
 
@@ -222,6 +225,17 @@ def write_manifest(directory: Path, step: int) -> dict[str, int]:
         os.fsync(out.fileno())
     _fsync(directory)
     return files
+
+
+def checked_by_name(path: Path, named_by: str) -> Path:
+    """A checkpoint a user named (``named_by`` says where): refused when its manifest says it is
+    incomplete; one from before manifests is taken, with a warning."""
+    reason = incomplete(path)
+    if reason is not None and (path / MANIFEST).exists():
+        raise CheckpointError(f"{named_by}: the checkpoint {path} is incomplete ({reason}); pick another step")
+    if reason is not None:
+        logger.warning("posttrain: %s has no %s (written before checkpoints had one); using it as %s says", path, MANIFEST, named_by)
+    return path
 
 
 def incomplete(directory: Path) -> str | None:

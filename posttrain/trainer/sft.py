@@ -30,6 +30,7 @@ from posttrain import keys
 from posttrain.config import ConfigError, to_yaml
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import check_sft
+from posttrain.controller import WorkerDiedError, WorkerHungError
 from posttrain.data import PromptDataLoader
 from posttrain.data.sft_dataset import SFTDataError, SFTDataset, SFTSample
 from posttrain.engines.training.inputs import build_model_inputs
@@ -141,6 +142,9 @@ class SFTTrainer:
             if self.validator is not None:
                 self.rollout.open(self.roles)  # e.g. the retriever and the patient the agent's validation episodes call
             return self._fit(self.roles)
+        except (WorkerDiedError, WorkerHungError) as err:
+            self.checkpoints.name_the_resume(err, self.step)
+            raise
         finally:
             if self.roles is not None:
                 self.roles.release()

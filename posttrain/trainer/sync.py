@@ -107,7 +107,7 @@ class SyncTrainer:
                 tracking.log(self.validate(), self.step)
             self._loop(tracking)
         except (WorkerDiedError, WorkerHungError) as err:
-            self._name_the_resume(err)
+            self.checkpoints.name_the_resume(err, self.step)
             raise
         finally:
             if tracking is not None:
@@ -120,15 +120,6 @@ class SyncTrainer:
         else:
             write_report(self.run_dir)
         return self.val_history[-1] if self.val_history else {}
-
-    def _name_the_resume(self, err: WorkerDiedError | WorkerHungError) -> None:
-        """A dead or stuck worker ends the run; its message gets the step and what resumes the run.
-        Nothing more is saved: the worker that died or hangs holds the weights (a save would wait
-        on it), so the last committed checkpoint is the one to resume from."""
-        latest = self.checkpoints.latest()
-        resume = (f"resume from {latest} with trainer.resume_mode=auto (the same command again)" if latest else
-                  "no checkpoint was written yet, so the same command starts over (trainer.save_freq=N saves every N steps)")
-        err.args = (f"{err} The run stopped in step {self.step}; {resume}.",)
 
     def _loop(self, tracking: Tracking) -> None:
         """Generate and train, step after step, with validation and checkpoints when due."""

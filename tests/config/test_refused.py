@@ -55,6 +55,8 @@ WRONG = [
     (["trainer.save_freq=0"], "trainer.save_freq", "must be -1 (save at the end only) or >= 1"),
     (["actor_rollout_ref.rollout.gpu_memory_utilization=1.2"], "actor_rollout_ref.rollout.gpu_memory_utilization", "must be in (0, 1]"),
     (["custom_reward_function.path=/nonexistent/reward.py"], "custom_reward_function.path", "no such file"),
+    (["trainer.cpus_per_worker=0"], "trainer.cpus_per_worker", "must be >= 1, or null"),
+    (["env.retriever.timeout_s=0"], "env.retriever.timeout_s", "must be > 0 seconds"),
     (["trainer.call_timeout_s=0"], "trainer.call_timeout_s", "must be > 0 seconds"),
 ]
 
