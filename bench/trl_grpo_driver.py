@@ -13,8 +13,10 @@ step: one generation batch of prompts x n completions, in micro-batches of ``--m
 completions with gradient accumulation over the rest. Generation is HF ``generate`` (TRL's default,
 ``use_vllm=False``).
 
-Writes ``--out``: ``{"step_end_times": [unix_s per optimizer step], "logs": [TRL's log dicts],
-"trl": version, "generation": "hf generate", "torch_threads": n}``.
+Appends the wall time (unix seconds) of the end of every optimizer step to ``--steps-file`` as the
+step ends (``bench/vs_trl.py`` watches it to read the process's CPU time then), and at the end
+writes ``--out``: ``{"logs": [TRL's log dicts], "trl": version, "generation": "hf generate",
+"torch_threads": n}``.
 """
 
 from __future__ import annotations
@@ -40,14 +42,15 @@ def arithmetic_reward(completions, reward_model, **_) -> list[float]:
 
 
 class StepClock(TrainerCallback):
-    """The wall time at the end of every optimizer step, and every log TRL writes."""
+    """The wall time at the end of every optimizer step, a line each in ``steps_file``; every log TRL writes."""
 
-    def __init__(self) -> None:
-        self.step_end_times: list[float] = []
+    def __init__(self, steps_file: str) -> None:
+        self.steps_file = steps_file
         self.logs: list[dict] = []
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.step_end_times.append(time.time())
+        with open(self.steps_file, "a") as out:
+            out.write(f"{time.time()}\n")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self.logs.append(dict(logs or {}))
@@ -57,7 +60,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a local model directory (HF format)")
     parser.add_argument("--train", required=True, help="the train.parquet that bench/vs_trl.py wrote")
-    parser.add_argument("--out", required=True, help="where to write the JSON of step times")
+    parser.add_argument("--out", required=True, help="where to write the JSON of TRL's logs")
+    parser.add_argument("--steps-file", required=True, help="where to append each step's end time")
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--prompts", type=int, required=True, help="prompts per step")
     parser.add_argument("--n", type=int, required=True, help="completions per prompt")
@@ -85,12 +89,12 @@ def main() -> None:
     )
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    clock = StepClock()
+    clock = StepClock(args.steps_file)
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=arithmetic_reward, args=config,
                           train_dataset=load_dataset("parquet", data_files=args.train, split="train"), callbacks=[clock])
     trainer.train()
     with open(args.out, "w") as out:
-        json.dump({"step_end_times": clock.step_end_times, "logs": clock.logs, "trl": trl.__version__,
+        json.dump({"logs": clock.logs, "trl": trl.__version__,
                    "generation": "hf generate", "torch_threads": torch.get_num_threads()}, out)
 
 

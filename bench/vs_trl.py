@@ -18,10 +18,16 @@ to make it). The two runs go one after the other, posttrain first.
 A step's time is the wall time from the end of the previous step to the end of this one (data,
 generation, reward, logprobs, update, weight sync, logging: what the user waits per step), read
 from metrics.jsonl's record times for posttrain and from a TrainerCallback for TRL. Step 1 holds
-the engines' warm-up, so the medians are over steps 2..N. Printed: each side's per-step times and
-median, posttrain's own ``timing_s/*`` phases (median over the same steps), the mean response
-length and reward of each side (the same model sampling at T=1 should write about as much), and
-last ``posttrain_over_trl_step: <median posttrain step / median TRL step>`` (target <= 0.45).
+the engines' warm-up, so the medians are over steps 2..N. Beside it, the CPU seconds that the side's
+whole process tree (posttrain: the CLI, Ray and its worker with vLLM; TRL: its one process) used in
+the same interval, read from /proc when the step's end appears, and the cores it kept busy (CPU over
+wall). On an idle machine the two ratios differ by how much each side leaves a core idle (the wall
+ratio is the one users feel); when other work shares the machine each side gets what the neighbours
+leave, the wall ratio moves with it, and the CPU ratio is the steadier figure. Printed: each
+side's per-step times and medians, posttrain's own ``timing_s/*`` phases (median over the same
+steps), the mean response length and reward of each side (the same model sampling at T=1 should
+write about as much), the CPU-seconds ratio, and last
+``posttrain_over_trl_step: <median posttrain step / median TRL step>``, wall (target <= 0.45).
 """
 
 from __future__ import annotations
@@ -34,12 +40,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = Path(__file__).resolve().parent / "trl_grpo_driver.py"
 TRL_PYTHON_ENV = "POSTTRAIN_TRL_PYTHON"
 RECIPE = "README.md, section \"Comparing with TRL\""
+POLL_S = 0.2
 # What both sides share, beyond the task's shape; posttrain's values (the preset's, or its defaults).
 LR, WEIGHT_DECAY, GRAD_CLIP, CLIP_RATIO = 1e-5, 0.01, 1.0, 0.2
 
@@ -74,15 +84,67 @@ def _trl_env() -> dict[str, str]:
     return os.environ | {"PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
-def run_logged(command: list[str], log: Path, env: dict[str, str], what: str) -> None:
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds (user + system) used so far by process ``root`` and every process under it,
+    including its children that have ended (Linux ``/proc``)."""
+    parents, ticks = {}, {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # it ended while we looked
+                continue
+            parents[int(entry.name)] = int(fields[1])
+            ticks[int(entry.name)] = sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    tree, frontier = {root}, [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier and pid not in tree]
+        tree.update(children)
+        frontier = children
+    return sum(ticks.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
+
+
+def run_watched(command: list[str], log: Path, env: dict[str, str], what: str, steps_done: Callable[[], int]) -> list[float]:
+    """Run ``command`` (output into ``log``); the CPU seconds of its process tree at the end of each
+    step, read when ``steps_done()`` grows (polled every ``POLL_S``)."""
+    cpu_at_step_end: list[float] = []
     with log.open("w") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    if done.returncode != 0:
-        raise SystemExit(f"{what} failed (exit {done.returncode}); the end of {log}:\n{log.read_text()[-3000:]}")
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        try:
+            while process.poll() is None:
+                time.sleep(POLL_S)
+                missing = steps_done() - len(cpu_at_step_end)
+                if missing > 0:
+                    cpu_at_step_end += [tree_cpu_seconds(process.pid)] * missing
+        finally:
+            if process.poll() is None:
+                process.kill()
+    if process.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {process.returncode}); the end of {log}:\n{log.read_text()[-3000:]}")
+    return cpu_at_step_end
 
 
-def run_posttrain(args: argparse.Namespace, model: str, data: Path, out: Path) -> list[dict]:
-    """metrics.jsonl's step records of a ``posttrain train`` run on the task."""
+def count_in(path: Path, text: str) -> int:
+    return path.read_text().count(text) if path.exists() else 0
+
+
+@dataclass
+class Run:
+    """One side's run: the wall time (unix s) and its processes' CPU seconds at the end of each step."""
+
+    label: str
+    step_end_times: list[float]
+    cpu_at_step_end: list[float]
+
+    def line(self) -> str:
+        wall, cpu = step_times(self.step_end_times), step_times(self.cpu_at_step_end)
+        return (f"  {self.label:<26} wall {' '.join(f'{t:5.1f}' for t in wall)}  median {statistics.median(wall):5.1f} | "
+                f"CPU {' '.join(f'{t:5.1f}' for t in cpu)}  median {statistics.median(cpu):5.1f} "
+                f"({statistics.median(cpu) / statistics.median(wall):.2f} cores)")
+
+
+def run_posttrain(args: argparse.Namespace, model: str, data: Path, out: Path) -> tuple[Run, list[dict]]:
+    """A ``posttrain train`` run on the task, and its metrics.jsonl step records."""
     run_dir = out / "posttrain"
     overrides = [
         f"actor_rollout_ref.model.path={model}", f"data.train_files=[{data / 'train.parquet'}]",
@@ -100,22 +162,28 @@ def run_posttrain(args: argparse.Namespace, model: str, data: Path, out: Path) -
         "trainer.resume_mode=disable",
     ]
     command = [sys.executable, "-m", "posttrain.cli", "train", "--preset", "arithmetic_grpo", *overrides]
-    run_logged(command, out / "posttrain.log", os.environ | {"PYTHONUNBUFFERED": "1"}, "posttrain train")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if r["step"] > 0 and "timing_s/step" in r["metrics"]]
+    metrics_file = run_dir / "metrics.jsonl"
+    cpu = run_watched(command, out / "posttrain.log", os.environ | {"PYTHONUNBUFFERED": "1"}, "posttrain train",
+                      lambda: count_in(metrics_file, '"timing_s/step"'))
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    records = [r for r in records if r["step"] > 0 and "timing_s/step" in r["metrics"]]
+    return Run("posttrain (vLLM rollout)", [r["time"] for r in records], cpu), records
 
 
-def run_trl(args: argparse.Namespace, python: str, model: str, data: Path, out: Path) -> dict:
-    """The driver's JSON: step end times and TRL's logs."""
-    result = out / "trl.json"
+def run_trl(args: argparse.Namespace, python: str, model: str, data: Path, out: Path) -> tuple[Run, dict]:
+    """TRL's GRPOTrainer on the task, and the driver's JSON (TRL's logs)."""
+    result, steps_file = out / "trl.json", out / "trl_steps.txt"
     command = [
         python, str(DRIVER), "--model", model, "--train", str(data / "train.parquet"), "--out", str(result),
+        "--steps-file", str(steps_file),
         "--steps", str(args.steps), "--prompts", str(args.prompts), "--n", str(args.n), "--micro-batch", str(args.micro_batch),
         "--max-new-tokens", str(args.max_new_tokens), "--temperature", "1.0", "--lr", str(LR),
         "--weight-decay", str(WEIGHT_DECAY), "--grad-clip", str(GRAD_CLIP), "--clip-ratio", str(CLIP_RATIO),
     ]
-    run_logged(command, out / "trl.log", _trl_env(), "TRL's GRPOTrainer")
-    return json.loads(result.read_text())
+    cpu = run_watched(command, out / "trl.log", _trl_env(), "TRL's GRPOTrainer", lambda: count_in(steps_file, "\n"))
+    trl = json.loads(result.read_text())
+    label = f"TRL {trl['trl']} ({trl['generation']})"
+    return Run(label, [float(line) for line in steps_file.read_text().split()], cpu), trl
 
 
 def step_times(end_times: list[float]) -> list[float]:
@@ -153,26 +221,29 @@ def main() -> None:
     print(f"{model}: two-digit addition, {args.prompts} prompts x {args.n}, <= {args.max_new_tokens} new tokens, T=1, no KL, "
           f"{args.steps} steps, micro-batch {args.micro_batch}, float32; logs in {out}", flush=True)
 
-    records = run_posttrain(args, model, data, out)
-    trl = run_trl(args, python, model, data, out)
-
-    ours = step_times([r["time"] for r in records])
-    theirs = step_times(trl["step_end_times"])
-    if len(ours) != args.steps - 1 or len(theirs) != args.steps - 1:
-        raise SystemExit(f"expected {args.steps} steps from each side, got posttrain {len(ours) + 1} and TRL {len(theirs) + 1}; see {out}")
-    phases = sorted({k for r in records[1:] for k in r["metrics"] if k.startswith("timing_s/")})
-    trl_steps = [log for log in trl["logs"] if "completions/mean_length" in log]
-    print(f"steps 2..{args.steps}, seconds from the end of the step before:")
-    print(f"  posttrain (vLLM rollout):   {' '.join(f'{t:6.1f}' for t in ours)}   median {statistics.median(ours):6.1f}")
-    print(f"  TRL {trl['trl']} ({trl['generation']}): {' '.join(f'{t:6.1f}' for t in theirs)}   median {statistics.median(theirs):6.1f}")
+    ours, records = run_posttrain(args, model, data, out)
+    theirs, trl = run_trl(args, python, model, data, out)
+    for run in (ours, theirs):
+        if len(run.step_end_times) != args.steps or len(run.cpu_at_step_end) != args.steps:
+            raise SystemExit(f"{run.label}: expected {args.steps} step ends, read {len(run.step_end_times)} times and "
+                             f"{len(run.cpu_at_step_end)} CPU samples; see the logs in {out}")
+    print(f"steps 2..{args.steps}: seconds from the end of the step before, wall and CPU (all of the side's processes)")
+    print(ours.line())
+    print(theirs.line())
     print("posttrain's phases (timing_s/*, median over the same steps):")
+    phases = sorted({k for r in records[1:] for k in r["metrics"] if k.startswith("timing_s/")})
     for phase in phases:
         print(f"  {phase:<28} {statistics.median(r['metrics'].get(phase, 0.0) for r in records[1:]):6.1f}")
+    trl_steps = [log for log in trl["logs"] if "completions/mean_length" in log]
     print(f"mean response length: posttrain {mean([r['metrics']['response_length/mean'] for r in records]):.1f}, "
           f"TRL {mean([log['completions/mean_length'] for log in trl_steps]):.1f} tokens; "
           f"mean reward: posttrain {mean([r['metrics']['critic/score/mean'] for r in records]):.3f}, "
           f"TRL {mean([log['reward'] for log in trl_steps]):.3f}; TRL's torch threads: {trl['torch_threads']}")
-    print(f"posttrain_over_trl_step: {statistics.median(ours) / statistics.median(theirs):.3f}")
+    cpu_ratio = statistics.median(step_times(ours.cpu_at_step_end)) / statistics.median(step_times(theirs.cpu_at_step_end))
+    print(f"posttrain over TRL in CPU seconds per step {cpu_ratio:.3f} (the steadier figure when other work shares the machine: "
+          f"then the cores used above differ)")
+    wall_ratio = statistics.median(step_times(ours.step_end_times)) / statistics.median(step_times(theirs.step_end_times))
+    print(f"posttrain_over_trl_step: {wall_ratio:.3f}")
 
 
 if __name__ == "__main__":
