@@ -3,22 +3,27 @@
 A pool is a list of nodes, each with a number of bundles; one bundle hosts one worker process (which
 may host several colocated roles). Bundles are CPU-only here and carry GPUs on GPU nodes; when
 ``max_colocate > 1`` several separately spawned worker groups share each bundle, each taking that
-fraction of its CPUs/GPUs. Ranks are assigned in node order (address, then node name), so the same
-cluster gives the same ranks after a restart.
+fraction of its CPUs/GPUs. Each of a pool's nodes is a different Ray node (a later node's bundles
+are asked for with a label selector that excludes the nodes already taken, and where the pool was
+placed is checked after), so ``trainer.nnodes=2`` spreads the ranks over two machines even when one
+could hold them all. Ranks are assigned in node order (address, then node name), so the same cluster
+gives the same ranks after a restart.
 
-Asking never hangs: a node's share that no node of the cluster could ever hold is refused at once,
-and one that does not become free within ``ready_timeout_s`` is refused then; both messages set
-what was asked against what the nodes have.
+Asking never hangs: a node's share that no node of the cluster could ever hold, or more nodes than
+the cluster has that could, is refused at once, and one that does not become free within
+``ready_timeout_s`` is refused then; the messages set what was asked against what the nodes have.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from posttrain.errors import PosttrainError
 
 TIMEOUT_S = 60.0
+NODE_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id
 
 
 class ResourceError(PosttrainError):
@@ -74,20 +79,31 @@ class ResourcePool:
 
         bundle = {"CPU": self.cpus_per_bundle} | ({"GPU": self.gpus_per_bundle} if self.use_gpu else {})
         self._check_nodes(bundle)
-        groups = [
-            placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_PACK", name=f"{self.name}_{i}")
-            for i, count in enumerate(self.bundles_per_node)
-        ]
-        ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=self.ready_timeout_s)
-        if len(ready) < len(groups):
+        deadline = time.monotonic() + self.ready_timeout_s
+        groups, taken = [], []  # one placement group per pool node, and the Ray node it landed on
+        try:
+            for i, count in enumerate(self.bundles_per_node):
+                # one node at a time: the next one's bundles must avoid the nodes the earlier ones took
+                elsewhere = {"bundle_label_selector": [{NODE_LABEL: f"!in({','.join(taken)})"}] * count} if taken else {}
+                try:
+                    groups.append(placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_PACK", name=f"{self.name}_{i}", **elsewhere))
+                except TypeError:  # a Ray from before placement-group label selectors
+                    raise ResourceError(self._older_ray_text()) from None
+                ready, _ = ray.wait([groups[-1].ready()], timeout=max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    raise ResourceError(
+                        f"resource pool {self.name!r} asks for {len(self.bundles_per_node)} node(s) with bundles {self.bundles_per_node} of {bundle}; "
+                        f"after {self.ready_timeout_s:g} s the cluster has {_amounts(ray.available_resources())} free "
+                        f"(nodes: {_nodes_text()}), held by other pools or jobs. Lower trainer.nnodes / "
+                        "trainer.n_workers_per_node, free the cluster, or add nodes."
+                    )
+                taken.append(placement_group_table(groups[-1])["bundles_to_node_id"][0])
+            if len(set(taken)) < len(taken):  # a Ray that ignores the label selectors
+                raise ResourceError(self._older_ray_text())
+        except BaseException:
             for g in groups:
                 ray.util.remove_placement_group(g)
-            raise ResourceError(
-                f"resource pool {self.name!r} asks for {len(groups)} node(s) with bundles {self.bundles_per_node} of {bundle}; "
-                f"after {self.ready_timeout_s:g} s the cluster has {_amounts(ray.available_resources())} free "
-                f"(nodes: {_nodes_text()}), held by other pools or jobs. Lower trainer.nnodes / "
-                "trainer.n_workers_per_node, free the cluster, or add nodes."
-            )
+            raise
         order = _node_order()
         placements = []
         for g in groups:
@@ -95,19 +111,35 @@ class ResourcePool:
             placements += [Placement(g, i, node_of_bundle[i]) for i in range(g.bundle_count)]
         return sorted(placements, key=lambda p: (order.get(p.node_id, ("~", "")), p.node_id, p.bundle_index))
 
-    def _check_nodes(self, bundle: dict[str, float]) -> None:
-        """Each node's share (its bundles, STRICT_PACK on one node) must fit some node's total."""
+    def _older_ray_text(self) -> str:
         import ray
 
-        nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
-        for count in set(self.bundles_per_node):
-            share = {name: amount * count for name, amount in bundle.items()}
-            if not any(all(node.get(name, 0) >= amount for name, amount in share.items()) for node in nodes):
-                raise ResourceError(
-                    f"resource pool {self.name!r} needs {_amounts(share)} on one node ({count} bundle(s) of {_amounts(bundle)}), "
-                    f"and no node has that: {_nodes_text()}. Lower trainer.n_workers_per_node or trainer.cpus_per_worker, "
-                    "or use trainer.device=cpu on nodes without GPUs."
-                )
+        return (
+            f"resource pool {self.name!r} needs {len(self.bundles_per_node)} different nodes, and Ray {ray.__version__} cannot keep "
+            "a placement group off a node (placement-group label selectors): upgrade Ray on every node "
+            "(pip install -U 'ray[default]'), or set trainer.cpus_per_worker so that one node's share fills a node."
+        )
+
+    def _check_nodes(self, bundle: dict[str, float]) -> None:
+        """The largest node's share (its bundles, STRICT_PACK on one node) must fit as many different
+        nodes as the pool has."""
+        import ray
+
+        count = max(self.bundles_per_node)
+        share = {name: amount * count for name, amount in bundle.items()}
+        fitting = sum(all(node["Resources"].get(name, 0) >= amount for name, amount in share.items()) for node in ray.nodes() if node["Alive"])
+        if not fitting:
+            raise ResourceError(
+                f"resource pool {self.name!r} needs {_amounts(share)} on one node ({count} bundle(s) of {_amounts(bundle)}), "
+                f"and no node has that: {_nodes_text()}. Lower trainer.n_workers_per_node or trainer.cpus_per_worker, "
+                "or use trainer.device=cpu on nodes without GPUs."
+            )
+        if fitting < len(self.bundles_per_node):
+            raise ResourceError(
+                f"resource pool {self.name!r} needs {len(self.bundles_per_node)} different nodes with {_amounts(share)} each, "
+                f"and the cluster has {fitting} such node(s): {_nodes_text()}. Start the missing nodes "
+                "(ray start --address=<head address>:6379 on each) or lower trainer.nnodes."
+            )
 
     def release(self) -> None:
         import ray

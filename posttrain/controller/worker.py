@@ -60,6 +60,13 @@ class Worker:
         return os.getpid()
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
+    def node_id(self) -> str:
+        """The id of the Ray node this rank runs on (``ray list nodes`` names its address); "local" without Ray."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
     def mesh_info(self) -> MeshInfo:
         return self._mesh
 

@@ -96,8 +96,9 @@ class SyncTrainer:
         self.roles = start_roles(self.config, self.total_steps)  # a failed start stops what it had started
         tracking = None
         try:
-            # which process is which rank: to find (or stop) one from outside
-            (self.run_dir / "processes.json").write_text(json.dumps({"actor": self.roles.actor.pid()}))
+            # which process is which rank, and on which Ray node: to find (or stop) one from outside
+            actor = self.roles.actor
+            (self.run_dir / "processes.json").write_text(json.dumps({"actor": actor.pid(), "actor_nodes": actor.node_id()}))
             self.rollout.open(self.roles)  # the retriever, the Env-LLM client
             resumed = self._resume()
             self._start(resumed)

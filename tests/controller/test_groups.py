@@ -108,7 +108,7 @@ def test_a_worker_process_that_cannot_start_fails_within_the_start_timeout(ray_l
 def test_a_group_that_fails_to_build_leaves_no_process_behind(ray_local):
     from ray._private import state
 
-    pool = ResourcePool("failing", [1, 1])
+    pool = ResourcePool("failing", [2])
     # the error is kept, as a caller that reports it keeps it: its traceback holds the actors' handles
     with pytest.raises(Exception, match="rank 1 refuses to build") as error:
         spawn_ray({"fails": WorkerSpec(FailsToBuild)}, pool, name_prefix="fails_to_build")
@@ -144,6 +144,13 @@ def test_a_share_no_node_can_hold_is_refused_at_once(ray_local):
     assert time.monotonic() - start < 5
 
 
+def test_a_pool_of_more_nodes_than_the_cluster_has_is_refused_at_once(ray_local):
+    start = time.monotonic()
+    with pytest.raises(ResourceError, match=r"needs 2 different nodes with 1 CPU, 0 GPU each, and the cluster has 1 such node"):
+        ResourcePool("two_nodes", [1, 1]).placements()
+    assert time.monotonic() - start < 5
+
+
 def test_a_pool_larger_than_the_cluster_fails_with_the_numbers(ray_local):
     manager = ResourcePoolManager(pools={"huge": ResourcePool("huge", [64])}, role_to_pool={"doubler": "huge"})
     with pytest.raises(ResourceError, match="need 64 CPU"):
@@ -175,12 +182,16 @@ def test_two_node_cluster_ranks_follow_node_order():
 
     ray.shutdown()
     cluster = Cluster()
-    cluster.add_node(num_cpus=2, resources={"node_a": 1})
+    cluster.add_node(num_cpus=8, resources={"node_a": 1})
     cluster.add_node(num_cpus=2, resources={"node_b": 1})
     try:
         # The workers' PYTHONPATH was the repository alone: on a machine whose Ray itself comes from
         # PYTHONPATH they could not start, and the test hung (now: WorkerStartError)
         ray.init(address=cluster.address, runtime_env=worker_runtime_env())
+        # one bundle per node: the head could hold both, and Ray alone puts both there
+        small = ResourcePool("small", bundles_per_node=[1, 1])
+        assert len({p.node_id for p in small.placements()}) == 2
+        small.release()
         pool = ResourcePool("spread", bundles_per_node=[2, 2])
         group = spawn_ray({"doubler": WorkerSpec(Doubler)}, pool)["doubler"]
         node_ids = group.node_id()

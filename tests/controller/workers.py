@@ -106,12 +106,6 @@ class Doubler(Worker):
 
         return [str(g) for g in ray.get_gpu_ids()]
 
-    @register(dispatch=Dispatch.ONE_TO_ALL)
-    def node_id(self) -> str:
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
 
 class NeverArrives:
     """An argument whose unpickling never ends: the process it is sent to never comes up (as one that
