@@ -86,8 +86,10 @@ def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
         per_source[source]["reward"].append(float(scores[rows].mean()))
         if predictions is not None:
             votes = [predictions[r] for r in rows]
-            winner = max(set(votes), key=votes.count)
-            per_source[source]["maj"].append(float(np.mean([acc[r] for r in rows if predictions[r] == winner])))
+            answered = [vote for vote in votes if vote == vote]  # NaN: no answer was extracted, which wins no vote
+            winner = max(set(answered), key=answered.count) if answered else None
+            majority = [acc[r] for r, vote in zip(rows, votes) if answered and vote == winner]
+            per_source[source]["maj"].append(float(np.mean(majority)) if majority else 0.0)
     metrics = {}
     for source, values in per_source.items():
         for name, numbers in values.items():

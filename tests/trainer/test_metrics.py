@@ -49,3 +49,23 @@ def test_validation_metrics_mean_best_and_majority_by_hand():
     assert m["val/arith/acc/mean@3"] == 0.5  # (2/3 + 1/3) / 2
     assert m["val/arith/acc/best@3"] == 1.0
     assert m["val/arith/acc/maj@3"] == 0.5  # a's majority (4) is right, b's (1) is wrong
+
+
+def test_majority_ignores_samples_without_an_answer_and_is_zero_when_none_has_one():
+    import warnings
+
+    import numpy as np
+
+    from posttrain.trainer.phases import validation_metrics
+
+    # prompt a: no answer, no answer, "4" (right) -> the one answer wins; prompt b: no answer at all -> 0
+    acc = [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    batch = Batch.from_dict(
+        {keys.TOKEN_SCORES: torch.tensor(acc)[:, None]},
+        {keys.DATA_SOURCE: ["arith"] * 6, keys.UID: ["a"] * 3 + ["b"] * 3,
+         "reward_extra/acc": np.array(acc), "reward_extra/pred": np.array([np.nan, np.nan, 4.0, np.nan, np.nan, np.nan])},
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "mean of empty slice"
+        m = validation_metrics(batch, n=3)
+    assert m["val/arith/acc/maj@3"] == 0.5  # (1 + 0) / 2
