@@ -13,6 +13,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.truncation": ("error", "left", "right"),
     "actor_rollout_ref.rollout.name": ("vllm", "hf"),
     "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "actor_rollout_ref.actor.attn_implementation": ("auto", "eager", "sdpa"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "reward_model.reward_manager": ("naive", "batch"),
     "env.observation_role": ("user", "tool"),

@@ -11,16 +11,18 @@ from posttrain.engines.training import TrainingEngine, TrainingEngineConfig
 def training_engine(
     model_path: str, model: ModelConfig, optim: OptimConfig, *, dtype: str, grad_clip: float, total_steps: int | None,
     value_head: bool = False, metric_prefix: str = "actor", device: str = "auto", seed: int = 0,
+    attn_implementation: str = "auto", compile: bool = False,
 ) -> TrainingEngine:
     return TrainingEngine(training_engine_config(
         model_path, model, optim, dtype=dtype, grad_clip=grad_clip, total_steps=total_steps, value_head=value_head,
-        metric_prefix=metric_prefix, device=device, seed=seed,
+        metric_prefix=metric_prefix, device=device, seed=seed, attn_implementation=attn_implementation, compile=compile,
     ))
 
 
 def training_engine_config(
     model_path: str, model: ModelConfig, optim: OptimConfig, *, dtype: str, grad_clip: float, total_steps: int | None,
     value_head: bool = False, metric_prefix: str = "actor", device: str = "auto", seed: int = 0,
+    attn_implementation: str = "auto", compile: bool = False,
 ) -> TrainingEngineConfig:
     """The engine's settings from config sections; raises ``InvalidSettings`` naming engine fields
     (the config validator maps them back to config keys with :data:`ENGINE_FIELD_KEYS`)."""
@@ -28,7 +30,8 @@ def training_engine_config(
         model_path=model_path, value_head=value_head, dtype=dtype, lr=optim.lr, betas=tuple(optim.betas),
         weight_decay=optim.weight_decay, lr_scheduler=optim.lr_scheduler, warmup_steps=optim.warmup_steps,
         total_steps=total_steps, min_lr_ratio=optim.min_lr_ratio, grad_clip=grad_clip,
-        gradient_checkpointing=model.enable_gradient_checkpointing, lora_rank=model.lora_rank,
+        gradient_checkpointing=model.enable_gradient_checkpointing, attn_implementation=attn_implementation,
+        compile=compile, lora_rank=model.lora_rank,
         lora_alpha=model.lora_alpha, lora_target_modules=model.target_modules, metric_prefix=metric_prefix,
         device=device, init_seed=seed,
     )
@@ -40,7 +43,7 @@ ENGINE_FIELD_KEYS = {
     "lr": "optim.lr", "betas": "optim.betas", "weight_decay": "optim.weight_decay", "lr_scheduler": "optim.lr_scheduler",
     "warmup_steps": "optim.warmup_steps", "min_lr_ratio": "optim.min_lr_ratio", "total_steps": "optim.warmup_steps",
     "grad_clip": "grad_clip", "dtype": "dtype", "lora_rank": "model.lora_rank", "lora_alpha": "model.lora_alpha",
-    "device": "trainer.device",
+    "device": "trainer.device", "attn_implementation": "attn_implementation", "compile": "compile",
 }
 
 

@@ -46,6 +46,7 @@ class PolicyWorker(Sampling, Worker):
         self.tokenizer = load_tokenizer(model_path)
         self.engine = training_engine(
             model_path, model, actor.optim, dtype=actor.dtype, grad_clip=actor.grad_clip, total_steps=total_steps, seed=seed,
+            attn_implementation=actor.attn_implementation, compile=actor.compile,
         )
         self.rollout = rollout_engine(
             model_path, rollout, max_model_len=data.max_prompt_length + data.max_response_length, seed=seed + ctx.rank

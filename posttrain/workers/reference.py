@@ -19,7 +19,7 @@ class ReferenceWorker(Worker):
         # Same construction as the policy (same seed, so LoRA adapters start identical), never stepped.
         self.engine = training_engine(
             str(resolve_model(model.path)), model, actor.optim, dtype=actor.dtype, grad_clip=actor.grad_clip,
-            total_steps=None, metric_prefix="ref", seed=seed,
+            total_steps=None, metric_prefix="ref", seed=seed, attn_implementation=actor.attn_implementation,
         )
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO, borrow_inputs=True)

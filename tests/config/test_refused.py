@@ -31,6 +31,7 @@ WRONG = [
     (["algorithm.lam=-0.1"], "algorithm.lam", "must be in [0, 1]"),
     (["actor_rollout_ref.actor.grad_clip=0"], "actor_rollout_ref.actor.grad_clip", "must be > 0"),
     (["actor_rollout_ref.actor.grad_clip=-1"], "actor_rollout_ref.actor.grad_clip", "must be > 0"),
+    (["actor_rollout_ref.actor.attn_implementation=flash"], "actor_rollout_ref.actor.attn_implementation", "must be one of auto, eager, sdpa"),
     (["trainer.logger=[console,tensorbord]"], "trainer.logger", "unknown tracker(s) ['tensorbord']"),
     (["trainer.resume_mode=sometimes"], "trainer.resume_mode", "must be auto (the latest checkpoint, if any), disable"),
     (["env.name=chess"], "env.name", "is not a built-in environment (doctor, search)"),

@@ -15,6 +15,7 @@ STRATEGIES = ("auto", "none", "ddp", "fsdp")
 LR_SCHEDULERS = ("constant", "cosine")
 DTYPES = ("auto", "float32", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
+ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,15 @@ class TrainingEngineConfig:
                    decays to ``min_lr_ratio * lr`` over ``total_steps`` (needed for cosine).
     grad_clip:     max global gradient norm (> 0); None computes the norm but does not clip.
     gradient_checkpointing: recompute activations in the backward pass (less memory, ~30% slower).
+    attn_implementation: the model's attention kernels: ``sdpa`` (PyTorch's fused attention), ``eager``
+                   (transformers' matmul + softmax), or ``auto``: sdpa on CUDA, eager on CPU, where
+                   sdpa's CPU backward pass is slow: eager made a whole update of SmolLM2-135M on
+                   sequences of ~100 tokens 1.3x faster (``bench/update.py``). Its (b, heads, T, T)
+                   scores grow with the square of the length: try sdpa for sequences of thousands.
+    compile:       ``torch.compile`` the model (inductor). A steady-state update on CPU ran ~1.25x
+                   faster, but compiling costs minutes (each new micro-batch shape, and the forward-only
+                   pass, compile again), which a run of tens of steps does not win back
+                   (``bench/update.py --compile`` prints both); so off by default.
     lora_rank:     0 trains every weight; > 0 trains LoRA adapters (``peft``) of this rank on
                    ``lora_target_modules`` with scale ``lora_alpha / lora_rank``.
     strategy:      ``auto`` (world size 1: none; CPU: ddp; CUDA: fsdp), ``none``, ``ddp``, ``fsdp``.
@@ -59,6 +69,8 @@ class TrainingEngineConfig:
     min_lr_ratio: float = 0.0
     grad_clip: float | None = 1.0
     gradient_checkpointing: bool = False
+    attn_implementation: str = "auto"
+    compile: bool = False
     lora_rank: int = 0
     lora_alpha: int = 16
     lora_target_modules: str | tuple[str, ...] = "all-linear"
@@ -89,7 +101,10 @@ class TrainingEngineConfig:
 
 
 def _choice_problems(config: TrainingEngineConfig) -> list[SettingProblem]:
-    choices = {"strategy": STRATEGIES, "lr_scheduler": LR_SCHEDULERS, "dtype": DTYPES, "device": DEVICES}
+    choices = {
+        "strategy": STRATEGIES, "lr_scheduler": LR_SCHEDULERS, "dtype": DTYPES, "device": DEVICES,
+        "attn_implementation": ATTN_IMPLEMENTATIONS,
+    }
     return [
         SettingProblem(name, getattr(config, name), f"use one of {', '.join(allowed)}")
         for name, allowed in choices.items()

@@ -55,7 +55,12 @@ from posttrain.engines.training.micro_batches import (
     split_by_count,
     split_by_token_budget,
 )
-from posttrain.engines.training.modeling import ForwardOutputs, build_model, forward_micro_batch
+from posttrain.engines.training.modeling import (
+    ForwardOutputs,
+    build_model,
+    forward_micro_batch,
+    resolve_attn_implementation,
+)
 from posttrain.engines.training.schedule import make_lr_scheduler
 from posttrain.models import resolve_model
 from posttrain.protocol import Batch
@@ -78,12 +83,12 @@ class TrainingEngine:
         self.model_dir = resolve_model(config.model_path)
         # self.module: the model itself (FSDP2 shards it in place); self.model: what training calls
         # (the DDP wrapper under DDP, else the module).
-        self.module = build_model(self.model_dir, config)
+        self.module = build_model(self.model_dir, config, resolve_attn_implementation(config.attn_implementation, self.device))
         self.model = self._distribute()
-        trainable = [p for p in self.module.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            trainable, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
-        )
+        if config.compile:
+            # In place, so the DDP wrapper and weight loading see the same module and parameter names.
+            self.module.compile()
+        self.optimizer = _adamw([p for p in self.module.parameters() if p.requires_grad], config)
         self.scheduler = make_lr_scheduler(
             self.optimizer, config.lr_scheduler, warmup_steps=config.warmup_steps,
             total_steps=config.total_steps, min_lr_ratio=config.min_lr_ratio,
@@ -282,6 +287,19 @@ class TrainingEngine:
         )
         self.global_step = int(state["global_step"])
         self.skipped_steps = int(state["skipped_steps"])
+
+
+def _adamw(parameters: list[torch.nn.Parameter], config: TrainingEngineConfig) -> torch.optim.AdamW:
+    # fused: one kernel per step over all parameters instead of a dozen per parameter; on CPU it
+    # made a whole update of SmolLM2-135M 1.1x faster (bench/update.py). FSDP2's sharded DTensor
+    # parameters keep PyTorch's default (foreach on CUDA).
+    from torch.distributed.tensor import DTensor
+
+    fused = all(p.device.type in ("cpu", "cuda") and not isinstance(p, DTensor) for p in parameters)
+    return torch.optim.AdamW(
+        parameters, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
+        fused=fused or None,
+    )
 
 
 class _MetricTotals:

@@ -50,14 +50,22 @@ class ForwardOutputs:
     values: Tensor | None = None  # critic value per response token
 
 
-def build_model(model_dir: Path, config: TrainingEngineConfig) -> nn.Module:
-    """The float32 model on CPU, with gradient checkpointing and LoRA as configured."""
+def resolve_attn_implementation(setting: str, device: torch.device) -> str:
+    """``auto``: sdpa on CUDA, eager on CPU (``TrainingEngineConfig.attn_implementation`` says why)."""
+    if setting != "auto":
+        return setting
+    return "sdpa" if device.type == "cuda" else "eager"
+
+
+def build_model(model_dir: Path, config: TrainingEngineConfig, attn_implementation: str = "sdpa") -> nn.Module:
+    """The float32 model on CPU, with its attention kernels, gradient checkpointing and LoRA as configured."""
     check_causal_lm_config(model_dir)
     # Seeded so every rank draws the same adapters and value head (FSDP does not broadcast them),
     # without disturbing the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.init_seed)
         model = _load_value_model(model_dir) if config.value_head else load_causal_lm(model_dir, dtype=torch.float32)
+        model.set_attn_implementation(attn_implementation)
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if config.lora_rank > 0:
