@@ -41,10 +41,11 @@ class TrainingEngineConfig:
                    sdpa's CPU backward pass is slow: eager made a whole update of SmolLM2-135M on
                    sequences of ~100 tokens 1.3x faster (``bench/update.py``). Its (b, heads, T, T)
                    scores grow with the square of the length: try sdpa for sequences of thousands.
-    compile:       ``torch.compile`` the model (inductor). A steady-state update on CPU ran ~1.25x
-                   faster, but compiling costs minutes (each new micro-batch shape, and the forward-only
-                   pass, compile again), which a run of tens of steps does not win back
-                   (``bench/update.py --compile`` prints both); so off by default.
+    compile:       ``torch.compile`` the model (inductor). On CPU the main job's update (SmolLM2-135M,
+                   64 sequences) ran 1.17x faster once compiled, but its first update took 344 s
+                   instead of ~19 s (micro-batch shapes compile again, the forward-only pass too): it
+                   pays back after ~130 updates, which a run of tens of steps is not
+                   (``bench/update.py --compile``); so off by default.
     lora_rank:     0 trains every weight; > 0 trains LoRA adapters (``peft``) of this rank on
                    ``lora_target_modules`` with scale ``lora_alpha / lora_rank``.
     strategy:      ``auto`` (world size 1: none; CPU: ddp; CUDA: fsdp), ``none``, ``ddp``, ``fsdp``.
