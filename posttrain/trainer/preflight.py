@@ -108,13 +108,13 @@ def check_engines(config: PosttrainConfig) -> list[ConfigProblem]:
         try:
             build()
         except InvalidSettings as error:
-            problems += [ConfigProblem(f"{section}.{SAMPLING_FIELD_KEYS.get(p.field, p.field)}", p.value, "config", p.message)
-                         for p in error.problems if p.field in SAMPLING_FIELD_KEYS]
+            problems += [ConfigProblem(f"{section}.{p.field}", p.value, "config", p.message)
+                         for p in error.problems if p.field in SAMPLING_FIELDS]
     return problems
 
 
-# GenerationParams field -> its key under a sampling section (lengths and n are checked as batch settings)
-SAMPLING_FIELD_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
+# GenerationParams fields named alike under each sampling section (lengths and n are checked as batch settings)
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k")
 
 
 def engine_problems(config: PosttrainConfig, section: str, optim: Any, grad_clip: float | None) -> list[ConfigProblem]:
