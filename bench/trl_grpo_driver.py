@@ -5,8 +5,9 @@ posttrain checkout on ``PYTHONPATH`` so that the reward is posttrain's own arith
 same function on the same decoded text, not a copy). It imports TRL, transformers, datasets and
 torch, and from posttrain only :mod:`posttrain.rewards.arithmetic` (no torch, no Ray).
 
-TRL's settings are posttrain's, where TRL's defaults differ: float32 (``bf16=False``; TRL turns
-bf16 on by default), no gradient checkpointing (TRL's default is on, posttrain's off), constant
+TRL's settings are posttrain's, where TRL's defaults differ: the training dtype ``--dtype``
+(``bf16=True`` for bfloat16, TRL's default: autocast over float32 weights, as posttrain does; ``bf16=False``
+for float32), no gradient checkpointing (TRL's default is on, posttrain's off), constant
 learning rate, AdamW weight decay 0.01, ``shuffle_dataset=False`` (posttrain runs with
 ``data.shuffle=false``, so both see the same prompts in the same order). One optimizer step per
 step: one generation batch of prompts x n completions, in micro-batches of ``--micro-batch``
@@ -73,6 +74,7 @@ def main() -> None:
     parser.add_argument("--grad-clip", type=float, required=True)
     parser.add_argument("--clip-ratio", type=float, required=True)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="training compute dtype")
     args = parser.parse_args()
 
     completions = args.prompts * args.n
@@ -80,7 +82,7 @@ def main() -> None:
         raise SystemExit(f"--micro-batch {args.micro_batch} must divide prompts x n = {completions}")
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-grpo-"), report_to="none", save_strategy="no", logging_steps=1,
-        use_cpu=True, bf16=False, gradient_checkpointing=False, seed=args.seed, max_steps=args.steps,
+        use_cpu=True, bf16=args.dtype == "bfloat16", gradient_checkpointing=False, seed=args.seed, max_steps=args.steps,
         per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=completions // args.micro_batch,
         num_generations=args.n, max_completion_length=args.max_new_tokens, temperature=args.temperature,
         beta=0.0, num_iterations=1, epsilon=args.clip_ratio, loss_type="dapo", scale_rewards="group",

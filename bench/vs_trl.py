@@ -3,8 +3,9 @@
 Task: SmolLM2-135M-Instruct (``--model``), two-digit addition from posttrain's ``arithmetic``
 preparer (written once here, read by both), 16 prompts x 4 samples per step, <= 64 new tokens,
 temperature 1, no KL (posttrain: ``actor.use_kl_loss=false``, ``algorithm.use_kl_in_reward=false``;
-TRL: ``beta=0``), one optimizer step per step in micro-batches of 16 samples, float32, lr 1e-5
-constant, AdamW with weight decay 0.01, gradient clipping at 1.0, clip ratio 0.2, token-mean loss,
+TRL: ``beta=0``), one optimizer step per step in micro-batches of 16 samples, the same training dtype (``--dtype``:
+bfloat16 by default, each side's default on a CPU or GPU that computes it natively; both run it as
+mixed precision, float32 weights and optimizer with bfloat16 autocast), lr 1e-5 constant, AdamW with weight decay 0.01, gradient clipping at 1.0, clip ratio 0.2, token-mean loss,
 group-std advantages, the prompts unshuffled (both see the same prompts in the same order, through
 the same chat template), and posttrain's arithmetic score as the reward of both.
   posttrain: ``posttrain train`` (the arithmetic preset with the overrides above), vLLM rollouts
@@ -157,7 +158,7 @@ def run_posttrain(args: argparse.Namespace, model: str, data: Path, out: Path) -
         f"data.val_files=[{data / 'test.parquet'}]", "data.shuffle=false", f"data.train_batch_size={args.prompts}",
         f"data.max_response_length={args.max_new_tokens}", f"actor_rollout_ref.rollout.n={args.n}",
         "actor_rollout_ref.rollout.temperature=1.0", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch}", "actor_rollout_ref.actor.dtype=float32",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch}", f"actor_rollout_ref.actor.dtype={args.dtype}",
         "actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false", "algorithm.adv_estimator=grpo",
         f"actor_rollout_ref.actor.optim.lr={LR}", f"actor_rollout_ref.actor.optim.weight_decay={WEIGHT_DECAY}",
         "actor_rollout_ref.actor.optim.lr_scheduler=constant", f"actor_rollout_ref.actor.grad_clip={GRAD_CLIP}",
@@ -185,6 +186,7 @@ def run_trl(args: argparse.Namespace, python: str, model: str, data: Path, out: 
         "--steps", str(args.steps), "--prompts", str(args.prompts), "--n", str(args.n), "--micro-batch", str(args.micro_batch),
         "--max-new-tokens", str(args.max_new_tokens), "--temperature", "1.0", "--lr", str(LR),
         "--weight-decay", str(WEIGHT_DECAY), "--grad-clip", str(GRAD_CLIP), "--clip-ratio", str(CLIP_RATIO),
+        "--dtype", args.dtype,
     ]
     cpu = run_watched(command, out / "trl.log", _trl_env(), "TRL's GRPOTrainer", lambda: count_in(steps_file, "\n"))
     trl = json.loads(result.read_text())
@@ -211,6 +213,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--micro-batch", type=int, default=16, help="samples per forward/backward, both sides")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                        help="the training compute dtype, both sides (bfloat16: autocast over float32 weights)")
     args = parser.parse_args()
     if args.steps < 3:
         raise SystemExit(f"--steps {args.steps}: use at least 3 (step 1 is warm-up; the median needs steps 2..N)")
@@ -225,7 +229,7 @@ def main() -> None:
     prepare_arithmetic(data, train_size=args.prompts * args.steps, val_size=args.prompts, digits=2, num_operands=2,
                        operators="+", seed=0)
     print(f"{model}: two-digit addition, {args.prompts} prompts x {args.n}, <= {args.max_new_tokens} new tokens, T=1, no KL, "
-          f"{args.steps} steps, micro-batch {args.micro_batch}, float32; logs in {out}", flush=True)
+          f"{args.steps} steps, micro-batch {args.micro_batch}, {args.dtype}; logs in {out}", flush=True)
 
     ours, records = run_posttrain(args, model, data, out)
     theirs, trl = run_trl(args, python, model, data, out)
