@@ -36,8 +36,7 @@ from posttrain import keys
 from posttrain.algos import loss_normalizer, ppo_policy_loss
 from posttrain.engines.training import TrainingEngine, TrainingEngineConfig
 from posttrain.engines.training.inputs import random_model_inputs
-from posttrain.engines.training.parallel import resolve_compute_dtype
-from posttrain.models import load_causal_lm, resolve_model
+from posttrain.models import load_causal_lm, resolve_dtype, resolve_model
 from posttrain.protocol import Batch
 
 MICRO_BATCH = 4
@@ -144,7 +143,7 @@ def main() -> None:
     else:
         model_dir = resolve_model(args.model)
     engine = TrainingEngine(TrainingEngineConfig(model_path=str(model_dir), dtype=args.dtype, lr=1e-6, device="cpu"))
-    plain = PlainLoop(model_dir, resolve_compute_dtype(args.dtype, torch.device("cpu")), lr=1e-6)
+    plain = PlainLoop(model_dir, resolve_dtype(args.dtype, torch.device("cpu")), lr=1e-6)
     for model in (engine.module, plain.model):
         fresh_memory(model)
     vocab = engine.module.config.vocab_size

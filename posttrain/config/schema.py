@@ -89,6 +89,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    dtype: str = "auto"  # the engine's weights: auto (bfloat16 where native, as actor.dtype) | bfloat16 | float32
     gpu_memory_utilization: float = 0.5
     cpu_kv_cache_gb: float = 2.0
     enforce_eager: bool = True
@@ -182,6 +183,7 @@ class EnvLLMConfig:
     api_model: Optional[str] = None  # the model name sent to the server; None: model_path
     api_key_env: Optional[str] = "OPENAI_API_KEY"  # the environment variable holding the server's key (unset: none sent)
     rollout: str = "vllm"  # vllm | hf: the engine of the in-cluster worker
+    dtype: str = "auto"  # its weights: auto (bfloat16 where native) | bfloat16 | float32
     placement: str = "colocate"  # colocate (in the policy's processes) | separate (its own pool)
     cpus: int = 1  # CPUs of its own pool (placement=separate)
     gpus: float = 1.0  # GPUs of its own pool on a GPU machine (placement=separate)

@@ -16,6 +16,7 @@ from posttrain.models.loading import (
     load_causal_lm,
     load_tokenizer,
     parse_dtype,
+    resolve_dtype,
     resolve_model,
     tokenize_prompts,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "make_tiny_model",
     "models_cache_dir",
     "parse_dtype",
+    "resolve_dtype",
     "resolve_model",
     "tokenize_prompts",
     "smollm2_gguf_path",

@@ -115,6 +115,20 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def resolve_dtype(setting: str | torch.dtype, device: torch.device | str | None = None) -> torch.dtype:
+    """``setting`` as a dtype; ``auto`` is bfloat16 where ``device`` (default: CUDA if present, else the
+    CPU) computes it natively (a CUDA GPU with bf16 units, Ampere or later; a CPU with AVX-512 BF16 or
+    AMX), else float32."""
+    if setting != "auto":
+        return parse_dtype(setting)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+    else:
+        native = bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return torch.bfloat16 if native else torch.float32
+
+
 def _read_config_json(path: Path) -> dict:
     return json.loads((path / "config.json").read_text())
 

@@ -49,7 +49,7 @@ ENGINE_FIELD_KEYS = {
 
 def rollout_engine(model_path: str, rollout: RolloutConfig, *, max_model_len: int, seed: int) -> RolloutEngine:
     return build_engine(
-        rollout.name, model_path, max_model_len=max_model_len, seed=seed, enforce_eager=rollout.enforce_eager,
+        rollout.name, model_path, max_model_len=max_model_len, seed=seed, dtype=rollout.dtype, enforce_eager=rollout.enforce_eager,
         gpu_memory_utilization=rollout.gpu_memory_utilization, cpu_kv_cache_gb=rollout.cpu_kv_cache_gb,
         setting="actor_rollout_ref.rollout.name",
     )
@@ -58,23 +58,23 @@ def rollout_engine(model_path: str, rollout: RolloutConfig, *, max_model_len: in
 def env_llm_engine(model_path: str, config: EnvLLMConfig, *, seed: int) -> RolloutEngine:
     """The Env-LLM's engine: its own context length and memory share, never a policy's."""
     return build_engine(
-        config.rollout, model_path, max_model_len=config.max_model_len, seed=seed, enforce_eager=True,
+        config.rollout, model_path, max_model_len=config.max_model_len, seed=seed, dtype=config.dtype, enforce_eager=True,
         gpu_memory_utilization=config.gpu_memory_utilization, cpu_kv_cache_gb=config.cpu_kv_cache_gb, setting="env.llm.rollout",
     )
 
 
 def build_engine(
-    name: str, model_path: str, *, max_model_len: int, seed: int, enforce_eager: bool, gpu_memory_utilization: float,
+    name: str, model_path: str, *, max_model_len: int, seed: int, dtype: str, enforce_eager: bool, gpu_memory_utilization: float,
     cpu_kv_cache_gb: float, setting: str,
 ) -> RolloutEngine:
     """Engine ``name`` (vllm | hf) for ``model_path``; ``setting`` names the config key in the error."""
     if name == "vllm":
         return VLLMRolloutEngine(
-            model_path, max_model_len=max_model_len, seed=seed, enforce_eager=enforce_eager,
+            model_path, max_model_len=max_model_len, seed=seed, dtype=dtype, enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization, kv_cache_bytes=int(cpu_kv_cache_gb * 2**30),
         )
     if name == "hf":
-        return HFRolloutEngine(model_path, max_model_len=max_model_len)
+        return HFRolloutEngine(model_path, dtype=dtype, max_model_len=max_model_len)
     raise ValueError(f"{setting}={name!r}: use vllm or hf")
 
 

@@ -32,6 +32,8 @@ WRONG = [
     (["actor_rollout_ref.actor.grad_clip=0"], "actor_rollout_ref.actor.grad_clip", "must be > 0"),
     (["actor_rollout_ref.actor.grad_clip=-1"], "actor_rollout_ref.actor.grad_clip", "must be > 0"),
     (["actor_rollout_ref.actor.attn_implementation=flash"], "actor_rollout_ref.actor.attn_implementation", "must be one of auto, eager, sdpa"),
+    (["actor_rollout_ref.rollout.dtype=float8"], "actor_rollout_ref.rollout.dtype", "must be one of auto, bfloat16, float32"),
+    (["env.name=doctor", "env.llm.dtype=fp16"], "env.llm.dtype", "must be one of auto, bfloat16, float32"),
     (["trainer.logger=[console,tensorbord]"], "trainer.logger", "unknown tracker(s) ['tensorbord']"),
     (["trainer.resume_mode=sometimes"], "trainer.resume_mode", "must be auto (the latest checkpoint, if any), disable"),
     (["env.name=chess"], "env.name", "is not a built-in environment (doctor, search)"),

@@ -121,3 +121,13 @@ def test_hf_engine_names_unknown_and_misshapen_weights(hf_engine_to_update):
         hf_engine_to_update.load_weights([("model.no_such.weight", torch.zeros(1))], version)
     with pytest.raises(ValueError, match=r"has shape \(3,\)"):
         hf_engine_to_update.load_weights([("model.norm.weight", torch.zeros(3))], version)
+
+
+def test_float32_weights_reach_a_bfloat16_engine_as_if_it_had_started_from_them(start_vllm, tiny_llama, tiny_llama_other, prompts):
+    """The trainer streams float32 weights; a bfloat16 rollout engine (``rollout.dtype=auto`` on
+    hardware with native bf16) casts them on load, ending where an engine started on them would."""
+    engine = start_vllm(tiny_llama, dtype="bfloat16")
+    fresh_other = greedy(start_vllm(tiny_llama_other, dtype="bfloat16"), prompts)
+    assert greedy(engine, prompts) != fresh_other
+    engine.load_weights(weights_of(tiny_llama_other).items(), engine.version + 1)
+    assert greedy(engine, prompts) == fresh_other

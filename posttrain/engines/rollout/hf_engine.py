@@ -32,7 +32,7 @@ from posttrain.engines.rollout.base import (
     RolloutEngine,
     check_prompts_fit,
 )
-from posttrain.models.loading import load_causal_lm, load_tokenizer, resolve_model
+from posttrain.models.loading import load_causal_lm, load_tokenizer, resolve_dtype, resolve_model
 
 
 def left_pad(
@@ -95,7 +95,8 @@ class HFRolloutEngine(RolloutEngine):
 
     Args:
         model_path: built-in model name or local HF model directory.
-        dtype: weights' dtype (``"float32"``, ``"bfloat16"``, ...).
+        dtype: weights' dtype (``"float32"``, ``"bfloat16"``, ...) or ``"auto"`` (bfloat16 where
+            ``device`` computes it natively, else float32).
         device: ``"cuda"`` if available, else ``"cpu"``, when None.
         max_model_len: context length; the model's ``max_position_embeddings`` when None.
         max_batch_size: most sequences (prompts x n) sampled in one ``generate`` call; a
@@ -116,7 +117,7 @@ class HFRolloutEngine(RolloutEngine):
 
         path = resolve_model(model_path)
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self._model = load_causal_lm(path, dtype=dtype, device=self._device)
+        self._model = load_causal_lm(path, dtype=resolve_dtype(dtype, self._device), device=self._device)
         self._tokenizer = load_tokenizer(path)
         config_eos = self._model.generation_config.eos_token_id
         config_eos = [config_eos] if isinstance(config_eos, int) else list(config_eos or [])

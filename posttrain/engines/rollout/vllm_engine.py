@@ -41,7 +41,7 @@ from posttrain.engines.rollout.base import (
     RolloutEngine,
     check_prompts_fit,
 )
-from posttrain.models.loading import check_causal_lm_config, resolve_model
+from posttrain.models.loading import check_causal_lm_config, resolve_dtype, resolve_model
 
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
 
@@ -52,7 +52,8 @@ class VLLMRolloutEngine(RolloutEngine):
     Args:
         model_path: built-in model name or local HF model directory.
         max_model_len: context length (prompt + response) in tokens.
-        dtype: ``"float32"``, ``"bfloat16"``, ...; default float32 on CPU, bfloat16 on GPU.
+        dtype: ``"float32"``, ``"bfloat16"``, ... or ``"auto"``: bfloat16 where the hardware computes it
+            natively (a GPU with bf16 units; a CPU with AVX-512 BF16 or AMX), else float32.
         seed: vLLM's global seed (per-call sampling seeds come from ``GenerationParams.seed``).
         enforce_eager: skip graph capture / compilation (faster start, slower decode on GPU).
         gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only).
@@ -69,7 +70,7 @@ class VLLMRolloutEngine(RolloutEngine):
         model_path: str | Path,
         *,
         max_model_len: int = 2048,
-        dtype: str | None = None,
+        dtype: str = "auto",
         seed: int = 0,
         enforce_eager: bool = True,
         gpu_memory_utilization: float = 0.5,
@@ -92,7 +93,7 @@ class VLLMRolloutEngine(RolloutEngine):
         optional = {"max_num_seqs": max_num_seqs} if max_num_seqs is not None else {}
         self._llm = LLM(
             model=str(path),
-            dtype=dtype or ("bfloat16" if self._on_gpu else "float32"),
+            dtype=resolve_dtype(dtype),
             max_model_len=max_model_len,
             seed=seed,
             enforce_eager=enforce_eager,

@@ -62,7 +62,7 @@ from posttrain.engines.training.modeling import (
     resolve_attn_implementation,
 )
 from posttrain.engines.training.schedule import make_lr_scheduler
-from posttrain.models import resolve_model
+from posttrain.models import resolve_dtype, resolve_model
 from posttrain.protocol import Batch
 
 LossFn = Callable[[ForwardOutputs, Batch, Tensor], tuple[Tensor, dict[str, Any]]]
@@ -79,7 +79,7 @@ class TrainingEngine:
         self.strategy = parallel.resolve_strategy(config.strategy, self.device, self.world_size)
         if config.cpu_offload and self.strategy != "fsdp":
             raise ValueError(f"cpu_offload=True needs FSDP2, but the strategy here is {self.strategy!r}; run on CUDA")
-        self.compute_dtype = parallel.resolve_compute_dtype(config.dtype, self.device)
+        self.compute_dtype = resolve_dtype(config.dtype, self.device)
         self.model_dir = resolve_model(config.model_path)
         # self.module: the model itself (FSDP2 shards it in place); self.model: what training calls
         # (the DDP wrapper under DDP, else the module).

@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from posttrain.models import parse_dtype
 
 
 @dataclass(frozen=True)
@@ -47,18 +46,6 @@ def resolve_device(setting: str) -> torch.device:
             raise RuntimeError("device='cuda' but torch sees no CUDA device; use device='auto' or 'cpu'")
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def resolve_compute_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """The autocast dtype: ``auto`` is bfloat16 where the hardware computes it natively (a CUDA GPU
-    with bf16 units, Ampere or later; a CPU with AVX-512 BF16 or AMX), else float32."""
-    if setting != "auto":
-        return parse_dtype(setting)
-    if device.type == "cuda":
-        native = torch.cuda.is_bf16_supported(including_emulation=False)
-    else:
-        native = bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    return torch.bfloat16 if native else torch.float32
 
 
 def resolve_strategy(setting: str, device: torch.device, world_size: int) -> str:

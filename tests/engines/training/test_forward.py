@@ -83,12 +83,12 @@ def test_policy_and_critic_calls_are_not_mixed_up(small_lm):
 
 
 def test_auto_dtype_is_bfloat16_only_where_the_hardware_has_it(small_lm):
-    from posttrain.engines.training.parallel import resolve_compute_dtype
+    from posttrain.models import resolve_dtype
 
     cpu = torch.device("cpu")
     # the CPU's own flags decide, read independently of torch (Linux)
     flags = set(open("/proc/cpuinfo").read().split())
     native = bool(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})
-    assert resolve_compute_dtype("auto", cpu) == (torch.bfloat16 if native else torch.float32)
-    assert resolve_compute_dtype("bfloat16", cpu) == torch.bfloat16 and resolve_compute_dtype("float32", cpu) == torch.float32
-    assert TrainingEngine(engine_config(small_lm, dtype="auto")).compute_dtype == resolve_compute_dtype("auto", cpu)
+    assert resolve_dtype("auto", cpu) == (torch.bfloat16 if native else torch.float32)
+    assert resolve_dtype("bfloat16", cpu) == torch.bfloat16 and resolve_dtype("float32", cpu) == torch.float32
+    assert TrainingEngine(engine_config(small_lm, dtype="auto")).compute_dtype == resolve_dtype("auto", cpu)
