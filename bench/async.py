@@ -5,9 +5,16 @@ Task: the built-in arithmetic prompts played in an agent environment (``bench/la
 ``--env-steps`` turns per episode (tool calls, then the answer), each environment step waiting
 ``latency`` ms per batched step, like one service round-trip, the answer scored at the end.
 For each latency in ``--latencies`` the same run is made twice through the CLI — ``trainer.mode=sync``
-and ``trainer.mode=async`` (one generator, ``async.max_staleness``) — and throughput is the samples
-trained between the first and the last logged step divided by the time between them (start-up and
-the first step, which includes engine warm-up, are left out).
+and ``trainer.mode=async`` — and throughput is the samples trained between the first and the last
+logged step divided by the time between them (start-up and the first step, which includes engine
+warm-up, are left out).
+
+The async side is configured for a latency-bound agent task: two generators (``--generators``,
+half a CPU each, so the trainer keeps one), each taking a whole batch per call (``--unit-groups``),
+and ``async.max_staleness=2``. A generator plays its episodes' turns one after another, waiting on
+the environment between them, so with one generator that wait is the bottleneck and async can hide
+only the update behind it; two generators on two different batches wait side by side, which
+staleness 2 allows. ``--generators 1 --max-staleness 1`` gives the one-generator figure.
 
 Prints the curve (sync and async samples/s and the ratio per latency); the last line is
 ``async_over_sync_at_200ms: <ratio>`` (target >= 1.5).
@@ -48,7 +55,7 @@ def run(mode: str, latency_ms: float, args: argparse.Namespace, out: Path) -> fl
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.prompts * args.n}",
         "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.25", f"trainer.mode={mode}",
         f"async.max_staleness={args.max_staleness}", f"async.num_generators={args.generators}",
-        f"async.generator_cpus={args.generator_cpus}",
+        f"async.generator_cpus={args.generator_cpus}", f"async.unit_groups={args.unit_groups or 'null'}",
     ]
     done = subprocess.run(command, capture_output=True, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
     if done.returncode != 0:
@@ -62,16 +69,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="model path or built-in name (default: the tiny test model)")
     parser.add_argument("--latencies", default="0,50,200,500", help="ms per environment step, comma-separated")
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--env-steps", type=int, default=3, help="agent turns per episode, each one environment step")
     parser.add_argument("--turn-tokens", type=int, default=16, help="new tokens per agent turn")
-    parser.add_argument("--max-staleness", type=int, default=1)
-    parser.add_argument("--generators", type=int, default=1)
+    parser.add_argument("--max-staleness", type=int, default=2)
+    parser.add_argument("--generators", type=int, default=2)
     parser.add_argument("--generator-cpus", type=float, default=0.5)
+    parser.add_argument("--unit-groups", type=int, default=None,
+                        help="prompts per generator call (default: a whole batch, so generators work on different batches)")
     args = parser.parse_args()
     args.model = args.model or str(cached_tiny_model("llama"))
+    args.unit_groups = args.unit_groups or args.prompts
     latencies = [float(x) for x in args.latencies.split(",")]
     out = Path(tempfile.mkdtemp(prefix="async-bench-"))
     print(f"model {args.model}; {args.prompts} prompts x {args.n}, {args.env_steps} turns of <= {args.turn_tokens} tokens, {args.steps} steps; "
