@@ -25,8 +25,7 @@ from bench.train import PlainLoop  # noqa: E402
 from posttrain import keys  # noqa: E402
 from posttrain.config import load_config, preset_path  # noqa: E402
 from posttrain.engines.rollout import VLLMRolloutEngine  # noqa: E402
-from posttrain.engines.training.parallel import resolve_compute_dtype  # noqa: E402
-from posttrain.models import resolve_model  # noqa: E402
+from posttrain.models import resolve_dtype, resolve_model  # noqa: E402
 from posttrain.protocol import Batch  # noqa: E402
 from posttrain.trainer.phases import repeat_for_groups  # noqa: E402
 from posttrain.trainer.roles import start_roles  # noqa: E402
@@ -62,7 +61,7 @@ def main() -> None:
     batch = repeated.union(generations_to_batch(repeated, generations, data.max_response_length, 0))
     batch = batch.union(Batch.from_dict({keys.ADVANTAGES: torch.randn(len(batch), 1) * batch[keys.RESPONSE_MASK],
                                          keys.OLD_LOGPROBS: torch.zeros(batch[keys.RESPONSE_MASK].shape)}))
-    dtype = resolve_compute_dtype("auto", torch.device("cpu"))  # what the engine picks here
+    dtype = resolve_dtype("auto", torch.device("cpu"))  # what the engine picks here
     plain = PlainLoop(resolve_model(model), dtype, lr=1e-6)
     plain.step(batch)  # warm-up
 
