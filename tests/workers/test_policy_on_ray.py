@@ -38,7 +38,7 @@ def workers():
     model_dir = str(cached_tiny_model("llama"))
     model = ModelConfig(path=model_dir)
     actor = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, dtype="float32", optim=OptimConfig(lr=1e-3))
-    rollout = RolloutConfig(n=1, temperature=1.0, cpu_kv_cache_gb=0.0625)
+    rollout = RolloutConfig(n=1, temperature=1.0, dtype="float32", cpu_kv_cache_gb=0.0625)  # the actor's dtype: logprobs agree
     data = DataConfig(max_prompt_length=64, max_response_length=16)
     pool = ResourcePool("policy", [1], cpus_per_bundle=1)
     groups = spawn_ray({
@@ -90,7 +90,7 @@ def test_generate_logprobs_update_sync(workers, tmp_path):
     from posttrain.engines.rollout import GenerationParams, VLLMRolloutEngine
     from posttrain.workers.rollout_batch import prompt_token_lists
 
-    fresh = VLLMRolloutEngine(export_dir, max_model_len=80, kv_cache_bytes=64 << 20)
+    fresh = VLLMRolloutEngine(export_dir, max_model_len=80, dtype="float32", kv_cache_bytes=64 << 20)  # as the worker's
     expected = fresh.generate(prompt_token_lists(prompts), GenerationParams(max_new_tokens=16, temperature=0.0))
     for row, generation in enumerate(expected):
         length = int(synced[keys.RESPONSE_MASK][row].sum())
