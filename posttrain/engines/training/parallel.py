@@ -25,7 +25,6 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 
-
 @dataclass(frozen=True)
 class DistInfo:
     rank: int = 0
