@@ -6,8 +6,8 @@ same function on the same decoded text, not a copy). It imports TRL, transformer
 torch, and from posttrain only :mod:`posttrain.rewards.arithmetic` (no torch, no Ray).
 
 TRL's settings are posttrain's, where TRL's defaults differ: the training dtype ``--dtype``
-(``bf16=True`` for bfloat16, TRL's default: autocast over float32 weights, as posttrain does; ``bf16=False``
-for float32), no gradient checkpointing (TRL's default is on, posttrain's off), constant
+(``bf16=True`` for bfloat16, TRL's default: autocast over float32 weights, as posttrain does;
+``bf16=False`` for float32), no gradient checkpointing (TRL's default is on, posttrain's off), constant
 learning rate, AdamW weight decay 0.01, ``shuffle_dataset=False`` (posttrain runs with
 ``data.shuffle=false``, so both see the same prompts in the same order). One optimizer step per
 step: one generation batch of prompts x n completions, in micro-batches of ``--micro-batch``

@@ -3,10 +3,11 @@
 Task: SmolLM2-135M-Instruct (``--model``), two-digit addition from posttrain's ``arithmetic``
 preparer (written once here, read by both), 16 prompts x 4 samples per step, <= 64 new tokens,
 temperature 1, no KL (posttrain: ``actor.use_kl_loss=false``, ``algorithm.use_kl_in_reward=false``;
-TRL: ``beta=0``), one optimizer step per step in micro-batches of 16 samples, the same training dtype (``--dtype``:
-bfloat16 by default, each side's default on a CPU or GPU that computes it natively; both run it as
-mixed precision, float32 weights and optimizer with bfloat16 autocast), lr 1e-5 constant, AdamW with weight decay 0.01, gradient clipping at 1.0, clip ratio 0.2, token-mean loss,
-group-std advantages, the prompts unshuffled (both see the same prompts in the same order, through
+TRL: ``beta=0``), one optimizer step per step in micro-batches of 16 samples, the same training
+dtype (``--dtype``: bfloat16 by default, each side's default on a CPU or GPU that computes it
+natively; both run it as mixed precision, float32 weights and optimizer with bfloat16 autocast),
+lr 1e-5 constant, AdamW with weight decay 0.01, gradient clipping at 1.0, clip ratio 0.2,
+token-mean loss, group-std advantages, the prompts unshuffled (both see the same prompts in the same order, through
 the same chat template), and posttrain's arithmetic score as the reward of both.
   posttrain: ``posttrain train`` (the arithmetic preset with the overrides above), vLLM rollouts
              (its default engine), validation off.
