@@ -9,10 +9,11 @@ from typing import Any
 from posttrain.config.loader import ConfigProblem
 from posttrain.config.schema import PosttrainConfig
 
+ENGINE_DTYPES = ("auto", "bfloat16", "float32")  # a rollout engine's weights (auto: bf16 where native)
 CHOICES: dict[str, tuple[str, ...]] = {
     "data.truncation": ("error", "left", "right"),
     "actor_rollout_ref.rollout.name": ("vllm", "hf"),
-    "actor_rollout_ref.rollout.dtype": ("auto", "bfloat16", "float32"),
+    "actor_rollout_ref.rollout.dtype": ENGINE_DTYPES,
     "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     "actor_rollout_ref.actor.attn_implementation": ("auto", "eager", "sdpa"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
@@ -21,7 +22,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "env.reward_norm": ("none", "group", "batch"),
     "env.retriever.index": ("bm25", "dense"),
     "env.llm.rollout": ("vllm", "hf"),
-    "env.llm.dtype": ("auto", "bfloat16", "float32"),
+    "env.llm.dtype": ENGINE_DTYPES,
     "env.llm.placement": ("colocate", "separate"),
     "sft.truncation": ("error", "drop", "left"),
     "trainer.mode": ("sync", "async"),
