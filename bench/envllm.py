@@ -76,7 +76,7 @@ def standalone(config, chats, repeats: int) -> float:
 
 
 def in_run(config, chats, repeats: int) -> float:
-    from posttrain.trainer.env_llm import open_env_llm
+    from posttrain.rollout.env_llm import open_env_llm
     from posttrain.trainer.roles import start_roles
 
     roles = start_roles(config, total_steps=1)

@@ -27,7 +27,7 @@ from posttrain.config import load_config, preset_path  # noqa: E402
 from posttrain.engines.rollout import VLLMRolloutEngine  # noqa: E402
 from posttrain.models import resolve_dtype, resolve_model  # noqa: E402
 from posttrain.protocol import Batch  # noqa: E402
-from posttrain.trainer.phases import repeat_for_groups  # noqa: E402
+from posttrain.rollout.batching import repeat_for_groups  # noqa: E402
 from posttrain.trainer.roles import start_roles  # noqa: E402
 from posttrain.trainer.sync import SyncTrainer  # noqa: E402
 from posttrain.workers.engines import generation_params  # noqa: E402

@@ -193,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before a run's own handling starts (it reads data, loads the model): nothing to save
+        print("\nposttrain: interrupted", file=sys.stderr)
+        return 130
 
 
 

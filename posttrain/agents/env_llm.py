@@ -9,7 +9,7 @@ with chat messages in and one :class:`EnvLLMReply` per conversation out (text, f
 counts). Two backends implement :class:`EnvLLMClient`:
 
 - the in-cluster Env-LLM worker (``workers/env_llm.py``, the default; its client lives with the
-  trainer, ``trainer/env_llm.py``), a frozen model served by the rollout engine;
+  trainer, ``rollout/env_llm.py``), a frozen model served by the rollout engine;
 - :class:`OpenAIChatClient`, any OpenAI-compatible chat server at ``env.llm.url`` (e.g. a
   ``vllm serve`` the user already runs): one ``POST /v1/chat/completions`` per conversation, sent
   concurrently.

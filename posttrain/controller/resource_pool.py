@@ -49,6 +49,7 @@ class ResourcePool:
     gpus_per_bundle: float = 0.0
     max_colocate: int = 1
     ready_timeout_s: float = TIMEOUT_S  # how long the bundles may take to become free
+    sized_by: str = ""  # the settings that size it, for messages (e.g. "async.num_generators=2 × async.generator_cpus=0.5")
     _placements: list[Placement] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -189,14 +190,21 @@ class ResourcePoolManager:
         return grouped
 
     def check_cluster(self) -> None:
-        """Fail before any worker starts if the cluster cannot hold every pool at once."""
+        """Fail before any worker starts if the cluster cannot hold every pool at once; the message
+        lists what each pool asks for."""
         import ray
 
         need_cpu = sum(p.cpus_per_bundle * p.world_size for p in self.pools.values())
         need_gpu = sum(p.gpus_per_bundle * p.world_size for p in self.pools.values())
         have = ray.cluster_resources()
         if need_cpu > have.get("CPU", 0) or need_gpu > have.get("GPU", 0):
+            asks = "; ".join(dict.fromkeys(
+                f"{p.sized_by or name}: {p.world_size} × ({p.cpus_per_bundle:g} CPU" + (f", {p.gpus_per_bundle:g} GPU)" if p.gpus_per_bundle else ")")
+                for name, p in self.pools.items()
+            ))
             raise ResourceError(
-                f"the resource pools need {need_cpu:g} CPU and {need_gpu:g} GPU in all, the cluster has "
-                f"{have.get('CPU', 0):g} CPU and {have.get('GPU', 0):g} GPU; shrink the pools or colocate roles"
+                f"the resource pools need {need_cpu:g} CPU and {need_gpu:g} GPU in all ({asks}); the cluster has "
+                f"{have.get('CPU', 0):g} CPU and {have.get('GPU', 0):g} GPU. Use fewer or smaller processes (fewer generators, "
+                "or a fraction of a CPU/GPU each: async.generator_cpus=0.5; fewer trainer.n_workers_per_node; a smaller env.llm.cpus), "
+                "colocate roles, or join a bigger cluster (trainer.ray_address)"
             )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import pickle
+import signal
 import time
 import traceback
 import weakref
@@ -232,6 +233,8 @@ def _kill(process: Any, connection: Any) -> None:
 
 def _serve(connection: Any) -> None:
     """The child's loop: receive (pickled functions, calls), answer "loaded", then one outcome per call."""
+    # Ctrl-C reaches every process of the terminal's group: the trainer decides when to stop, and stops this one
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
             blob, calls = connection.recv()

@@ -1,8 +1,8 @@
 """Circuit breakers: a step that failed as a whole stops the run, instead of training on zeros.
 
 Both trainers check each training step's metrics, so the same breakers work in synchronous and
-asynchronous runs (there the batch's units are merged first; their counts are per-unit means, which
-``units`` turns back into the step's totals). A breaker raises :class:`CircuitBreakerError`, whose
+asynchronous runs (there the batch's units are merged first, their counts summed:
+``rollout.batching.merge_unit_metrics``). A breaker raises :class:`CircuitBreakerError`, whose
 message names the breaker, the numbers, the first failure when this process saw it, and the key to
 change; it is a PosttrainError, which the CLI shows as one line.
 
@@ -107,15 +107,15 @@ class CircuitBreakers:
         self.limits = limits
         self.skipped_in_a_row = 0
 
-    def check_rollout(self, metrics: Mapping[str, float], step: int, *, units: int = 1, notes: Mapping[str, str] | None = None) -> None:
-        """After the rollout phase (scored samples, before any update). ``units``: how many merged
-        parts the metrics are means of; ``notes``: the first failure's text per breaker name, if known."""
+    def check_rollout(self, metrics: Mapping[str, float], step: int, *, notes: Mapping[str, str] | None = None) -> None:
+        """After the rollout phase (scored samples, before any update). ``notes``: the first
+        failure's text per breaker name, if known."""
         for breaker in _FRACTION_BREAKERS:
             limit = getattr(self.limits, breaker.limit_field)
             counts = breaker.counts(metrics)
             if limit is None or counts is None:
                 continue
-            failed, total = round(counts[0] * units), round(counts[1] * units)
+            failed, total = round(counts[0]), round(counts[1])
             if total > 0 and failed / total >= limit:
                 note = (notes or {}).get(breaker.name)
                 raise CircuitBreakerError(

@@ -1,21 +1,18 @@
-"""The run's datasets and loaders, from ``data.*`` (built-in datasets prepared once into the cache),
-and the check that a table of score functions can score every row of them."""
+"""The run's datasets and loaders, from ``data.*`` (built-in datasets prepared once into the cache)."""
 
 from __future__ import annotations
 
 import hashlib
 import inspect
 import json
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from posttrain.config.schema import DataConfig
-from posttrain.data import DataFormatError, PromptDataLoader, RLDataset, RowProblem, prepare, problems_report
+from posttrain.data import PromptDataLoader, RLDataset, prepare
 from posttrain.data.preparers import get_preparer
 from posttrain.models import build_atomically, cache_root
-from posttrain.rewards.registry import GROUND_TRUTH_FIX, ScoreFunction, lacks_ground_truth, unknown_source_fix
 
 
 @dataclass
@@ -73,19 +70,3 @@ def build_run_data(data: DataConfig, tokenizer: Any) -> RunData:
     val_set = RLDataset(val_files, tokenizer, **common)
     val = PromptDataLoader(val_set, data.val_batch_size or len(val_set), tokenizer.pad_token_id, shuffle=False, drop_last=False)
     return RunData(train, val, val_set, Path(train_files[0]).parent)
-
-
-def check_scorable(score_functions: Mapping[str, ScoreFunction], datasets: Iterable[RLDataset | None]) -> None:
-    """Raise DataFormatError listing every row of ``datasets`` that ``score_functions`` cannot score:
-    its data_source has no function there, or its ground truth is missing (they all compare with it)."""
-    problems = []
-    for dataset in datasets:
-        for sample in dataset.samples if dataset is not None else ():
-            if sample.data_source not in score_functions:
-                problems.append(RowProblem(sample.file, sample.row, "data_source", f"{sample.data_source!r} has no score function",
-                                           unknown_source_fix(score_functions)))
-            elif lacks_ground_truth(sample.ground_truth):
-                problems.append(RowProblem(sample.file, sample.row, "reward_model.ground_truth",
-                                           f"{sample.ground_truth!r} is no answer to compare with", GROUND_TRUTH_FIX))
-    if problems:
-        raise DataFormatError(problems_report(problems))

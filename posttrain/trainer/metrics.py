@@ -5,9 +5,7 @@ All functions are pure: a Batch (and timings) in, a flat ``{name: float}`` out.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 
 import torch
 
@@ -76,11 +74,3 @@ def timing_metrics(timings_s: Mapping[str, float], batch: Batch) -> dict[str, fl
         "perf/throughput": total_tokens / step_seconds if step_seconds > 0 else 0.0,
     }
     return metrics
-
-
-@contextmanager
-def timed(timings_s: dict[str, float], phase: str) -> Iterator[None]:
-    """Adds the seconds the block took to ``timings_s[phase]``."""
-    start = time.perf_counter()
-    yield
-    timings_s[phase] = timings_s.get(phase, 0.0) + time.perf_counter() - start

@@ -8,7 +8,10 @@ The Env-LLM (the environment's model, e.g. a patient) is built FIRST, so that on
 reserved before the policy's engines take theirs: colocated (``env.llm.placement=colocate``, the
 default) it is the first worker of each policy process; ``separate`` gives it a pool of its own
 (``env.llm.cpus`` CPUs, ``env.llm.gpus`` GPUs on a GPU machine), taken out of the machine before the
-policy's share is computed.
+policy's share is computed. An asynchronous run's generators get a one-process pool each
+(``async.generator_cpus``, ``async.generator_gpus``), also taken out first: every pool is in the one
+:class:`~posttrain.controller.ResourcePoolManager`, which checks the cluster can hold them all
+before any worker starts.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from dataclasses import dataclass
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.controller import ResourcePool, ResourcePoolManager, WorkerGroup, WorkerSpec, kill_group, spawn_pools
-from posttrain.trainer.env_llm import needs_env_llm_worker
+from posttrain.rollout.env_llm import needs_env_llm_worker
+from posttrain.rollout.roles import RolloutRoles
 from posttrain.workers.critic import CriticWorker
 from posttrain.workers.env_llm import EnvLLMWorker
 from posttrain.workers.policy import PolicyWorker
@@ -45,6 +49,10 @@ class Roles:
     reward_model: WorkerGroup | None
     pools: ResourcePoolManager
     env_llm: WorkerGroup | None = None
+
+    def for_rollout(self) -> RolloutRoles:
+        """The workers a rollout calls."""
+        return RolloutRoles(self.actor, self.reward_model, self.env_llm)
 
     def release(self) -> None:
         """Stop every worker process (a stuck one too), then free the pools."""
@@ -88,15 +96,32 @@ def worker_specs(config: PosttrainConfig, total_steps: int) -> dict[str, WorkerS
 
 
 def resource_pools(config: PosttrainConfig, roles: list[str]) -> ResourcePoolManager:
-    """The pools and the role → pool mapping (roles in build order: the Env-LLM first)."""
-    trainer, llm = config.trainer, config.env.llm
+    """The pools and the role → pool mapping (roles in build order: the Env-LLM first; an asynchronous
+    run's generators, ``generator_<i>``, last: they are started by the coordinator, not here). The one
+    place that sizes each process: what the Env-LLM (placed apart) and the generators take comes out of
+    this machine first, the trainer's ranks share the rest."""
+    trainer, llm, options = config.trainer, config.env.llm, config.async_
     gpus = 1.0 if _use_gpu(trainer.device) else 0.0
     separate = "env_llm" in roles and llm.placement == "separate"
     cpus = trainer_cpus_per_worker(config, llm.cpus if separate else 0)
-    pools = {"global_pool": ResourcePool("global_pool", [trainer.n_workers_per_node] * trainer.nnodes, cpus_per_bundle=cpus, gpus_per_bundle=gpus)}
+    pools = {"global_pool": ResourcePool("global_pool", [trainer.n_workers_per_node] * trainer.nnodes, cpus_per_bundle=cpus,
+                                         gpus_per_bundle=gpus, sized_by=f"the trainer (trainer.nnodes={trainer.nnodes} × "
+                                         f"trainer.n_workers_per_node={trainer.n_workers_per_node})")}
+    mapping = {role: "global_pool" for role in roles}
     if separate:
-        pools["env_llm_pool"] = ResourcePool("env_llm_pool", [1], cpus_per_bundle=llm.cpus, gpus_per_bundle=llm.gpus if gpus else 0.0)
-    return ResourcePoolManager(pools, {role: "env_llm_pool" if separate and role == "env_llm" else "global_pool" for role in roles})
+        pools["env_llm_pool"] = ResourcePool("env_llm_pool", [1], cpus_per_bundle=llm.cpus, gpus_per_bundle=llm.gpus if gpus else 0.0,
+                                             sized_by=f"the Env-LLM (env.llm.cpus={llm.cpus:g})")
+        mapping["env_llm"] = "env_llm_pool"
+    for name in generator_roles(config):
+        pools[name] = ResourcePool(name, [1], cpus_per_bundle=options.generator_cpus, gpus_per_bundle=options.generator_gpus if gpus else 0.0,
+                                   sized_by=f"each of async.num_generators={options.num_generators} generators")
+        mapping[name] = name
+    return ResourcePoolManager(pools, mapping)
+
+
+def generator_roles(config: PosttrainConfig) -> list[str]:
+    """``generator_0`` … of an asynchronous run (none in sync mode)."""
+    return [f"generator_{i}" for i in range(config.async_.num_generators)] if config.trainer.mode == "async" else []
 
 
 def trainer_cpus_per_worker(config: PosttrainConfig, reserved: float = 0) -> float:

@@ -5,13 +5,15 @@ or one of :data:`REFUSED`) ends with that message as one line on stderr and exit
 code 2 (fix something, then run again) or 1 (the run broke off; the message names what resumes it).
 Its traceback, and every record of posttrain's loggers while the run lasted, are in
 ``<run dir>/posttrain.log``; any other error is a bug and shows its traceback on the console as well.
-``posttrain sft`` does the same.
+``posttrain sft`` does the same. A person's stop (Ctrl-C, SIGTERM, ``<run dir>/STOP``) ends as a
+line saying where the run is and the exact command that continues it (trainer/skeleton.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +27,8 @@ from posttrain.agents.retriever.types import RetrieverError
 from posttrain.config.schema import PosttrainConfig, TrainerConfig
 from posttrain.errors import PosttrainError
 from posttrain.trainer.checkpoint import CheckpointError
+from posttrain.trainer.roles import Roles
+from posttrain.trainer.skeleton import Run, RunParts, StopSignal, Stopped
 
 RUN_LOG = "posttrain.log"
 # Errors of other modules whose message says what to do, beside PosttrainError's subclasses.
@@ -75,40 +79,86 @@ def _report(err: Exception, run_dir: Path) -> int | None:
 
 
 def run_training(config: PosttrainConfig) -> int:
-    from posttrain.trainer.async_.trainer import AsyncTrainer, StopRequested
-    from posttrain.trainer.sync import SyncTrainer
+    """``posttrain train``: the sync or async mode on the run skeleton."""
+    from posttrain.trainer.async_.mode import async_parts
+    from posttrain.trainer.setup import rollout_setup
+    from posttrain.trainer.sync import sync_parts
 
+    def build(stop: StopSignal) -> RunParts:
+        setup = rollout_setup(config)
+        return async_parts(setup, stop) if config.trainer.mode == "async" else sync_parts(setup)
+
+    def summary(console: Console, run: Run, seconds: float) -> None:
+        _summary(console, run.val_history, run.run_dir, seconds)
+        _export_hint(console, run.checkpoints.latest(), run.run_dir)
+
+    return _run(config, build, summary)
+
+
+def run_sft(config: PosttrainConfig) -> int:
+    """``posttrain sft``: supervised fine-tuning, then the policy exported for ``posttrain train``."""
+    from posttrain.trainer.sft import sft_parts
+
+    def summary(console: Console, run: Run, seconds: float) -> None:
+        losses = run.parts.validation.loss_history
+        if len(losses) >= 2:
+            console.print(f"val/sft_loss: {losses[0]:.3f} → {losses[-1]:.3f}")
+        _summary(console, run.val_history, run.run_dir, seconds)
+        console.print(f"policy: {run.result}  (RL from it: posttrain train actor_rollout_ref.model.path={run.result})")
+
+    return _run(config, lambda stop: sft_parts(config), summary)
+
+
+def _run(config: PosttrainConfig, build: Callable[[StopSignal], RunParts], summary: Callable[[Console, Run, float], None]) -> int:
+    """Build the mode's parts (every check that needs no worker), then run them on the skeleton with Ray up."""
     console = Console()
     start = time.perf_counter()
+    stop = StopSignal(Path(config.trainer.default_local_dir))
     try:
-        trainer = (AsyncTrainer if config.trainer.mode == "async" else SyncTrainer)(config)
-        finished = trainer.finished()
+        run = Run(build(stop), stop)
+        finished = run.finished()
     except (ValueError, FileNotFoundError, CheckpointError) as err:  # refused before any worker starts: say why, no traceback
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
+    except PosttrainError as err:
+        print(f"posttrain: {err}", file=sys.stderr)
+        return err.exit_code
     if finished:  # nothing to train: no Ray, no workers
-        console.print(f"posttrain: this run is finished: {trainer.resume_from} holds its last step ({trainer.total_steps}). To train "
-                      "further raise trainer.total_training_steps (or trainer.total_epochs); to start over, "
-                      "trainer.resume_mode=disable", soft_wrap=True, highlight=False)
-        _export_hint(console, trainer.resume_from, trainer.run_dir)
+        more = "sft.total_training_steps (or sft.total_epochs)" if run.parts.label == "sft" else "trainer.total_training_steps (or trainer.total_epochs)"
+        console.print(f"posttrain: this run is finished: {run.resume_from} holds its last step ({run.total_steps}). To train "
+                      f"further raise {more}; to start over, trainer.resume_mode=disable", soft_wrap=True, highlight=False)
+        _export_hint(console, run.resume_from, run.run_dir)
         return 0
 
-    def train() -> int:
-        mode = f" ({config.async_.num_generators} generator(s), max staleness {config.async_.max_staleness})" if config.trainer.mode == "async" else ""
-        console.print(
-            f"[bold]posttrain[/] {config.algorithm.adv_estimator} on {config.actor_rollout_ref.model.path}: "
-            f"{trainer.total_steps} steps{mode} → {trainer.run_dir}"
-        )
+    def body() -> int:
+        console.print(run.parts.headline)
         try:
-            trainer.fit()
-        except StopRequested:  # a graceful stop: the checkpoint is written and named
-            console.print("posttrain: run the same command again to continue (trainer.resume_mode=auto)")
-            return 0
-        _summary(console, trainer.val_history, trainer.run_dir, time.perf_counter() - start)
-        _export_hint(console, trainer.checkpoints.latest(), trainer.run_dir)
+            run.fit()
+        except Stopped as stopped:
+            return _stopped(console, stopped, run)
+        summary(console, run, time.perf_counter() - start)
         return 0
 
-    return _with_ray(config.trainer, trainer.run_dir, train)
+    return _with_ray(config.trainer, run.run_dir, body)
+
+
+def _stopped(console: Console, stopped: Stopped, run: Run) -> int:
+    """Where a person's stop left the run, and the exact command that continues it. Exit 0 when it
+    stopped at a clean point (a checkpoint holds everything trained), 130 when it stopped at once."""
+    command = shlex.join(["posttrain", *sys.argv[1:]])
+    if stopped.at_once:
+        latest = run.checkpoints.latest()
+        where = f"the last complete checkpoint is {latest}" if latest else "no checkpoint was written"
+        console.print(f"posttrain: stopped at once ({stopped.reason}) after step {run.step} of {run.total_steps}; {where}. "
+                      f"To continue: {command}", soft_wrap=True, highlight=False, markup=False)
+        return 130
+    if stopped.checkpoint is None:
+        console.print(f"posttrain: stopped ({stopped.reason}) before the first step; nothing was trained. To start: {command}",
+                      soft_wrap=True, highlight=False, markup=False)
+        return 0
+    console.print(f"posttrain: stopped ({stopped.reason}) after step {stopped.step} of {run.total_steps}; checkpoint "
+                  f"{stopped.checkpoint}. To continue: {command}", soft_wrap=True, highlight=False, markup=False)
+    return 0
 
 
 def _with_ray(trainer_config: TrainerConfig, run_dir: Path, body: Callable[[], int]) -> int:
@@ -136,33 +186,6 @@ def _export_hint(console: Console, checkpoint: Path | None, run_dir: Path) -> No
                       soft_wrap=True, highlight=False)
 
 
-def run_sft(config: PosttrainConfig) -> int:
-    """``posttrain sft``: supervised fine-tuning, then the policy exported for ``posttrain train``."""
-    from posttrain.trainer.sft import SFTTrainer
-
-    console = Console()
-    start = time.perf_counter()
-    try:
-        trainer = SFTTrainer(config)
-    except (ValueError, FileNotFoundError, CheckpointError) as err:  # refused before any worker starts
-        print(f"posttrain: {err}", file=sys.stderr)
-        return 2
-
-    def fine_tune() -> int:
-        console.print(
-            f"[bold]posttrain sft[/] on {config.actor_rollout_ref.model.path}: {len(trainer.train_set)} transcripts"
-            f" ({trainer.train_set.num_dropped} dropped as too long), {trainer.total_steps} steps → {trainer.run_dir}"
-        )
-        export = trainer.fit()
-        if len(trainer.loss_history) >= 2:
-            console.print(f"val/sft_loss: {trainer.loss_history[0]:.3f} → {trainer.loss_history[-1]:.3f}")
-        _summary(console, trainer.validator.history if trainer.validator else [], trainer.run_dir, time.perf_counter() - start)
-        console.print(f"policy: {export}  (RL from it: posttrain train actor_rollout_ref.model.path={export})")
-        return 0
-
-    return _with_ray(config.trainer, trainer.run_dir, fine_tune)
-
-
 def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episodes: str | None = None, by: str | None = None) -> int:
     """Validation only: the configured model, or the policy of ``checkpoint``, on data.val_files.
 
@@ -172,32 +195,30 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
     import ray
 
     from posttrain.trainer.export import checkpoint_dir
-    from posttrain.trainer.roles import start_roles
-    from posttrain.trainer.sync import SyncTrainer
+    from posttrain.trainer.setup import RolloutService, rollout_setup
+    from posttrain.trainer.skeleton import workers_up
     from posttrain.trainer.validation import episode_rows, summarize_rows, write_jsonl
 
     console = Console()
     try:
-        trainer = SyncTrainer(config)
+        setup = rollout_setup(config)
     except (ValueError, FileNotFoundError) as err:
         print(f"posttrain: {err}", file=sys.stderr)
         return 2
-    if trainer.data.val is None:
+    if setup.validator is None:
         console.print("posttrain: no validation data: set data.val_files (or data.builtin)")
         return 2
+
+    def load_policy(roles: Roles) -> None:
+        if checkpoint:
+            directory = checkpoint_dir(checkpoint)
+            roles.actor.load_checkpoint(str(directory / "actor"), 1)
+            console.print(f"policy from {directory}")
+
     _start_ray(config.trainer, None)  # an evaluation keeps the run directory's link to its training logs
     try:
-        trainer.roles = start_roles(config, trainer.total_steps)
-        try:
-            trainer.rollout.open(trainer.roles)
-            if checkpoint:
-                directory = checkpoint_dir(checkpoint)
-                trainer.roles.actor.load_checkpoint(str(directory / "actor"), 1)
-                console.print(f"policy from {directory}")
-            metrics = trainer.validator(trainer.roles)  # no step: eval writes episodes only where --dump-episodes says
-        finally:
-            trainer.roles.release()
-            trainer.rollout.close()
+        with workers_up(config, setup.total_steps, [RolloutService(setup.rollout)], load_policy) as roles:
+            metrics = setup.validator(roles)  # no step: eval writes episodes only where --dump-episodes says
     except Exception as err:  # an evaluation keeps no log file: known errors are one line, bugs keep their traceback
         if (code := exit_code_of(err)) is None:
             raise
@@ -207,7 +228,7 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
         ray.shutdown()
     for name, value in sorted(metrics.items()):
         console.print(f"{name}: {value:.4f}")
-    rows = episode_rows(trainer.validator.last_batch, trainer.tokenizer)
+    rows = episode_rows(setup.validator.last_batch, setup.tokenizer)
     if by is not None:
         for group, summary in summarize_rows(rows, by).items():
             console.print(f"{group}: " + " · ".join(f"{name} {value:.3f}" for name, value in summary.items()), highlight=False)

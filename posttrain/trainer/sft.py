@@ -10,6 +10,9 @@
                 a Hugging Face directory, ``<run dir>/export``, which ``posttrain train
                 actor_rollout_ref.model.path=<run dir>/export`` starts RL from.
 
+The loop, checkpoints, resume, tracking and stopping are the run skeleton's (trainer/skeleton.py);
+this file supplies the step, the validation and the export.
+
 Transcripts are tokenised exactly as the agent loop lays out an episode (``agents/transcript.py``),
 with the environment's stop strings (``env.name``), so the model learns the very tokens RL will
 feed it. The workers are the RL run's own (``PolicyWorker``), built with the ``sft`` section's
@@ -18,35 +21,37 @@ optimizer: see :func:`sft_run_config`.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import torch
+from transformers import PreTrainedTokenizerBase
 
 from posttrain import keys
-from posttrain.config import ConfigError, to_yaml
 from posttrain.config.schema import PosttrainConfig
-from posttrain.config.validate import check_sft
-from posttrain.controller import WorkerDiedError, WorkerHungError
 from posttrain.data import PromptDataLoader
 from posttrain.data.sft_dataset import SFTDataError, SFTDataset, SFTSample
-from posttrain.engines.training.inputs import build_model_inputs
+from posttrain.errors import PosttrainError
 from posttrain.models import load_tokenizer, resolve_model
-from posttrain.protocol import Batch, pad_rows
-from posttrain.trainer.checkpoint import CheckpointManager, load_rng_state, save_rng_state
+from posttrain.protocol import Batch
+from posttrain.rollout import build_rollout, sequences_to_batch
 from posttrain.trainer.data_setup import build_run_data, resolve_files
 from posttrain.trainer.metrics import mean_of_ranks
-from posttrain.trainer.report import write_report
-from posttrain.trainer.roles import Roles, start_roles
-from posttrain.trainer.rollout import AgentRollout, build_rollout
-from posttrain.trainer.tracking import run_tracking
+from posttrain.trainer.report import Sample
+from posttrain.trainer.roles import Roles
+from posttrain.trainer.setup import RolloutService
+from posttrain.trainer.skeleton import RunParts, epoch_batches
 from posttrain.trainer.validation import Validator
 
 SFT_FILE, SFT_VAL_FILE = "sft.parquet", "sft_val.parquet"
 EXPORT_DIR = "export"
+
+
+class SFTSettingsError(PosttrainError):
+    """An ``sft`` setting that the data makes impossible (known only once the transcripts are read)."""
+
+    exit_code = 2
 
 
 def sft_run_config(config: PosttrainConfig, total_steps: int) -> PosttrainConfig:
@@ -71,142 +76,71 @@ def sft_run_config(config: PosttrainConfig, total_steps: int) -> PosttrainConfig
 def transcripts_to_batch(samples: Sequence[SFTSample], pad_token_id: int) -> Batch:
     """Transcripts as model inputs: prompts left-padded, responses right-padded, RESPONSE_MASK the loss mask."""
     transcripts = [s.transcript for s in samples]
-    prompt_width = max(len(t.prompt_ids) for t in transcripts)
-    response_width = max(len(t.response_ids) for t in transcripts)
-    prompt_ids = pad_rows([t.prompt_ids for t in transcripts], prompt_width, pad_token_id, left=True)
-    prompt_mask = pad_rows([[1] * len(t.prompt_ids) for t in transcripts], prompt_width, left=True)
-    response_ids = pad_rows([t.response_ids for t in transcripts], response_width, pad_token_id)
-    attention = pad_rows([[1] * len(t.response_ids) for t in transcripts], response_width)
-    loss_mask = pad_rows([t.loss_mask for t in transcripts], response_width, dtype=torch.float32)
-    inputs = build_model_inputs(prompt_ids, prompt_mask, response_ids, attention)
-    return Batch.from_dict(inputs | {keys.PROMPT_IDS: prompt_ids, keys.PROMPT_MASK: prompt_mask, keys.RESPONSE_MASK: loss_mask})
+    return sequences_to_batch(
+        [t.prompt_ids for t in transcripts], [t.response_ids for t in transcripts], pad_token_id=pad_token_id,
+        loss_masks=[t.loss_mask for t in transcripts],
+    )
 
 
-class SFTTrainer:
-    def __init__(self, config: PosttrainConfig) -> None:
-        sft = config.sft
-        problems = check_sft(config)
-        if problems:
-            raise ConfigError(problems)
-        self.run_dir = Path(config.trainer.default_local_dir)
-        self.tokenizer = load_tokenizer(resolve_model(config.actor_rollout_ref.model.path))
-        has_rl_data = bool(config.data.train_files or config.data.builtin)
-        data_dir = Path(resolve_files(config.data)[0][0]).parent if has_rl_data else None
-        # the environment's stop strings decide whether an agent turn ends on eos (trained) or not
-        self.rollout = build_rollout(config, self.tokenizer, data_dir) if has_rl_data else None
-        stop_strings = self.rollout.stop_strings if isinstance(self.rollout, AgentRollout) else ()
-        train_files, val_files = sft_files(sft.train_files, sft.val_files, data_dir)
-        common = {"max_length": sft.max_length, "messages_key": sft.messages_key, "truncation": sft.truncation,
-                  "stop_strings": stop_strings, "require_success": sft.require_success}
-        self.train_set = SFTDataset(train_files, self.tokenizer, **common)
-        self.val_set = SFTDataset(val_files, self.tokenizer, **common) if val_files else None
-        if len(self.train_set) < sft.train_batch_size:
-            raise SFTDataError(
-                f"sft.train_batch_size={sft.train_batch_size} but {train_files} hold only {len(self.train_set)} usable "
-                "transcripts; lower sft.train_batch_size or add transcripts"
-            )
-        pad = self.tokenizer.pad_token_id
-        self.train = PromptDataLoader(self.train_set, sft.train_batch_size, pad, seed=sft.seed, collate=transcripts_to_batch)
-        epoch_steps = len(self.train) * sft.total_epochs
-        self.total_steps = min(sft.total_training_steps or epoch_steps, epoch_steps)
-        if sft.optim.warmup_steps > self.total_steps:
-            raise ValueError(f"sft.optim.warmup_steps={sft.optim.warmup_steps} is more than the run's {self.total_steps} steps; lower it")
-        self.config = sft_run_config(config, self.total_steps)
-        self.validator: Validator | None = None
-        if self.rollout is not None and sft.val_rollout:
-            run_data = build_run_data(self.config.data, self.tokenizer)
-            if run_data.val is not None:
-                self.rollout.check_data(validation=run_data.val_dataset)  # a case the environment cannot play fails now
-                self.validator = Validator(self.rollout, run_data.val, config.actor_rollout_ref.rollout.val_kwargs.n, self.tokenizer,
-                                           config.trainer.val_samples_in_report, self.run_dir / "validation")
-        if self.validator is None:  # no validation episodes: no environment resources (an Env-LLM worker) to start
-            self.config = replace(self.config, env=replace(self.config.env, name=None))
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=config.trainer.max_ckpt_to_keep)
-        self.step = 0
-        self.roles: Roles | None = None
+class SFTStep:
+    """One optimizer step on a batch of transcripts; metrics under ``sft/``."""
+
+    def __call__(self, roles: Roles, batch: Batch, step: int) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = _renamed(mean_of_ranks(roles.actor.sft_step(batch).metrics))
+        return metrics | {"sft/tokens": float(batch[keys.RESPONSE_MASK].sum()), "timing_s/step": time.perf_counter() - start}
+
+
+class SFTValidation:
+    """Before training and at the last step: the validation loss and (with a validator) the RL task's
+    validation rollout, the last after the trained weights reach the rollout engine; every
+    ``sft.test_freq`` steps between: the loss only."""
+
+    before_training = True
+
+    def __init__(self, val_set: SFTDataset | None, validator: Validator | None, test_freq: int, total_steps: int,
+                 micro_batch_size: int, pad_token_id: int) -> None:
+        self.val_set, self.validator, self.test_freq, self.total_steps = val_set, validator, test_freq, total_steps
+        self.batch_size, self.pad_token_id = micro_batch_size * 4, pad_token_id
         self.loss_history: list[float] = []
-        # a checkpoint to resume from is read now, so a run that cannot continue stops before workers start
-        self.resume_from = self.checkpoints.resolve_resume(config.trainer.resume_mode)
-        if self.resume_from is not None:
-            self.train.load_state_dict(json.loads((self.resume_from / "trainer_state.json").read_text())["dataloader"])
 
-    # ---- the loop ---------------------------------------------------------------------------
+    @property
+    def history(self) -> list[dict[str, float]]:
+        return self.validator.history if self.validator else []
 
-    def fit(self) -> Path:
-        """Train to ``total_steps``; returns the exported Hugging Face directory."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(to_yaml(self.config))
-        torch.manual_seed(self.config.trainer.seed)
-        try:
-            self.roles = start_roles(self.config, self.total_steps)
-            if self.validator is not None:
-                self.rollout.open(self.roles)  # e.g. the retriever and the patient the agent's validation episodes call
-            return self._fit(self.roles)
-        except (WorkerDiedError, WorkerHungError) as err:
-            self.checkpoints.name_the_resume(err, self.step)
-            raise
-        finally:
-            if self.roles is not None:
-                self.roles.release()
-            if self.validator is not None:
-                self.rollout.close()
+    @property
+    def first_samples(self) -> list[Sample]:
+        return self.validator.first_samples if self.validator else []
 
-    def _fit(self, roles: Roles) -> Path:
-        self._resume()
-        # what an earlier attempt logged after the step resumed from is dropped: no step twice
-        tracking = run_tracking(self.config, self.run_dir, self.total_steps, purge_step=self.step + 1 if self.resume_from else 0)
-        try:
-            if self.step == 0:
-                tracking.log(self.validate(), 0)
-            for epoch, batch in self._batches():
-                self.step += 1
-                start = time.perf_counter()
-                metrics = _renamed(mean_of_ranks(roles.actor.sft_step(batch).metrics))
-                metrics |= {"sft/tokens": float(batch[keys.RESPONSE_MASK].sum()), "training/epoch": float(epoch),
-                            "timing_s/step": time.perf_counter() - start}
-                if self.step == self.total_steps:
-                    roles.actor.sync_weights(self.step)  # the rollout engine validates the trained weights
-                    metrics |= self.validate()
-                elif self._due(self.config.sft.test_freq):
-                    metrics |= self.validation_loss()
-                tracking.log(metrics, self.step)
-                if self._due(self.config.trainer.save_freq):
-                    self.save_checkpoint()
-        finally:
-            tracking.close()
-        export = Path(roles.actor.export(str(self.run_dir / EXPORT_DIR))[0])
-        samples = (self.validator.first_samples, self.validator.last_samples) if self.validator else ((), ())
-        write_report(self.run_dir, *samples)
-        return export
+    @first_samples.setter
+    def first_samples(self, samples: list[Sample]) -> None:
+        if self.validator:
+            self.validator.first_samples = samples
 
-    def _batches(self) -> Iterator[tuple[int, Batch]]:
-        while self.train.epoch < self.config.sft.total_epochs and self.step < self.total_steps:
-            epoch = self.train.epoch
-            for batch in self.train:
-                yield epoch, batch
-                if self.step >= self.total_steps:
-                    return
+    @property
+    def last_samples(self) -> list[Sample]:
+        return self.validator.last_samples if self.validator else []
 
-    def _due(self, freq: int) -> bool:
-        return freq > 0 and (self.step % freq == 0 or self.step == self.total_steps)
+    def due(self, step: int, total_steps: int) -> bool:
+        return step == total_steps or (self.test_freq > 0 and step % self.test_freq == 0)
 
-    # ---- validation -------------------------------------------------------------------------
-
-    def validate(self) -> dict[str, float]:
-        """The validation loss and, with a validator, the RL task's validation rollout."""
-        metrics = self.validation_loss()
-        if self.validator is not None:
-            metrics |= self.validator(self.roles, self.step)
+    def __call__(self, roles: Roles, step: int) -> dict[str, float]:
+        last = step > 0 and step == self.total_steps
+        if last:
+            roles.actor.sync_weights(step)  # the rollout engine validates the trained weights
+        metrics = self.loss(roles)
+        if self.validator is not None and (step == 0 or last):
+            metrics |= self.validator(roles, step)
         return metrics
 
-    def validation_loss(self) -> dict[str, float]:
+    def loss(self, roles: Roles) -> dict[str, float]:
         if self.val_set is None:
             return {}
-        loader = PromptDataLoader(self.val_set, self.config.sft.micro_batch_size_per_gpu * 4, self.tokenizer.pad_token_id,
-                                  shuffle=False, drop_last=False, collate=transcripts_to_batch)
+        loader = PromptDataLoader(self.val_set, self.batch_size, self.pad_token_id, shuffle=False, drop_last=False,
+                                  collate=transcripts_to_batch)
         total, tokens = 0.0, 0.0
         for batch in loader:
-            logprobs = self.roles.actor.compute_sft_logprobs(batch)[keys.LOGPROBS]
+            logprobs = roles.actor.compute_sft_logprobs(batch)[keys.LOGPROBS]
             mask = batch[keys.RESPONSE_MASK]
             total += float(-(logprobs * mask).sum())
             tokens += float(mask.sum())
@@ -214,25 +148,61 @@ class SFTTrainer:
         self.loss_history.append(loss)
         return {"val/sft_loss": loss}
 
-    # ---- checkpoints ------------------------------------------------------------------------
 
-    def save_checkpoint(self) -> Path:
-        directory = self.checkpoints.begin(self.step)
-        self.roles.actor.save_checkpoint(str(directory / "actor"))
-        (directory / "trainer_state.json").write_text(json.dumps({"step": self.step, "dataloader": self.train.state_dict()}))
-        (directory / "config.yaml").write_text(to_yaml(self.config))
-        save_rng_state(directory)
-        return self.checkpoints.commit(self.step)
+def sft_parts(config: PosttrainConfig) -> RunParts[Batch]:
+    """The SFT mode's parts; its transcripts are read (and every problem with them found) here."""
+    sft = config.sft
+    run_dir = Path(config.trainer.default_local_dir)
+    tokenizer = load_tokenizer(resolve_model(config.actor_rollout_ref.model.path))
+    has_rl_data = bool(config.data.train_files or config.data.builtin)
+    data_dir = Path(resolve_files(config.data)[0][0]).parent if has_rl_data else None
+    # the environment's stop strings decide whether an agent turn ends on eos (trained) or not
+    rollout = build_rollout(config, tokenizer, data_dir) if has_rl_data else None
+    train_set, val_set = sft_datasets(config, tokenizer, data_dir, rollout.stop_strings if rollout else ())
+    pad = tokenizer.pad_token_id
+    loader = PromptDataLoader(train_set, sft.train_batch_size, pad, seed=sft.seed, collate=transcripts_to_batch)
+    epoch_steps = len(loader) * sft.total_epochs
+    total_steps = min(sft.total_training_steps or epoch_steps, epoch_steps)
+    if sft.optim.warmup_steps > total_steps:
+        raise SFTSettingsError(f"sft.optim.warmup_steps={sft.optim.warmup_steps} is more than the run's {total_steps} steps; lower it")
+    run_config = sft_run_config(config, total_steps)
+    validator = None
+    if rollout is not None and sft.val_rollout:
+        run_data = build_run_data(run_config.data, tokenizer)
+        if run_data.val is not None:
+            rollout.check_data(validation=run_data.val_dataset)  # a case the environment cannot play fails now
+            validator = Validator(rollout, run_data.val, config.actor_rollout_ref.rollout.val_kwargs.n, tokenizer,
+                                  config.trainer.val_samples_in_report, run_dir / "validation")
+    if validator is None:  # no validation episodes: no environment resources (an Env-LLM worker) to start
+        run_config = replace(run_config, env=replace(run_config.env, name=None))
+    validation = SFTValidation(val_set, validator, sft.test_freq, total_steps, sft.micro_batch_size_per_gpu, pad)
 
-    def _resume(self) -> None:
-        """Continue from the checkpoint found at start (its data position is already loaded)."""
-        directory = self.resume_from
-        self.step = self.checkpoints.continue_from(directory)
-        if directory is None:
-            return
-        load_rng_state(directory)
-        self.roles.actor.load_checkpoint(str(directory / "actor"), self.step)
-        print(f"posttrain: resumed from {directory} (step {self.step})")
+    def export(roles: Roles) -> Path:
+        return Path(roles.actor.export(str(run_dir / EXPORT_DIR))[0])
+
+    headline = (f"[bold]posttrain sft[/] on {config.actor_rollout_ref.model.path}: {len(train_set)} transcripts"
+                f" ({train_set.num_dropped} dropped as too long), {total_steps} steps → {run_dir}")
+    return RunParts(
+        label="sft", headline=headline, config=run_config, total_steps=total_steps, step=SFTStep(), validation=validation,
+        batches=lambda: epoch_batches(loader, sft.total_epochs), services=[RolloutService(rollout)] if validator else [],
+        state={"dataloader": loader}, finish=export,
+    )
+
+
+def sft_datasets(config: PosttrainConfig, tokenizer: PreTrainedTokenizerBase, data_dir: Path | None,
+                 stop_strings: Sequence[str]) -> tuple[SFTDataset, SFTDataset | None]:
+    """The training and validation transcripts, tokenised as the agent loop lays out an episode."""
+    sft = config.sft
+    train_files, val_files = sft_files(sft.train_files, sft.val_files, data_dir)
+    common = {"max_length": sft.max_length, "messages_key": sft.messages_key, "truncation": sft.truncation,
+              "stop_strings": tuple(stop_strings), "require_success": sft.require_success}
+    train_set = SFTDataset(train_files, tokenizer, **common)
+    if len(train_set) < sft.train_batch_size:
+        raise SFTDataError(
+            f"sft.train_batch_size={sft.train_batch_size} but {train_files} hold only {len(train_set)} usable "
+            "transcripts; lower sft.train_batch_size or add transcripts"
+        )
+    return train_set, SFTDataset(val_files, tokenizer, **common) if val_files else None
 
 
 def sft_files(train_files: Sequence[str], val_files: Sequence[str], data_dir: Path | None) -> tuple[list[str], list[str]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +23,16 @@ from posttrain import keys
 from posttrain.data import PromptDataLoader
 from posttrain.engines.training.inputs import response_attention_mask
 from posttrain.protocol import Batch
-from posttrain.trainer.phases import validation_metrics
 from posttrain.trainer.report import Sample
+from posttrain.rollout import Rollout
+from posttrain.trainer.roles import Roles
 from posttrain.workers.policy import mean_metrics
 
 
 class Validator:
     """Validation rollouts over ``loader`` (n samples per prompt, validation sampling)."""
 
-    def __init__(self, rollout: Any, loader: PromptDataLoader, n: int, tokenizer: Any, samples_in_report: int,
+    def __init__(self, rollout: Rollout, loader: PromptDataLoader, n: int, tokenizer: Any, samples_in_report: int,
                  episodes_dir: Path | None = None) -> None:
         self.rollout, self.loader, self.n = rollout, loader, n
         self.episodes_dir = episodes_dir  # each validation's episodes go to <dir>/step_N.jsonl
@@ -41,10 +42,10 @@ class Validator:
         self.last_samples: list[Sample] = []
         self.last_batch: Batch | None = None
 
-    def __call__(self, roles: Any, step: int | None = None) -> dict[str, float]:
+    def __call__(self, roles: Roles, step: int | None = None) -> dict[str, float]:
         pieces, rollout_metrics = [], []
         for prompts in self.loader:
-            piece, piece_metrics = self.rollout(roles, prompts.repeat(self.n, interleave=True), validate=True)
+            piece, piece_metrics = self.rollout(roles.for_rollout(), prompts.repeat(self.n, interleave=True), validate=True)
             pieces.append(piece)
             rollout_metrics.append(piece_metrics)
         self.loader.load_state_dict({**self.loader.state_dict(), "epoch": 0, "index": 0})
@@ -70,6 +71,40 @@ class Validator:
             response = self.tokenizer.decode(batch[keys.RESPONSE_IDS][row, :length], skip_special_tokens=True)
             samples.append(Sample(prompt, response, float(scores[row])))
         return samples
+
+
+class RLValidation:
+    """The RL trainers' validation: the validator before training (``trainer.val_before_train``) and
+    every ``trainer.test_freq`` steps (and at the last); ``before`` runs first (an asynchronous run
+    syncs its trainer's rollout engine, which samples only for validation)."""
+
+    def __init__(self, validator: Validator, test_freq: int, before_training: bool,
+                 before: Callable[[Roles, int], object] | None = None) -> None:
+        self.validator, self.test_freq, self.before_training, self.before = validator, test_freq, before_training, before
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        return self.validator.history
+
+    @property
+    def first_samples(self) -> list[Sample]:
+        return self.validator.first_samples
+
+    @first_samples.setter
+    def first_samples(self, samples: list[Sample]) -> None:
+        self.validator.first_samples = samples
+
+    @property
+    def last_samples(self) -> list[Sample]:
+        return self.validator.last_samples
+
+    def due(self, step: int, total_steps: int) -> bool:
+        return self.test_freq > 0 and (step % self.test_freq == 0 or step == total_steps)
+
+    def __call__(self, roles: Roles, step: int) -> dict[str, float]:
+        if self.before is not None:
+            self.before(roles, step)
+        return self.validator(roles, step)
 
 
 def episode_rows(batch: Batch, tokenizer: Any) -> list[dict[str, Any]]:
@@ -134,3 +169,34 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
+    """Per data source: ``val/<source>/acc/mean@n`` (mean over all samples) and ``best@n`` (any of a
+    prompt's n samples right), and ``maj@n`` when the scores carry predictions (``reward_extra/pred``).
+
+    Accuracy is ``reward_extra/acc`` when the score function reports it, else score > 0.
+    """
+    scores = batch[keys.TOKEN_SCORES].sum(-1).numpy()
+    acc = np.asarray(batch["reward_extra/acc"], dtype=float) if "reward_extra/acc" in batch else (scores > 0).astype(float)
+    predictions = batch["reward_extra/pred"] if "reward_extra/pred" in batch else None
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for row, (source, uid) in enumerate(zip(batch[keys.DATA_SOURCE], batch[keys.UID])):
+        groups[(source, uid)].append(row)
+    per_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (source, _), rows in groups.items():
+        per_source[source]["mean"].append(float(acc[rows].mean()))
+        per_source[source]["best"].append(float(acc[rows].max()))
+        per_source[source]["reward"].append(float(scores[rows].mean()))
+        if predictions is not None:
+            votes = [predictions[r] for r in rows]
+            answered = [vote for vote in votes if vote == vote]  # NaN: no answer was extracted, which wins no vote
+            winner = max(set(answered), key=answered.count) if answered else None
+            majority = [acc[r] for r, vote in zip(rows, votes) if answered and vote == winner]
+            per_source[source]["maj"].append(float(np.mean(majority)) if majority else 0.0)
+    metrics = {}
+    for source, values in per_source.items():
+        for name, numbers in values.items():
+            label = f"val/{source}/reward/mean@{n}" if name == "reward" else f"val/{source}/acc/{name}@{n}"
+            metrics[label] = float(np.mean(numbers))
+    return metrics

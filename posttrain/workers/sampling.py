@@ -2,8 +2,9 @@
 
 :class:`Sampling` is mixed into every worker that owns a rollout engine and samples for the policy:
 the policy worker (synchronous training: the hybrid engine) and the generator (asynchronous
-training). The rollouts in ``trainer/rollout.py`` call ``generate`` (one response per prompt row)
+training). The rollouts (``posttrain/rollout/``) call ``generate`` (one response per prompt row)
 or ``generate_turn`` (one agent turn per context) and ``release_rollout``, and do not know which.
+Both answer with token lists exactly as sampled; the rollout builds the training Batch from them.
 
 Seeds: a request's sampling seed is ``seed + 1000 × step + RANK_SEED_STRIDE × rank + row_offset``
 (+ ``100_003 × turn`` for agent turns); the engine gives the i-th row base + i. ``step`` is the
@@ -22,9 +23,9 @@ import torch
 
 from posttrain import keys
 from posttrain.controller import Dispatch, register
+from posttrain.engines.rollout import Generation
 from posttrain.protocol import Batch
 from posttrain.workers.engines import generation_params
-from posttrain.workers.rollout_batch import generations_to_batch, prompt_token_lists
 
 RANK_SEED_STRIDE = 1_000_003  # ranks' sampling seeds far apart: a rank's requests take base, base+1, ...
 VALIDATE_META_KEY = "validate"  # meta flag: sample with rollout.val_kwargs instead of training settings
@@ -53,15 +54,16 @@ class Sampling:
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
     def generate(self, batch: Batch) -> Batch:
-        """Prompts (PROMPT_IDS, PROMPT_MASK) → the same rows with responses and model inputs added."""
+        """Prompts (PROMPT_IDS, PROMPT_MASK) → one response per row: TURN_TOKEN_IDS, TURN_LOGPROBS, FINISH_REASON."""
         validate = bool(batch.meta.get(VALIDATE_META_KEY, False))
         # Seeded by the weight version (restored with a checkpoint), so a resumed run samples as
         # the uninterrupted one would have.
         params = generation_params(self.rollout_config, self.data.max_response_length, validation=validate, seed=self._seed())
         self.rollout.wake_up()
-        generations = self.rollout.generate(prompt_token_lists(batch), params)
+        ids, mask = batch[keys.PROMPT_IDS], batch[keys.PROMPT_MASK].bool()
+        generations = self.rollout.generate([row[row_mask].tolist() for row, row_mask in zip(ids, mask)], params)
         self.rollout.sleep()
-        return generations_to_batch(batch, generations, self.data.max_response_length, self.tokenizer.pad_token_id)
+        return _sampled(generations, self.rollout.version)
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
     def generate_turn(self, batch: Batch) -> Batch:
@@ -82,16 +84,21 @@ class Sampling:
         )
         self.rollout.wake_up()
         generations = self.rollout.generate([list(context) for context in batch[keys.TURN_CONTEXT_IDS]], params)
-        return Batch.from_dict(
-            non_tensors={
-                keys.TURN_TOKEN_IDS: [g.response_token_ids for g in generations],
-                keys.TURN_LOGPROBS: [g.logprobs for g in generations],
-                keys.FINISH_REASON: [g.finish_reason for g in generations],
-            },
-            meta={keys.WEIGHT_VERSION: self.rollout.version},
-        )
+        return _sampled(generations, self.rollout.version)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def release_rollout(self) -> None:
         """Let the rollout engine sleep (free its accelerator memory) after a multi-turn rollout."""
         self.rollout.sleep()
+
+
+def _sampled(generations: list[Generation], version: int) -> Batch:
+    """The engine's generations as a Batch of token lists (no padding: the rollout builds the training Batch)."""
+    return Batch.from_dict(
+        non_tensors={
+            keys.TURN_TOKEN_IDS: [g.response_token_ids for g in generations],
+            keys.TURN_LOGPROBS: [g.logprobs for g in generations],
+            keys.FINISH_REASON: [g.finish_reason for g in generations],
+        },
+        meta={keys.WEIGHT_VERSION: version},
+    )

@@ -124,7 +124,7 @@ def test_an_unreachable_server_fails_its_check_with_the_fix():
 
 def test_a_run_refuses_a_dead_url_before_training(tmp_path):
     from posttrain.config.schema import EnvLLMConfig
-    from posttrain.trainer.env_llm import open_env_llm
+    from posttrain.rollout.env_llm import open_env_llm
 
     with pytest.raises(EnvLLMError, match="unset env.llm.url to serve the model in the cluster"):
         open_env_llm(EnvLLMConfig(url="http://127.0.0.1:9/v1", retries=0), None)

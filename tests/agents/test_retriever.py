@@ -563,7 +563,7 @@ def test_the_client_sends_its_token_and_names_the_fix_for_a_401(threaded_service
 
 def test_a_run_sends_the_token_from_the_variable_token_env_names(threaded_service, monkeypatch):
     from posttrain.config.schema import RetrieverConfig
-    from posttrain.trainer.retriever_service import open_retriever
+    from posttrain.rollout.retriever import open_retriever
 
     start, _ = threaded_service
     url = start(FlakyIndex(), token="s3cret")

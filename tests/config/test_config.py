@@ -138,7 +138,7 @@ def test_sft_section_is_checked_by_the_sft_run_only():
 
 
 def test_the_separate_old_logprob_pass_is_skipped_only_for_a_single_update_step():
-    from posttrain.trainer.phases import single_update_step
+    from posttrain.trainer.learn import single_update_step
 
     single = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
     assert single_update_step(load_config([], single))

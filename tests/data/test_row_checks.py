@@ -10,7 +10,7 @@ from posttrain.cli import main
 from posttrain.data import DataFormatError, RLDataset, prepare, read_rows
 from posttrain.models import cached_tiny_model
 from posttrain.rewards import build_reward_manager
-from posttrain.trainer.rollout import SingleTurnRollout
+from posttrain.rollout.single_turn import SingleTurnRollout
 from tests.data.helpers import verl_row, write_parquet
 
 

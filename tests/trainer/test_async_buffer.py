@@ -12,7 +12,7 @@ import torch
 from posttrain import keys
 from posttrain.protocol import Batch
 from posttrain.trainer.async_.buffer import SchedulerClosed, UnitScheduler
-from posttrain.workers.generator import GeneratedUnit
+from posttrain.rollout.generator import GeneratedUnit
 
 PROMPTS_PER_BATCH = 4
 

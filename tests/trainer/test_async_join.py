@@ -9,8 +9,8 @@ from posttrain.algos import get_advantage_estimator
 from posttrain.algos.advantages import AdvantageInputs
 from posttrain.engines.training.inputs import build_model_inputs
 from posttrain.protocol import Batch, pad_rows
-from posttrain.trainer.async_.trainer import join_rollouts, merge_unit_metrics
-from posttrain.trainer.phases import group_ids_of, repeat_for_groups
+from posttrain.rollout.batching import join_rollouts, merge_unit_metrics
+from posttrain.rollout.batching import group_ids_of, repeat_for_groups
 
 PAD = 0
 

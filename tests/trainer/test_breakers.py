@@ -22,7 +22,7 @@ from posttrain.config.validate import check_breakers
 from posttrain.errors import PosttrainError
 from posttrain.rewards import RewardManager, build_reward_manager
 from posttrain.trainer.breakers import BreakerLimits, CircuitBreakerError, CircuitBreakers
-from posttrain.trainer.rollout import SingleTurnRollout
+from posttrain.rollout.single_turn import SingleTurnRollout
 from posttrain.trainer.tracking import ConsoleTracker
 from posttrain.workers.policy import mean_metrics
 from tests.agents.test_doctor_env import sample as doctor_sample

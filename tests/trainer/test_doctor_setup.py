@@ -8,7 +8,7 @@ from posttrain.config.loader import load_config, preset_path
 from posttrain.data import make_row, write_rows
 from posttrain.models import cached_tiny_model
 from posttrain.trainer.data_setup import _dataset_sources
-from posttrain.trainer.env_llm import needs_env_llm_worker
+from posttrain.rollout.env_llm import needs_env_llm_worker
 
 
 def doctor_config(*overrides):

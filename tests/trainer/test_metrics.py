@@ -36,7 +36,7 @@ def test_timing_metrics_by_hand():
 def test_validation_metrics_mean_best_and_majority_by_hand():
     import numpy as np
 
-    from posttrain.trainer.phases import validation_metrics
+    from posttrain.trainer.validation import validation_metrics
 
     # prompt a: samples right, wrong, right (preds 4, 5, 4); prompt b: wrong, wrong, right (preds 1, 1, 2)
     acc = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
@@ -56,7 +56,7 @@ def test_majority_ignores_samples_without_an_answer_and_is_zero_when_none_has_on
 
     import numpy as np
 
-    from posttrain.trainer.phases import validation_metrics
+    from posttrain.trainer.validation import validation_metrics
 
     # prompt a: no answer, no answer, "4" (right) -> the one answer wins; prompt b: no answer at all -> 0
     acc = [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]

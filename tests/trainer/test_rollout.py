@@ -9,7 +9,8 @@ from posttrain import keys
 from posttrain.agents import Episode
 from posttrain.engines.training.inputs import MODEL_INPUT_KEYS, check_batch
 from posttrain.protocol import Batch
-from posttrain.trainer.rollout import UpdateBatchShape, episode_keys, episodes_to_batch, filter_groups, kept_group_count, normalize_rewards
+from posttrain.rollout.agent import episode_keys, episodes_to_batch
+from posttrain.rollout.groups import UpdateBatchShape, filter_groups, kept_group_count, normalize_rewards
 
 PAD = 0
 
@@ -100,7 +101,7 @@ def test_a_retriever_that_is_down_or_a_missing_corpus_stops_the_run_with_the_fix
     from posttrain.agents.retriever import RetrieverError
     from posttrain.agents.retriever.process import free_port
     from posttrain.config.schema import RetrieverConfig
-    from posttrain.trainer.retriever_service import open_retriever
+    from posttrain.rollout.retriever import open_retriever
 
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(RetrieverError, match="serve-retriever"):

@@ -6,7 +6,7 @@ import logging
 from posttrain.config.loader import ConfigError
 from posttrain.controller import ResourceError, WorkerDiedError, WorkerHungError
 from posttrain.errors import PosttrainError
-from posttrain.trainer.async_.trainer import GeneratorsFailed
+from posttrain.trainer.async_.mode import GeneratorsFailed
 from posttrain.trainer.breakers import CircuitBreakerError
 from posttrain.trainer.checkpoint import CheckpointError
 from posttrain.trainer.run import RUN_LOG, exit_code_of, run_log
@@ -56,7 +56,7 @@ def test_every_known_error_crosses_a_process_boundary_whole():
     import pickle
 
     import posttrain.controller.resource_pool  # noqa: F401  (every module that defines one)
-    import posttrain.trainer.async_.trainer  # noqa: F401
+    import posttrain.trainer.async_.mode  # noqa: F401
     import posttrain.trainer.breakers  # noqa: F401
     from posttrain.controller.worker_group import WorkerHungError
     from posttrain.errors import PosttrainError

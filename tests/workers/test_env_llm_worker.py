@@ -5,7 +5,7 @@ import pytest
 
 from posttrain.config.loader import load_config, preset_path
 from posttrain.models import cached_tiny_model
-from posttrain.trainer.env_llm import needs_env_llm_worker, open_env_llm
+from posttrain.rollout.env_llm import needs_env_llm_worker, open_env_llm
 from posttrain.trainer.roles import resource_pools, start_roles
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

@@ -88,7 +88,7 @@ def test_generate_logprobs_update_sync(workers, tmp_path):
 
     export_dir = actor.export(str(tmp_path / "export"))[0]
     from posttrain.engines.rollout import GenerationParams, VLLMRolloutEngine
-    from posttrain.workers.rollout_batch import prompt_token_lists
+    from posttrain.rollout.batching import prompt_token_lists
 
     fresh = VLLMRolloutEngine(export_dir, max_model_len=80, dtype="float32", kv_cache_bytes=64 << 20)  # as the worker's
     expected = fresh.generate(prompt_token_lists(prompts), GenerationParams(max_new_tokens=16, temperature=0.0))

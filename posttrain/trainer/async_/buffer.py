@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.protocol import Batch
-from posttrain.workers.generator import GeneratedUnit
+from posttrain.rollout.generator import GeneratedUnit
 
 WAIT_S = 0.2  # how often a blocked call re-checks for a stop
 

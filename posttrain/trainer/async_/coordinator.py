@@ -1,7 +1,8 @@
 """The coordinator's side of the generators: starting them, feeding them units, replacing the dead.
 
-Each generator is a :class:`~posttrain.workers.generator.GeneratorWorker` in a one-process pool of
-its own (``async.generator_cpus`` CPUs, ``async.generator_gpus`` GPUs on a GPU machine), served by
+Each generator is a :class:`~posttrain.rollout.generator.GeneratorWorker` in a one-process pool of
+its own (``async.generator_cpus`` CPUs, ``async.generator_gpus`` GPUs on a GPU machine; the pools are
+the run's :class:`~posttrain.controller.ResourcePoolManager`'s, ``trainer/roles.py``), served by
 one controller thread that loops: take a unit from the scheduler (waiting while the bounds say
 so), have the generator produce it, hand the result back. When the generator's process dies, the
 thread reports it, puts the unit back first in line, and starts a new generator in the same pool
@@ -15,9 +16,9 @@ it waits for a batch), so the trainer's workers never see two controller threads
 replaced generator joins at the next of either. A member that dies while NCCL is sending can hang the
 send (NCCL has no timeout here); the store-based broadcast on CPU cannot.
 
-:class:`RolloutRecipe` is what a generator builds its rollout from: the very rollout classes the
-synchronous trainer uses (``build_rollout``), opened against the generator ("the actor"), the
-run's retriever (by URL: one service for the whole run) and the run's Env-LLM worker group.
+A generator builds its rollout from the run's config (:func:`generator_config`: the run's retriever
+by URL, one service for the whole run) with the very rollout classes the synchronous mode uses, and
+calls the run's Env-LLM worker group.
 """
 
 from __future__ import annotations
@@ -26,40 +27,19 @@ import copy
 import json
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from ray.actor import ActorHandle
 from ray.exceptions import RayTaskError
 from rich.console import Console
 
 from posttrain.config.schema import PosttrainConfig
 from posttrain.controller import ResourcePool, WorkerDiedError, WorkerGroup, WorkerSpec
 from posttrain.controller.worker_group import kill_group, spawn_ray
-from posttrain.protocol import Batch
+from posttrain.rollout.generator import GeneratorWorker
 from posttrain.trainer.async_.buffer import UnitScheduler
-from posttrain.trainer.phases import repeat_for_groups
-from posttrain.trainer.rollout import build_rollout
-from posttrain.workers.generator import GeneratorWorker
 
 MAX_RESTARTS = 3  # per generator: one that keeps dying (out of memory at start?) stops the run instead
-
-
-@dataclass
-class RolloutRecipe:
-    """Built on the controller, pickled to each generator."""
-
-    config: PosttrainConfig
-    data_dir: Path | None
-
-    def build(self, tokenizer: Any, roles: Any) -> Any:
-        rollout = build_rollout(self.config, tokenizer, self.data_dir)
-        rollout.open(roles)
-        return rollout
-
-    def produce(self, rollout: Any, roles: Any, prompts: Batch) -> tuple[Batch, dict[str, float]]:
-        """One unit: part of a batch (what is decided across the batch waits for the trainer's join)."""
-        return rollout(roles, repeat_for_groups(prompts, self.config.actor_rollout_ref.rollout.n), whole_batch=False)
 
 
 def generator_config(config: PosttrainConfig, retriever_url: str | None) -> PosttrainConfig:
@@ -72,20 +52,15 @@ def generator_config(config: PosttrainConfig, retriever_url: str | None) -> Post
 
 class Generators:
     def __init__(
-        self, config: PosttrainConfig, scheduler: UnitScheduler, recipe: RolloutRecipe, board: Any, trainer: WorkerGroup,
-        env_llm: WorkerGroup | None, run_dir: Path, env: dict[str, str], gpus: float,
+        self, config: PosttrainConfig, data_dir: Path | None, scheduler: UnitScheduler, board: ActorHandle, trainer: WorkerGroup,
+        env_llm: WorkerGroup | None, pools: list[ResourcePool], run_dir: Path, env: dict[str, str], on_gpu: bool,
     ) -> None:
-        self.config, self.scheduler, self.recipe, self.board, self.env_llm = config, scheduler, recipe, board, env_llm
-        self.trainer, self.run_dir, self.env = trainer, run_dir, env
+        self.config, self.data_dir, self.scheduler, self.board, self.env_llm = config, data_dir, scheduler, board, env_llm
+        self.trainer, self.run_dir, self.env, self.pools = trainer, run_dir, env, pools
         transport = config.async_.weight_transport
         # NCCL needs each member on a GPU of its own: auto picks it only for whole-GPU generators
-        self.collective = transport == "collective" or (transport == "auto" and gpus > 0 and config.async_.generator_gpus >= 1)
+        self.collective = transport == "collective" or (transport == "auto" and on_gpu and config.async_.generator_gpus >= 1)
         self.members: dict[int, WorkerGroup] = {}  # the generators in the current weight group, by index
-        options = config.async_
-        self.pools = [
-            ResourcePool(f"generator_{i}", [1], cpus_per_bundle=options.generator_cpus, gpus_per_bundle=options.generator_gpus if gpus else 0.0)
-            for i in range(options.num_generators)
-        ]
         self.groups: list[WorkerGroup | None] = [None] * len(self.pools)
         self.threads: list[threading.Thread] = []
         self.restarts = 0
@@ -113,11 +88,7 @@ class Generators:
             self.threads.append(thread)
 
     def _spawn(self, i: int) -> WorkerGroup:
-        options = self.config.async_
-        spec = WorkerSpec(GeneratorWorker, (self.config.actor_rollout_ref.model, self.config.actor_rollout_ref.rollout, self.config.data), {
-            "recipe": self.recipe, "board": self.board, "partial_rollout": options.partial_rollout,
-            "seed": self.config.trainer.seed, "env_llm": self.env_llm, "generator_index": i,
-        })
+        spec = WorkerSpec(GeneratorWorker, (self.config, self.data_dir), {"board": self.board, "env_llm": self.env_llm, "generator_index": i})
         # two calls at once: a broadcast of new weights is received while a unit is produced
         return spawn_ray({"generator": spec}, self.pools[i], name_prefix=f"generator{i}", env=self.env, max_concurrency=2,
                          call_timeout_s=self.config.trainer.call_timeout_s)["generator"]

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from posttrain import keys
 from posttrain.agents.env_llm import EnvLLMClient, EnvLLMError, EnvLLMReply, Messages, OpenAIChatClient
 from posttrain.agents.registry import load_env_class, wanted_resources
 from posttrain.config.schema import EnvLLMConfig, PosttrainConfig
 from posttrain.protocol import Batch
+from posttrain.rollout.roles import ChatModel
 
 
 def uses_env_llm(config: PosttrainConfig) -> bool:
@@ -33,7 +33,7 @@ class WorkerEnvLLM(EnvLLMClient):
     Not retried: the worker is part of the run, so a worker that died or raised stops the run with
     its own error, as any other role's failure does."""
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: ChatModel) -> None:
         super().__init__()
         self.group = group
 
@@ -51,7 +51,7 @@ class WorkerEnvLLM(EnvLLMClient):
         ]
 
 
-def open_env_llm(config: EnvLLMConfig, worker_group: Any | None) -> EnvLLMClient:
+def open_env_llm(config: EnvLLMConfig, worker_group: ChatModel | None) -> EnvLLMClient:
     """A client of the server at ``config.url`` (checked with one request: a wrong URL, model name or
     key fails here, with the fix), or of the run's Env-LLM worker group."""
     if config.url:

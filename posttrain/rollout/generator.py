@@ -1,11 +1,12 @@
 """The generator: a rollout engine of its own, producing scored groups for asynchronous training.
 
-A generator is a worker with a rollout engine (vLLM; HF generate as a fallback) and, built from the
-``recipe`` the trainer hands it, the same rollout code that synchronous training runs on the
-controller: :class:`~posttrain.trainer.rollout.SingleTurnRollout` (generate, then the reward
-manager) or :class:`~posttrain.trainer.rollout.AgentRollout` (the agent loop with its own
+A generator is a worker with a rollout engine (vLLM; HF generate as a fallback) and the same
+rollout that synchronous training runs on the controller, built from the run's config by
+:func:`~posttrain.rollout.build_rollout`: :class:`~posttrain.rollout.SingleTurnRollout` (generate,
+then the reward manager) or :class:`~posttrain.rollout.AgentRollout` (the agent loop with its own
 environments). It plays "the actor" for that rollout (``generate``, ``generate_turn`` from
-:class:`~posttrain.workers.sampling.Sampling`).
+:class:`~posttrain.workers.sampling.Sampling`). A unit is part of a batch: what is decided across
+the batch (group filtering, batch reward normalisation) waits for the trainer's join.
 
 Weights are pulled, never pushed: before each unit of work the generator asks the weight board
 (a small Ray actor) for the newest published version, and when it is newer than its own it fetches
@@ -22,26 +23,23 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from posttrain.config.schema import DataConfig, ModelConfig, RolloutConfig
+from ray.actor import ActorHandle
+
+from posttrain.config.schema import PosttrainConfig
 from posttrain.controller import Dispatch, Worker, WorkerContext, register
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
+from posttrain.rollout import build_rollout
+from posttrain.rollout.batching import repeat_for_groups
+from posttrain.rollout.roles import ChatModel, RolloutRoles
 from posttrain.workers.engines import rollout_engine
 from posttrain.workers.sampling import VALIDATE_META_KEY, Sampling, WeightsAtVersion
 from posttrain.workers.weight_broadcast import WeightBroadcast
 
 WEIGHTS_WAIT_S = 600.0  # how long a generator waits for a broadcast version the board already names
-
-
-class UnitRecipe(Protocol):
-    """What the trainer gives a generator: how to build its rollout, and how to run one unit."""
-
-    def build(self, tokenizer: Any, roles: Any) -> Any: ...
-
-    def produce(self, rollout: Any, roles: Any, prompts: Batch) -> tuple[Batch, dict[str, float]]: ...
 
 
 @dataclass
@@ -54,31 +52,25 @@ class GeneratedUnit:
     metrics: dict[str, float]
     seconds: float
     generator: int = 0
-
-
-@dataclass
-class _GeneratorRoles:
-    """The roles a rollout sees inside a generator: the generator itself as the actor."""
-
-    actor: Any
-    env_llm: Any = None
-    reward_model: Any = None
+    interval: tuple[float, float] = field(default=(0.0, 0.0))  # wall-clock (time.time()) start and end, for timelines
 
 
 class GeneratorWorker(Sampling, Worker):
     def __init__(
-        self, ctx: WorkerContext, model: ModelConfig, rollout: RolloutConfig, data: DataConfig, *, recipe: UnitRecipe,
-        board: Any, partial_rollout: str = "finish", seed: int = 0, env_llm: Any = None, generator_index: int = 0,
+        self, ctx: WorkerContext, config: PosttrainConfig, data_dir: Path | None, *, board: ActorHandle,
+        env_llm: ChatModel | None = None, generator_index: int = 0,
     ) -> None:
         super().__init__(ctx)
-        self.rollout_config, self.data, self.seed = rollout, data, seed
-        self.board, self.partial_rollout, self.generator_index = board, partial_rollout, generator_index
-        model_path = str(resolve_model(model.path))
+        arr = config.actor_rollout_ref
+        self.rollout_config, self.data, self.seed, self.group_size = arr.rollout, config.data, config.trainer.seed, arr.rollout.n
+        self.board, self.partial_rollout, self.generator_index = board, config.async_.partial_rollout, generator_index
+        model_path = str(resolve_model(arr.model.path))
         self.tokenizer = load_tokenizer(model_path)
-        self.rollout = rollout_engine(model_path, rollout, max_model_len=data.max_prompt_length + data.max_response_length, seed=seed)
-        self.recipe = recipe
-        self.roles = _GeneratorRoles(actor=self, env_llm=env_llm)
-        self.producer = recipe.build(self.tokenizer, self.roles)
+        max_model_len = config.data.max_prompt_length + config.data.max_response_length
+        self.rollout = rollout_engine(model_path, arr.rollout, max_model_len=max_model_len, seed=self.seed)
+        self.roles = RolloutRoles(actor=self, env_llm=env_llm)
+        self.producer = build_rollout(config, self.tokenizer, data_dir)
+        self.producer.open(self.roles)
         self.weight_group: WeightBroadcast | None = None
         self.staged: WeightsAtVersion | None = None  # the newest broadcast weights, not yet loaded
         self._staged_changed = threading.Condition()
@@ -86,11 +78,12 @@ class GeneratorWorker(Sampling, Worker):
     @register(dispatch=Dispatch.RANK_ZERO)
     def produce(self, index: int, prompts: Batch, batch_index: int, row_offset: int) -> GeneratedUnit:
         """Unit ``index``: these prompts (rows ``row_offset``… of batch ``batch_index``), in groups, scored."""
-        start = time.perf_counter()
+        start, started_at = time.perf_counter(), time.time()
         self.pull_weights()
         version, self.seed_step, self.row_offset = self.rollout.version, batch_index, row_offset
-        batch, metrics = self.recipe.produce(self.producer, self.roles, prompts)
-        return GeneratedUnit(index, version, batch, metrics, time.perf_counter() - start, self.generator_index)
+        batch, metrics = self.producer(self.roles, repeat_for_groups(prompts, self.group_size), whole_batch=False)
+        seconds = time.perf_counter() - start
+        return GeneratedUnit(index, version, batch, metrics, seconds, self.generator_index, (started_at, time.time()))
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
     def generate_turn(self, batch: Batch) -> Batch:

@@ -1,0 +1,117 @@
+"""Token sequences → a padded training Batch: the one builder every caller uses.
+
+The rollout engine speaks token lists (each prompt's real tokens in, each response's sampled tokens
+and behaviour logprobs out); the training engine wants a padded Batch (layout in
+:mod:`posttrain.engines.training.inputs`). :func:`sequences_to_batch` is the only place one becomes
+the other: single-turn responses, multi-turn episodes (agent tokens and observations), SFT
+transcripts. Prompts are left-padded to the longest prompt, responses right-padded to a fixed
+width (``max_response_length`` in RL, so that pieces from different ranks or generators
+concatenate). :func:`join_rollouts` concatenates Batches whose prompt widths differ (an
+asynchronous batch's units) by left-padding in tensor space: the rows are not un-padded and rebuilt.
+
+Also here: prompts as token lists for the engine, groups (each prompt repeated ``n`` times), and
+the merge of per-unit rollout metrics, where counts add up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from posttrain import keys
+from posttrain.engines.training.inputs import build_model_inputs
+from posttrain.protocol import Batch, pad_rows
+
+# rollout metrics that count something over a unit's rows: summed when units are joined
+COUNT_METRICS = frozenset({
+    "reward/samples", "reward/errors", "reward/timeouts", "reward/empty_responses", "agent/episodes",
+    "env_llm/requests", "env_llm/replies", "env_llm/failures", "env_llm/retries", "env_llm/wait_s",
+    "env_llm/prompt_tokens", "env_llm/completion_tokens",
+})
+# whose prompt columns a join left-pads: (key, pad value)
+_PROMPT_SIDE = ((keys.PROMPT_IDS, None), (keys.PROMPT_MASK, 0), (keys.INPUT_IDS, None), (keys.ATTENTION_MASK, 0), (keys.POSITION_IDS, 0))
+
+
+def sequences_to_batch(
+    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *, pad_token_id: int, response_width: int | None = None,
+    loss_masks: Sequence[Sequence[int]] | None = None, logprobs: Sequence[Sequence[float]] | None = None,
+) -> Batch:
+    """Prompts and responses (token ids, one pair per row) as model inputs.
+
+    Returns INPUT_IDS, ATTENTION_MASK, POSITION_IDS, RESPONSE_IDS (B, P + T / T), PROMPT_IDS and
+    PROMPT_MASK (B, P), RESPONSE_MASK (B, T) — the loss mask: ``loss_masks`` where a response holds
+    tokens that carry no loss (observations), else 1 on every response token — and
+    BEHAVIOUR_LOGPROBS (B, T, 0 on padding) when ``logprobs`` are given. T is ``response_width``
+    (a longer response is refused) or the longest response.
+    """
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses; they must pair up")
+    longest = max((len(r) for r in responses), default=0)
+    width = longest if response_width is None else response_width
+    if longest > width:
+        row = next(i for i, r in enumerate(responses) if len(r) > width)
+        raise ValueError(f"response {row} has {len(responses[row])} tokens, more than max_response_length={width}")
+    prompt_width = max(len(p) for p in prompts)
+    prompt_ids = pad_rows(prompts, prompt_width, pad_token_id, left=True)
+    prompt_mask = pad_rows([[1] * len(p) for p in prompts], prompt_width, left=True)
+    response_ids = pad_rows(responses, width, pad_token_id)
+    attention = pad_rows([[1] * len(r) for r in responses], width)
+    tensors = build_model_inputs(prompt_ids, prompt_mask, response_ids, attention)
+    tensors |= {
+        keys.PROMPT_IDS: prompt_ids, keys.PROMPT_MASK: prompt_mask,
+        keys.RESPONSE_MASK: attention if loss_masks is None else pad_rows(loss_masks, width),
+    }
+    if logprobs is not None:
+        tensors[keys.BEHAVIOUR_LOGPROBS] = pad_rows(logprobs, width, dtype=torch.float32)
+    return Batch.from_dict(tensors)
+
+
+def join_rollouts(batches: Sequence[Batch], pad_token_id: int) -> Batch:
+    """Concatenate rollouts whose prompts were padded to different widths: each one's prompt-side
+    columns are left-padded to the widest (position ids of padding are 0, as the builder makes them)."""
+    width = max(b[keys.PROMPT_IDS].shape[1] for b in batches)
+    padded = []
+    for batch in batches:
+        extra = width - batch[keys.PROMPT_IDS].shape[1]
+        tensors = dict(batch.tensors)
+        for key, value in _PROMPT_SIDE:
+            tensors[key] = F.pad(batch[key], (extra, 0), value=pad_token_id if value is None else value)
+        padded.append(Batch(tensors, batch.non_tensors, {}))
+    return Batch.concat(padded)
+
+
+def merge_unit_metrics(per_unit: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One value per metric over a batch's units: counts (:data:`COUNT_METRICS`) summed, the max of
+    ``*/max``, the min of ``*/min``, the mean of the rest (rates and means over rows)."""
+    merged = {}
+    for name in {name for metrics in per_unit for name in metrics}:
+        values = [metrics[name] for metrics in per_unit if name in metrics]
+        if name in COUNT_METRICS:
+            merged[name] = sum(values)
+        elif name.endswith("/max"):
+            merged[name] = max(values)
+        elif name.endswith("/min"):
+            merged[name] = min(values)
+        else:
+            merged[name] = sum(values) / len(values)
+    return merged
+
+
+def prompt_token_lists(batch: Batch) -> list[list[int]]:
+    """Each row's real prompt tokens (PROMPT_IDS without the left padding)."""
+    ids, mask = batch[keys.PROMPT_IDS], batch[keys.PROMPT_MASK].bool()
+    return [row[row_mask].tolist() for row, row_mask in zip(ids, mask)]
+
+
+def repeat_for_groups(batch: Batch, n: int) -> Batch:
+    """Each prompt ``n`` times, interleaved (a group stays contiguous), with GROUP_IDS from its UID."""
+    repeated = batch.repeat(n, interleave=True)
+    return repeated.union(Batch.from_dict({keys.GROUP_IDS: group_ids_of(repeated[keys.UID])}))
+
+
+def group_ids_of(uids) -> torch.Tensor:
+    """(B,) group number of each row: rows with the same prompt UID share one, numbered in order of appearance."""
+    index = {uid: i for i, uid in enumerate(dict.fromkeys(list(uids)))}
+    return torch.tensor([index[u] for u in uids], dtype=torch.long)

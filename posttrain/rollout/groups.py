@@ -1,0 +1,84 @@
+"""What is decided across a whole training batch of rollouts: dropping low-spread groups and
+normalising rewards (``env.filter_groups_quantile``, ``env.reward_norm``).
+
+An asynchronous batch arrives in units; these run once the units are joined.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from posttrain import keys
+from posttrain.algos import groups_with_spread, normalize_episode_rewards
+from posttrain.config.schema import PosttrainConfig
+from posttrain.config.validate import critic_enabled
+from posttrain.protocol import Batch
+
+
+def final_token_positions(batch: Batch) -> torch.Tensor:
+    """(B,) index of each row's last loss-carrying token (the final agent token); 0 for none."""
+    mask = batch[keys.RESPONSE_MASK].bool()
+    positions = torch.arange(mask.shape[1]).expand_as(mask)
+    return torch.where(mask, positions, torch.zeros_like(positions)).max(dim=1).values
+
+
+def normalize_rewards(batch: Batch, mode: str) -> Batch:
+    """Episode rewards normalised by group, batch or not at all; the change lands on the final agent token."""
+    if mode == "none":
+        return batch
+    scores = batch[keys.TOKEN_SCORES].clone()
+    episode = scores.sum(-1)
+    normalized = normalize_episode_rewards(episode, mode, batch[keys.GROUP_IDS] if keys.GROUP_IDS in batch else None)
+    scores[torch.arange(len(batch)), final_token_positions(batch)] += normalized - episode
+    out = batch.copy()
+    out.tensors[keys.TOKEN_SCORES] = scores
+    return out
+
+
+@dataclass(frozen=True)
+class UpdateBatchShape:
+    """What a filtered batch must still split into: whole mini-batches (in groups) and ranks."""
+
+    groups_per_mini_batch: int  # the least common multiple of the actor's (and critic's) mini-batch sizes
+    group_size: int             # rollout.n
+    ranks: int
+
+
+def update_batch_shape(config: PosttrainConfig) -> UpdateBatchShape:
+    sizes = [config.actor_rollout_ref.actor.ppo_mini_batch_size]
+    if critic_enabled(config):
+        sizes.append(config.critic.ppo_mini_batch_size)
+    ranks = config.trainer.nnodes * config.trainer.n_workers_per_node
+    return UpdateBatchShape(math.lcm(*sizes), config.actor_rollout_ref.rollout.n, ranks)
+
+
+def kept_group_count(groups: int, shape: UpdateBatchShape) -> int:
+    """The most of ``groups`` that still split evenly: a multiple of a mini-batch, or (fewer than
+    one mini-batch) a count whose samples divide over the ranks; 0 when none does."""
+    if groups >= shape.groups_per_mini_batch:
+        return groups - groups % shape.groups_per_mini_batch
+    while groups and (groups * shape.group_size) % shape.ranks:
+        groups -= 1
+    return groups
+
+
+def filter_groups(batch: Batch, quantile: float, shape: UpdateBatchShape, metrics: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+    """Drop the groups whose reward spread is below ``quantile`` of the batch's (0: keep all).
+
+    The kept groups are then trimmed, lowest spread first, to a count the update can split
+    (:func:`kept_group_count`); if no count works, the whole batch is kept.
+    """
+    if quantile == 0.0:
+        return batch, metrics
+    rewards, group_ids = batch[keys.TOKEN_SCORES].sum(-1), batch[keys.GROUP_IDS]
+    keep = groups_with_spread(rewards, group_ids, quantile)
+    kept = sorted({int(g) for g in group_ids[keep]}, key=lambda g: -rewards[group_ids == g].std(unbiased=False).item())
+    kept = kept[: kept_group_count(len(kept), shape)]
+    if not kept:
+        return batch, metrics | {"agent/groups_kept_ratio": 1.0}
+    keep = torch.isin(group_ids, torch.tensor(kept, dtype=group_ids.dtype))
+    metrics = metrics | {"agent/groups_kept_ratio": keep.float().mean().item()}
+    return batch.index(torch.nonzero(keep).squeeze(1)), metrics

@@ -1,0 +1,99 @@
+"""Single-turn rollouts: one response per prompt row, scored by the reward manager (and reward model).
+
+    actor.generate (token lists) → sequences_to_batch → reward manager on each response's last
+    token (+ reward model scores)
+
+A prompt the reward manager's table cannot score is refused before any worker starts
+(:meth:`SingleTurnRollout.check_data`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from posttrain import keys
+from posttrain.data import DataFormatError, RLDataset, RowProblem, problems_report
+from posttrain.protocol import Batch
+from posttrain.rewards.manager import BatchRewardManager, RewardManager
+from posttrain.rewards.registry import GROUND_TRUTH_FIX, ScoreFunction, lacks_ground_truth, unknown_source_fix
+from posttrain.rollout.batching import prompt_token_lists, sequences_to_batch
+from posttrain.rollout.roles import RolloutRoles
+from posttrain.timing import timed
+from posttrain.workers.sampling import VALIDATE_META_KEY
+
+
+def validation_view(batch: Batch) -> Batch:
+    """The same rows, to be sampled with the validation settings (``rollout.val_kwargs``)."""
+    return Batch(batch.tensors, batch.non_tensors, batch.meta | {VALIDATE_META_KEY: True})
+
+
+class SingleTurnRollout:
+    """One response per row from ``actor.generate``, scored by the reward manager (+ reward model)."""
+
+    def __init__(self, reward_manager: RewardManager | BatchRewardManager, max_response_length: int, pad_token_id: int) -> None:
+        self.reward_manager = reward_manager
+        self.max_response_length, self.pad_token_id = max_response_length, pad_token_id
+        self.first_failures: dict[str, str] = {}  # of the last rollout, by circuit breaker (trainer/breakers.py)
+        self.stop_strings: tuple[str, ...] = ()  # a single turn ends on eos
+
+    def check_data(self, **datasets: RLDataset | None) -> None:
+        """Refuse, before any worker starts, a prompt the reward manager's table cannot score (its
+        data source has no function, its ground truth is missing); a custom function takes any."""
+        if self.reward_manager.score_function is None:
+            check_scorable(self.reward_manager.score_functions, datasets.values())
+
+    def open(self, roles: RolloutRoles) -> None:
+        """Nothing to start."""
+
+    def close(self) -> None:
+        """Stop the reward's scoring process (started again by the next scoring call, if any)."""
+        self.reward_manager.close()
+
+    def __call__(
+        self, roles: RolloutRoles, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None,
+        whole_batch: bool = True,
+    ) -> tuple[Batch, dict[str, float]]:
+        """Responses for ``batch``'s rows, scored (``whole_batch``: nothing is decided across a batch here)."""
+        timings = {} if timings is None else timings
+        with timed(timings, "gen"):
+            sampled = roles.actor.generate(validation_view(batch) if validate else batch)
+            responses = sequences_to_batch(
+                prompt_token_lists(batch), sampled[keys.TURN_TOKEN_IDS], pad_token_id=self.pad_token_id,
+                response_width=self.max_response_length, logprobs=[lp or [] for lp in sampled[keys.TURN_LOGPROBS]],
+            )
+            responses.non_tensors[keys.FINISH_REASON] = np.asarray(sampled[keys.FINISH_REASON], dtype=object)
+            if not validate:
+                responses.meta[keys.WEIGHT_VERSION] = sampled.meta.get(keys.WEIGHT_VERSION, 0)
+        with timed(timings, "reward"):
+            return self.score(roles, batch.union(responses))
+
+    def finish_batch(self, batch: Batch, metrics: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        """Nothing is decided across the whole batch."""
+        return batch, metrics
+
+    def score(self, roles: RolloutRoles, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        result = self.reward_manager(batch)
+        self.first_failures = {"reward": result.first_failure} if result.first_failure else {}
+        scored = batch.union(result.to_batch().select(meta_keys=[]))
+        if roles.reward_model is not None:
+            model_scores = roles.reward_model.compute_rm_score(batch)[keys.TOKEN_SCORES]
+            scored.tensors[keys.TOKEN_SCORES] = scored[keys.TOKEN_SCORES] + model_scores
+        return scored, {k: float(v) for k, v in result.metrics.items()}
+
+
+def check_scorable(score_functions: Mapping[str, ScoreFunction], datasets: Iterable[RLDataset | None]) -> None:
+    """Raise DataFormatError listing every row of ``datasets`` that ``score_functions`` cannot score:
+    its data_source has no function there, or its ground truth is missing (they all compare with it)."""
+    problems = []
+    for dataset in datasets:
+        for sample in dataset.samples if dataset is not None else ():
+            if sample.data_source not in score_functions:
+                problems.append(RowProblem(sample.file, sample.row, "data_source", f"{sample.data_source!r} has no score function",
+                                           unknown_source_fix(score_functions)))
+            elif lacks_ground_truth(sample.ground_truth):
+                problems.append(RowProblem(sample.file, sample.row, "reward_model.ground_truth",
+                                           f"{sample.ground_truth!r} is no answer to compare with", GROUND_TRUTH_FIX))
+    if problems:
+        raise DataFormatError(problems_report(problems))

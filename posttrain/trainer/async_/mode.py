@@ -1,0 +1,239 @@
+"""The asynchronous mode: generators produce groups while the trainer updates (``trainer.mode=async``).
+
+    feed          the unit scheduler (the bounded buffer), the weight board and N generators, opened
+                  once the trainer's roles are up and restored; the starting weights are published
+    each step     take batch b from the buffer (its units in data order, each ≤ max_staleness
+                  versions old) → learn (π_prox = the trainer's logprobs before the update; π_ref,
+                  values, advantages; critic and actor updates with the decoupled-PPO correction
+                  against the behaviour logprobs) → publish version b + 1: one object in Ray's
+                  object store, or a broadcast to the generators' group (``async.weight_transport``;
+                  NCCL on GPUs) → the generators load it before their next unit
+    validation    on the trainer's own rollout engine, synced just before
+    checkpoints   the skeleton's, plus the scheduler's snapshot (``async_state.pt``): the data
+                  position and every unit not yet trained (finished ones as generated, the rest as
+                  prompts)
+    stopping      the skeleton's: a stop (also while waiting for a batch) closes the feed — the
+                  in-flight units are abandoned, their prompts are in the checkpoint — then checkpoints
+
+The loop, validation, checkpoints, tracking and stopping are the run skeleton's (trainer/skeleton.py)
+and learning is the sync mode's (trainer/learn.py); this file holds where the batch comes from and
+how the weights travel. Each step's generator and trainer intervals go to ``<run dir>/timeline.jsonl``,
+which shows whether generation and training overlapped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from posttrain import keys
+from posttrain.config.schema import PosttrainConfig
+from posttrain.protocol import Batch
+from posttrain.rollout import Rollout, group_ids_of, join_rollouts, merge_unit_metrics
+from posttrain.rollout.generator import GeneratedUnit, WeightBoard
+from posttrain.timing import timed
+from posttrain.trainer.async_.buffer import SchedulerClosed, UnitScheduler
+from posttrain.trainer.async_.coordinator import Generators, generator_config
+from posttrain.trainer.breakers import BreakerLimits, CircuitBreakers
+from posttrain.trainer.checkpoint import ASYNC_STATE, step_of
+from posttrain.trainer.learn import Learner
+from posttrain.trainer.roles import WORKER_ENV, Roles, _use_gpu, generator_roles
+from posttrain.trainer.setup import RolloutService, RolloutSetup
+from posttrain.trainer.skeleton import CheckpointThenStop, RunParts, StopSignal, epoch_batches
+from posttrain.trainer.sync import batch_metrics, train_headline
+from posttrain.trainer.validation import RLValidation
+
+TIMELINE = "timeline.jsonl"
+
+
+class GeneratorsFailed(CheckpointThenStop):
+    """The generators stopped the run (a bug, an environment error, a generator that kept dying, the
+    weight board gone); the trainer's state is checkpointed first."""
+
+
+class GeneratorFeed:
+    """The run's generators and their buffer: a service (opened after the resume), a checkpoint file
+    (the buffer's snapshot) and the weight publisher."""
+
+    def __init__(self, config: PosttrainConfig, setup: RolloutSetup) -> None:
+        self.config, self.setup, self.loader = config, setup, setup.data.train
+        options, batch = config.async_, config.data.train_batch_size
+        self.groups_per_unit = options.unit_groups or max(1, batch // options.num_generators)
+        if batch % self.groups_per_unit:
+            self.groups_per_unit = batch  # a batch that does not split evenly goes to one generator at a time
+        self.units_per_batch = batch // self.groups_per_unit
+        capacity_groups = options.buffer_size or (options.max_staleness + 1) * batch
+        self.capacity_units = max(self.units_per_batch, capacity_groups // self.groups_per_unit)
+        self.restored: dict | None = None
+        self.scheduler: UnitScheduler | None = None
+        self.generators: Generators | None = None
+        self.board = None
+
+    # ---- a checkpoint file ----------------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        torch.save(self.scheduler.snapshot(self.loader.state_dict), path)
+
+    def load(self, path: Path) -> None:
+        self.restored = torch.load(path, weights_only=False)  # taken by open, which builds the scheduler
+
+    # ---- a service ------------------------------------------------------------------------------
+
+    def open(self, roles: Roles, resumed: Path | None) -> None:
+        """The scheduler (with a resumed run's buffer), the weight board, the generators."""
+        import ray
+
+        version = step_of(resumed) if resumed is not None else 0
+        if resumed is None:
+            (Path(self.config.trainer.default_local_dir) / TIMELINE).unlink(missing_ok=True)
+        self.scheduler = self._new_scheduler(version)
+        if self.restored is not None:
+            self.loader.load_state_dict(self.restored["data"])  # where the generators had read to
+            self.scheduler.restore(self.restored)
+            self.restored = None
+        self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
+        rollout = self.setup.rollout
+        retriever = rollout.retriever.client.url if getattr(rollout, "retriever", None) else None
+        self.generators = Generators(
+            generator_config(self.config, retriever), self.setup.data.data_dir, self.scheduler, self.board, roles.actor,
+            roles.env_llm, [roles.pools.pool_of(name) for name in generator_roles(self.config)], Path(self.config.trainer.default_local_dir),
+            WORKER_ENV, on_gpu=_use_gpu(self.config.trainer.device),
+        )
+        self.generators.start()
+        self.publish(roles, version)  # a resumed run's weights reach the generators before any unit starts
+        self.generators.serve()
+
+    def close(self) -> None:
+        if self.generators is not None:
+            self.generators.stop()
+        if self.board is not None:
+            import ray
+
+            ray.kill(self.board)
+            self.board = None
+
+    def _new_scheduler(self, version: int) -> UnitScheduler:
+        batches = epoch_batches(self.loader, self.config.trainer.total_epochs)  # read ahead by the generators
+
+        def next_prompts() -> Batch | None:
+            return next((batch for _, batch in batches), None)
+
+        return UnitScheduler(
+            units_per_batch=self.units_per_batch, groups_per_unit=self.groups_per_unit,
+            group_size=self.config.actor_rollout_ref.rollout.n, capacity_units=self.capacity_units,
+            max_staleness=self.config.async_.max_staleness, total_batches=self.setup.total_steps, next_prompts=next_prompts,
+            version=version,
+        )
+
+    # ---- batches in, weights out ----------------------------------------------------------------
+
+    def take_batch(self, batch_index: int, stop: StopSignal) -> list[GeneratedUnit]:
+        """Batch ``batch_index``'s units; while waiting, a stop asked for ends the wait and a replaced
+        generator gets the current weights."""
+        def while_waiting() -> None:
+            stop.check(batch_index)
+            self.generators.maintain(batch_index)
+
+        try:
+            return self.scheduler.take_batch(batch_index, while_waiting=while_waiting)
+        except SchedulerClosed as err:
+            raise GeneratorsFailed(f"the generators stopped the run: {err}.") from err
+
+    def publish(self, roles: Roles, version: int) -> None:
+        """The trainer's weights as ``version`` (updates done), for the generators to load."""
+        import ray
+
+        if version > 0:
+            if self.generators.collective:
+                self.generators.broadcast(version)
+                refs = []
+            else:
+                refs = roles.actor.publish_weights(version)[0]
+            try:
+                ray.get(self.board.publish.remote(version, refs), timeout=self.config.trainer.call_timeout_s)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
+                raise GeneratorsFailed(f"the weight board (the actor that tells generators the newest version) did not take "
+                                       f"version {version} ({type(err).__name__}).") from err
+        self.scheduler.advance(version)
+
+
+class AsyncStep:
+    """take a batch from the buffer → join its units → learn → publish, timed."""
+
+    def __init__(self, config: PosttrainConfig, feed: GeneratorFeed, rollout: Rollout, learner: Learner,
+                 breakers: CircuitBreakers, pad_token_id: int, stop: StopSignal) -> None:
+        self.feed, self.rollout, self.learner, self.breakers, self.stop = feed, rollout, learner, breakers, stop
+        self.max_staleness, self.max_response_length = config.async_.max_staleness, config.data.max_response_length
+        self.pad_token_id = pad_token_id
+        self.timeline = Path(config.trainer.default_local_dir) / TIMELINE
+        self.trained_samples = 0
+
+    def __call__(self, roles: Roles, item: None, step: int) -> dict[str, float]:
+        """Batch ``step - 1`` (0-based) → learn → publish version ``step``."""
+        timings: dict[str, float] = {}
+        with timed(timings, "step"):
+            with timed(timings, "wait_buffer"):
+                units = self.feed.take_batch(step - 1, self.stop)
+            batch, metrics = self._join(units)
+            self.breakers.check_rollout(metrics, step)  # the generators' texts are in their logs
+            metrics |= self._staleness(units, step)
+            learn_start = time.time()
+            batch, learned = self.learner(roles, batch, step, timings)
+            learn_end = time.time()
+            metrics |= learned
+            with timed(timings, "publish"):
+                self.feed.publish(roles, step)
+        self._record(step, units, (learn_start, learn_end))
+        self.trained_samples += len(batch)
+        generators = self.feed.generators
+        return metrics | batch_metrics(batch, timings, self.max_response_length) | self.feed.scheduler.status() | generators.metrics() | {
+            "async/version": float(step),
+            "async/trainer_wait_fraction": timings["wait_buffer"] / max(timings["step"], 1e-9),
+            "async/trained_samples_per_s": self.trained_samples / max(time.perf_counter() - generators.started_at, 1e-9),
+            "timing_s/gen": sum(u.seconds for u in units) / len(units),
+        }
+
+    def _join(self, units: list[GeneratedUnit]) -> tuple[Batch, dict[str, float]]:
+        """The units' rows as one batch: prompts padded to a common width, groups numbered across the
+        batch, then what the rollout decides per batch (group filtering, batch reward norm)."""
+        batch = join_rollouts([u.batch for u in units], self.pad_token_id)
+        batch.tensors[keys.GROUP_IDS] = group_ids_of(batch[keys.UID])
+        batch.meta[keys.WEIGHT_VERSION] = min(u.version for u in units)
+        return self.rollout.finish_batch(batch, merge_unit_metrics([u.metrics for u in units]))
+
+    def _staleness(self, units: list[GeneratedUnit], step: int) -> dict[str, float]:
+        lags = [step - 1 - u.version for u in units for _ in range(len(u.batch))]  # trained with version step - 1
+        if max(lags) > self.max_staleness:  # the scheduler guarantees it; a breach is a bug
+            raise RuntimeError(f"step {step}: a sample {max(lags)} versions old, above async.max_staleness; this is a bug")
+        metrics = {"async/staleness/mean": sum(lags) / len(lags), "async/staleness/max": float(max(lags))}
+        for lag in range(self.max_staleness + 1):
+            metrics[f"async/staleness/lag_{lag}"] = lags.count(lag) / len(lags)
+        return metrics
+
+    def _record(self, step: int, units: list[GeneratedUnit], learn: tuple[float, float]) -> None:
+        """Who worked when (wall-clock seconds): the trainer's learning and each unit's generation."""
+        line = {"step": step, "learn": list(learn), "units": [{"generator": u.generator, "interval": list(u.interval)} for u in units]}
+        with open(self.timeline, "a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+
+
+def async_parts(setup: RolloutSetup, stop: StopSignal) -> RunParts[None]:
+    config = setup.config
+    breakers = CircuitBreakers(BreakerLimits.from_config(config))
+    learner = Learner(config, breakers)
+    feed = GeneratorFeed(config, setup)
+    step = AsyncStep(config, feed, setup.rollout, learner, breakers, setup.tokenizer.pad_token_id, stop)
+    validation = None
+    if setup.validator is not None:  # the trainer's engine samples only for validation: synced first
+        validation = RLValidation(setup.validator, config.trainer.test_freq, config.trainer.val_before_train,
+                                  before=lambda roles, step: roles.actor.sync_weights(step))
+    mode = f" ({config.async_.num_generators} generator(s), max staleness {config.async_.max_staleness})"
+    return RunParts(
+        label="train", headline=train_headline(config, setup.total_steps, mode), config=config, total_steps=setup.total_steps, step=step, validation=validation,
+        batches=lambda: itertools.repeat((None, None)), services=[RolloutService(setup.rollout), feed],
+        state={"dataloader": setup.data.train, "kl_controller": learner}, files={ASYNC_STATE: feed},
+    )

@@ -1,0 +1,123 @@
+"""Learning from scored rollouts, on the controller and the workers (the math itself is in algos).
+
+    old logprobs the training engine's logprobs of the sampled tokens (PPO's π_old); skipped when
+                 the update is a single optimizer step, where π_old is the update's own forward
+                 pass, detached (exactly the same numbers)
+    reference    π_ref logprobs, when KL is used (in the reward, or as a loss)
+    values       the critic's values, when the estimator needs them (GAE)
+    advantages   KL in the reward if configured, then the configured estimator
+    update       critic, then actor (after ``trainer.critic_warmup`` steps)
+
+:class:`Learner` runs these phases in that order for the synchronous and the asynchronous step
+alike; each phase is a function here or a worker call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from posttrain import keys
+from posttrain.algos import AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage_estimator, masked_mean
+from posttrain.algos.advantages import AdvantageInputs, AdvantageOutput
+from posttrain.config.schema import PosttrainConfig
+from posttrain.protocol import Batch
+from posttrain.timing import timed
+from posttrain.trainer.breakers import CircuitBreakers
+from posttrain.trainer.metrics import mean_of_ranks
+from posttrain.trainer.roles import Roles
+
+
+def single_update_step(config: PosttrainConfig) -> bool:
+    """Whether the actor's update is ONE optimizer step from the weights that sampled (one PPO epoch,
+    one mini-batch, no KL penalty in the reward, which reads π_old): then π_old is the update's own
+    forward pass, detached, and the separate old-logprob pass can be skipped."""
+    actor = config.actor_rollout_ref.actor
+    return actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size and not config.algorithm.use_kl_in_reward
+
+
+def apply_kl_in_reward(batch: Batch, controller: FixedKLController, kind: str) -> tuple[Batch, dict[str, float]]:
+    """TOKEN_REWARDS = TOKEN_SCORES − β·KL(π_old ‖ π_ref) per token; the adaptive β moves toward its target."""
+    result = apply_kl_penalty(
+        batch[keys.TOKEN_SCORES], batch[keys.OLD_LOGPROBS], batch[keys.REF_LOGPROBS], batch[keys.RESPONSE_MASK],
+        beta=controller.coef, kind=kind,
+    )
+    metrics = {"critic/kl": float(result.mean_kl), "critic/kl_coeff": controller.coef}
+    controller.update(float(result.mean_kl), n_steps=len(batch))
+    return batch.union(Batch.from_dict({keys.TOKEN_REWARDS: result.rewards})), metrics
+
+
+def kl_controller(kind: str, coef: float, target_kl: float, horizon: int) -> FixedKLController:
+    if kind == "adaptive":
+        return AdaptiveKLController(coef, target_kl, horizon)
+    return FixedKLController(coef)
+
+
+def compute_advantages(batch: Batch, estimator: Callable[[AdvantageInputs], AdvantageOutput]) -> Batch:
+    """ADVANTAGES and RETURNS by the configured estimator (rewards: TOKEN_REWARDS, else TOKEN_SCORES)."""
+    rewards = batch[keys.TOKEN_REWARDS] if keys.TOKEN_REWARDS in batch else batch[keys.TOKEN_SCORES]
+    optional = lambda key: batch[key] if key in batch else None  # noqa: E731
+    inputs = AdvantageInputs(
+        token_rewards=rewards, response_mask=batch[keys.RESPONSE_MASK], group_ids=optional(keys.GROUP_IDS),
+        values=optional(keys.VALUES), baseline_scores=optional(keys.BASELINE_SCORES),
+    )
+    out = estimator(inputs)
+    return batch.union(Batch.from_dict({keys.ADVANTAGES: out.advantages, keys.RETURNS: out.returns}))
+
+
+def advantage_estimator(config: PosttrainConfig) -> Callable[[AdvantageInputs], AdvantageOutput]:
+    """``algorithm.adv_estimator`` with its options (GAE's γ and λ, GRPO's std scaling)."""
+    algorithm = config.algorithm
+    options = {"gamma": algorithm.gamma, "lam": algorithm.lam} if algorithm.adv_estimator == "gae" else {}
+    if algorithm.adv_estimator == "grpo":
+        options["scale_by_std"] = algorithm.norm_adv_by_std_in_grpo
+    return get_advantage_estimator(algorithm.adv_estimator, **options)
+
+
+class Learner:
+    """From scored rollouts to updated weights: π_old, π_ref and values as needed, advantages, then
+    the critic's and the actor's updates. Holds the KL controller (checkpointed as ``kl_controller``)."""
+
+    def __init__(self, config: PosttrainConfig, breakers: CircuitBreakers) -> None:
+        algorithm = config.algorithm
+        self.estimator = advantage_estimator(config)
+        self.kl_controller = kl_controller(algorithm.kl_ctrl.type, algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon)
+        self.kl_in_reward, self.kl_penalty = algorithm.use_kl_in_reward, algorithm.kl_penalty
+        self.critic_warmup = config.trainer.critic_warmup
+        # One optimizer step per trainer step: π_old is exactly the weights the update starts from, so
+        # the loss takes its own forward pass (detached) as π_old and the separate pass is skipped.
+        self.on_policy_update = single_update_step(config)
+        self.breakers = breakers
+
+    def __call__(self, roles: Roles, batch: Batch, step: int, timings: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        """Returns the batch with what was computed, and the phases' metrics."""
+        metrics: dict[str, float] = {}
+        if not self.on_policy_update:
+            with timed(timings, "old_log_prob"):
+                old = roles.actor.compute_log_prob(batch)
+                batch = batch.union(old.select([keys.OLD_LOGPROBS]))
+                metrics["actor/entropy"] = float(masked_mean(old[keys.ENTROPY], batch[keys.RESPONSE_MASK]))
+        if roles.ref is not None:
+            with timed(timings, "ref"):
+                batch = batch.union(roles.ref.compute_ref_log_prob(batch))
+        if roles.critic is not None:
+            with timed(timings, "values"):
+                batch = batch.union(roles.critic.compute_values(batch))
+        with timed(timings, "adv"):
+            if self.kl_in_reward:
+                batch, kl_metrics = apply_kl_in_reward(batch, self.kl_controller, self.kl_penalty)
+                metrics |= kl_metrics
+            batch = compute_advantages(batch, self.estimator)
+        if roles.critic is not None:
+            with timed(timings, "update_critic"):
+                metrics |= mean_of_ranks(roles.critic.update(batch).metrics)
+        if step > self.critic_warmup:
+            with timed(timings, "update_actor"):
+                metrics |= mean_of_ranks(roles.actor.update(batch).metrics)
+        self.breakers.check_update(metrics, step)
+        return batch, metrics
+
+    def state_dict(self) -> Mapping[str, object]:
+        return self.kl_controller.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        self.kl_controller.load_state_dict(state)

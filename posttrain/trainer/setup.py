@@ -1,0 +1,63 @@
+"""What every mode that rolls out a policy builds before any worker starts: the tokenizer, the
+data, the rollout (single-turn or agent) and its validator, and the step count.
+
+Every name, file and dataset row is checked here, on the controller, so a run that cannot work stops
+before a worker process exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from posttrain.config.schema import PosttrainConfig
+from posttrain.config.validate import critic_enabled
+from posttrain.models import load_tokenizer, resolve_model
+from posttrain.rollout import Rollout, build_rollout
+from posttrain.trainer.data_setup import RunData, build_run_data
+from posttrain.trainer.roles import Roles
+from posttrain.trainer.validation import Validator
+
+
+@dataclass
+class RolloutSetup:
+    config: PosttrainConfig
+    tokenizer: PreTrainedTokenizerBase
+    data: RunData
+    rollout: Rollout
+    validator: Validator | None
+    total_steps: int
+
+
+def rollout_setup(config: PosttrainConfig) -> RolloutSetup:
+    tokenizer = load_tokenizer(resolve_model(config.actor_rollout_ref.model.path))
+    # Hub ids are downloaded here, once, with the controller's network; workers then read the cache (offline)
+    if critic_enabled(config) and config.critic.model_path:
+        resolve_model(config.critic.model_path)
+    if config.reward_model.enable and config.reward_model.model_path:
+        resolve_model(config.reward_model.model_path)
+    data = build_run_data(config.data, tokenizer)
+    epochs_steps = len(data.train) * config.trainer.total_epochs
+    total_steps = min(config.trainer.total_training_steps or epochs_steps, epochs_steps)
+    rollout = build_rollout(config, tokenizer, data.data_dir)
+    rollout.check_data(training=data.train.dataset, validation=data.val_dataset)
+    validator = Validator(
+        rollout, data.val, config.actor_rollout_ref.rollout.val_kwargs.n, tokenizer, config.trainer.val_samples_in_report,
+        Path(config.trainer.default_local_dir) / "validation",
+    ) if data.val else None
+    return RolloutSetup(config, tokenizer, data, rollout, validator, total_steps)
+
+
+class RolloutService:
+    """The rollout's resources (the retriever, the Env-LLM client) for as long as the workers are up."""
+
+    def __init__(self, rollout: Rollout) -> None:
+        self.rollout = rollout
+
+    def open(self, roles: Roles, resumed: Path | None) -> None:
+        self.rollout.open(roles.for_rollout())
+
+    def close(self) -> None:
+        self.rollout.close()

@@ -1,0 +1,371 @@
+"""The run skeleton: what every training mode does around its step, written once.
+
+    start        the run directory (config.yaml), the seed, the workers (roles), the checkpoint to
+                 continue from, the services the mode needs (its rollout's retriever and Env-LLM,
+                 an asynchronous run's generators), tracking with its progress line
+    validate     before training (``trainer.val_before_train``), then when the mode's validation is due
+    each step    the next item of the mode's batch source → the mode's step → metrics logged once
+    checkpoint   every ``trainer.save_freq`` steps and at the last: the policy (and critic), the data
+                 position, the mode's own state, the random number generators
+    end          the mode's finish (SFT: the export), the report; workers and services stopped
+                 whatever ended the run
+
+A mode is a :class:`RunParts`: strategies (a batch source, a step, a validation, services, state to
+checkpoint), not a subclass with hooks. ``trainer/sync.py``, ``trainer/async_/`` and
+``trainer/sft.py`` build one each; ``posttrain eval`` uses the same start and stop
+(:func:`workers_up`) around a single validation.
+
+Stopping. The first Ctrl-C (or SIGTERM, or a ``<run dir>/STOP`` file) stops at the next clean point:
+after the step in progress, or at once during a validation (which changes nothing); a checkpoint is
+written and the command that resumes is printed. A second Ctrl-C stops at once, with no checkpoint.
+Either way no traceback is shown (:class:`Stopped`). A worker that dies or hangs stops the run naming
+the last checkpoint; an error that asks for one first (:class:`CheckpointThenStop`, e.g. the async
+generators failing) gets it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Generic, Protocol, TypeVar
+
+import torch
+
+from posttrain.config import to_yaml
+from posttrain.config.schema import PosttrainConfig
+from posttrain.controller import WorkerDiedError, WorkerHungError
+from posttrain.data import PromptDataLoader
+from posttrain.errors import PosttrainError
+from posttrain.trainer.checkpoint import ASYNC_STATE, CheckpointError, CheckpointManager, load_rng_state, save_rng_state, step_of
+from posttrain.trainer.report import FIRST_SAMPLES, Sample, load_samples, save_samples, write_report
+from posttrain.trainer.roles import Roles, start_roles
+from posttrain.trainer.tracking import Tracking, run_tracking
+
+STOP_FILE = "STOP"  # <run dir>/STOP: stop at the next clean point, as Ctrl-C does
+STATE_FILE = "trainer_state.json"
+Item = TypeVar("Item")
+
+
+# ---- the strategies a mode supplies ----------------------------------------------------------
+
+
+class Checkpointed(Protocol):
+    """State saved in ``trainer_state.json`` (JSON-ready) and restored on resume."""
+
+    def state_dict(self) -> Mapping[str, object]: ...
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None: ...
+
+
+class CheckpointFile(Protocol):
+    """State that keeps a file of its own in each checkpoint (e.g. an asynchronous run's buffer)."""
+
+    def save(self, path: Path) -> None: ...
+
+    def load(self, path: Path) -> None: ...
+
+
+class Service(Protocol):
+    """Something the run opens once its workers are up (and restored), and closes before they stop."""
+
+    def open(self, roles: Roles, resumed: Path | None) -> None: ...
+
+    def close(self) -> None:
+        """Idempotent: a stop closes services before its checkpoint, and the end closes them again."""
+        ...
+
+
+class Validation(Protocol):
+    before_training: bool           # validate at step 0 (not on resume)
+    history: list[dict[str, float]]  # every validation's metrics, in order
+    first_samples: list[Sample]     # for the report
+    last_samples: list[Sample]
+
+    def due(self, step: int, total_steps: int) -> bool: ...
+
+    def __call__(self, roles: Roles, step: int) -> dict[str, float]: ...
+
+
+class Step(Protocol[Item]):
+    def __call__(self, roles: Roles, item: Item, step: int) -> dict[str, float]:
+        """Train step ``step`` (1-based) on ``item``; returns its metrics."""
+        ...
+
+
+@dataclass
+class RunParts(Generic[Item]):
+    """Everything that differs between modes."""
+
+    label: str                                   # the command, for messages: "train", "sft"
+    headline: str                                # what the run is, printed as it starts (rich markup)
+    config: PosttrainConfig                      # what the workers are built from
+    total_steps: int
+    batches: Callable[[], Iterator[tuple[int | None, Item]]]  # (epoch or None, item), from the restored position
+    step: Step[Item]
+    validation: Validation | None = None
+    services: Sequence[Service] = ()             # opened in order after the resume, closed in reverse
+    state: Mapping[str, Checkpointed] = field(default_factory=dict)      # in trainer_state.json, by name
+    files: Mapping[str, CheckpointFile] = field(default_factory=dict)    # files of their own, by file name
+    finish: Callable[[Roles], Path] | None = None  # after the last step, workers still up (SFT: the export)
+
+
+def epoch_batches(loader: PromptDataLoader, total_epochs: int) -> Iterator[tuple[int, object]]:
+    """(epoch, batch) until ``total_epochs`` are read, from the loader's position (a run resumed at
+    an epoch's end starts the next one)."""
+    while loader.epoch < total_epochs:
+        epoch = loader.epoch
+        for batch in loader:
+            yield epoch, batch
+
+
+# ---- stopping ---------------------------------------------------------------------------------
+
+
+class Stopped(Exception):
+    """The run stopped because a person asked (Ctrl-C, SIGTERM, the STOP file). ``checkpoint``: the
+    one written (None: none was, e.g. a second Ctrl-C or nothing trained yet)."""
+
+    def __init__(self, reason: str, step: int, checkpoint: Path | None = None, at_once: bool = False) -> None:
+        super().__init__(reason)
+        self.reason, self.step, self.checkpoint, self.at_once = reason, step, checkpoint, at_once
+
+
+class CheckpointThenStop(PosttrainError):
+    """An error after which the trainer's own state is still sound: the skeleton writes a checkpoint,
+    then raises :meth:`with_checkpoint`'s error naming it."""
+
+    def with_checkpoint(self, path: Path) -> PosttrainError:
+        return type(self)(f"{self} The trainer's state is in {path}; fix the cause and run the same command to resume.")
+
+
+class StopSignal:
+    """Ctrl-C / SIGTERM / the STOP file, noticed at clean points (:meth:`check`). During a
+    validation (:meth:`interruptible`) the first signal stops at once; a second signal always does."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.stop_file = run_dir / STOP_FILE
+        self.requested = threading.Event()
+        self.reason = ""
+        self._interruptible = False
+
+    def check(self, step: int) -> None:
+        """Raise :class:`Stopped` if a stop was asked for."""
+        if not self.requested.is_set() and self.stop_file.exists():
+            self.requested.set()
+            self.reason = f"{self.stop_file} exists"
+        if self.requested.is_set():
+            raise Stopped(self.reason, step)
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        self._interruptible = True
+        try:
+            yield
+        finally:
+            self._interruptible = False
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """The handlers, while the run lasts (only the main thread can install them)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, self._on_signal)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if self.requested.is_set():
+            raise Stopped(f"{name} again", -1, at_once=True)
+        self.requested.set()
+        self.reason = name
+        if self._interruptible:
+            raise Stopped(self.reason, -1)
+        print(f"\nposttrain: {self.reason}: stopping after this step with a checkpoint (again to stop at once)", flush=True)
+
+
+# ---- the skeleton ------------------------------------------------------------------------------
+
+
+@contextmanager
+def workers_up(config: PosttrainConfig, total_steps: int, services: Sequence[Service],
+               before_services: Callable[[Roles], Path | None] = lambda roles: None) -> Iterator[Roles]:
+    """The roles started, ``before_services`` run (the resume), the services opened; on the way out,
+    whatever happened, the services closed (in reverse) and every worker stopped."""
+    roles = start_roles(config, total_steps)  # a failed start stops what it had started
+    opened: list[Service] = []
+    try:
+        resumed = before_services(roles)
+        for service in services:
+            service.open(roles, resumed)
+            opened.append(service)
+        yield roles
+    finally:
+        for service in reversed(opened):
+            service.close()
+        roles.release()
+
+
+class Run(Generic[Item]):
+    def __init__(self, parts: RunParts[Item], stop: StopSignal | None = None) -> None:
+        self.parts, self.config = parts, parts.config
+        self.run_dir = Path(self.config.trainer.default_local_dir)
+        self.total_steps = parts.total_steps
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=self.config.trainer.max_ckpt_to_keep)
+        self.stop = stop or StopSignal(self.run_dir)
+        self.step = 0
+        self.saved_step: int | None = None
+        self.roles: Roles | None = None
+        self.result: Path | None = None  # what ``finish`` returned
+
+    @cached_property
+    def resume_from(self) -> Path | None:
+        """The checkpoint this run continues from (``trainer.resume_mode``), found once."""
+        return self.checkpoints.resolve_resume(self.config.trainer.resume_mode)
+
+    def finished(self) -> bool:
+        """The checkpoint to continue from already holds the last step: there is nothing to train."""
+        return self.resume_from is not None and step_of(self.resume_from) >= self.total_steps
+
+    @property
+    def val_history(self) -> list[dict[str, float]]:
+        return self.parts.validation.history if self.parts.validation else []
+
+    def fit(self) -> dict[str, float]:
+        """Train to ``total_steps``; returns the last validation metrics. Raises :class:`Stopped`
+        when a person stopped the run (its checkpoint, if any, named)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(to_yaml(self.config))
+        self.stop.stop_file.unlink(missing_ok=True)
+        torch.manual_seed(self.config.trainer.seed)
+        tracking: Tracking | None = None
+        with self.stop.installed():
+            try:
+                with workers_up(self.config, self.total_steps, self.parts.services, self._resume) as roles:
+                    self.roles = roles
+                    try:
+                        tracking = run_tracking(self.config, self.run_dir, self.total_steps,
+                                                purge_step=self.step + 1 if self.resume_from else 0)
+                        self._loop(roles, tracking)
+                        if self.parts.finish is not None:
+                            self.result = self.parts.finish(roles)
+                    except Stopped as stopped:
+                        raise self._stopped(stopped) from None
+                    except CheckpointThenStop as err:
+                        raise err.with_checkpoint(self._checkpoint_after_closing()) from err
+                    finally:
+                        if tracking is not None:
+                            tracking.close()
+            except (WorkerDiedError, WorkerHungError) as err:
+                self.checkpoints.name_the_resume(err, self.step + 1)
+                raise
+        validation = self.parts.validation
+        write_report(self.run_dir, *((validation.first_samples, validation.last_samples) if validation else ()))
+        return self.val_history[-1] if self.val_history else {}
+
+    def _loop(self, roles: Roles, tracking: Tracking) -> None:
+        validation = self.parts.validation
+        if validation is not None and validation.before_training and self.step == 0:
+            tracking.log(self._validate(roles), 0)
+        if self.step >= self.total_steps:
+            return
+        for epoch, item in self.parts.batches():
+            self.stop.check(self.step)
+            metrics = self.parts.step(roles, item, self.step + 1)
+            self.step += 1
+            if epoch is not None:
+                metrics["training/epoch"] = float(epoch)
+            if validation is not None and validation.due(self.step, self.total_steps):
+                try:
+                    metrics |= self._validate(roles)
+                except Stopped:
+                    tracking.log(metrics, self.step)  # the step trained: its metrics are kept
+                    raise
+            tracking.log(metrics, self.step)
+            if self._due(self.config.trainer.save_freq) or self.step == self.total_steps:  # the last: the run's policy
+                self.save_checkpoint()
+            if self.step >= self.total_steps:
+                return
+
+    def _due(self, freq: int) -> bool:
+        return freq > 0 and (self.step % freq == 0 or self.step == self.total_steps)
+
+    def _validate(self, roles: Roles) -> dict[str, float]:
+        validation = self.parts.validation
+        with self.stop.interruptible():
+            metrics = validation(roles, self.step)
+        first_samples = self.run_dir / "report" / FIRST_SAMPLES
+        if len(validation.history) == 1 and (self.resume_from is None or not first_samples.exists()):
+            save_samples(first_samples, validation.first_samples)  # the run's first validation, for its report
+        return metrics
+
+    # ---- stopping ----------------------------------------------------------------------------
+
+    def _stopped(self, stopped: Stopped) -> Stopped:
+        """A person's stop, with the checkpoint it leaves (none for a second Ctrl-C or before step 1)."""
+        checkpoint = None
+        if not stopped.at_once and self.step > 0:
+            checkpoint = self.checkpoints.step_dir(self.step) if self.saved_step == self.step else self._checkpoint_after_closing()
+        return Stopped(stopped.reason, self.step, checkpoint, stopped.at_once)
+
+    def _checkpoint_after_closing(self) -> Path:
+        """Services stopped first (nothing new starts, e.g. no generator takes a unit), then the checkpoint."""
+        for service in reversed(self.parts.services):
+            service.close()
+        return self.save_checkpoint()
+
+    # ---- checkpoints -------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        directory = self.checkpoints.begin(self.step)
+        self.roles.actor.save_checkpoint(str(directory / "actor"))
+        if self.roles.critic is not None:
+            self.roles.critic.save_checkpoint(str(directory / "critic"))
+        state = {"step": self.step} | {name: part.state_dict() for name, part in self.parts.state.items()}
+        (directory / STATE_FILE).write_text(json.dumps(state))
+        (directory / "config.yaml").write_text(to_yaml(self.config))
+        save_rng_state(directory)
+        for name, part in self.parts.files.items():
+            part.save(directory / name)
+        self.saved_step = self.step
+        return self.checkpoints.commit(self.step)
+
+    def _resume(self, roles: Roles) -> Path | None:
+        """Restore the checkpoint to continue from (``trainer.resume_mode``); returns its directory, or
+        None. Checkpoints after it (an earlier attempt that went further) are moved aside."""
+        directory = self.resume_from
+        for name in (ASYNC_STATE,):
+            if directory is not None and (directory / name).exists() and name not in self.parts.files:
+                raise CheckpointError(
+                    f"{directory} was written by an asynchronous run: the prompts it had read ahead are in {name}, "
+                    "which only trainer.mode=async resumes (or start over: trainer.resume_mode=disable)"
+                )
+        self.step = self.checkpoints.continue_from(directory)
+        if directory is None:
+            return None
+        state = json.loads((directory / STATE_FILE).read_text())
+        for name, part in self.parts.state.items():
+            part.load_state_dict(state[name])
+        load_rng_state(directory)
+        roles.actor.load_checkpoint(str(directory / "actor"), self.step)
+        if roles.critic is not None:
+            roles.critic.load_checkpoint(str(directory / "critic"))
+        for name, part in self.parts.files.items():
+            part.load(directory / name)
+        if self.parts.validation is not None:
+            self.parts.validation.first_samples = load_samples(self.run_dir / "report" / FIRST_SAMPLES)
+        self.saved_step = self.step
+        print(f"posttrain: resumed from {directory} (step {self.step})")
+        return directory
