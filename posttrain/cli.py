@@ -5,7 +5,9 @@
   posttrain eval [--preset NAME] [--checkpoint DIR] [--dump-episodes F.jsonl] [--by KEY] [key=value ...]
                                                      validation only, from a checkpoint or the base model
   posttrain export CHECKPOINT --out DIR              a checkpoint's policy as a Hugging Face directory
-  posttrain config [--preset NAME] [key=value ...]   print the resolved config (or every problem in it)
+  posttrain config [--preset NAME] [--for train|sft|eval] [key=value ...]
+                                                     print the resolved config, or every problem the command it is
+                                                     for would refuse (default: sft when the sft section is set)
   posttrain prepare NAME [--in FILE] --out DIR [key=value ...]
                                                      write a dataset (gsm8k, arithmetic, synthetic-search, synthetic-doctor,
                                                      doctor --in FILE.json) as verl-format Parquet
@@ -21,16 +23,18 @@ import sys
 from pathlib import Path
 
 from posttrain.config import ConfigError, preset_names, preset_path, to_yaml
+from posttrain.trainer.preflight import COMMANDS, load_run_config
 
 
 DEFAULT_PRESET = "arithmetic_grpo"
 
 
 def _resolved_config(args: argparse.Namespace):
-    from posttrain.trainer.preflight import load_run_config
-
+    """The config, checked as the command that runs it checks it (``config``: as ``--for``'s, or the
+    command it implies)."""
     files = [preset_path(args.preset)] if args.preset else []
-    return load_run_config(files + (args.config or []), args.overrides, command=args.command)
+    command = args.for_command if args.command == "config" else args.command
+    return load_run_config(files + (args.config or []), args.overrides, command=command)
 
 
 def _config_command(args: argparse.Namespace) -> int:
@@ -130,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("train", _train_command, "train a policy (PPO/GRPO)", DEFAULT_PRESET),
         ("sft", _sft_command, "supervised fine-tuning on chat transcripts (the sft.* section), exported for train", None),
         ("eval", _eval_command, "validate a policy (a checkpoint's, or the configured model)", DEFAULT_PRESET),
-        ("config", _config_command, "print the resolved config as YAML", None),
+        ("config", _config_command, "print the resolved config as YAML, or every problem the command it is for would refuse", None),
     ):
         command = commands.add_parser(name, help=help_text, description=help_text)
         command.add_argument(
@@ -140,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--config", action="append", help="a YAML file merged over the preset (repeatable)")
         command.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. data.train_batch_size=16")
         command.set_defaults(run=run)
+        if name == "config":
+            command.add_argument(
+                "--for", dest="for_command", choices=COMMANDS, metavar="COMMAND",
+                help="report every problem `posttrain COMMAND` (train, sft or eval) would refuse; default: sft when the "
+                     "config's sft section differs from the defaults (a preset such as doctor_sft, a --config file or an "
+                     "sft.* override sets it), else train",
+            )
         if name == "eval":
             command.add_argument("--checkpoint", help="a global_step_N directory or a run directory (its latest checkpoint)")
             command.add_argument("--dump-episodes", metavar="FILE.jsonl",

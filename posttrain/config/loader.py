@@ -1,15 +1,16 @@
-"""Reading a config: defaults ← preset YAML ← ``key=value`` overrides, then validation.
+"""Reading a config: defaults ← preset YAML ← ``key=value`` overrides, then its checks.
 
-Every problem — an unknown key, a value of the wrong type, a rule from :mod:`validate` — is
-collected and reported together in one :class:`ConfigError`, each with the key, the value, where it
-came from and what to do.
+Every problem — an unknown key, a value of the wrong type, a rule broken — is collected and reported
+together in one :class:`~posttrain.errors.ConfigError`, each with the key, the value, where it came
+from and what to do. The rules are :mod:`validate`'s (the config's own) unless the caller passes
+others: ``trainer/preflight.py`` passes every rule of the command that will run.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,26 +19,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from posttrain.config.schema import PosttrainConfig
+from posttrain.config.validate import validate_config
+from posttrain.errors import ConfigError, Problem
 
 PRESETS_DIR = Path(__file__).parent / "presets"
-
-
-@dataclass(frozen=True)
-class ConfigProblem:
-    key: str
-    value: Any
-    source: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"  {self.key} = {self.value!r} (from {self.source}): {self.message}"
-
-
-class ConfigError(ValueError):
-    def __init__(self, problems: Sequence[ConfigProblem]) -> None:
-        self.problems = list(problems)
-        lines = "\n".join(str(p) for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) in the config:\n{lines}")
+Checks = Callable[[PosttrainConfig], list[Problem]]
 
 
 def preset_names() -> list[str]:
@@ -47,61 +33,58 @@ def preset_names() -> list[str]:
 def preset_path(name: str) -> Path:
     path = PRESETS_DIR / f"{name}.yaml"
     if not path.exists():
-        raise ConfigError([ConfigProblem("--preset", name, "command line", f"no such preset; choose one of {preset_names()}")])
+        raise ConfigError([Problem("--preset", name, f"no such preset; choose one of {preset_names()}", source="command line")])
     return path
 
 
 def load_config(
-    yaml_files: Iterable[str | Path] = (), overrides: Sequence[str] = (), validate: bool = True, command: str = "train",
-    extra_checks: Callable[[PosttrainConfig], list[ConfigProblem]] | None = None,
+    yaml_files: Iterable[str | Path] = (), overrides: Sequence[str] = (), checks: Checks | None = validate_config,
 ) -> PosttrainConfig:
-    """Defaults, then each YAML file, then dotted ``key=value`` overrides; all problems at once, for
-    ``command`` (``sft`` also checks the sft section). ``extra_checks`` adds the rules of the layers
-    above (``trainer/preflight.py``: engines, registries, files), reported in the same go.
+    """Defaults, then each YAML file, then dotted ``key=value`` overrides; all problems at once: the
+    loader's own (files, unknown keys, types) and those ``checks`` finds in the result (None: none).
+    A command's whole set of checks is ``trainer.preflight.check_config``.
 
-    A value of the wrong type keeps the key's earlier value, and validation still runs, so a type
+    A value of the wrong type keeps the key's earlier value, and the checks still run, so a type
     error never hides a value error elsewhere. Each problem says where its key was last set: a file,
     ``command line``, or ``default``.
     """
-    from posttrain.config.validate import validate_config
-
     merged = OmegaConf.structured(PosttrainConfig)
-    problems: list[ConfigProblem] = []
+    problems: list[Problem] = []
     sources: dict[str, str] = {}
     for path in yaml_files:
         path = Path(path)
         if not path.exists():
-            problems.append(ConfigProblem("config file", str(path), "command line", "file not found"))
+            problems.append(Problem("config file", str(path), "file not found", source="command line"))
             continue
         try:
             loaded = OmegaConf.load(path)
         except (OmegaConfBaseException, yaml.YAMLError) as err:
-            problems.append(ConfigProblem("config file", str(path), str(path), f"not valid YAML: {str(err).splitlines()[0]}"))
+            problems.append(Problem("config file", str(path), f"not valid YAML: {str(err).splitlines()[0]}", source=str(path)))
             continue
         problems += _apply(merged, _flatten(loaded), str(path), sources)
     problems += _apply(merged, _parse_overrides(overrides, problems), "command line", sources)
     try:
         config: PosttrainConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:  # e.g. a ${...} interpolation pointing nowhere
-        raise ConfigError([*problems, ConfigProblem("interpolation", "", "config", str(err).splitlines()[0])]) from err
-    if validate:
+        raise ConfigError([*problems, Problem("interpolation", "", str(err).splitlines()[0], source="config")]) from err
+    if checks is not None:
         reported = {_field_key(p.key) for p in problems}
-        found = validate_config(config, command) + (extra_checks(config) if extra_checks else [])
+        found = checks(config)
         problems += [_with_source(p, sources) for p in _unique(found) if _field_key(p.key) not in reported]
     if problems:
         raise ConfigError(problems)
     return config
 
 
-def _unique(problems: list[ConfigProblem]) -> list[ConfigProblem]:
+def _unique(problems: list[Problem]) -> list[Problem]:
     """Each problem once (two engines built from the same keys report the same mistake)."""
     seen: set[tuple[str, str]] = set()
     return [p for p in problems if (p.key, p.message) not in seen and not seen.add((p.key, p.message))]
 
 
-def _with_source(problem: ConfigProblem, sources: dict[str, str]) -> ConfigProblem:
-    """A validator's problem labelled with where its key was set (validators only know the key)."""
-    if problem.source != "config":
+def _with_source(problem: Problem, sources: dict[str, str]) -> Problem:
+    """A check's problem labelled with where its key was set (checks only know the key)."""
+    if problem.source:
         return problem
     return replace(problem, source=sources.get(_field_key(problem.key), "default"))
 
@@ -129,35 +112,35 @@ def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix.rstrip("."), value)]
 
 
-def _parse_overrides(overrides: Sequence[str], problems: list[ConfigProblem]) -> list[tuple[str, Any]]:
+def _parse_overrides(overrides: Sequence[str], problems: list[Problem]) -> list[tuple[str, Any]]:
     pairs = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            problems.append(ConfigProblem(item, None, "command line", "overrides are key=value, e.g. data.train_batch_size=16"))
+            problems.append(Problem(item, None, "overrides are key=value, e.g. data.train_batch_size=16", source="command line"))
             continue
         try:
             # resolve=False keeps ${...} interpolations for the merged config to resolve.
             value = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={raw}"]), resolve=False)["value"] if raw else ""
         except (OmegaConfBaseException, yaml.YAMLError) as err:
-            problems.append(ConfigProblem(key, raw, "command line", f"cannot parse the value: {str(err).splitlines()[0]}"))
+            problems.append(Problem(key, raw, f"cannot parse the value: {str(err).splitlines()[0]}", source="command line"))
             continue
         pairs.append((key.strip(), value))
     return pairs
 
 
-def _apply(config: DictConfig, pairs: list[tuple[str, Any]], source: str, sources: dict[str, str]) -> list[ConfigProblem]:
+def _apply(config: DictConfig, pairs: list[tuple[str, Any]], source: str, sources: dict[str, str]) -> list[Problem]:
     """Set each key; ``sources`` records where each key that took its value came from."""
     problems = []
     for key, value in pairs:
         key = _field_key(key)
         if not _key_exists(config, key):
-            problems.append(ConfigProblem(key, value, source, _unknown_key_message(config, key)))
+            problems.append(Problem(key, value, _unknown_key_message(config, key), source=source))
             continue
         try:
             OmegaConf.update(config, key, value, merge=False)
         except OmegaConfBaseException as err:
-            problems.append(ConfigProblem(key, value, source, _type_message(config, key, err)))
+            problems.append(Problem(key, value, _type_message(config, key, err), source=source))
             continue
         sources[key] = source
     return problems

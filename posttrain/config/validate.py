@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from posttrain.config.loader import ConfigProblem
 from posttrain.config.schema import PosttrainConfig
+from posttrain.errors import Problem
 
 ENGINE_DTYPES = ("auto", "bfloat16", "float32")  # a rollout engine's weights (auto: bf16 where native)
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -47,10 +47,10 @@ def get(config: object, key: str) -> object:
     return config
 
 
-def validate_config(config: PosttrainConfig, command: str = "train") -> list[ConfigProblem]:
-    """The config's own rules for ``command`` (train, eval, config, sft): choices, ranges, batch
-    arithmetic, settings that cannot work together. The rules that need the layers below — engine
-    settings, registries, files — are ``trainer/preflight.py``'s."""
+def validate_config(config: PosttrainConfig, command: str = "train") -> list[Problem]:
+    """The config's own rules for ``command`` (train, eval, sft): choices, ranges, batch arithmetic,
+    settings that cannot work together. The rules that ask the pieces a run builds — engine settings,
+    registries, files — are ``trainer/preflight.py``'s; its ``check_config`` runs both sets."""
     problems = _check_choices(config) + _check_positive(config) + check_ranges(config)
     if not any(p.key in POSITIVE for p in problems):
         problems += check_batch_arithmetic(config)
@@ -65,137 +65,137 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Con
     return problems
 
 
-def check_retriever_token_env(config: PosttrainConfig) -> list[ConfigProblem]:
+def check_retriever_token_env(config: PosttrainConfig) -> list[Problem]:
     """env.retriever.token_env names a variable; a value that cannot be one is likely the token itself."""
     name = config.env.retriever.token_env
     if name is None or (name.isascii() and name.replace("_", "a").isalnum() and not name[0].isdigit()):
         return []
-    return [ConfigProblem("env.retriever.token_env", "(hidden: it may be the token)", "config",
-                          "must name the environment variable that holds the retriever's token (e.g. POSTTRAIN_RETRIEVER_TOKEN), "
-                          "not the token itself; export the token in that variable, or null to send none")]
+    return [Problem("env.retriever.token_env", "(hidden: it may be the token)",
+                    "must name the environment variable that holds the retriever's token (e.g. POSTTRAIN_RETRIEVER_TOKEN), "
+                    "not the token itself; export the token in that variable, or null to send none")]
 
 
-def check_breakers(config: PosttrainConfig) -> list[ConfigProblem]:
+def check_breakers(config: PosttrainConfig) -> list[Problem]:
     """The circuit breakers' limits (``trainer/breakers.py``) and the reward's time budget per step."""
     problems = []
     for key in ("custom_reward_function.stop_at_failed_fraction", "env.retriever.stop_at_failed_fraction", "env.llm.stop_at_failed_fraction"):
         fraction = get(config, key)
         if fraction is not None and not 0 < fraction <= 1:
-            problems.append(ConfigProblem(key, fraction, "config", "must be in (0, 1] (1.0: stop when every call of a step fails), or null never to stop"))
+            problems.append(Problem(key, fraction, "must be in (0, 1] (1.0: stop when every call of a step fails), or null never to stop"))
     budget = config.custom_reward_function.step_timeout_s
     if budget is not None and not budget > 0:
-        problems.append(ConfigProblem("custom_reward_function.step_timeout_s", budget, "config", "must be > 0 seconds, or null for no limit"))
+        problems.append(Problem("custom_reward_function.step_timeout_s", budget, "must be > 0 seconds, or null for no limit"))
     if config.trainer.stop_after_skipped_steps < 0:
-        problems.append(ConfigProblem("trainer.stop_after_skipped_steps", config.trainer.stop_after_skipped_steps, "config",
-                                      "must be >= 0 (0: never stop for skipped updates)"))
+        problems.append(Problem("trainer.stop_after_skipped_steps", config.trainer.stop_after_skipped_steps,
+                                "must be >= 0 (0: never stop for skipped updates)"))
     return problems
 
 
-def check_call_timeout(config: PosttrainConfig) -> list[ConfigProblem]:
+def check_call_timeout(config: PosttrainConfig) -> list[Problem]:
     timeout = config.trainer.call_timeout_s
     if timeout is not None and not timeout > 0:
-        return [ConfigProblem("trainer.call_timeout_s", timeout, "config",
-                              "must be > 0 seconds (how long a worker call may take before the run stops), or null for no deadline")]
+        return [Problem("trainer.call_timeout_s", timeout,
+                        "must be > 0 seconds (how long a worker call may take before the run stops), or null for no deadline")]
     return []
 
 
-def check_loss_scale_factor(config: PosttrainConfig) -> list[ConfigProblem]:
+def check_loss_scale_factor(config: PosttrainConfig) -> list[Problem]:
     """verl's seq-mean-token-sum-norm divisor: a positive constant, and only for that mode."""
     key, actor = "actor_rollout_ref.actor.loss_scale_factor", config.actor_rollout_ref.actor
     factor = actor.loss_scale_factor
     if factor is None:
         return []
     if actor.loss_agg_mode != "seq-mean-token-sum-norm":
-        return [ConfigProblem(key, factor, "config",
-                              f"applies only to actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm (it is "
-                              f"{actor.loss_agg_mode}); remove it, or set that mode")]
+        return [Problem(key, factor,
+                        f"applies only to actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm (it is "
+                        f"{actor.loss_agg_mode}); remove it, or set that mode")]
     if factor < 1:
-        return [ConfigProblem(key, factor, "config",
-                              "must be >= 1, e.g. data.max_response_length for verl's convention, or null for posttrain's")]
+        return [Problem(key, factor,
+                        "must be >= 1, e.g. data.max_response_length for verl's convention, or null for posttrain's")]
     return []
 
 
-def check_async(config: PosttrainConfig) -> list[ConfigProblem]:
+def check_async(config: PosttrainConfig) -> list[Problem]:
     """What asynchronous training cannot run with (checked only for ``trainer.mode=async``)."""
     options, batch = config.async_, config.data.train_batch_size
     problems = []
     if options.max_staleness < 0:
-        problems.append(ConfigProblem("async.max_staleness", options.max_staleness, "config",
-                                      "must be >= 0 (0: synchronous behaviour, 1: one-step off-policy, k: up to k versions behind)"))
+        problems.append(Problem("async.max_staleness", options.max_staleness,
+                                "must be >= 0 (0: synchronous behaviour, 1: one-step off-policy, k: up to k versions behind)"))
     if options.num_generators < 1:
-        problems.append(ConfigProblem("async.num_generators", options.num_generators, "config", "must be >= 1"))
+        problems.append(Problem("async.num_generators", options.num_generators, "must be >= 1"))
     if options.generator_cpus <= 0:
-        problems.append(ConfigProblem("async.generator_cpus", options.generator_cpus, "config", "must be > 0"))
+        problems.append(Problem("async.generator_cpus", options.generator_cpus, "must be > 0"))
     if options.buffer_size is not None and options.buffer_size < batch:
-        problems.append(ConfigProblem("async.buffer_size", options.buffer_size, "config",
-                                      f"must hold at least one batch (data.train_batch_size={batch} groups), or null for (max_staleness + 1) batches"))
+        problems.append(Problem("async.buffer_size", options.buffer_size,
+                                f"must hold at least one batch (data.train_batch_size={batch} groups), or null for (max_staleness + 1) batches"))
     unit = options.unit_groups
     if unit is not None and (unit < 1 or batch % unit):
-        problems.append(ConfigProblem("async.unit_groups", unit, "config",
-                                      f"must divide data.train_batch_size={batch} (a batch is a whole number of generator calls), or null"))
+        problems.append(Problem("async.unit_groups", unit,
+                                f"must divide data.train_batch_size={batch} (a batch is a whole number of generator calls), or null"))
     if options.importance_cap <= 0:
-        problems.append(ConfigProblem("async.importance_cap", options.importance_cap, "config", "must be > 0"))
+        problems.append(Problem("async.importance_cap", options.importance_cap, "must be > 0"))
     if config.algorithm.adv_estimator == "remax":
-        problems.append(ConfigProblem("algorithm.adv_estimator", "remax", "trainer.mode=async",
-                                      "ReMax needs a greedy baseline rollout with the very weights being trained, which "
-                                      "asynchronous generators do not have; use grpo/rloo, or trainer.mode=sync"))
+        problems.append(Problem("algorithm.adv_estimator", "remax",
+                                "ReMax needs a greedy baseline rollout with the very weights being trained, which "
+                                "asynchronous generators do not have; use grpo/rloo, or trainer.mode=sync",
+                                source="trainer.mode=async"))
     if config.reward_model.enable:
-        problems.append(ConfigProblem("reward_model.enable", True, "trainer.mode=async",
-                                      "the reward-model worker is not reachable from the generators yet; use rule rewards or trainer.mode=sync"))
+        problems.append(Problem("reward_model.enable", True, "the reward-model worker is not reachable from the generators yet; "
+                                "use rule rewards or trainer.mode=sync", source="trainer.mode=async"))
     return problems
 
 
-def check_sft(config: PosttrainConfig) -> list[ConfigProblem]:
-    """The SFT section's batch arithmetic (checked by ``posttrain sft`` only, so that an RL run's
-    layout never trips over SFT defaults): transcripts per step split over ranks, then micro-batches."""
+def check_sft(config: PosttrainConfig) -> list[Problem]:
+    """The SFT section's batch arithmetic (checked for ``posttrain sft`` only, and by ``posttrain config``
+    for an SFT config, so that an RL run's layout never trips over SFT defaults): transcripts per step
+    split over ranks, then micro-batches."""
     sft, ranks = config.sft, config.trainer.nnodes * config.trainer.n_workers_per_node
     problems = []
     if sft.total_training_steps is not None and sft.total_training_steps < 1:
-        problems.append(ConfigProblem("sft.total_training_steps", sft.total_training_steps, "config", "must be >= 1, or null for sft.total_epochs"))
+        problems.append(Problem("sft.total_training_steps", sft.total_training_steps, "must be >= 1, or null for sft.total_epochs"))
     if min(sft.train_batch_size, sft.micro_batch_size_per_gpu, ranks) < 1:
         return problems  # the rest is reported by _check_positive
     if sft.train_batch_size % ranks:
-        problems.append(ConfigProblem("sft.train_batch_size", sft.train_batch_size, "config",
-                                      f"must be a multiple of the {ranks} rank(s) (trainer.nnodes × trainer.n_workers_per_node)"))
+        problems.append(Problem("sft.train_batch_size", sft.train_batch_size,
+                                f"must be a multiple of the {ranks} rank(s) (trainer.nnodes × trainer.n_workers_per_node)"))
         return problems
     per_rank = sft.train_batch_size // ranks
     if per_rank % sft.micro_batch_size_per_gpu:
-        problems.append(ConfigProblem("sft.micro_batch_size_per_gpu", sft.micro_batch_size_per_gpu, "config",
-                                      f"must divide the {per_rank} transcripts each rank gets per step; e.g. set it to "
-                                      f"{_largest_divisor_at_most(per_rank, sft.micro_batch_size_per_gpu)}"))
+        problems.append(Problem("sft.micro_batch_size_per_gpu", sft.micro_batch_size_per_gpu,
+                                f"must divide the {per_rank} transcripts each rank gets per step; e.g. set it to "
+                                f"{_largest_divisor_at_most(per_rank, sft.micro_batch_size_per_gpu)}"))
     return problems
 
 
-def check_env(config: PosttrainConfig) -> list[ConfigProblem]:
+def check_env(config: PosttrainConfig) -> list[Problem]:
     """Settings of the multi-turn agent loop that cannot work together."""
     env, problems = config.env, []
     for key in ("max_turn_tokens", "max_obs_length"):
         if getattr(env, key) < 1:
-            problems.append(ConfigProblem(f"env.{key}", getattr(env, key), "config", "must be >= 1"))
+            problems.append(Problem(f"env.{key}", getattr(env, key), "must be >= 1"))
     if env.max_turns < 0:
-        problems.append(ConfigProblem("env.max_turns", env.max_turns, "config", "must be >= 0 (0: answer at once, no tool turns)"))
+        problems.append(Problem("env.max_turns", env.max_turns, "must be >= 0 (0: answer at once, no tool turns)"))
     if env.turns_range and (len(env.turns_range) != 2 or not 0 <= env.turns_range[0] <= env.turns_range[1]):
-        problems.append(ConfigProblem("env.turns_range", env.turns_range, "config", "must be [low, high] with 0 <= low <= high, or [] for env.max_turns"))
+        problems.append(Problem("env.turns_range", env.turns_range, "must be [low, high] with 0 <= low <= high, or [] for env.max_turns"))
     if not 0.0 <= env.filter_groups_quantile < 1.0:
-        problems.append(ConfigProblem("env.filter_groups_quantile", env.filter_groups_quantile, "config", "must be in [0, 1); 0 keeps every group"))
+        problems.append(Problem("env.filter_groups_quantile", env.filter_groups_quantile, "must be in [0, 1); 0 keeps every group"))
     if env.max_turn_tokens > config.data.max_response_length:
-        problems.append(ConfigProblem(
-            "env.max_turn_tokens", env.max_turn_tokens, "config",
+        problems.append(Problem(
+            "env.max_turn_tokens", env.max_turn_tokens,
             f"must be <= data.max_response_length={config.data.max_response_length} (which holds all turns and observations)",
         ))
     if config.reward_model.enable:
-        problems.append(ConfigProblem("reward_model.enable", True, "config", "multi-turn environments give the rewards; set reward_model.enable=false"))
+        problems.append(Problem("reward_model.enable", True, "multi-turn environments give the rewards; set reward_model.enable=false"))
     if config.algorithm.adv_estimator == "remax" and env.reward_norm != "none":
-        problems.append(ConfigProblem(
-            "env.reward_norm", env.reward_norm, "config",
+        problems.append(Problem(
+            "env.reward_norm", env.reward_norm,
             "ReMax subtracts the greedy episode's raw reward, so the rewards must stay raw: set env.reward_norm=none",
         ))
     return problems + _check_env_llm(config)
 
 
-
-
-def _check_env_llm(config: PosttrainConfig) -> list[ConfigProblem]:
+def _check_env_llm(config: PosttrainConfig) -> list[Problem]:
     """The environment LLM's numbers (its sampling settings are the rollout engine's rules: preflight)."""
     llm = config.env.llm
     rules = (
@@ -205,52 +205,52 @@ def _check_env_llm(config: PosttrainConfig) -> list[ConfigProblem]:
         ("retries", llm.retries >= 0, "must be >= 0"),
         ("timeout_s", llm.timeout_s > 0, "must be > 0 seconds"),
     )
-    return [ConfigProblem(f"env.llm.{key}", getattr(llm, key), "config", fix) for key, holds, fix in rules if not holds]
+    return [Problem(f"env.llm.{key}", getattr(llm, key), fix) for key, holds, fix in rules if not holds]
 
 
-def _check_choices(config: PosttrainConfig) -> list[ConfigProblem]:
+def _check_choices(config: PosttrainConfig) -> list[Problem]:
     return [
-        ConfigProblem(key.replace("async_.", "async."), get(config, key), "config", f"must be one of {', '.join(allowed)}")
+        Problem(key.replace("async_.", "async."), get(config, key), f"must be one of {', '.join(allowed)}")
         for key, allowed in CHOICES.items()
         if get(config, key) not in allowed
     ]
 
 
-def _check_positive(config: PosttrainConfig) -> list[ConfigProblem]:
-    problems = [ConfigProblem(key, get(config, key), "config", "must be >= 1") for key in POSITIVE if get(config, key) < 1]
+def _check_positive(config: PosttrainConfig) -> list[Problem]:
+    problems = [Problem(key, get(config, key), "must be >= 1") for key in POSITIVE if get(config, key) < 1]
     if config.trainer.critic_warmup < 0:
-        problems.append(ConfigProblem("trainer.critic_warmup", config.trainer.critic_warmup, "config", "must be >= 0"))
+        problems.append(Problem("trainer.critic_warmup", config.trainer.critic_warmup, "must be >= 0"))
     return problems
 
 
-def check_batch_arithmetic(config: PosttrainConfig) -> list[ConfigProblem]:
+def check_batch_arithmetic(config: PosttrainConfig) -> list[Problem]:
     """The divisibility a PPO/GRPO step needs, with the numbers that disagree in each message."""
     data, actor, rollout = config.data, config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     ranks = config.trainer.nnodes * config.trainer.n_workers_per_node
-    problems: list[ConfigProblem] = []
+    problems: list[Problem] = []
     sections = [("actor_rollout_ref.actor", actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz)]
     if critic_enabled(config):
         sections.append(("critic", config.critic.ppo_mini_batch_size, config.critic.ppo_micro_batch_size_per_gpu, False))
     for section, mini, micro, dynamic in sections:
         if data.train_batch_size % mini:
-            problems.append(ConfigProblem(
-                f"{section}.ppo_mini_batch_size", mini, "config",
+            problems.append(Problem(
+                f"{section}.ppo_mini_batch_size", mini,
                 f"must divide data.train_batch_size={data.train_batch_size} (both count prompts); "
                 f"e.g. set it to {_largest_divisor_at_most(data.train_batch_size, mini)}",
             ))
             continue
         samples = mini * rollout.n
         if samples % ranks:
-            problems.append(ConfigProblem(
-                f"{section}.ppo_mini_batch_size", mini, "config",
+            problems.append(Problem(
+                f"{section}.ppo_mini_batch_size", mini,
                 f"{mini} prompts × rollout.n={rollout.n} = {samples} samples per mini-batch do not split over "
                 f"{ranks} rank(s) (trainer.nnodes × trainer.n_workers_per_node); make it a multiple of {ranks}",
             ))
             continue
         per_rank = samples // ranks
         if not dynamic and per_rank % micro:
-            problems.append(ConfigProblem(
-                f"{section}.ppo_micro_batch_size_per_gpu", micro, "config",
+            problems.append(Problem(
+                f"{section}.ppo_micro_batch_size_per_gpu", micro,
                 f"must divide the {per_rank} samples each rank gets per mini-batch ({mini} prompts × n={rollout.n} / "
                 f"{ranks} ranks); e.g. set it to {_largest_divisor_at_most(per_rank, micro)}",
             ))
@@ -266,8 +266,6 @@ def critic_enabled(config: PosttrainConfig) -> bool:
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
-
-
 
 
 RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
@@ -300,17 +298,6 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 )
 
 
-def check_ranges(config: PosttrainConfig) -> list[ConfigProblem]:
+def check_ranges(config: PosttrainConfig) -> list[Problem]:
     """Numbers that must lie in a range: discounts, clip ratios, coefficients, timeouts, frequencies."""
-    return [ConfigProblem(key, get(config, key), "config", fix) for key, holds, fix in RANGES if not holds(get(config, key))]
-
-
-
-
-
-
-
-
-
-
-
+    return [Problem(key, get(config, key), fix) for key, holds, fix in RANGES if not holds(get(config, key))]

@@ -23,7 +23,7 @@ def checkpoint_dir(path: str | Path) -> Path:
 
 def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
     directory = checkpoint_dir(path)
-    config = load_config([directory / "config.yaml"], validate=False)
+    config = load_config([directory / "config.yaml"], checks=None)
     arr = config.actor_rollout_ref
     engine = training_engine(
         # nothing is trained here: no clipping (a run saved before grad_clip had to be > 0 may hold 0)

@@ -1,4 +1,11 @@
-"""Preflight: the checks of a run's config that need the layers below ``config/``, before any worker starts.
+"""Preflight: everything a command would refuse in a config, found before any worker starts.
+
+:func:`check_config` is the one place where a command's config is judged. ``posttrain train``,
+``eval`` and ``sft`` load their config through :func:`load_run_config`, which runs it for that
+command; ``posttrain config`` runs it for the command named by ``--for``, or else the one the config
+is for (:func:`implied_command`), so that it refuses exactly what that command would. The trainers
+take the config as checked and judge only what depends on the data (e.g. a schedule's warm-up
+against the number of steps the dataset gives).
 
 ``config/validate.py`` holds the config's own rules (choices, ranges, batch arithmetic). The rules here
 belong to the pieces a run will build, and each is asked of that piece, so that it is written once:
@@ -6,37 +13,52 @@ the training engine's settings (optimizer, schedule, dtype, LoRA) and the rollou
 settings, built from the config exactly as the workers build them (``workers/engines.py``); the
 names the algos registries know; the estimator's needs (values need a critic, a group baseline
 needs several samples per prompt); the environment class and its options (``agents/registry.py``);
-tracker names; and the models and files the run reads. :func:`load_run_config` runs both sets through
-the loader, so every problem comes in one report, each labelled with where its key was set.
+tracker names; and the models and files the run reads. Every problem comes in one report, each
+labelled by the loader with where its key was set.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from functools import partial
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from posttrain.config import ConfigProblem, PosttrainConfig, load_config
-from posttrain.config.validate import CHOICES, critic_enabled, get
+from posttrain.config import PosttrainConfig, load_config
+from posttrain.config.schema import SFTConfig
+from posttrain.config.validate import CHOICES, critic_enabled, get, validate_config
+from posttrain.errors import InvalidSettings, Problem
 
-TRAINING_COMMANDS = ("train", "config")  # the commands whose config will run RL updates
-
-
-def load_run_config(yaml_files: Iterable[str | Path] = (), overrides: Sequence[str] = (), command: str = "train") -> PosttrainConfig:
-    """The config for ``command`` (train, eval, config, sft), with every problem reported at once."""
-    return load_config(yaml_files, overrides, command=command, extra_checks=partial(preflight_problems, command=command))
+COMMANDS = ("train", "eval", "sft")  # the commands that run a config; ``posttrain config`` checks for one of them
 
 
-def preflight_problems(config: PosttrainConfig, command: str = "train") -> list[ConfigProblem]:
+def load_run_config(
+    yaml_files: Iterable[str | Path] = (), overrides: Sequence[str] = (), command: str | None = "train",
+) -> PosttrainConfig:
+    """The config for ``command`` (train, eval, sft; None: the one the config implies), or a
+    :class:`~posttrain.errors.ConfigError` with everything that command would refuse."""
+    return load_config(yaml_files, overrides, checks=lambda config: check_config(config, command or implied_command(config)))
+
+
+def implied_command(config: PosttrainConfig) -> str:
+    """``sft`` for a config whose ``sft`` section differs from the defaults (as the SFT presets' does),
+    else ``train``: the command ``posttrain config`` checks for when ``--for`` does not name one."""
+    return "sft" if config.sft != SFTConfig() else "train"
+
+
+def check_config(config: PosttrainConfig, command: str) -> list[Problem]:
+    """Every problem ``posttrain <command>`` (train, eval, sft) refuses ``config`` for: the config's own
+    rules (``config/validate.py``) and those of the pieces the run builds (below); returned, not raised."""
     from posttrain.trainer.tracking import unknown_trackers
 
-    problems = check_names(config) + check_engines(config) + check_paths(config)
-    if command in TRAINING_COMMANDS:
+    if command not in COMMANDS:
+        raise ValueError(f"command={command!r}: the checks are for one of {', '.join(COMMANDS)}")
+    problems = validate_config(config, command) + check_names(config) + check_engines(config) + check_paths(config)
+    if command == "train":  # SFT and evaluation run no RL update
         problems += check_estimator_needs(config)
     unknown = unknown_trackers(config.trainer.logger)
     if unknown:
-        problems.append(ConfigProblem("trainer.logger", config.trainer.logger, "config", unknown))
+        problems.append(Problem("trainer.logger", config.trainer.logger, unknown))
     if config.env.name is not None:
         problems += check_environment(config)
     if command == "sft":
@@ -46,7 +68,7 @@ def preflight_problems(config: PosttrainConfig, command: str = "train") -> list[
     return problems
 
 
-def check_names(config: PosttrainConfig) -> list[ConfigProblem]:
+def check_names(config: PosttrainConfig) -> list[Problem]:
     """Names that select functions, checked against the algos registries (and, for the policy loss,
     its options against its signature, by the worker's own construction)."""
     from posttrain.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
@@ -59,7 +81,7 @@ def check_names(config: PosttrainConfig) -> list[ConfigProblem]:
         ("algorithm.kl_penalty", KL_ESTIMATORS, "KL estimator"),
     )
     problems = [
-        ConfigProblem(key, get(config, key), "config", f"unknown {what}; choose one of {', '.join(registry)}")
+        Problem(key, get(config, key), f"unknown {what}; choose one of {', '.join(registry)}")
         for key, registry, what in names
         if get(config, key) not in registry
     ]
@@ -69,11 +91,11 @@ def check_names(config: PosttrainConfig) -> list[ConfigProblem]:
         try:
             PolicyObjective.from_config(actor, config.data.max_response_length)
         except ValueError as error:
-            problems.append(ConfigProblem("actor_rollout_ref.actor.policy_loss", actor.policy_loss, "config", str(error)))
+            problems.append(Problem("actor_rollout_ref.actor.policy_loss", actor.policy_loss, str(error)))
     return problems
 
 
-def check_estimator_needs(config: PosttrainConfig) -> list[ConfigProblem]:
+def check_estimator_needs(config: PosttrainConfig) -> list[Problem]:
     """What the advantage estimator reads: values need a critic; a group baseline needs n >= 2."""
     from posttrain.algos import ADVANTAGE_ESTIMATORS
 
@@ -81,19 +103,18 @@ def check_estimator_needs(config: PosttrainConfig) -> list[ConfigProblem]:
     estimator = ADVANTAGE_ESTIMATORS.get(name)
     problems = []
     if estimator is not None and "values" in estimator.inputs and not critic_enabled(config):
-        problems.append(ConfigProblem("critic.enable", config.critic.enable, "config",
-                                      f"algorithm.adv_estimator={name} needs a critic's values: set critic.enable=true "
-                                      "(or null), or choose an estimator without a critic (grpo, rloo, reinforce_plus_plus)"))
+        problems.append(Problem("critic.enable", config.critic.enable,
+                                f"algorithm.adv_estimator={name} needs a critic's values: set critic.enable=true "
+                                "(or null), or choose an estimator without a critic (grpo, rloo, reinforce_plus_plus)"))
     if estimator is not None and "group_ids" in estimator.inputs and n < 2:
-        problems.append(ConfigProblem("actor_rollout_ref.rollout.n", n, "config",
-                                      f"algorithm.adv_estimator={name} compares the samples of each prompt: set "
-                                      "rollout.n >= 2 (4-8 is usual), or use reinforce_plus_plus or gae with one sample per prompt"))
+        problems.append(Problem("actor_rollout_ref.rollout.n", n,
+                                f"algorithm.adv_estimator={name} compares the samples of each prompt: set "
+                                "rollout.n >= 2 (4-8 is usual), or use reinforce_plus_plus or gae with one sample per prompt"))
     return problems
 
 
-def check_engines(config: PosttrainConfig) -> list[ConfigProblem]:
+def check_engines(config: PosttrainConfig) -> list[Problem]:
     """The engines' own rules applied to the settings the workers will build, mapped to config keys."""
-    from posttrain.engines.settings import InvalidSettings
     from posttrain.workers.engines import env_llm_params, generation_params
 
     arr = config.actor_rollout_ref
@@ -108,8 +129,7 @@ def check_engines(config: PosttrainConfig) -> list[ConfigProblem]:
         try:
             build()
         except InvalidSettings as error:
-            problems += [ConfigProblem(f"{section}.{p.field}", p.value, "config", p.message)
-                         for p in error.problems if p.field in SAMPLING_FIELDS]
+            problems += [replace(p, key=f"{section}.{p.key}") for p in error.problems if p.key in SAMPLING_FIELDS]
     return problems
 
 
@@ -117,10 +137,9 @@ def check_engines(config: PosttrainConfig) -> list[ConfigProblem]:
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k")
 
 
-def engine_problems(config: PosttrainConfig, section: str, optim: Any, grad_clip: float | None) -> list[ConfigProblem]:
+def engine_problems(config: PosttrainConfig, section: str, optim: Any, grad_clip: float | None) -> list[Problem]:
     """The training engine's rules for ``section`` (``actor_rollout_ref.actor``, ``critic``, ``sft``) with
     its ``optim`` and ``grad_clip``; the schedule's length depends on the data and is judged at start."""
-    from posttrain.engines.settings import InvalidSettings
     from posttrain.workers.engines import ENGINE_FIELD_KEYS, training_engine_config
 
     arr = config.actor_rollout_ref
@@ -128,7 +147,7 @@ def engine_problems(config: PosttrainConfig, section: str, optim: Any, grad_clip
         training_engine_config("model", arr.model, optim, dtype=arr.actor.dtype, grad_clip=grad_clip,
                                total_steps=max(1, optim.warmup_steps), device=config.trainer.device)
     except InvalidSettings as error:
-        return [ConfigProblem(_engine_key(section, ENGINE_FIELD_KEYS[p.field]), p.value, "config", p.message) for p in error.problems]
+        return [replace(p, key=_engine_key(section, ENGINE_FIELD_KEYS[p.key])) for p in error.problems]
     return []
 
 
@@ -140,7 +159,7 @@ def _engine_key(section: str, field_key: str) -> str:
     return field_key if field_key.startswith("trainer.") else f"{section}.{field_key}"
 
 
-def check_environment(config: PosttrainConfig) -> list[ConfigProblem]:
+def check_environment(config: PosttrainConfig) -> list[Problem]:
     """``env.name`` (or ``env.path`` + ``env.class_name``) names an environment, and ``env.options``
     build one (the environment's own checks, run on one built with stand-ins for its resources)."""
     from posttrain.agents.registry import load_env_class, probe_environment
@@ -150,15 +169,15 @@ def check_environment(config: PosttrainConfig) -> list[ConfigProblem]:
         env_class = load_env_class(env.name, env.path, env.class_name)
     except ValueError as error:
         key = "env.name" if env.path is None else "env.class_name" if not env.class_name else "env.path"
-        return [ConfigProblem(key, get(config, key), "config", str(error))]
+        return [Problem(key, get(config, key), str(error))]
     try:
         probe_environment(env_class, env.options)
     except (ValueError, TypeError) as error:
-        return [ConfigProblem("env.options", dict(env.options), "config", str(error))]
+        return [Problem("env.options", dict(env.options), str(error))]
     return []
 
 
-def check_paths(config: PosttrainConfig) -> list[ConfigProblem]:
+def check_paths(config: PosttrainConfig) -> list[Problem]:
     """Models and files the run reads must exist (a Hub id is looked up when the run starts, and says
     so if it cannot be had)."""
     from posttrain.models.loading import model_path_problem
@@ -172,7 +191,7 @@ def check_paths(config: PosttrainConfig) -> list[ConfigProblem]:
     for key, path in models:
         problem = "required with reward_model.enable=true: the reward model's directory" if path is None else model_path_problem(path)
         if problem:
-            problems.append(ConfigProblem(key, path, "config", problem))
+            problems.append(Problem(key, path, problem))
     problems += file_problems("data.train_files", config.data.train_files) + file_problems("data.val_files", config.data.val_files)
     if config.custom_reward_function.path:
         problems += file_problems("custom_reward_function.path", [config.custom_reward_function.path])
@@ -180,17 +199,17 @@ def check_paths(config: PosttrainConfig) -> list[ConfigProblem]:
         problems += file_problems("env.retriever.corpus", [config.env.retriever.corpus])
     mode = config.trainer.resume_mode
     if mode not in ("auto", "disable") and not Path(mode).is_dir():
-        problems.append(ConfigProblem("trainer.resume_mode", mode, "config",
-                                      "must be auto (the latest checkpoint, if any), disable, or an existing global_step_N directory"))
+        problems.append(Problem("trainer.resume_mode", mode,
+                                "must be auto (the latest checkpoint, if any), disable, or an existing global_step_N directory"))
     return problems
 
 
-def file_problems(key: str, paths: list[str]) -> list[ConfigProblem]:
+def file_problems(key: str, paths: list[str]) -> list[Problem]:
     """Each of ``paths`` (the value of ``key``) that is missing or is a directory."""
     problems = []
     for path in paths:
         if Path(path).is_dir():
-            problems.append(ConfigProblem(key, path, "config", "is a directory; name the file(s) in it, e.g. [dir/train.parquet]"))
+            problems.append(Problem(key, path, "is a directory; name the file(s) in it, e.g. [dir/train.parquet]"))
         elif not Path(path).is_file():
-            problems.append(ConfigProblem(key, path, "config", f"no such file (looked at {Path(path).resolve()})"))
+            problems.append(Problem(key, path, f"no such file (looked at {Path(path).resolve()})"))
     return problems

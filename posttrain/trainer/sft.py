@@ -32,7 +32,7 @@ from posttrain import keys
 from posttrain.config.schema import PosttrainConfig
 from posttrain.data import PromptDataLoader
 from posttrain.data.sft_dataset import SFTDataError, SFTDataset, SFTSample
-from posttrain.errors import PosttrainError
+from posttrain.errors import ConfigError, Problem
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
 from posttrain.rollout import build_rollout, sequences_to_batch
@@ -46,12 +46,6 @@ from posttrain.trainer.validation import Validator
 
 SFT_FILE, SFT_VAL_FILE = "sft.parquet", "sft_val.parquet"
 EXPORT_DIR = "export"
-
-
-class SFTSettingsError(PosttrainError):
-    """An ``sft`` setting that the data makes impossible (known only once the transcripts are read)."""
-
-    exit_code = 2
 
 
 def sft_run_config(config: PosttrainConfig, total_steps: int) -> PosttrainConfig:
@@ -164,7 +158,7 @@ def sft_parts(config: PosttrainConfig) -> RunParts[Batch]:
     epoch_steps = len(loader) * sft.total_epochs
     total_steps = min(sft.total_training_steps or epoch_steps, epoch_steps)
     if sft.optim.warmup_steps > total_steps:
-        raise SFTSettingsError(f"sft.optim.warmup_steps={sft.optim.warmup_steps} is more than the run's {total_steps} steps; lower it")
+        raise ConfigError([Problem("sft.optim.warmup_steps", sft.optim.warmup_steps, f"is more than the run's {total_steps} steps; lower it")])
     run_config = sft_run_config(config, total_steps)
     validator = None
     if rollout is not None and sft.val_rollout:

@@ -1,15 +1,19 @@
-"""Wrong configurations are refused by `load_config` (and so by `posttrain config` / `train` before any
-worker starts), each with a message naming the key, the value, where it came from, and the fix."""
+"""Wrong configurations are refused by `load_run_config` (and so by `posttrain config`, `train`, `eval` and
+`sft` before any worker starts), each with a message naming the key, the value, where it came from, and
+the fix."""
 
+import ast
 import subprocess
 import sys
+from graphlib import TopologicalSorter
+from pathlib import Path
 
 import pytest
-
 from omegaconf import OmegaConf
 
-from posttrain.config import ConfigError, load_config
-from posttrain.trainer.preflight import load_run_config
+import posttrain.config
+from posttrain.config import ConfigError, load_config, preset_names, preset_path, to_yaml
+from posttrain.trainer.preflight import implied_command, load_run_config
 
 # (overrides, the key the problem names, a fragment of its message)
 WRONG = [
@@ -84,7 +88,7 @@ def test_each_wrong_config_is_refused_naming_key_value_source_and_fix(tmp_path, 
 def test_command_line_values_are_labelled_and_untouched_keys_say_default():
     with pytest.raises(ConfigError) as info:
         load_run_config([], ["actor_rollout_ref.rollout.n=1", "algorithm.gamma=2"])
-    problems = {p.key: p for p in info.value.problems}
+    report, problems = str(info.value), {p.key: p for p in info.value.problems}
     assert problems["algorithm.gamma"].source == "command line"
     # the rule broken by rollout.n=1 involves algorithm.adv_estimator, left at its default; n is named
     assert problems["actor_rollout_ref.rollout.n"].source == "command line"
@@ -95,7 +99,8 @@ def test_command_line_values_are_labelled_and_untouched_keys_say_default():
         load_run_config([], ["reward_model.enable=true"])
     (problem,) = info.value.problems
     assert (problem.key, problem.source) == ("reward_model.model_path", "default")  # a key nobody set
-    assert str(problems["algorithm.gamma"]).startswith("  algorithm.gamma = 2.0 (from command line): must be in [0, 1]")
+    assert str(problems["algorithm.gamma"]).startswith("algorithm.gamma = 2.0 (from command line): must be in [0, 1]")
+    assert "\n  algorithm.gamma = 2.0 (from command line): must be in [0, 1]" in report  # one indented line each
 
 
 def test_a_yaml_value_is_labelled_with_its_file(tmp_path):
@@ -131,13 +136,58 @@ def test_posttrain_config_exits_2_with_one_line_per_problem(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def test_the_presets_and_defaults_pass():
-    from posttrain.config import preset_names, preset_path
-
+def test_every_preset_loads_for_each_command_that_runs_it_and_keeps_every_value_it_sets():
+    """No preset is refused by a command that runs it (None: the one `posttrain config` checks it for,
+    which is sft for an SFT preset), and each loaded config holds every value its YAML sets."""
     load_run_config()
+    sft_presets = {name for name in preset_names() if name.endswith("_sft")}
+    implied = {name: implied_command(load_config([preset_path(name)], checks=None)) for name in preset_names()}
+    assert implied == {name: "sft" if name in sft_presets else "train" for name in preset_names()}
+    refused, lost = {}, {}
     for name in preset_names():
-        for command in ("sft", "eval", "config") if name.endswith("_sft") else ("train", "eval", "config"):
-            load_run_config([preset_path(name)], command=command)
+        set_here = list(_leaves(OmegaConf.to_container(OmegaConf.load(preset_path(name)))))
+        for command in ("sft", "eval", None) if name in sft_presets else ("train", "eval", None):
+            try:
+                loaded = OmegaConf.create(to_yaml(load_run_config([preset_path(name)], command=command)))
+            except ConfigError as error:
+                refused[name, command] = str(error)
+                continue
+            lost[name] = [key for key, value in set_here if OmegaConf.select(loaded, key) != value]
+    assert refused == {}
+    assert lost == dict.fromkeys(preset_names(), [])
+
+
+def _leaves(node, prefix=""):
+    """(dotted key, value) of each leaf of a YAML tree."""
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}{key}.")
+    else:
+        yield prefix.rstrip("."), node
+
+
+def test_posttrain_config_on_an_sft_preset_refuses_what_posttrain_sft_would():
+    done = subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", "config", "--preset", "doctor_sft", "sft.micro_batch_size_per_gpu=3", "sft.optim.lr=0"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines()[0] == "posttrain: 2 problem(s) in the config:"
+    assert "sft.micro_batch_size_per_gpu = 3 (from command line): must divide the 8 transcripts each rank gets" in done.stderr
+    assert "sft.optim.lr = 0.0 (from command line): must be > 0" in done.stderr
+
+
+def test_posttrain_config_checks_for_the_command_for_names_or_else_the_one_the_config_implies(capsys):
+    from posttrain.cli import main
+
+    bad_sft = ["sft.micro_batch_size_per_gpu=3"]  # 16 transcripts a step do not split into micro-batches of 3
+    assert main(["config", "--preset", "doctor_sft", "--for", "train", *bad_sft]) == 0  # an RL run never reads sft.*
+    assert main(["config", *bad_sft]) == 2  # setting sft.* makes it an SFT config
+    assert main(["config", "--for", "sft", "sft.micro_batch_size_per_gpu=4"]) == 0
+    assert main(["config", "actor_rollout_ref.rollout.n=1"]) == 2  # train: GRPO needs n >= 2
+    assert main(["config", "--for", "eval", "actor_rollout_ref.rollout.n=1"]) == 0
+    errors = capsys.readouterr().err
+    assert "sft.micro_batch_size_per_gpu = 3 (from command line)" in errors and "rollout.n >= 2" in errors
 
 
 def test_group_and_critic_needs_are_judged_only_for_commands_that_train():
@@ -170,11 +220,31 @@ def test_grad_clip_null_turns_clipping_off():
     assert config.actor_rollout_ref.actor.grad_clip is None
 
 
-def test_the_config_layer_imports_nothing_above_it():
-    import subprocess
-    import sys
+def test_the_config_layer_has_no_import_circle_and_imports_nothing_above_it():
+    """Every import in posttrain/config/ (inside functions too) stays in config/ or is posttrain.errors,
+    which imports only the standard library, and none goes round in a circle."""
+    package = Path(posttrain.config.__file__).parent
+    graph = {}
+    for path in package.glob("*.py"):
+        module = "posttrain.config" if path.stem == "__init__" else f"posttrain.config.{path.stem}"
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                package = ["posttrain", "config"][:3 - node.level] if node.level else []  # a relative import, from config/
+                imported.add(".".join([*package, *filter(None, [node.module])]))
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+        graph[module] = {name for name in imported if name.startswith("posttrain")}
+    above = {module: sorted(name for name in names if not name.startswith("posttrain.config") and name != "posttrain.errors")
+             for module, names in graph.items()}
+    assert above == dict.fromkeys(graph, [])
+    assert graph["posttrain.config.loader"] >= {"posttrain.config.validate"}  # the loader runs the config's rules...
+    TopologicalSorter(graph).prepare()  # ...and nothing imports it back: CycleError names any circle
 
-    code = ("import sys, posttrain.config, posttrain.config.validate; "
-            "print(sorted(m for m in sys.modules if m.startswith('posttrain.') and not m.startswith('posttrain.config')))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+def test_each_config_module_imports_first_in_a_fresh_interpreter():
+    for module in ("posttrain.config.validate", "posttrain.config.loader", "posttrain.config"):
+        code = (f"import sys, {module}; "
+                "print(sorted(m for m in sys.modules if m.startswith('posttrain.') and not m.startswith('posttrain.config')))")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert done.stdout.strip() == "['posttrain.errors']", done.stdout + done.stderr

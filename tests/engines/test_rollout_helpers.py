@@ -5,11 +5,13 @@ import torch
 
 from posttrain.engines.rollout import GenerationParams, PromptTooLongError, check_prompts_fit
 from posttrain.engines.rollout.hf_engine import left_pad, response_end
+from posttrain.errors import InvalidSettings
 
 
 def test_generation_params_reject_bad_values_all_at_once():
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(InvalidSettings) as error:
         GenerationParams(max_new_tokens=0, temperature=-1, top_p=0, top_k=0, n=0)
+    assert [p.key for p in error.value.problems] == ["max_new_tokens", "temperature", "top_p", "top_k", "n"]
     message = str(error.value)
     for fragment in ["max_new_tokens=0", "temperature=-1", "top_p=0", "top_k=0", "n=0"]:
         assert fragment in message

@@ -3,9 +3,8 @@ says whether to fix something first or to resume), the traceback kept in ``<run 
 
 import logging
 
-from posttrain.config.loader import ConfigError
 from posttrain.controller import ResourceError, WorkerDiedError, WorkerHungError
-from posttrain.errors import PosttrainError
+from posttrain.errors import ConfigError, InvalidSettings, PosttrainError, Problem
 from posttrain.trainer.async_.mode import GeneratorsFailed
 from posttrain.trainer.breakers import CircuitBreakerError
 from posttrain.trainer.checkpoint import CheckpointError
@@ -25,7 +24,9 @@ def test_known_errors_get_one_line_and_an_exit_code_and_a_bug_keeps_its_tracebac
 
     assert exit_code_of(NewKind("x")) == 2
     assert exit_code_of(KeyError("a bug")) is None
-    assert exit_code_of(ConfigError("cli.main prints it before any run")) is None
+    # settings that cannot work, found once the data is read (a warm-up longer than the run) or by an engine
+    assert exit_code_of(ConfigError([Problem("sft.optim.warmup_steps", 10, "is more than the run's 3 steps; lower it")])) == 2
+    assert exit_code_of(InvalidSettings("TrainingEngineConfig", [Problem("lr", 0.0, "must be > 0")])) == 2
 
 
 def test_the_run_log_keeps_the_runs_records_and_the_traceback_that_ended_it(tmp_path, capsys):
@@ -68,9 +69,16 @@ def test_every_known_error_crosses_a_process_boundary_whole():
 
     kinds = [kind for kind in subclasses(PosttrainError) if kind.__module__.startswith("posttrain.")]  # not tests' own
     assert len(kinds) >= 6
+    problems = [Problem("lr", 0.0, "must be > 0"), Problem("top_p", 2.0, "must be in (0, 1]", source="command line")]
     for kind in kinds:
-        error = kind("what happened; what to do")
+        if issubclass(kind, ConfigError):
+            error = kind(problems)
+        elif issubclass(kind, InvalidSettings):
+            error = kind("TrainingEngineConfig", problems)
+        else:
+            error = kind("what happened; what to do")
         back = pickle.loads(pickle.dumps(error))
         assert (type(back), str(back), back.exit_code) == (kind, str(error), error.exit_code)
+        assert getattr(back, "problems", None) == getattr(error, "problems", None)  # still data on the other side
     hung = pickle.loads(pickle.dumps(WorkerHungError("stuck", "actor", [1], "update_actor")))
     assert (hung.role, hung.ranks, hung.method) == ("actor", [1], "update_actor")

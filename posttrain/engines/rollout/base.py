@@ -30,7 +30,7 @@ from typing import Literal
 
 import torch
 
-from posttrain.engines.settings import InvalidSettings, SettingProblem
+from posttrain.errors import InvalidSettings, Problem
 
 FinishReason = Literal["stop", "length"]
 
@@ -68,15 +68,15 @@ class GenerationParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         problems = []
         if self.max_new_tokens < 1:
-            problems.append(SettingProblem("max_new_tokens", self.max_new_tokens, "must be >= 1"))
+            problems.append(Problem("max_new_tokens", self.max_new_tokens, "must be >= 1"))
         if self.temperature < 0:
-            problems.append(SettingProblem("temperature", self.temperature, "must be >= 0 (0 means greedy)"))
+            problems.append(Problem("temperature", self.temperature, "must be >= 0 (0 means greedy)"))
         if not 0 < self.top_p <= 1:
-            problems.append(SettingProblem("top_p", self.top_p, "must be in (0, 1] (1: no nucleus cut)"))
+            problems.append(Problem("top_p", self.top_p, "must be in (0, 1] (1: no nucleus cut)"))
         if self.top_k is not None and self.top_k < 1:
-            problems.append(SettingProblem("top_k", self.top_k, "must be >= 1, or None for no top-k cut"))
+            problems.append(Problem("top_k", self.top_k, "must be >= 1, or None for no top-k cut"))
         if self.n < 1:
-            problems.append(SettingProblem("n", self.n, "must be >= 1"))
+            problems.append(Problem("n", self.n, "must be >= 1"))
         if problems:
             raise InvalidSettings("GenerationParams", problems)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from posttrain.engines.settings import InvalidSettings, SettingProblem
+from posttrain.errors import InvalidSettings, Problem
 
 STRATEGIES = ("auto", "none", "ddp", "fsdp")
 LR_SCHEDULERS = ("constant", "cosine")
@@ -89,48 +89,48 @@ class TrainingEngineConfig:
         if problems:
             raise InvalidSettings("TrainingEngineConfig", problems)
 
-    def problems(self) -> list[SettingProblem]:
+    def problems(self) -> list[Problem]:
         """Every inconsistency, each naming the field, its value and what to do."""
         found = _choice_problems(self) + _range_problems(self)
         if self.lr_scheduler == "cosine" and self.total_steps is None:
-            found.append(SettingProblem("lr_scheduler", "cosine", "needs total_steps (the number of optimizer steps to decay over)"))
+            found.append(Problem("lr_scheduler", "cosine", "needs total_steps (the number of optimizer steps to decay over)"))
         if self.total_steps is not None and self.total_steps < max(1, self.warmup_steps):
-            found.append(SettingProblem("total_steps", self.total_steps, f"must be >= 1 and >= warmup_steps={self.warmup_steps}"))
+            found.append(Problem("total_steps", self.total_steps, f"must be >= 1 and >= warmup_steps={self.warmup_steps}"))
         if self.cpu_offload and self.strategy in ("none", "ddp"):
-            found.append(SettingProblem("cpu_offload", True, f"needs strategy 'fsdp' or 'auto' on CUDA, not {self.strategy!r}"))
+            found.append(Problem("cpu_offload", True, f"needs strategy 'fsdp' or 'auto' on CUDA, not {self.strategy!r}"))
         return found
 
 
-def _choice_problems(config: TrainingEngineConfig) -> list[SettingProblem]:
+def _choice_problems(config: TrainingEngineConfig) -> list[Problem]:
     choices = {
         "strategy": STRATEGIES, "lr_scheduler": LR_SCHEDULERS, "dtype": DTYPES, "device": DEVICES,
         "attn_implementation": ATTN_IMPLEMENTATIONS,
     }
     return [
-        SettingProblem(name, getattr(config, name), f"use one of {', '.join(allowed)}")
+        Problem(name, getattr(config, name), f"use one of {', '.join(allowed)}")
         for name, allowed in choices.items()
         if getattr(config, name) not in allowed
     ]
 
 
-def _range_problems(config: TrainingEngineConfig) -> list[SettingProblem]:
+def _range_problems(config: TrainingEngineConfig) -> list[Problem]:
     found = []
     if not config.lr > 0:
-        found.append(SettingProblem("lr", config.lr, "must be > 0 (e.g. 1e-6 for RL, 1e-5 for SFT)"))
+        found.append(Problem("lr", config.lr, "must be > 0 (e.g. 1e-6 for RL, 1e-5 for SFT)"))
     if len(config.betas) != 2 or not all(0 <= b < 1 for b in config.betas):
-        found.append(SettingProblem("betas", list(config.betas), "need two numbers in [0, 1), e.g. [0.9, 0.999]"))
+        found.append(Problem("betas", list(config.betas), "need two numbers in [0, 1), e.g. [0.9, 0.999]"))
     if config.weight_decay < 0:
-        found.append(SettingProblem("weight_decay", config.weight_decay, "must be >= 0"))
+        found.append(Problem("weight_decay", config.weight_decay, "must be >= 0"))
     if config.eps <= 0:
-        found.append(SettingProblem("eps", config.eps, "must be > 0"))
+        found.append(Problem("eps", config.eps, "must be > 0"))
     if config.warmup_steps < 0:
-        found.append(SettingProblem("warmup_steps", config.warmup_steps, "must be >= 0"))
+        found.append(Problem("warmup_steps", config.warmup_steps, "must be >= 0"))
     if not 0 <= config.min_lr_ratio <= 1:
-        found.append(SettingProblem("min_lr_ratio", config.min_lr_ratio, "must be in [0, 1]"))
+        found.append(Problem("min_lr_ratio", config.min_lr_ratio, "must be in [0, 1]"))
     if config.grad_clip is not None and not config.grad_clip > 0:
-        found.append(SettingProblem("grad_clip", config.grad_clip, "must be > 0 (the largest gradient norm kept; a large value rarely clips), or None for no clipping"))
+        found.append(Problem("grad_clip", config.grad_clip, "must be > 0 (the largest gradient norm kept; a large value rarely clips), or None for no clipping"))
     if config.lora_rank < 0:
-        found.append(SettingProblem("lora_rank", config.lora_rank, "must be >= 0 (0: train every weight)"))
+        found.append(Problem("lora_rank", config.lora_rank, "must be >= 0 (0: train every weight)"))
     if config.lora_rank > 0 and config.lora_alpha <= 0:
-        found.append(SettingProblem("lora_alpha", config.lora_alpha, "must be > 0 with LoRA (lora_rank > 0)"))
+        found.append(Problem("lora_alpha", config.lora_alpha, "must be > 0 with LoRA (lora_rank > 0)"))
     return found

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from posttrain.engines.training import LRMultiplier, TrainingEngineConfig, make_lr_scheduler
+from posttrain.errors import InvalidSettings
 
 
 def test_warmup_then_cosine_by_hand():
@@ -46,8 +47,10 @@ def test_scheduler_drives_the_optimizer_lr_and_round_trips():
 
 
 def test_config_lists_every_problem_with_the_fix():
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(InvalidSettings) as error:  # a ValueError, exit code 2 when shown to a user
         TrainingEngineConfig(model_path="m", lr_scheduler="cosine", strategy="zero3", dtype="float16", lr=0.0)
+    problems = [(p.key, p.value) for p in error.value.problems]
+    assert problems == [("strategy", "zero3"), ("dtype", "float16"), ("lr", 0.0), ("lr_scheduler", "cosine")]
     message = str(error.value)
     assert "lr_scheduler='cosine': needs total_steps" in message
     assert "strategy='zero3': use one of auto, none, ddp, fsdp" in message
