@@ -90,12 +90,12 @@ def in_run(config, chats, repeats: int) -> float:
 def step_share(config, steps: int) -> list[float]:
     from dataclasses import replace
 
-    from posttrain.trainer.sync import SyncTrainer
+    from posttrain.trainer.run import training_run
 
     run_dir = tempfile.mkdtemp(prefix="envllm-bench-run-")
     trainer_config = replace(config.trainer, total_training_steps=steps, val_before_train=False, test_freq=-1, save_freq=-1,
                              default_local_dir=run_dir, logger=["jsonl"])
-    SyncTrainer(replace(config, trainer=trainer_config)).fit()
+    training_run(replace(config, trainer=trainer_config)).fit()
     records = [json.loads(line)["metrics"] for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     return [m["env_llm/wait_s"] / m["timing_s/step"] for m in records]
 

@@ -33,7 +33,7 @@ def main() -> None:
     params = GenerationParams(max_new_tokens=NEW_TOKENS, temperature=1.0, seed=0)
 
     def in_worker() -> int:
-        return int(worker.generate(batch)[keys.RESPONSE_MASK].sum())
+        return sum(len(ids) for ids in worker.generate(batch)[keys.TURN_TOKEN_IDS])
 
     def alone() -> int:
         return sum(len(g.response_token_ids) for g in standalone.generate(prompts, params))

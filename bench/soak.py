@@ -108,9 +108,7 @@ def soak(mode: str, steps: int, model: str, out: Path) -> dict[str, float]:
     import ray
 
     from posttrain.config import load_config, preset_path
-    from posttrain.trainer.async_.trainer import AsyncTrainer
-    from posttrain.trainer.run import _start_ray
-    from posttrain.trainer.sync import SyncTrainer
+    from posttrain.trainer.run import _start_ray, training_run
 
     config = load_config([preset_path("arithmetic_grpo")], [
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=hf", f"trainer.default_local_dir={out / mode}",
@@ -120,7 +118,7 @@ def soak(mode: str, steps: int, model: str, out: Path) -> dict[str, float]:
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", f"trainer.mode={mode}", "trainer.save_freq=50",
         "trainer.max_ckpt_to_keep=1",
     ])
-    trainer = (AsyncTrainer if mode == "async" else SyncTrainer)(config)
+    trainer = training_run(config)
     _start_ray(config.trainer, trainer.run_dir)
     sampler = MemorySampler(trainer)
     sampler.start()

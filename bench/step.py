@@ -27,27 +27,25 @@ from posttrain.config import load_config, preset_path  # noqa: E402
 from posttrain.engines.rollout import VLLMRolloutEngine  # noqa: E402
 from posttrain.models import resolve_dtype, resolve_model  # noqa: E402
 from posttrain.protocol import Batch  # noqa: E402
-from posttrain.rollout.batching import repeat_for_groups  # noqa: E402
-from posttrain.trainer.roles import start_roles  # noqa: E402
-from posttrain.trainer.sync import SyncTrainer  # noqa: E402
+from posttrain.rollout.batching import prompt_token_lists, repeat_for_groups, sequences_to_batch  # noqa: E402
+from posttrain.trainer.setup import RolloutService, rollout_setup  # noqa: E402
+from posttrain.trainer.skeleton import workers_up  # noqa: E402
+from posttrain.trainer.sync import sync_parts  # noqa: E402
 from posttrain.workers.engines import generation_params  # noqa: E402
-from posttrain.workers.rollout_batch import generations_to_batch, prompt_token_lists  # noqa: E402
 
 
 def main() -> None:
     import ray
 
     config = load_config([preset_path("arithmetic_grpo")], ["trainer.logger=[]", "trainer.default_local_dir=/tmp/posttrain-bench-step"])
-    trainer = SyncTrainer(config)
+    setup = rollout_setup(config)
+    parts = sync_parts(setup)
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    trainer.roles = start_roles(config, trainer.total_steps)
-    batches = iter(trainer.data.train)
-    trainer.step = 1
-    trainer.train_step(next(batches))  # warm-up
-    prompts = next(batches)
-    trainer.step = 2
-    metrics = trainer.train_step(prompts)
-    trainer.roles.release()
+    with workers_up(config, setup.total_steps, [RolloutService(setup.rollout)]) as roles:
+        batches = iter(setup.data.train)
+        parts.step(roles, next(batches), 1)  # warm-up
+        prompts = next(batches)
+        metrics = parts.step(roles, prompts, 2)
     ray.shutdown()
 
     rollout_config, data = config.actor_rollout_ref.rollout, config.data
@@ -58,7 +56,9 @@ def main() -> None:
     prompt_lists = prompt_token_lists(repeated)
     engine.generate(prompt_lists, params)  # warm-up
     gen_s, generations = timed(lambda: engine.generate(prompt_lists, params))
-    batch = repeated.union(generations_to_batch(repeated, generations, data.max_response_length, 0))
+    responses = sequences_to_batch(prompt_lists, [g.response_token_ids for g in generations], pad_token_id=0,
+                                   response_width=data.max_response_length, logprobs=[g.logprobs or [] for g in generations])
+    batch = repeated.union(responses)
     batch = batch.union(Batch.from_dict({keys.ADVANTAGES: torch.randn(len(batch), 1) * batch[keys.RESPONSE_MASK],
                                          keys.OLD_LOGPROBS: torch.zeros(batch[keys.RESPONSE_MASK].shape)}))
     dtype = resolve_dtype("auto", torch.device("cpu"))  # what the engine picks here

@@ -14,6 +14,7 @@ from bench.common import chat_prompt_ids, median, prompt_batch, start_policy, ti
 from posttrain import keys
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
+from posttrain.rollout.batching import responses_to_batch
 
 PROMPTS, NEW_TOKENS, REPEATS = 64, 32, 3
 
@@ -24,7 +25,7 @@ def main() -> None:
     prompts = chat_prompt_ids(tokenizer, PROMPTS)
     worker, pool = start_policy(model, max(len(p) for p in prompts), NEW_TOKENS)
     batch = prompt_batch(prompts, tokenizer.pad_token_id)
-    batch = batch.union(worker.generate(batch))
+    batch = batch.union(responses_to_batch(batch, worker.generate(batch), max_response_length=NEW_TOKENS, pad_token_id=tokenizer.pad_token_id))
     batch = batch.union(worker.compute_log_prob(batch).select([keys.OLD_LOGPROBS]))
     advantages = torch.randn(len(batch), 1) * batch[keys.RESPONSE_MASK]
     batch = batch.union(Batch.from_dict({keys.ADVANTAGES: advantages}))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -66,6 +67,19 @@ def sequences_to_batch(
     if logprobs is not None:
         tensors[keys.BEHAVIOUR_LOGPROBS] = pad_rows(logprobs, width, dtype=torch.float32)
     return Batch.from_dict(tensors)
+
+
+def responses_to_batch(prompts: Batch, sampled: Batch, *, max_response_length: int, pad_token_id: int) -> Batch:
+    """What ``actor.generate`` sampled for ``prompts`` (one response per row, as token lists) as the
+    model inputs, RESPONSE_MASK, BEHAVIOUR_LOGPROBS and FINISH_REASON to add to those rows; meta
+    WEIGHT_VERSION, the weights that sampled them."""
+    responses = sequences_to_batch(
+        prompt_token_lists(prompts), sampled[keys.TURN_TOKEN_IDS], pad_token_id=pad_token_id, response_width=max_response_length,
+        logprobs=[lp or [] for lp in sampled[keys.TURN_LOGPROBS]],
+    )
+    responses.non_tensors[keys.FINISH_REASON] = np.asarray(sampled[keys.FINISH_REASON], dtype=object)
+    responses.meta[keys.WEIGHT_VERSION] = sampled.meta.get(keys.WEIGHT_VERSION, 0)
+    return responses
 
 
 def join_rollouts(batches: Sequence[Batch], pad_token_id: int) -> Batch:

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-import numpy as np
-
 from posttrain import keys
 from posttrain.data import DataFormatError, RLDataset, RowProblem, problems_report
 from posttrain.protocol import Batch
 from posttrain.rewards.manager import BatchRewardManager, RewardManager
 from posttrain.rewards.registry import GROUND_TRUTH_FIX, ScoreFunction, lacks_ground_truth, unknown_source_fix
-from posttrain.rollout.batching import prompt_token_lists, sequences_to_batch
+from posttrain.rollout.batching import responses_to_batch
 from posttrain.rollout.roles import RolloutRoles
 from posttrain.timing import timed
 from posttrain.workers.sampling import VALIDATE_META_KEY
@@ -59,13 +57,9 @@ class SingleTurnRollout:
         timings = {} if timings is None else timings
         with timed(timings, "gen"):
             sampled = roles.actor.generate(validation_view(batch) if validate else batch)
-            responses = sequences_to_batch(
-                prompt_token_lists(batch), sampled[keys.TURN_TOKEN_IDS], pad_token_id=self.pad_token_id,
-                response_width=self.max_response_length, logprobs=[lp or [] for lp in sampled[keys.TURN_LOGPROBS]],
-            )
-            responses.non_tensors[keys.FINISH_REASON] = np.asarray(sampled[keys.FINISH_REASON], dtype=object)
-            if not validate:
-                responses.meta[keys.WEIGHT_VERSION] = sampled.meta.get(keys.WEIGHT_VERSION, 0)
+            responses = responses_to_batch(batch, sampled, max_response_length=self.max_response_length, pad_token_id=self.pad_token_id)
+            if validate:
+                responses.meta.clear()
         with timed(timings, "reward"):
             return self.score(roles, batch.union(responses))
 

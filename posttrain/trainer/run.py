@@ -28,7 +28,7 @@ from posttrain.config.schema import PosttrainConfig, TrainerConfig
 from posttrain.errors import PosttrainError
 from posttrain.trainer.checkpoint import CheckpointError
 from posttrain.trainer.roles import Roles
-from posttrain.trainer.skeleton import Run, RunParts, StopSignal, Stopped
+from posttrain.trainer.skeleton import Run, StopSignal, Stopped
 
 RUN_LOG = "posttrain.log"
 # Errors of other modules whose message says what to do, beside PosttrainError's subclasses.
@@ -78,21 +78,24 @@ def _report(err: Exception, run_dir: Path) -> int | None:
     return code
 
 
-def run_training(config: PosttrainConfig) -> int:
-    """``posttrain train``: the sync or async mode on the run skeleton."""
+def training_run(config: PosttrainConfig, stop: StopSignal | None = None) -> Run:
+    """The sync or async mode (``trainer.mode``) on the run skeleton, every check that needs no worker done."""
     from posttrain.trainer.async_.mode import async_parts
     from posttrain.trainer.setup import rollout_setup
     from posttrain.trainer.sync import sync_parts
 
-    def build(stop: StopSignal) -> RunParts:
-        setup = rollout_setup(config)
-        return async_parts(setup, stop) if config.trainer.mode == "async" else sync_parts(setup)
+    stop = stop or StopSignal(Path(config.trainer.default_local_dir))
+    setup = rollout_setup(config)
+    return Run(async_parts(setup, stop) if config.trainer.mode == "async" else sync_parts(setup), stop)
 
+
+def run_training(config: PosttrainConfig) -> int:
+    """``posttrain train``."""
     def summary(console: Console, run: Run, seconds: float) -> None:
         _summary(console, run.val_history, run.run_dir, seconds)
         _export_hint(console, run.checkpoints.latest(), run.run_dir)
 
-    return _run(config, build, summary)
+    return _run(config, lambda: training_run(config), summary)
 
 
 def run_sft(config: PosttrainConfig) -> int:
@@ -106,16 +109,15 @@ def run_sft(config: PosttrainConfig) -> int:
         _summary(console, run.val_history, run.run_dir, seconds)
         console.print(f"policy: {run.result}  (RL from it: posttrain train actor_rollout_ref.model.path={run.result})")
 
-    return _run(config, lambda stop: sft_parts(config), summary)
+    return _run(config, lambda: Run(sft_parts(config)), summary)
 
 
-def _run(config: PosttrainConfig, build: Callable[[StopSignal], RunParts], summary: Callable[[Console, Run, float], None]) -> int:
-    """Build the mode's parts (every check that needs no worker), then run them on the skeleton with Ray up."""
+def _run(config: PosttrainConfig, build: Callable[[], Run], summary: Callable[[Console, Run, float], None]) -> int:
+    """Build the mode's run (every check that needs no worker), then fit it with Ray up."""
     console = Console()
     start = time.perf_counter()
-    stop = StopSignal(Path(config.trainer.default_local_dir))
     try:
-        run = Run(build(stop), stop)
+        run = build()
         finished = run.finished()
     except (ValueError, FileNotFoundError, CheckpointError) as err:  # refused before any worker starts: say why, no traceback
         print(f"posttrain: {err}", file=sys.stderr)

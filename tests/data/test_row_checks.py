@@ -68,7 +68,7 @@ def unscorable(tmp_path, tokenizer):
 
 def test_rows_the_built_in_scorers_cannot_score_are_refused_naming_file_row_and_field(unscorable):
     train, val = unscorable
-    rollout = SingleTurnRollout(build_reward_manager(None, timeout_s=None))
+    rollout = SingleTurnRollout(build_reward_manager(None, timeout_s=None), 8, 0)
     with pytest.raises(DataFormatError) as refused:
         rollout.check_data(training=train, validation=val)
     lines = str(refused.value).splitlines()
@@ -84,7 +84,7 @@ def test_rows_the_built_in_scorers_cannot_score_are_refused_naming_file_row_and_
 
 def test_a_custom_reward_function_takes_any_row(unscorable, tmp_path):
     (tmp_path / "reward.py").write_text("def compute_score(solution_str, ground_truth):\n    return float(len(solution_str))\n")
-    rollout = SingleTurnRollout(build_reward_manager(None, custom_path=str(tmp_path / "reward.py"), timeout_s=None))
+    rollout = SingleTurnRollout(build_reward_manager(None, custom_path=str(tmp_path / "reward.py"), timeout_s=None), 8, 0)
     train, val = unscorable
     rollout.check_data(training=train, validation=val)  # nothing refused: the user's function decides
 

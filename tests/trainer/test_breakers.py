@@ -22,6 +22,7 @@ from posttrain.config.validate import check_breakers
 from posttrain.errors import PosttrainError
 from posttrain.rewards import RewardManager, build_reward_manager
 from posttrain.trainer.breakers import BreakerLimits, CircuitBreakerError, CircuitBreakers
+from posttrain.rollout.batching import merge_unit_metrics
 from posttrain.rollout.single_turn import SingleTurnRollout
 from posttrain.trainer.tracking import ConsoleTracker
 from posttrain.workers.policy import mean_metrics
@@ -40,7 +41,7 @@ def _failing_half(solution_str, ground_truth):
 
 def _scored(texts: list[str], score_function=_failing_half) -> tuple[dict[str, float], SingleTurnRollout]:
     """A single-turn rollout's reward phase over ``texts``: its metrics, and the rollout (with its first failures)."""
-    rollout = SingleTurnRollout(RewardManager(CharTokenizer(), score_function=score_function, timeout_s=None))
+    rollout = SingleTurnRollout(RewardManager(CharTokenizer(), score_function=score_function, timeout_s=None), 8, 0)
     _, metrics = rollout.score(NO_REWARD_MODEL, response_batch(texts, [[1] * 5] * len(texts), ["x"] * len(texts), ["-"] * len(texts)))
     return metrics, rollout
 
@@ -80,7 +81,7 @@ def test_a_score_function_sleeping_past_the_step_budget_times_out_the_step_and_t
             return 1.0
     """)
     manager = build_reward_manager(CharTokenizer(), custom_path=str(path), timeout_s=30, budget_s=1.0)
-    rollout = SingleTurnRollout(manager)
+    rollout = SingleTurnRollout(manager, 8, 0)
     try:
         started = time.monotonic()
         _, metrics = rollout.score(NO_REWARD_MODEL, response_batch(["a", "b", "c", "d"], [[1, 1]] * 4, ["x"] * 4, ["-"] * 4))
@@ -94,10 +95,17 @@ def test_a_score_function_sleeping_past_the_step_budget_times_out_the_step_and_t
 
 
 def test_an_asynchronous_batch_counts_all_its_units():
-    # two units of 4 samples, merged as per-unit means (merge_unit_metrics): 4 failed of 4, times 2 units
-    merged = {"reward/samples": 4.0, "reward/errors": 3.0, "reward/timeouts": 1.0}
+    # two units of 4 samples each; their counts add up when the units are joined
+    units = [{"reward/samples": 4.0, "reward/errors": 3.0, "reward/timeouts": 1.0},
+             {"reward/samples": 4.0, "reward/errors": 4.0, "reward/timeouts": 0.0}]
+    merged = merge_unit_metrics(units)
+    assert (merged["reward/samples"], merged["reward/errors"], merged["reward/timeouts"]) == (8.0, 7.0, 1.0)
     with pytest.raises(CircuitBreakerError, match="8 of 8 rewards errored or timed out in step 5, so the run stopped"):
-        CircuitBreakers(BreakerLimits()).check_rollout(merged, 5, units=2)
+        CircuitBreakers(BreakerLimits()).check_rollout(merged, 5)
+    # one unit fine, the other failed: 4 of 8 is half, below the default limit (every call failed)
+    CircuitBreakers(BreakerLimits()).check_rollout(merge_unit_metrics([units[1], {"reward/samples": 4.0}]), 5)
+    with pytest.raises(CircuitBreakerError, match="4 of 8 rewards"):
+        CircuitBreakers(BreakerLimits(reward=0.5)).check_rollout(merge_unit_metrics([units[1], {"reward/samples": 4.0}]), 5)
 
 
 # ---- the retriever ------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ def doctor_config(*overrides):
 
 
 def test_a_case_without_a_self_report_is_refused_before_workers_naming_it(tmp_path):
-    from posttrain.trainer.sync import SyncTrainer
+    from posttrain.trainer.setup import rollout_setup
 
     good = Case("good-1", "I have a cough.", "A cough.", "asthma", (), (QA("Do you wheeze?", "Yes."),))
     rows = [make_row("doctor", [{"role": "user", "content": doctor_instruction(good.self_report)}], good.ground_truth(),
@@ -31,15 +31,15 @@ def test_a_case_without_a_self_report_is_refused_before_workers_naming_it(tmp_pa
     config = doctor_config(f"data.train_files=[{train}]", "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
                            f"trainer.default_local_dir={tmp_path / 'run'}")
     with pytest.raises(ValueError, match="training prompt 1: case 'broken-2' has no self-report"):
-        SyncTrainer(config)
+        rollout_setup(config)
 
 
 def test_sft_without_validation_episodes_starts_no_env_llm(tmp_path):
-    from posttrain.trainer.sft import SFTTrainer
+    from posttrain.trainer.sft import sft_parts
 
     sft = ["sft.train_batch_size=4", "sft.micro_batch_size_per_gpu=4", "sft.optim.warmup_steps=0", f"trainer.default_local_dir={tmp_path}"]
-    assert needs_env_llm_worker(SFTTrainer(doctor_config(*sft)).config)
-    assert not needs_env_llm_worker(SFTTrainer(doctor_config(*sft, "sft.val_rollout=false")).config)
+    assert needs_env_llm_worker(sft_parts(doctor_config(*sft)).config)
+    assert not needs_env_llm_worker(sft_parts(doctor_config(*sft, "sft.val_rollout=false")).config)
 
 
 def test_the_dataset_cache_key_follows_the_environment_code_and_input_files(tmp_path):

@@ -9,6 +9,7 @@ from posttrain.config.schema import ActorConfig, DataConfig, ModelConfig, OptimC
 from posttrain.controller import ResourcePool, WorkerSpec, spawn_ray
 from posttrain.models import cached_tiny_model, load_tokenizer
 from posttrain.protocol import Batch
+from posttrain.rollout.batching import responses_to_batch
 from posttrain.workers.policy import VALIDATE_META_KEY, PolicyWorker
 from posttrain.workers.reference import ReferenceWorker
 
@@ -55,7 +56,9 @@ def test_generate_logprobs_update_sync(workers, tmp_path):
     tokenizer = load_tokenizer(model_dir)
     prompts = prompt_batch(tokenizer, ["What is 2+3?", "Hello there", "Name a colour.", "Count to three."])
 
-    rollout = actor.generate(prompts)
+    sampled = actor.generate(prompts)
+    assert [len(ids) for ids in sampled[keys.TURN_TOKEN_IDS]] == [len(lp) for lp in sampled[keys.TURN_LOGPROBS]]
+    rollout = responses_to_batch(prompts, sampled, max_response_length=16, pad_token_id=tokenizer.pad_token_id)
     mask = rollout[keys.RESPONSE_MASK]
     assert rollout[keys.RESPONSE_IDS].shape == (4, 16) and mask.sum() > 0
     assert torch.equal(rollout[keys.INPUT_IDS][:, -16:], rollout[keys.RESPONSE_IDS])
@@ -93,5 +96,4 @@ def test_generate_logprobs_update_sync(workers, tmp_path):
     fresh = VLLMRolloutEngine(export_dir, max_model_len=80, dtype="float32", kv_cache_bytes=64 << 20)  # as the worker's
     expected = fresh.generate(prompt_token_lists(prompts), GenerationParams(max_new_tokens=16, temperature=0.0))
     for row, generation in enumerate(expected):
-        length = int(synced[keys.RESPONSE_MASK][row].sum())
-        assert synced[keys.RESPONSE_IDS][row, :length].tolist() == generation.response_token_ids
+        assert list(synced[keys.TURN_TOKEN_IDS][row]) == generation.response_token_ids
