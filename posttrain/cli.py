@@ -55,7 +55,7 @@ def _sft_command(args: argparse.Namespace) -> int:
 
 
 def _eval_command(args: argparse.Namespace) -> int:
-    from posttrain.trainer.run import run_evaluation
+    from posttrain.trainer.evaluate import run_evaluation
 
     return run_evaluation(_resolved_config(args), args.checkpoint, args.dump_episodes, args.by)
 

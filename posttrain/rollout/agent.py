@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from posttrain import keys
 from posttrain.agents import (
@@ -34,7 +35,6 @@ from posttrain.rollout.groups import filter_groups, normalize_rewards, update_ba
 from posttrain.rollout.retriever import RetrieverHandle, corpus_path, open_retriever
 from posttrain.rollout.roles import RolloutRoles
 from posttrain.timing import timed
-from transformers import PreTrainedTokenizerBase
 from posttrain.workers.sampling import VALIDATE_META_KEY
 
 

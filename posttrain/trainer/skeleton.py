@@ -153,6 +153,7 @@ class StopSignal:
         self.requested = threading.Event()
         self.reason = ""
         self._interruptible = False
+        self.finishing = False  # the run is over (stopped or done): what is left is shutting down, which a signal would only cut short
 
     def check(self, step: int) -> None:
         """Raise :class:`Stopped` if a stop was asked for."""
@@ -187,6 +188,8 @@ class StopSignal:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if self.finishing:
+            return
         if self.requested.is_set():
             raise Stopped(f"{name} again", -1, at_once=True)
         self.requested.set()
@@ -271,6 +274,8 @@ class Run(Generic[Item]):
             except (WorkerDiedError, WorkerHungError) as err:
                 self.checkpoints.name_the_resume(err, self.step + 1)
                 raise
+            finally:
+                self.stop.finishing = True
         validation = self.parts.validation
         write_report(self.run_dir, *((validation.first_samples, validation.last_samples) if validation else ()))
         return self.val_history[-1] if self.val_history else {}
@@ -279,10 +284,13 @@ class Run(Generic[Item]):
         validation = self.parts.validation
         if validation is not None and validation.before_training and self.step == 0:
             tracking.log(self._validate(roles), 0)
-        if self.step >= self.total_steps:
-            return
-        for epoch, item in self.parts.batches():
-            self.stop.check(self.step)
+        batches = self.parts.batches()
+        while self.step < self.total_steps:
+            self.stop.check(self.step)  # before the next batch is read: a checkpoint's data position is the next step's
+            try:
+                epoch, item = next(batches)
+            except StopIteration:  # the data ran out (total_epochs) before total_steps
+                return
             metrics = self.parts.step(roles, item, self.step + 1)
             self.step += 1
             if epoch is not None:
@@ -296,8 +304,6 @@ class Run(Generic[Item]):
             tracking.log(metrics, self.step)
             if self._due(self.config.trainer.save_freq) or self.step == self.total_steps:  # the last: the run's policy
                 self.save_checkpoint()
-            if self.step >= self.total_steps:
-                return
 
     def _due(self, freq: int) -> bool:
         return freq > 0 and (self.step % freq == 0 or self.step == self.total_steps)
