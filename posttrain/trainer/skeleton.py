@@ -256,7 +256,7 @@ class Run(Generic[Item]):
         tracking: Tracking | None = None
         with self.stop.installed():
             try:
-                with workers_up(self.config, self.total_steps, self.parts.services, self._resume) as roles:
+                with workers_up(self.config, self.total_steps, self.parts.services, self._started) as roles:
                     self.roles = roles
                     try:
                         tracking = run_tracking(self.config, self.run_dir, self.total_steps,
@@ -347,6 +347,12 @@ class Run(Generic[Item]):
             part.save(directory / name)
         self.saved_step = self.step
         return self.checkpoints.commit(self.step)
+
+    def _started(self, roles: Roles) -> Path | None:
+        """The workers are up: say which process is which (to find, or stop, one from outside), then resume."""
+        actor = roles.actor
+        (self.run_dir / "processes.json").write_text(json.dumps({"actor": actor.pid(), "actor_nodes": actor.node_id()}))
+        return self._resume(roles)
 
     def _resume(self, roles: Roles) -> Path | None:
         """Restore the checkpoint to continue from (``trainer.resume_mode``); returns its directory, or

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from transformers import PreTrainedTokenizerBase
 
 from posttrain import keys
 from posttrain.data import PromptDataLoader
 from posttrain.engines.training.inputs import response_attention_mask
 from posttrain.protocol import Batch
-from posttrain.trainer.report import Sample
 from posttrain.rollout import Rollout
+from posttrain.trainer.report import Sample
 from posttrain.trainer.roles import Roles
 from posttrain.workers.policy import mean_metrics
 
@@ -32,7 +33,7 @@ from posttrain.workers.policy import mean_metrics
 class Validator:
     """Validation rollouts over ``loader`` (n samples per prompt, validation sampling)."""
 
-    def __init__(self, rollout: Rollout, loader: PromptDataLoader, n: int, tokenizer: Any, samples_in_report: int,
+    def __init__(self, rollout: Rollout, loader: PromptDataLoader, n: int, tokenizer: PreTrainedTokenizerBase, samples_in_report: int,
                  episodes_dir: Path | None = None) -> None:
         self.rollout, self.loader, self.n = rollout, loader, n
         self.episodes_dir = episodes_dir  # each validation's episodes go to <dir>/step_N.jsonl
@@ -107,7 +108,7 @@ class RLValidation:
         return self.validator(roles, step)
 
 
-def episode_rows(batch: Batch, tokenizer: Any) -> list[dict[str, Any]]:
+def episode_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
     """One JSON-ready dict per validation row: data_source, extra_info, ground_truth, reward,
     success, ``messages`` (the conversation, in the layout ``posttrain sft`` reads) and, for agent
     episodes, ``stats`` (turns, valid actions, the environment's counters)."""

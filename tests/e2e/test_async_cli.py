@@ -55,9 +55,11 @@ def test_async_two_steps_then_a_graceful_stop_resumes_within_the_bound(tmp_path)
     more = ["trainer.total_training_steps=6", "trainer.total_epochs=3", "async.max_staleness=2"]
     stopped = run(command(tmp_path, *more), while_running=lambda: when_step_logged(tmp_path, 3, lambda: (tmp_path / "STOP").touch()))
     assert stopped.returncode == 0, stopped.stdout[-4000:]
-    assert "resumed from" in stopped.stdout and "resumable checkpoint" in stopped.stdout
     stop_step = int((tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
     assert 3 <= stop_step < 6
+    assert "resumed from" in stopped.stdout
+    assert f"STOP exists) after step {stop_step} of 6; checkpoint {tmp_path / 'checkpoints' / f'global_step_{stop_step}'}. " \
+           "To continue: posttrain train" in stopped.stdout
     state = torch.load(tmp_path / "checkpoints" / f"global_step_{stop_step}" / "async_state.pt", weights_only=False)
     pending_prompts = sum(len(u.prompts) for u in state["unstarted"]) + sum(len(u.prompts) for u, _ in state["finished"])
     assert state["next_batch"] * 4 == stop_step * 4 + pending_prompts  # every prompt read is trained or kept
