@@ -1,0 +1,45 @@
+"""Compare two runs' metrics.jsonl, step by step: the same steps, the same metric names, equal values.
+
+Wall-clock metrics (``timing_s/*``, ``timing_per_token_ms/*``, ``perf/throughput``,
+``perf/time_per_step``) differ between any two runs and are skipped. Exit 0 when everything else is
+equal, 1 otherwise (the differences printed).
+
+    python scripts/compare_metrics.py runs/a/metrics.jsonl runs/b/metrics.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+WALL_CLOCK = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step")
+
+
+def differences(first: list[dict], second: list[dict]) -> tuple[int, list[str]]:
+    """(values compared, one line per difference)."""
+    if [r["step"] for r in first] != [r["step"] for r in second]:
+        return 0, [f"steps differ: {[r['step'] for r in first]} vs {[r['step'] for r in second]}"]
+    compared, found = 0, []
+    for a, b in zip(first, second):
+        names = {n for n in a["metrics"].keys() | b["metrics"].keys() if not n.startswith(WALL_CLOCK)}
+        for name in sorted(names):
+            compared += 1
+            if a["metrics"].get(name, "missing") != b["metrics"].get(name, "missing"):
+                found.append(f"step {a['step']} {name}: {a['metrics'].get(name, 'missing')} vs {b['metrics'].get(name, 'missing')}")
+    return compared, found
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    first, second = ([json.loads(line) for line in open(path, encoding="utf-8")] for path in argv)
+    compared, found = differences(first, second)
+    for line in found:
+        print(line)
+    print(f"{len(first)} records, {compared} values compared (wall-clock metrics skipped), {len(found)} differ")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
