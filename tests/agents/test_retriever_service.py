@@ -27,7 +27,8 @@ def test_retrieve_answers_in_search_r1_shape(bm25_url):
             assert set(hit) == {"document", "score"} and set(hit["document"]) == {"id", "contents"}
             assert isinstance(hit["document"]["id"], str) and isinstance(hit["score"], float)
         assert [hit["score"] for hit in hits] == sorted((hit["score"] for hit in hits), reverse=True)
-    assert body["result"][0] == [{"document": {"id": "2", "contents": DOCUMENTS[2].contents}, "score": pytest.approx(FLIGHTLESS_BIRD, rel=1e-5)}]
+    penguin = {"document": {"id": "2", "contents": DOCUMENTS[2].contents}, "score": pytest.approx(FLIGHTLESS_BIRD, rel=1e-5)}
+    assert body["result"][0] == [penguin]
     # Document 3 has "disease" (only there: idf ln 4), "pain" once and "medicine" twice (each in 2
     # documents: idf ln 2.4); document 0 has "pain" and "medicine" once each. Both are 7 terms long.
     one, twice = 1 / (1 + K1 * NORM_7), 2 / (2 + K1 * NORM_7)

@@ -12,8 +12,7 @@ import sys
 import pytest
 
 from posttrain.models import cached_tiny_model
-
-
+from tests.e2e.cli_runs import episodes
 
 TINY_DATA = [
     "data.builtin_options.train_size=24", "data.builtin_options.val_size=4", "data.builtin_options.num_people=20",
@@ -31,18 +30,14 @@ def _run(*args, timeout=600):
     return done.stdout
 
 
-def episodes(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 @pytest.mark.slow
 @pytest.mark.ray
 def test_sft_learns_its_transcripts_then_rl_from_its_export(tmp_path):
     model = cached_tiny_model("llama")
     seed = f"data.builtin_options.seed={os.getpid()}"
     # 8 transcripts in batches of 4: 2 epochs are 4 steps. lr 1e-3, constant: the preset's 5e-5 moves the
-    # tiny random model too little in 4 steps. Measured on 3 data seeds: val/sft_loss falls 0.3 a step
-    # (13.2-13.4 to 11.7-12.0), sft/loss of the second epoch is 1.4-1.8 below the first's.
+    # tiny random model too little in 4 steps. Measured on 3 data seeds: val/sft_loss falls 0.27-0.46 a
+    # step (13.2-13.4 to 11.7-12.0); the second epoch's mean sft/loss is 1.5-1.6 below the first's.
     out = _run("sft", "--preset", "search_sft", f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={tmp_path / 'sft'}",
                seed, *TINY_DATA, "sft.train_batch_size=4", "sft.micro_batch_size_per_gpu=2", "sft.total_training_steps=4",
                "sft.total_epochs=2", "sft.test_freq=1", "sft.optim.lr=1e-3", "sft.optim.lr_scheduler=constant",
