@@ -119,7 +119,12 @@ def test_a_group_that_fails_to_build_leaves_no_process_behind(ray_local):
             break
         time.sleep(0.2)
     assert not alive, alive  # rank 0 built fine, and is stopped with its failing peer
-    assert error.value is not None
+    # what the caller gets is the worker's own exception, with the worker's file and line in its message
+    assert isinstance(error.value, ValueError)
+    assert str(error.value).endswith("ValueError: rank 1 refuses to build")
+    assert re.search(r'tests/controller/workers\.py", line \d+, in __init__', str(error.value))
+    # and the kept traceback does hold the handles of both actors (spawn_ray's frame), so the check above means something
+    assert [len(entry.locals["actors"]) for entry in error.traceback if "actors" in entry.locals][:1] == [2]
     pool.release()
 
 

@@ -12,6 +12,7 @@ from posttrain.models import cached_tiny_model
 from posttrain.rewards import build_reward_manager
 from posttrain.rollout.single_turn import SingleTurnRollout
 from tests.data.helpers import verl_row, write_parquet
+from tests.rewards.helpers import CharTokenizer, response_batch
 
 
 def _with_role(row: dict, index: int, role: str) -> dict:
@@ -83,10 +84,20 @@ def test_rows_the_built_in_scorers_cannot_score_are_refused_naming_file_row_and_
 
 
 def test_a_custom_reward_function_takes_any_row(unscorable, tmp_path):
-    (tmp_path / "reward.py").write_text("def compute_score(solution_str, ground_truth):\n    return float(len(solution_str))\n")
-    rollout = SingleTurnRollout(build_reward_manager(None, custom_path=str(tmp_path / "reward.py"), timeout_s=None), 8, 0)
+    # the function echoes what it was given: the data source and the ground truth, as the row holds them
+    (tmp_path / "reward.py").write_text(
+        "def compute_score(solution_str, ground_truth, data_source):\n"
+        "    return {'score': float(len(solution_str)), 'seen': f'{data_source}|{ground_truth!r}'}\n"
+    )
+    manager = build_reward_manager(CharTokenizer(), custom_path=str(tmp_path / "reward.py"), timeout_s=None)
     train, val = unscorable
-    rollout.check_data(training=train, validation=val)  # nothing refused: the user's function decides
+    assert SingleTurnRollout(manager, 8, 0).check_data(training=train, validation=val) is None  # nothing refused
+    # the three rows the built-in table refuses are scored by the user's function, which decides
+    refused = [train.samples[1], val.samples[0], val.samples[2]]
+    result = manager(response_batch(["four", "four", "four"], [[1] * 4] * 3, [s.data_source for s in refused],
+                                    [s.ground_truth for s in refused]))
+    assert result.scores.tolist() == [4.0, 4.0, 4.0] and result.metrics["reward/errors"] == 0
+    assert list(result.extra["seen"]) == ["my/source|'4'", "arithmetic|' '", "gsm8k|None"]
 
 
 @pytest.mark.parametrize("name", ["arithmetic", "synthetic-search", "synthetic-doctor"])

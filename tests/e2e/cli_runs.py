@@ -25,6 +25,11 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def episodes(path: Path) -> list[dict]:
+    """The episodes a validation wrote (``<run dir>/validation/step_N.jsonl``, ``eval --dump-episodes``)."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def when(condition: Callable[[], bool], action: Callable[[], None]) -> None:
     """Call ``action`` once ``condition()`` holds (polls; gives up after 5 minutes)."""
     deadline = time.monotonic() + 300

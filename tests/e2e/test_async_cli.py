@@ -17,7 +17,7 @@ import torch
 from posttrain.models import cached_tiny_model
 from tests.e2e.cli_runs import records, run, when_step_logged
 from tests.e2e.test_search_agent import TINY_SEARCH_RUN
-from tests.e2e.test_train_cli import TINY_RUN
+from tests.e2e.test_train_cli import TINY_RUN, validation_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -48,7 +48,10 @@ def test_async_two_steps_then_a_graceful_stop_resumes_within_the_bound(tmp_path)
                      "async/trained_samples_per_s", "async/generator_idle_fraction", "timing_s/update_actor"):
             assert math.isfinite(record["metrics"][name]), name
         assert record["metrics"]["async/version"] == record["step"]
-    assert 0 <= first[2]["metrics"]["val/arithmetic/acc/mean@1"] <= 1
+    for step in (0, 2):  # validation on the trainer's engine: its metrics are those of the 4 episodes it wrote
+        rows = validation_rows(tmp_path / "validation" / f"step_{step}.jsonl")
+        assert first[step]["metrics"]["val/arithmetic/acc/mean@1"] == sum(row["success"] for row in rows) / 4
+        assert first[step]["metrics"]["val/reward/samples"] == 4
     assert (tmp_path / "checkpoints" / "global_step_2" / "async_state.pt").exists()  # the final checkpoint, save_freq unset
 
     # 6 more steps over 2 epochs, stopped from outside (the STOP file) once step 3 is logged, then resumed

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from posttrain.models import cached_tiny_model
+from tests.e2e.cli_runs import episodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -38,7 +39,9 @@ def test_doctor_grpo_two_steps_with_an_env_llm_patient(tmp_path):
               "trainer.save_freq=2")
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
-    assert 0 <= records[0]["metrics"]["val/synthetic_doctor/acc/mean@1"] <= 1
+    for step in (0, 2):  # each validation's accuracy is the fraction of its 4 episodes (4 prompts x 1) that succeeded
+        rows = episodes(tmp_path / "validation" / f"step_{step}.jsonl")
+        assert len(rows) == 4 and records[step]["metrics"]["val/synthetic_doctor/acc/mean@1"] == sum(r["success"] for r in rows) / 4
     for record in records[1:]:
         metrics = record["metrics"]
         for name in ("num_turns/mean", "agent/success_rate", "env/questions", "env/relevant_question_ratio",
@@ -48,14 +51,15 @@ def test_doctor_grpo_two_steps_with_an_env_llm_patient(tmp_path):
         # the patient answered every question a doctor asked, in one batched request per round at most
         assert metrics["env_llm/replies"] == pytest.approx(metrics["env/questions"] * 8)  # 4 prompts x 2 samples
         assert metrics["env_llm/requests"] <= 2 and metrics["env_llm/wait_s"] >= 0
-    episodes = [json.loads(line) for line in (tmp_path / "validation" / "step_2.jsonl").read_text().splitlines()]
-    assert len(episodes) == 4 and all(e["messages"][0]["role"] == "user" for e in episodes)
+    assert all(e["messages"][0]["role"] == "user" for e in episodes(tmp_path / "validation" / "step_2.jsonl"))
 
     # the trained policy against the rule-based patient: no Env-LLM worker is started
     rule = posttrain("eval", "--preset", "doctor_grpo", "--checkpoint", str(tmp_path), *models,
-                     f"trainer.default_local_dir={tmp_path / 'eval'}", *TINY_DOCTOR_RUN, "env.options.patient=rule")
+                     f"trainer.default_local_dir={tmp_path / 'eval'}", *TINY_DOCTOR_RUN, "env.options.patient=rule",
+                     "--dump-episodes", str(tmp_path / "rule.jsonl"))
     reported = dict(line.split(": ") for line in rule.stdout.splitlines() if line.startswith("val/"))
-    assert 0 <= float(reported["val/synthetic_doctor/acc/mean@1"]) <= 1
+    rows = episodes(tmp_path / "rule.jsonl")
+    assert len(rows) == 4 and float(reported["val/synthetic_doctor/acc/mean@1"]) == sum(r["success"] for r in rows) / 4
     assert "val/env_llm/requests" not in reported
 
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from posttrain.models import cached_tiny_model
+from tests.e2e.cli_runs import episodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -40,7 +41,10 @@ def test_search_grpo_two_steps_with_a_live_retriever(tmp_path):
     # every validation's episodes are kept beside the metrics
     assert sorted(p.name for p in (tmp_path / "validation").iterdir()) == ["step_0.jsonl", "step_2.jsonl"]
     assert len((tmp_path / "validation" / "step_2.jsonl").read_text().splitlines()) == 4
-    assert 0 <= records[0]["metrics"]["val/synthetic_search/acc/mean@1"] <= 1
+    for step in (0, 2):  # each validation's accuracy is the fraction of its 4 episodes (4 prompts x 1) that succeeded
+        rows = episodes(tmp_path / "validation" / f"step_{step}.jsonl")
+        assert records[step]["metrics"]["val/synthetic_search/acc/mean@1"] == sum(r["success"] for r in rows) / 4
+        assert records[step]["metrics"]["val/env/searches"] == pytest.approx(sum(r["stats"]["searches"] for r in rows) / 4)
     for record in records[1:]:
         metrics = record["metrics"]
         for name in ("num_turns/mean", "agent/valid_action_ratio", "agent/effective_action_ratio", "agent/success_rate",
@@ -64,11 +68,13 @@ def test_search_grpo_two_steps_with_a_live_retriever(tmp_path):
     reported = dict(line.split(": ") for line in baseline.stdout.splitlines() if line.startswith("val/"))
     assert float(reported["val/num_turns/max"]) == 1.0
     assert float(reported["val/env/searches"]) == 0.0
-    assert 0 <= float(reported["val/synthetic_search/acc/mean@1"]) <= 1
     # every held-out episode, as the chat messages `posttrain sft` reads, with a summary per number of hops
-    episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
-    assert len(episodes) == 4
-    for episode in episodes:
+    dumped = episodes(tmp_path / "episodes.jsonl")
+    assert len(dumped) == 4
+    accuracy = sum(episode["success"] for episode in dumped) / 4
+    assert float(reported["val/synthetic_search/acc/mean@1"]) == accuracy
+    assert f"all: episodes 4.000 · accuracy {accuracy:.3f}" in baseline.stdout
+    for episode in dumped:
         # with no tool turns the final-turn instruction extends the prompt as a message of its own
         assert [m["role"] for m in episode["messages"]] == ["user", "user", "assistant"]
         assert "Give your final answer now" in episode["messages"][1]["content"]
