@@ -212,8 +212,8 @@ def workers_up(config: PosttrainConfig, total_steps: int, services: Sequence[Ser
     try:
         resumed = before_services(roles)
         for service in services:
+            opened.append(service)  # closed even if it fails half-open (close is idempotent)
             service.open(roles, resumed)
-            opened.append(service)
         yield roles
     finally:
         for service in reversed(opened):
