@@ -102,7 +102,12 @@ def run_sft(config: PosttrainConfig) -> int:
     from posttrain.trainer.sft import sft_parts
 
     def summary(console: Console, run: Run, seconds: float) -> None:
-        losses = run.parts.validation.loss_history
+        from posttrain.trainer.tracking import read_jsonl
+
+        # the whole run's, from its metrics file (a resumed run's own validations start at the resume)
+        metrics_file = run.run_dir / "metrics.jsonl"
+        losses = ([r["metrics"]["val/sft_loss"] for r in read_jsonl(metrics_file) if "val/sft_loss" in r["metrics"]]
+                  if metrics_file.exists() else run.parts.validation.loss_history)
         if len(losses) >= 2:
             console.print(f"val/sft_loss: {losses[0]:.3f} → {losses[-1]:.3f}")
         _summary(console, run.val_history, run.run_dir, seconds)

@@ -1,7 +1,8 @@
 """``trainer.mode=async`` through the real CLI on the tiny model (vLLM on CPU, local Ray): a
 generator beside the trainer, versioned weights through the object store, the staleness bound on
-every trained sample (across a graceful stop and its resume), a killed generator replaced, the first
-update of ``max_staleness=0`` equal to sync mode's, and the search agent with its live retriever."""
+every trained sample (across a graceful stop and its resume), generation overlapping learning, a
+killed generator replaced, the first update of ``max_staleness=0`` equal to sync mode's, and the
+search agent with its live retriever."""
 
 import json
 import math
@@ -71,6 +72,16 @@ def test_async_two_steps_then_a_graceful_stop_resumes_within_the_bound(tmp_path)
     steps = [r["step"] for r in records(tmp_path)]
     assert steps[-1] == 6 and sorted(set(steps)) == list(range(7))
     staleness_within(records(tmp_path), 2)
+
+    # generation overlapped learning, the point of async (timeline.jsonl: who worked when, wall-clock);
+    # a trainer that generated and then trained in turns would show no generation inside any learning
+    timeline = [json.loads(line) for line in (tmp_path / "timeline.jsonl").read_text().splitlines()]
+    assert [t["step"] for t in timeline] == list(range(1, 7))  # each trained step once, across the stop
+    learning = [t["learn"] for t in timeline]
+    generating = [u["interval"] for t in timeline for u in t["units"]]
+    assert all(end > start for start, end in learning + generating)
+    overlap_s = sum(max(0.0, min(g[1], l[1]) - max(g[0], l[0])) for g in generating for l in learning)
+    assert overlap_s > 0, f"generation {generating} never overlapped learning {learning}"
 
 
 @pytest.mark.parametrize("transport", ["object_store", "collective"])

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from posttrain.models import cached_tiny_model
-from tests.e2e.cli_runs import episodes
+from tests.e2e.cli_runs import episodes, run, when_step_logged
 
 TINY_DATA = [
     "data.builtin_options.train_size=24", "data.builtin_options.val_size=4", "data.builtin_options.num_people=20",
@@ -38,10 +38,19 @@ def test_sft_learns_its_transcripts_then_rl_from_its_export(tmp_path):
     # 8 transcripts in batches of 4: 2 epochs are 4 steps. lr 1e-3, constant: the preset's 5e-5 moves the
     # tiny random model too little in 4 steps. Measured on 3 data seeds: val/sft_loss falls 0.27-0.46 a
     # step (13.2-13.4 to 11.7-12.0); the second epoch's mean sft/loss is 1.5-1.6 below the first's.
-    out = _run("sft", "--preset", "search_sft", f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={tmp_path / 'sft'}",
-               seed, *TINY_DATA, "sft.train_batch_size=4", "sft.micro_batch_size_per_gpu=2", "sft.total_training_steps=4",
-               "sft.total_epochs=2", "sft.test_freq=1", "sft.optim.lr=1e-3", "sft.optim.lr_scheduler=constant",
-               "sft.optim.warmup_steps=0", "trainer.save_freq=4")
+    sft = [sys.executable, "-m", "posttrain.cli", "sft", "--preset", "search_sft", f"actor_rollout_ref.model.path={model}",
+           f"trainer.default_local_dir={tmp_path / 'sft'}", seed, *TINY_DATA, "sft.train_batch_size=4", "sft.micro_batch_size_per_gpu=2",
+           "sft.total_training_steps=4", "sft.total_epochs=2", "sft.test_freq=1", "sft.optim.lr=1e-3", "sft.optim.lr_scheduler=constant",
+           "sft.optim.warmup_steps=0", "trainer.save_freq=4"]
+    # stopped from outside once step 2 is logged (the STOP file: the run skeleton's stop, as Ctrl-C's first
+    # press), then the same command finishes it: the steps, validations and export of one uninterrupted run
+    stopped = run(sft, while_running=lambda: when_step_logged(tmp_path / "sft", 2, lambda: (tmp_path / "sft" / "STOP").touch()))
+    assert stopped.returncode == 0 and "Traceback" not in stopped.stdout, stopped.stdout[-3000:]
+    stop_step = int((tmp_path / "sft" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
+    assert 2 <= stop_step < 4 and f"after step {stop_step} of 4; checkpoint " in stopped.stdout and "To continue: posttrain sft" in stopped.stdout
+    assert not (tmp_path / "sft" / "export").exists()  # the export is the finished run's
+    out = _run(*sft[3:])
+    assert f"resumed from {tmp_path / 'sft' / 'checkpoints' / f'global_step_{stop_step}'}" in out
     records = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
     for record in records[1:]:
