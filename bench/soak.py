@@ -108,7 +108,7 @@ def soak(mode: str, steps: int, model: str, out: Path) -> dict[str, float]:
     import ray
 
     from posttrain.config import load_config, preset_path
-    from posttrain.trainer.run import _start_ray, training_run
+    from posttrain.trainer.run import start_ray, training_run
 
     config = load_config([preset_path("arithmetic_grpo")], [
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=hf", f"trainer.default_local_dir={out / mode}",
@@ -119,7 +119,7 @@ def soak(mode: str, steps: int, model: str, out: Path) -> dict[str, float]:
         "trainer.max_ckpt_to_keep=1",
     ])
     trainer = training_run(config)
-    _start_ray(config.trainer, trainer.run_dir)
+    start_ray(config.trainer, trainer.run_dir)
     sampler = MemorySampler(trainer)
     sampler.start()
     try:

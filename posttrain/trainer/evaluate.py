@@ -15,7 +15,7 @@ from rich.console import Console
 from posttrain.config.schema import PosttrainConfig
 from posttrain.trainer.export import checkpoint_dir
 from posttrain.trainer.roles import Roles
-from posttrain.trainer.run import _start_ray, exit_code_of
+from posttrain.trainer.run import exit_code_of, start_ray
 from posttrain.trainer.setup import RolloutService, rollout_setup
 from posttrain.trainer.skeleton import workers_up
 from posttrain.trainer.validation import episode_rows, summarize_rows, write_jsonl
@@ -45,7 +45,7 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
             roles.actor.load_checkpoint(str(directory / "actor"), 1)
             console.print(f"policy from {directory}")
 
-    _start_ray(config.trainer, None)  # an evaluation keeps the run directory's link to its training logs
+    start_ray(config.trainer, None)  # an evaluation keeps the run directory's link to its training logs
     try:
         with workers_up(config, setup.total_steps, [RolloutService(setup.rollout)], load_policy) as roles:
             metrics = setup.validator(roles)  # no step: eval writes episodes only where --dump-episodes says

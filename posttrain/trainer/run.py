@@ -173,7 +173,7 @@ def _with_ray(trainer_config: TrainerConfig, run_dir: Path, body: Callable[[], i
     code (the traceback in the log file); a bug keeps its traceback. Ray is shut down either way."""
     import ray
 
-    _start_ray(trainer_config, run_dir)
+    start_ray(trainer_config, run_dir)
     with run_log(run_dir) as keep_traceback:
         try:
             return body()
@@ -193,7 +193,7 @@ def _export_hint(console: Console, checkpoint: Path | None, run_dir: Path) -> No
                       soft_wrap=True, highlight=False)
 
 
-def _start_ray(trainer: TrainerConfig, run_dir: Path | None) -> None:
+def start_ray(trainer: TrainerConfig, run_dir: Path | None) -> None:
     """Join ``trainer.ray_address`` (``auto``: the running cluster) or start a local Ray with this
     machine's CPUs; with ``trainer.ray_dashboard``, start Ray's dashboard and print where it is.
     ``<run_dir>/ray_logs`` links to this Ray session's logs (each worker's stdout and stderr)."""

@@ -253,24 +253,11 @@ class Run(Generic[Item]):
         (self.run_dir / "config.yaml").write_text(to_yaml(self.config))
         self.stop.stop_file.unlink(missing_ok=True)
         torch.manual_seed(self.config.trainer.seed)
-        tracking: Tracking | None = None
         with self.stop.installed():
             try:
                 with workers_up(self.config, self.total_steps, self.parts.services, self._started) as roles:
                     self.roles = roles
-                    try:
-                        tracking = run_tracking(self.config, self.run_dir, self.total_steps,
-                                                purge_step=self.step + 1 if self.resume_from else 0)
-                        self._loop(roles, tracking)
-                        if self.parts.finish is not None:
-                            self.result = self.parts.finish(roles)
-                    except Stopped as stopped:
-                        raise self._stopped(stopped) from None
-                    except CheckpointThenStop as err:
-                        raise err.with_checkpoint(self._checkpoint_after_closing()) from err
-                    finally:
-                        if tracking is not None:
-                            tracking.close()
+                    self._train(roles)
             except (WorkerDiedError, WorkerHungError) as err:
                 self.checkpoints.name_the_resume(err, self.step + 1)
                 raise
@@ -279,6 +266,21 @@ class Run(Generic[Item]):
         validation = self.parts.validation
         write_report(self.run_dir, *((validation.first_samples, validation.last_samples) if validation else ()))
         return self.val_history[-1] if self.val_history else {}
+
+    def _train(self, roles: Roles) -> None:
+        """The loop and the mode's finish, tracked; a person's stop, or an error that asks for one,
+        gets its checkpoint here, while the workers are still up."""
+        tracking = run_tracking(self.config, self.run_dir, self.total_steps, purge_step=self.step + 1 if self.resume_from else 0)
+        try:
+            self._loop(roles, tracking)
+            if self.parts.finish is not None:
+                self.result = self.parts.finish(roles)
+        except Stopped as stopped:
+            raise self._stopped(stopped) from None
+        except CheckpointThenStop as err:
+            raise err.with_checkpoint(self._checkpoint_after_closing()) from err
+        finally:
+            tracking.close()
 
     def _loop(self, roles: Roles, tracking: Tracking) -> None:
         validation = self.parts.validation
@@ -358,12 +360,11 @@ class Run(Generic[Item]):
         """Restore the checkpoint to continue from (``trainer.resume_mode``); returns its directory, or
         None. Checkpoints after it (an earlier attempt that went further) are moved aside."""
         directory = self.resume_from
-        for name in (ASYNC_STATE,):
-            if directory is not None and (directory / name).exists() and name not in self.parts.files:
-                raise CheckpointError(
-                    f"{directory} was written by an asynchronous run: the prompts it had read ahead are in {name}, "
-                    "which only trainer.mode=async resumes (or start over: trainer.resume_mode=disable)"
-                )
+        if directory is not None and (directory / ASYNC_STATE).exists() and ASYNC_STATE not in self.parts.files:
+            raise CheckpointError(
+                f"{directory} was written by an asynchronous run: the prompts it had read ahead are in {ASYNC_STATE}, "
+                "which only trainer.mode=async resumes (or start over: trainer.resume_mode=disable)"
+            )
         self.step = self.checkpoints.continue_from(directory)
         if directory is None:
             return None

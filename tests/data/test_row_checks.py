@@ -110,7 +110,7 @@ def test_posttrain_train_refuses_unscorable_rows_before_starting_ray(tmp_path, c
     import posttrain.trainer.run as run
 
     started = []
-    monkeypatch.setattr(run, "_start_ray", lambda *args: started.append(args))  # other tests may have Ray up in this process
+    monkeypatch.setattr(run, "start_ray", lambda *args: started.append(args))  # other tests may have Ray up in this process
     rows = [verl_row(i, f"{i}+1?", data_source="arithmetic", ground_truth=str(i + 1)) for i in range(4)]
     rows[3] = rows[3] | {"data_source": "mine"}
     path = write_parquet(tmp_path / "train.parquet", rows)
