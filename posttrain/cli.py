@@ -9,10 +9,12 @@
                                                      print the resolved config, or every problem the command it is
                                                      for would refuse (default: sft when the sft section is set)
   posttrain prepare NAME [--in FILE] --out DIR [key=value ...]
-                                                     write a dataset (gsm8k, arithmetic, synthetic-search, synthetic-doctor,
+                                                     write a dataset (gsm8k, arithmetic, synthetic-search, synthetic-doctor, tool-arithmetic,
                                                      doctor --in FILE.json) as verl-format Parquet
   posttrain serve-retriever --corpus FILE [--index bm25|dense] [--port P] [--host H --token T]
                                                      the search agent's retriever (Search-R1's HTTP API)
+  posttrain tools SPEC... [--model M] [--parsers]   the tools' JSON schemas as the model receives them, then
+                                                     the prompt the model sees (SPEC: FILE.py:FUNCTION or module:FUNCTION)
   posttrain demo                                     the single controller at work on local Ray
 """
 
@@ -119,6 +121,34 @@ def _serve_retriever_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tools_command(args: argparse.Namespace) -> int:
+    import json
+
+    from posttrain.tools import ToolSpecError, load_tools
+    from posttrain.tools.parse import parser_names
+
+    if args.parsers:
+        print("\n".join(parser_names()))
+        return 0
+    if not args.specs:
+        print("posttrain: name at least one tool, e.g. `posttrain tools posttrain.tools:calculator my_tools.py:lookup`", file=sys.stderr)
+        return 2
+    try:
+        schemas = [tool.schema for tool in load_tools(args.specs)]
+    except ToolSpecError as err:
+        print(f"posttrain: {err}", file=sys.stderr)
+        return 2
+    from posttrain.models import load_tokenizer, resolve_model
+    from posttrain.models.tool_format import render_with_tools, template_renders_tools
+
+    print(json.dumps(schemas, indent=2, ensure_ascii=False))
+    tokenizer = load_tokenizer(resolve_model(args.model))
+    how = "its chat template (tools=)" if template_renders_tools(tokenizer) else "posttrain's built-in format (docs/tools.md)"
+    print(f"\n# the prompt {args.model} sees, with the tools told by {how}:")
+    print(render_with_tools([[{"role": "user", "content": "<the task>"}]], tokenizer, schemas)[0])
+    return 0
+
+
 def _demo_command(args: argparse.Namespace) -> int:
     from posttrain.demo import run_demo
 
@@ -163,8 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(run=_export_command)
 
     prep = commands.add_parser(
-        "prepare", help="write a dataset (gsm8k, arithmetic, synthetic-search, synthetic-doctor, doctor) as verl-format Parquet")
-    prep.add_argument("name", help="gsm8k, arithmetic, synthetic-search, synthetic-doctor, or doctor (with --in FILE)")
+        "prepare", help="write a dataset (gsm8k, arithmetic, synthetic-search, synthetic-doctor, doctor, tool-arithmetic) as verl-format Parquet")
+    prep.add_argument("name", help="gsm8k, arithmetic, synthetic-search, synthetic-doctor, tool-arithmetic, or doctor (with --in FILE)")
     prep.add_argument("--in", dest="source_file", type=Path, metavar="FILE",
                       help="the input file of a dataset read from one (doctor: a JSON list of cases, or JSON lines)")
     prep.add_argument("--out", required=True, type=Path, help="directory for train.parquet and test.parquet")
@@ -182,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     retriever.add_argument("--max-queries", type=int, help="more queries in one request get 422 (default 1024)")
     retriever.add_argument("--max-query-chars", type=int, help="a longer query gets 422 (default 1024)")
     retriever.set_defaults(run=_serve_retriever_command)
+
+    tools = commands.add_parser("tools", help="print tools' JSON schemas and the prompt a model sees with them")
+    tools.add_argument("specs", nargs="*", metavar="SPEC", help="FILE.py:FUNCTION or module:FUNCTION, e.g. posttrain.tools:calculator")
+    tools.add_argument("--model", default="smollm2-135m-instruct", help="whose chat template renders the prompt (default smollm2-135m-instruct)")
+    tools.add_argument("--parsers", action="store_true", help="list the tool-call parsers env.tool_parser accepts, and stop")
+    tools.set_defaults(run=_tools_command)
 
     demo = commands.add_parser("demo", help="run the single-controller demo on local Ray")
     demo.add_argument("--ranks", type=int, default=2)

@@ -5,7 +5,8 @@
 ``agent/observations_truncated`` per episode; ``agent/reward_std_in_group`` (the mean over groups
 of the episode-reward spread inside a group: near 0 means the group teaches nothing);
 ``env/<count>`` the per-episode mean of each counter the environment reports (``env/searches``), and
-``env/<ratio>`` for each ratio of counters it declares (``env/relevant_question_ratio``).
+``env/<ratio>`` for each ratio of counters it declares (``env/relevant_question_ratio``). A counter or
+ratio whose name already has a namespace (``tool/calls``) is reported under that name.
 """
 
 from __future__ import annotations
@@ -40,13 +41,17 @@ def episode_metrics(
         "agent/observations_truncated": float(np.mean([e.observations_truncated for e in episodes])),
     }
     names = sorted({name for e in episodes for name in e.counts} | set(counters))
-    metrics |= {f"env/{name}": float(np.mean([e.counts.get(name, 0.0) for e in episodes])) for name in names}
+    metrics |= {_metric_name(name): float(np.mean([e.counts.get(name, 0.0) for e in episodes])) for name in names}
     for name, (numerator, denominator) in (ratios or {}).items():
         below = sum(e.counts.get(denominator, 0.0) for e in episodes)
-        metrics[f"env/{name}"] = sum(e.counts.get(numerator, 0.0) for e in episodes) / below if below else 0.0
+        metrics[_metric_name(name)] = sum(e.counts.get(numerator, 0.0) for e in episodes) / below if below else 0.0
     if group_ids is not None:
         groups: dict[int, list[float]] = defaultdict(list)
         for group, episode in zip(group_ids, episodes, strict=True):
             groups[int(group)].append(episode.reward)
         metrics["agent/reward_std_in_group"] = float(np.mean([np.std(rewards) for rewards in groups.values()]))
     return metrics
+
+
+def _metric_name(counter: str) -> str:
+    return counter if "/" in counter else f"env/{counter}"

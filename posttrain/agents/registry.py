@@ -21,10 +21,14 @@ from typing import Any
 
 from posttrain.agents.env import Environment
 
-BUILTIN_ENVS = {"search": ("posttrain.agents.search", "SearchEnv"), "doctor": ("posttrain.agents.doctor", "DoctorEnv")}
-# shared objects the trainer can hand to environments, by parameter name: the search client, and the
-# environment's language model (agents/env_llm.py) that a patient, a simulated user or a judge speaks through
-RESOURCES = {"retriever", "env_llm"}
+BUILTIN_ENVS = {
+    "search": ("posttrain.agents.search", "SearchEnv"), "doctor": ("posttrain.agents.doctor", "DoctorEnv"),
+    "tools": ("posttrain.tools.env", "ToolEnv"),
+}
+# shared objects the trainer can hand to environments, by parameter name: the search client, the
+# environment's language model (agents/env_llm.py) that a patient, a simulated user or a judge speaks
+# through, and the run's tools (posttrain/tools: env.tools, env.mcp_servers)
+RESOURCES = {"retriever", "env_llm", "toolbox"}
 
 
 def builtin_env_names() -> list[str]:

@@ -42,52 +42,17 @@ from __future__ import annotations
 
 import logging
 import re
-import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from posttrain.agents.env import EpisodeSample, Environment, StepInfo, StepResult
 from posttrain.agents.retriever.types import MAX_TOPK, Hit, RetrieverError
+from posttrain.rewards.search_answer import exact_match, gold_answers, normalize_answer
+
+__all__ = ["SearchEnv", "exact_match", "format_hits", "gold_answers", "normalize_answer"]
 
 logger = logging.getLogger(__name__)
-
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = str.maketrans("", "", string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD's normalisation (as Search-R1 uses it): lower case, punctuation deleted, articles removed, spaces collapsed.
-
-    Punctuation is deleted, not replaced by a space: ``"Eiffel-Tower"`` becomes ``"eiffeltower"``.
-    """
-    text = text.lower().translate(_PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
-def gold_answers(ground_truth: Any) -> tuple[str, ...]:
-    """The gold answers in ``ground_truth``: a str, a list/tuple/array of str, or a dict with ``"target"``."""
-    if isinstance(ground_truth, Mapping):
-        if "target" not in ground_truth:
-            raise ValueError(f"ground truth {ground_truth!r} has no 'target'; write it as {{'target': ['answer', ...]}}")
-        ground_truth = ground_truth["target"]
-    if isinstance(ground_truth, str):
-        return (ground_truth,)
-    if hasattr(ground_truth, "tolist"):  # numpy array, as Parquet columns arrive
-        ground_truth = ground_truth.tolist()
-    if isinstance(ground_truth, (list, tuple)) and ground_truth and all(isinstance(g, str) for g in ground_truth):
-        return tuple(ground_truth)
-    raise ValueError(
-        f"ground truth {ground_truth!r} is not an answer; give a str, a non-empty list of str, "
-        "or {'target': [answer, *aliases]} (what `posttrain prepare synthetic-search` writes)"
-    )
-
-
-def exact_match(prediction: str, golds: Any) -> bool:
-    """Whether ``prediction`` equals any gold answer after :func:`normalize_answer`."""
-    predicted = normalize_answer(prediction)
-    return any(predicted == normalize_answer(gold) for gold in gold_answers(golds))
-
 
 class Retriever(Protocol):
     """What the environment needs of a retriever (``RetrieverClient`` or a test's fake)."""

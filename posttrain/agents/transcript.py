@@ -50,10 +50,12 @@ class Transcript:
 class TranscriptTokenizer:
     """Tokenises chat transcripts for ``tokenizer`` the way the agent loop does (module docstring)."""
 
-    def __init__(self, tokenizer: Any, stop_strings: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: Any, stop_strings: Sequence[str] = (), tools: Sequence[Mapping[str, Any]] = ()) -> None:
+        """``tools``: the schemas a tool-calling agent's prompt tells it about (as the RL prompts do)."""
         tokenize_prompts([[{"role": "user", "content": "x"}]], tokenizer)  # raises for a tokenizer without a chat template
         self.tokenizer = tokenizer
         self.stop_strings = tuple(stop_strings)
+        self.tools = [dict(schema) for schema in tools] or None
         self._renderers: dict[str, ObservationRenderer] = {}
 
     def renderer(self, role: str) -> ObservationRenderer:
@@ -67,7 +69,7 @@ class TranscriptTokenizer:
         if first == 0:
             raise TranscriptError("the conversation starts with an assistant message; it needs a prompt (a user message) before it")
         prompt = [{"role": m["role"], "content": m["content"]} for m in messages[:first]]
-        prompt_ids = list(tokenize_prompts([prompt], self.tokenizer)[0])
+        prompt_ids = list(tokenize_prompts([prompt], self.tokenizer, self.tools)[0])
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
         response, mask = [], []
         for index in range(first, last + 1):

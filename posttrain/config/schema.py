@@ -213,6 +213,13 @@ class EnvConfig:
     observation_role: str = "user"  # user | tool: the chat role observations are rendered with
     reward_norm: str = "none"  # none | group | batch: normalise episode rewards before advantages
     filter_groups_quantile: float = 0.0  # drop groups whose in-group reward std is below this quantile (0: keep all)
+    # tool-calling agents (env.name: tools; docs/tools.md)
+    tools: list[Any] = field(default_factory=list)  # FILE.py:FUNCTION, module:FUNCTION, or {schemas: FILE.json, module: FILE.py}
+    mcp_servers: list[Any] = field(default_factory=list)  # [{command: [program, arg, ...], env: {...}}]: MCP servers over stdio
+    tool_parser: str = "auto"  # a vLLM tool parser (hermes, llama3_json, pythonic, ...); auto: from the chat template
+    tool_timeout_s: float = 10.0  # seconds one call may run
+    max_tool_calls: int = 8  # calls per episode; later ones are answered with an over_budget error
+    tool_output_chars: int = 20000  # characters of one result kept before the observation is cut to max_obs_length tokens
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     llm: EnvLLMConfig = field(default_factory=EnvLLMConfig)
 

@@ -192,7 +192,22 @@ def check_env(config: PosttrainConfig) -> list[Problem]:
             "env.reward_norm", env.reward_norm,
             "ReMax subtracts the greedy episode's raw reward, so the rewards must stay raw: set env.reward_norm=none",
         ))
-    return problems + _check_env_llm(config)
+    return problems + _check_env_llm(config) + _check_tool_settings(config)
+
+
+def _check_tool_settings(config: PosttrainConfig) -> list[Problem]:
+    """The tool environment's numbers; whether each tool loads is the preflight's check."""
+    env, problems = config.env, []
+    if (env.tools or env.mcp_servers) and env.name != "tools":
+        key = "env.tools" if env.tools else "env.mcp_servers"
+        problems.append(Problem(key, get(config, key), f"is read only by the tool environment; set env.name=tools (it is {env.name!r})"))
+    if env.tool_timeout_s <= 0:
+        problems.append(Problem("env.tool_timeout_s", env.tool_timeout_s, "must be > 0 seconds"))
+    if env.max_tool_calls < 0:
+        problems.append(Problem("env.max_tool_calls", env.max_tool_calls, "must be >= 0 (0: every call is refused as over budget)"))
+    if env.tool_output_chars < 1:
+        problems.append(Problem("env.tool_output_chars", env.tool_output_chars, "must be >= 1"))
+    return problems
 
 
 def _check_env_llm(config: PosttrainConfig) -> list[Problem]:

@@ -63,13 +63,14 @@ class RLDataset:
         max_prompt_length: int = 256,
         truncation: str = "error",
         filter_overlong_prompts: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"truncation={truncation!r} (data.truncation) is not one of {TRUNCATION_MODES}")
         if max_prompt_length < 1:
             raise ValueError(f"max_prompt_length={max_prompt_length} (data.max_prompt_length) must be at least 1")
         rows = read_rows(files, prompt_key)
-        token_ids = tokenize_prompts([row.messages for row in rows], tokenizer)
+        token_ids = tokenize_prompts([row.messages for row in rows], tokenizer, tools)  # tools: the schemas an agent may call
         kept = range(len(rows))
         if filter_overlong_prompts:
             kept = [i for i in kept if len(token_ids[i]) <= max_prompt_length]

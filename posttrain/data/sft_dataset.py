@@ -73,6 +73,7 @@ class SFTDataset:
         truncation: str = "drop",
         stop_strings: Sequence[str] = (),
         require_success: bool = False,
+        tools: Sequence[dict[str, Any]] = (),
     ) -> None:
         if truncation not in SFT_TRUNCATION_MODES:
             raise ValueError(f"sft.truncation={truncation!r}: use one of {', '.join(SFT_TRUNCATION_MODES)}")
@@ -80,7 +81,7 @@ class SFTDataset:
             raise ValueError(f"sft.max_length={max_length}: must be at least 2 tokens")
         if not files:
             raise SFTDataError("no SFT files given; set sft.train_files=[file.parquet,...] (a 'messages' column of chat turns)")
-        layout = TranscriptTokenizer(tokenizer, stop_strings)
+        layout = TranscriptTokenizer(tokenizer, stop_strings, tools)
         self.samples: list[SFTSample] = []
         self.num_dropped = 0
         self.num_rows = 0

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from posttrain.models.smollm2 import SMOLLM2_NAME, smollm2_model_dir
+from posttrain.models.tool_format import render_with_tools
 
 DEFAULT_MODEL = SMOLLM2_NAME
 BUILTIN_MODELS: dict[str, Callable[[], Path]] = {SMOLLM2_NAME: smollm2_model_dir}
@@ -191,8 +192,9 @@ def load_causal_lm(
     return model.to(device).eval()
 
 
-def tokenize_prompts(conversations: list[list[dict[str, str]]], tokenizer: Any) -> list[list[int]]:
-    """Token ids of each conversation after the chat template with the generation prompt added."""
+def tokenize_prompts(conversations: list[list[dict[str, str]]], tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None) -> list[list[int]]:
+    """Token ids of each conversation after the chat template with the generation prompt added;
+    with ``tools`` (OpenAI-style schemas) the model is told about them (models/tool_format.py)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template, so chat "
@@ -201,6 +203,6 @@ def tokenize_prompts(conversations: list[list[dict[str, str]]], tokenizer: Any) 
         )
     if not conversations:
         return []
-    texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)
+    texts = render_with_tools(conversations, tokenizer, tools)
     # The template already placed the special tokens (BOS, role markers); adding them again would double them.
     return tokenizer(texts, add_special_tokens=False)["input_ids"]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from posttrain.rewards import arithmetic, gsm8k, math_answer
+from posttrain.rewards import arithmetic, gsm8k, math_answer, search_answer
 
 ScoreFunction = Callable[..., "float | dict[str, Any]"]
 
@@ -45,6 +45,7 @@ DEFAULT_SCORE_FUNCTIONS: Mapping[str, ScoreFunction] = MappingProxyType(
         "lighteval/MATH": math_answer.compute_score,
         "DigitalLearningGmbH/MATH-lighteval": math_answer.compute_score,
         "HuggingFaceH4/MATH-500": math_answer.compute_score,
+        "synthetic_search": search_answer.compute_score,  # the search task's answer, for a tool-calling agent
     }
 )
 

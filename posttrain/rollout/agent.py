@@ -11,6 +11,7 @@ tokens sampled: episodes grow by appending token ids, never by re-tokenising tex
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -28,13 +29,17 @@ from posttrain.agents.registry import probe_environment, wanted_resources
 from posttrain.config.schema import PosttrainConfig
 from posttrain.data import RLDataset
 from posttrain.models import resolve_model
+from posttrain.models.tool_format import template_renders_tools
 from posttrain.protocol import Batch
 from posttrain.rollout.batching import prompt_token_lists, sequences_to_batch
 from posttrain.rollout.env_llm import open_env_llm
 from posttrain.rollout.groups import filter_groups, normalize_rewards, update_batch_shape
 from posttrain.rollout.retriever import RetrieverHandle, corpus_path, open_retriever
 from posttrain.rollout.roles import RolloutRoles
+from posttrain.rollout.toolbox import needs_retriever, open_toolbox, uses_tools
 from posttrain.timing import timed
+from posttrain.tools import ToolBox
+from posttrain.tools.builtin import RETRIEVER_URL_VAR
 from posttrain.workers.sampling import VALIDATE_META_KEY
 
 
@@ -45,13 +50,16 @@ class AgentRollout:
         env = config.env
         self.config, self.tokenizer, self.data_dir = config, tokenizer, data_dir
         self.env_class = load_env_class(env.name, env.path, env.class_name)
-        self.renderer = ObservationRenderer(tokenizer, env.observation_role)
+        role = env.observation_role
+        if uses_tools(env):  # results go back as the format says: a tool message where the template renders tools
+            role = "tool" if template_renders_tools(tokenizer) else "user"
+        self.renderer = ObservationRenderer(tokenizer, role)
         self.loop_config = AgentLoopConfig(
             max_response_length=config.data.max_response_length, max_turns=env.max_turns,
             turns_range=tuple(env.turns_range) if env.turns_range else None, max_turn_tokens=env.max_turn_tokens,
             max_obs_length=env.max_obs_length, seed=config.trainer.seed,
         )
-        self.resources = wanted_resources(self.env_class, env.options)
+        self.resources = wanted_resources(self.env_class, env.options) | ({"retriever"} if needs_retriever(env) else set())
         probe = probe_environment(self.env_class, env.options)
         self.stop_strings = probe.stop_strings  # what ends an agent turn inside the engine
         if "retriever" in self.resources and not env.retriever.url:
@@ -60,6 +68,7 @@ class AgentRollout:
             resolve_model(env.llm.model_path)  # a missing model fails here, not in a worker
         self.retriever: RetrieverHandle | None = None
         self.env_llm: EnvLLMClient | None = None
+        self.toolbox: ToolBox | None = None
         self.make_env: Callable[[], Environment] | None = None
         self.batch_shape = update_batch_shape(config)
         self.first_failures: dict[str, str] = {}  # of the last rollout, by circuit breaker (trainer/breakers.py)
@@ -75,14 +84,18 @@ class AgentRollout:
 
     def open(self, roles: RolloutRoles) -> None:
         """Connect the resources the environment asks for: the retriever (started for the run, or
-        at env.retriever.url) and the Env-LLM (the run's worker, or env.llm.url)."""
+        at env.retriever.url), the Env-LLM (the run's worker, or env.llm.url) and the tools."""
         resources: dict[str, object] = {}
         if "retriever" in self.resources:
             self.retriever = open_retriever(self.config.env.retriever, self.data_dir)
             resources["retriever"] = self.retriever.client
+            os.environ[RETRIEVER_URL_VAR] = self.retriever.client.url  # for the built-in search tool's calls
         if "env_llm" in self.resources:
             self.env_llm = open_env_llm(self.config.env.llm, roles.env_llm)
             resources["env_llm"] = self.env_llm
+        if "toolbox" in self.resources:
+            self.toolbox = open_toolbox(self.config.env, self.tokenizer)
+            resources["toolbox"] = self.toolbox
         self.make_env = env_factory(self.env_class, self.config.env.options, resources)
 
     def close(self) -> None:
@@ -92,6 +105,9 @@ class AgentRollout:
         if self.env_llm is not None:
             self.env_llm.close()
             self.env_llm = None
+        if self.toolbox is not None:
+            self.toolbox.close()
+            self.toolbox = None
         self.make_env = None
 
     def __call__(

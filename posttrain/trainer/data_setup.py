@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,15 +36,17 @@ def resolve_files(data: DataConfig) -> tuple[list[str], list[str]]:
     options = dict(data.builtin_options)
     tag = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode() + _dataset_sources(data.builtin, options)).hexdigest()[:10]
     directory = build_atomically(cache_root() / "data" / f"{data.builtin}-{tag}", lambda tmp: _prepare(data.builtin, tmp, options))
-    return [str(directory / "train.parquet")], list(data.val_files) or [str(directory / "test.parquet")]
+    # a bare file name in data.val_files names another split of the built-in dataset (test_longer.parquet)
+    val_files = [str(directory / f) if not Path(f).exists() and (directory / f).is_file() else f for f in data.val_files]
+    return [str(directory / "train.parquet")], val_files or [str(directory / "test.parquet")]
 
 
 def _dataset_sources(name: str, options: dict[str, Any]) -> bytes:
     """What a built-in dataset depends on besides its options, so that a change writes it anew: the
-    preparer's source, the environments its experts play (``posttrain/agents``), and the contents of
-    any option that names a file (``source_file``)."""
+    preparer's source, the environments its experts play and the tools they call (``posttrain/agents``,
+    ``posttrain/tools``), and the contents of any option that names a file (``source_file``)."""
     preparer = Path(inspect.getfile(get_preparer(name)))
-    agents = sorted((preparer.parents[2] / "agents").rglob("*.py"))
+    agents = sorted(path for folder in ("agents", "tools") for path in (preparer.parents[2] / folder).rglob("*.py"))
     files = [value for value in options.values() if isinstance(value, (str, Path)) and Path(value).is_file()]
     return b"".join(Path(path).read_bytes() for path in [preparer, *agents, *files])
 
@@ -52,11 +55,12 @@ def _prepare(name: str, out_dir: Path, options: dict[str, Any]) -> None:
     prepare(name, out_dir, **options)
 
 
-def build_run_data(data: DataConfig, tokenizer: Any) -> RunData:
+def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None) -> RunData:
+    """Training and validation prompts; ``tools``: the schemas a tool-calling agent is told about in each prompt."""
     train_files, val_files = resolve_files(data)
     common = {
         "prompt_key": data.prompt_key, "max_prompt_length": data.max_prompt_length,
-        "truncation": data.truncation, "filter_overlong_prompts": data.filter_overlong_prompts,
+        "truncation": data.truncation, "filter_overlong_prompts": data.filter_overlong_prompts, "tools": tools,
     }
     train_set = RLDataset(train_files, tokenizer, **common)
     if len(train_set) < data.train_batch_size:

@@ -174,7 +174,26 @@ def check_environment(config: PosttrainConfig) -> list[Problem]:
         probe_environment(env_class, env.options)
     except (ValueError, TypeError) as error:
         return [Problem("env.options", dict(env.options), str(error))]
-    return []
+    return check_tools(config) if env.name == "tools" else []
+
+
+def check_tools(config: PosttrainConfig) -> list[Problem]:
+    """Every ``env.tools`` entry loads and can be described to the model, and ``env.tool_parser`` exists
+    (MCP servers are asked for their tools when the run starts them)."""
+    from posttrain.tools import ToolSpecError, load_tools
+    from posttrain.tools.parse import parser_names
+
+    env, problems = config.env, []
+    if not env.tools and not env.mcp_servers:
+        problems.append(Problem("env.tools", [], "the tool environment needs tools: e.g. env.tools=[posttrain.tools:calculator] or env.mcp_servers"))
+    for spec in env.tools:  # each entry on its own, so every bad one is named
+        try:
+            load_tools([spec])
+        except ToolSpecError as error:
+            problems.append(Problem("env.tools", list(env.tools), str(error)))
+    if env.tool_parser != "auto" and env.tool_parser not in parser_names():
+        problems.append(Problem("env.tool_parser", env.tool_parser, f"is not a tool-call parser; use auto or one of {', '.join(parser_names())}"))
+    return problems
 
 
 def check_paths(config: PosttrainConfig) -> list[Problem]:

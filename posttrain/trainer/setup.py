@@ -16,6 +16,7 @@ from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.rollout import Rollout, build_rollout
+from posttrain.rollout.toolbox import tool_schemas
 from posttrain.trainer.data_setup import RunData, build_run_data
 from posttrain.trainer.roles import Roles
 from posttrain.trainer.validation import Validator
@@ -38,7 +39,7 @@ def rollout_setup(config: PosttrainConfig) -> RolloutSetup:
         resolve_model(config.critic.model_path)
     if config.reward_model.enable and config.reward_model.model_path:
         resolve_model(config.reward_model.model_path)
-    data = build_run_data(config.data, tokenizer)
+    data = build_run_data(config.data, tokenizer, tool_schemas(config.env))
     epochs_steps = len(data.train) * config.trainer.total_epochs
     total_steps = min(config.trainer.total_training_steps or epochs_steps, epochs_steps)
     rollout = build_rollout(config, tokenizer, data.data_dir)

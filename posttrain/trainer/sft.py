@@ -36,6 +36,7 @@ from posttrain.errors import ConfigError, Problem
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
 from posttrain.rollout import build_rollout, sequences_to_batch
+from posttrain.rollout.toolbox import tool_schemas
 from posttrain.trainer.data_setup import build_run_data, resolve_files
 from posttrain.trainer.metrics import mean_of_ranks
 from posttrain.trainer.report import Sample
@@ -152,7 +153,8 @@ def sft_parts(config: PosttrainConfig) -> RunParts[Batch]:
     data_dir = Path(resolve_files(config.data)[0][0]).parent if has_rl_data else None
     # the environment's stop strings decide whether an agent turn ends on eos (trained) or not
     rollout = build_rollout(config, tokenizer, data_dir) if has_rl_data else None
-    train_set, val_set = sft_datasets(config, tokenizer, data_dir, rollout.stop_strings if rollout else ())
+    tools = tool_schemas(config.env)  # a tool-calling agent's prompts tell it its tools, as in RL
+    train_set, val_set = sft_datasets(config, tokenizer, data_dir, rollout.stop_strings if rollout else (), tools)
     pad = tokenizer.pad_token_id
     loader = PromptDataLoader(train_set, sft.train_batch_size, pad, seed=sft.seed, collate=transcripts_to_batch)
     epoch_steps = len(loader) * sft.total_epochs
@@ -162,7 +164,7 @@ def sft_parts(config: PosttrainConfig) -> RunParts[Batch]:
     run_config = sft_run_config(config, total_steps)
     validator = None
     if rollout is not None and sft.val_rollout:
-        run_data = build_run_data(run_config.data, tokenizer)
+        run_data = build_run_data(run_config.data, tokenizer, tools)
         if run_data.val is not None:
             rollout.check_data(validation=run_data.val_dataset)  # a case the environment cannot play fails now
             validator = Validator(rollout, run_data.val, config.actor_rollout_ref.rollout.val_kwargs.n, tokenizer,
@@ -184,12 +186,12 @@ def sft_parts(config: PosttrainConfig) -> RunParts[Batch]:
 
 
 def sft_datasets(config: PosttrainConfig, tokenizer: PreTrainedTokenizerBase, data_dir: Path | None,
-                 stop_strings: Sequence[str]) -> tuple[SFTDataset, SFTDataset | None]:
+                 stop_strings: Sequence[str], tools: Sequence[dict] = ()) -> tuple[SFTDataset, SFTDataset | None]:
     """The training and validation transcripts, tokenised as the agent loop lays out an episode."""
     sft = config.sft
     train_files, val_files = sft_files(sft.train_files, sft.val_files, data_dir)
     common = {"max_length": sft.max_length, "messages_key": sft.messages_key, "truncation": sft.truncation,
-              "stop_strings": tuple(stop_strings), "require_success": sft.require_success}
+              "stop_strings": tuple(stop_strings), "require_success": sft.require_success, "tools": tools}
     train_set = SFTDataset(train_files, tokenizer, **common)
     if len(train_set) < sft.train_batch_size:
         raise SFTDataError(

@@ -65,8 +65,13 @@ class Validator:
     def _samples(self, batch: Batch) -> list[Sample]:
         count = min(self.samples_in_report, len(batch))
         scores = batch[keys.TOKEN_SCORES].sum(-1)
+        rows = list(range(count))
+        if count and keys.EPISODE_STATS in batch:  # show at least one episode that acted (a search, a tool call) if any did
+            acted = [row for row in range(len(batch)) if batch[keys.EPISODE_STATS][row]["num_turns"] > 1]
+            if acted and not set(acted) & set(rows):
+                rows[-1] = acted[0]
         samples = []
-        for row in range(count):
+        for row in rows:
             length = int(response_attention_mask(batch)[row].sum())  # agent turns and observations
             prompt = self.tokenizer.decode(batch[keys.PROMPT_IDS][row][batch[keys.PROMPT_MASK][row].bool()], skip_special_tokens=False)
             response = self.tokenizer.decode(batch[keys.RESPONSE_IDS][row, :length], skip_special_tokens=True)

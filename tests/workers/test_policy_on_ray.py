@@ -9,7 +9,7 @@ from posttrain.config.schema import ActorConfig, DataConfig, ModelConfig, OptimC
 from posttrain.controller import ResourcePool, WorkerSpec, spawn_ray
 from posttrain.models import cached_tiny_model, load_tokenizer
 from posttrain.protocol import Batch
-from posttrain.rollout.batching import responses_to_batch
+from posttrain.rollout.batching import prompt_token_lists, responses_to_batch
 from posttrain.workers.policy import VALIDATE_META_KEY, PolicyWorker
 from posttrain.workers.reference import ReferenceWorker
 
@@ -91,9 +91,55 @@ def test_generate_logprobs_update_sync(workers, tmp_path):
 
     export_dir = actor.export(str(tmp_path / "export"))[0]
     from posttrain.engines.rollout import GenerationParams, VLLMRolloutEngine
-    from posttrain.rollout.batching import prompt_token_lists
 
     fresh = VLLMRolloutEngine(export_dir, max_model_len=80, dtype="float32", kv_cache_bytes=64 << 20)  # as the worker's
     expected = fresh.generate(prompt_token_lists(prompts), GenerationParams(max_new_tokens=16, temperature=0.0))
     for row, generation in enumerate(expected):
         assert list(synced[keys.TURN_TOKEN_IDS][row]) == generation.response_token_ids
+
+
+def test_tool_episodes_train_on_exactly_the_tokens_the_engine_sampled(workers):
+    """A tool-calling episode with the real engine and a real tool: its tokens are the sampled turns
+    with the rendered tool result between them, and the trainer's logprobs of the sampled tokens
+    match the engine's. (The random tiny model writes no calls, so a parser reads each turn as one.)"""
+    from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer, TurnOutput, run_episodes
+    from posttrain.tools.env import ToolEnv
+    from posttrain.rollout.agent import episodes_to_batch
+    from posttrain.tools import ParsedCall, ParsedTurn, ToolBox, load_tools
+
+    groups, model_dir = workers
+    actor = groups["actor"]
+    tokenizer = load_tokenizer(model_dir)
+    prompts = prompt_batch(tokenizer, ["What is 6*7?", "And 5*5?"])
+    samples = [EpisodeSample([{"role": "user", "content": q}], "42", "arithmetic") for q in ("What is 6*7?", "And 5*5?")]
+    sampled: list[list[list[int]]] = [[], []]
+
+    def generate(contexts, max_new_tokens, stop, turn):
+        request = Batch.from_dict(non_tensors={keys.TURN_CONTEXT_IDS: [list(c) for c in contexts]},
+                                  meta={keys.TURN_MAX_NEW_TOKENS: max_new_tokens, keys.TURN_STOP: stop, keys.TURN_INDEX: turn})
+        reply = actor.generate_turn(request)
+        for row, tokens in enumerate(reply[keys.TURN_TOKEN_IDS]):
+            sampled[row].append(list(tokens))
+        return [TurnOutput(list(t), list(lp), str(r)) for t, lp, r in
+                zip(reply[keys.TURN_TOKEN_IDS], reply[keys.TURN_LOGPROBS], reply[keys.FINISH_REASON])]
+
+    toolbox = ToolBox(load_tools(["posttrain.tools:calculator"]), native_format=True,
+                      parser=lambda text: ParsedTurn([ParsedCall("calculator", '{"expression": "6*7"}')], ""))
+    renderer = ObservationRenderer(tokenizer, "user")
+    config = AgentLoopConfig(max_response_length=44, max_turns=1, max_turn_tokens=4, max_obs_length=32)
+    try:
+        episodes = run_episodes([ToolEnv(toolbox) for _ in samples], samples, prompt_token_lists(prompts), generate, renderer, config)
+    finally:
+        actor.release_rollout()
+        toolbox.close()
+    for row, episode in enumerate(episodes):
+        first, final = sampled[row]
+        shown = renderer.render("42", after_token=first[-1], budget=32, suffix=ToolEnv(toolbox).final_turn_instruction()).token_ids
+        assert episode.response_ids == first + shown + final
+        assert episode.loss_mask == [1] * len(first) + [0] * len(shown) + [1] * len(final)
+    batch = episodes_to_batch(episodes, 44, tokenizer.pad_token_id)
+    old = actor.compute_log_prob(batch)[keys.OLD_LOGPROBS]
+    mask = batch[keys.RESPONSE_MASK]
+    gap = ((old - batch[keys.BEHAVIOUR_LOGPROBS]).abs() * mask).max().item()
+    assert mask.sum() == sum(len(t) for turns in sampled for t in turns)
+    assert gap < LOGPROB_TOLERANCE, f"the engine's and the trainer's logprobs of the sampled tool-episode tokens differ by {gap}"

@@ -19,6 +19,7 @@ from posttrain.data.preparers.gsm8k import prepare_gsm8k
 from posttrain.data.preparers.options import check_output_dir
 from posttrain.data.preparers.synthetic_doctor import prepare_synthetic_doctor
 from posttrain.data.preparers.synthetic_search import prepare_synthetic_search
+from posttrain.data.preparers.tool_arithmetic import prepare_tool_arithmetic
 
 Preparer = Callable[..., list[Path]]
 PREPARERS: dict[str, Preparer] = {
@@ -27,6 +28,7 @@ PREPARERS: dict[str, Preparer] = {
     "synthetic-search": prepare_synthetic_search,
     "synthetic-doctor": prepare_synthetic_doctor,
     "doctor": prepare_doctor,
+    "tool-arithmetic": prepare_tool_arithmetic,
 }
 # the option a preparer that reads an input file takes it in (``--in FILE`` on the command line)
 SOURCE_FILE_OPTION = "source_file"

@@ -28,7 +28,8 @@ train takes the next ones, so train and test never ask the same (entity, relatio
 about the same entity (its birthplace in train, its birth year in test), as a retrieval task should.
 
 Rows follow verl's format with Search-R1's layout: ``data_source="synthetic_search"``, the prompt is
-one user message, :func:`search_instruction` of the question, and the ground truth is
+one user message, :func:`search_instruction` of the question (:func:`tool_instruction` with
+``tool_format=True``, for the ``search`` tool of a tool-calling agent), and the ground truth is
 ``{"target": [answer, *aliases]}`` (a river also answers to ``"<Name> River"``). ``extra_info`` holds
 ``split, index, question, hops, relation, subject, bridge`` (``bridge`` is ``""`` for one hop).
 The same arguments always give byte-identical files.
@@ -288,12 +289,15 @@ def prepare_synthetic_search(
     sft_val_size: int = 50,
     sft_two_hop_fraction: float = 0.0,
     sft_topk: int = 2,
+    tool_format: bool = False,
 ) -> list[Path]:
     """Write ``train.parquet`` and ``test.parquet`` (returned) and, beside them, ``corpus.jsonl`` (:data:`CORPUS_FILE`);
     with ``sft_size > 0`` also ``sft.parquet`` and ``sft_val.parquet`` (returned after them)."""
     check_counts(1, num_people=num_people, num_places=num_places, num_organisations=num_organisations,
                  train_size=train_size, val_size=val_size, sft_topk=sft_topk)
     check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size)
+    if tool_format and sft_size:
+        raise ValueError("the expert transcripts are written in the <search> tag format; with tool_format=true set sft_size=0")
     _check_fraction("two_hop_fraction", two_hop_fraction)
     _check_fraction("sft_two_hop_fraction", sft_two_hop_fraction)
     world = build_world(num_people, num_places, num_organisations, seed)
@@ -303,7 +307,7 @@ def prepare_synthetic_search(
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / CORPUS_FILE, "w", encoding="utf-8") as corpus:
         corpus.writelines(json.dumps(doc, ensure_ascii=False) + "\n" for doc in corpus_documents(world))
-    paths = [write_rows([_row(q, split, i) for i, q in enumerate(questions)], out_dir / f"{split}.parquet")
+    paths = [write_rows([_row(q, split, i, tool_format) for i, q in enumerate(questions)], out_dir / f"{split}.parquet")
              for split, questions in splits.items()]
     for stale in ("sft.parquet", "sft_val.parquet"):  # a directory reused with other options keeps no old transcripts
         (out_dir / stale).unlink(missing_ok=True)
@@ -376,10 +380,16 @@ def expert_transcript(question: Question, retriever, topk: int) -> list[dict[str
     return messages + [{"role": "assistant", "content": f"<answer> {question.answers[0]} </answer>"}]
 
 
-def _row(question: Question, split: str, index: int) -> dict:
+def tool_instruction(question: str) -> str:
+    """The user message of a row for a tool-calling agent (``tool_format=True``): the tools are told by
+    the tool format, so only the task and the answer's form are said here."""
+    return f"Answer the question with a few words, using the search tool to find the facts. Question: {question}"
+
+
+def _row(question: Question, split: str, index: int, tool_format: bool = False) -> dict:
     return make_row(
         data_source=DATA_SOURCE,
-        messages=[{"role": "user", "content": search_instruction(question.text)}],
+        messages=[{"role": "user", "content": (tool_instruction if tool_format else search_instruction)(question.text)}],
         ground_truth={"target": list(question.answers)},
         ability=ABILITY,
         extra_info={"split": split, "index": index, "question": question.text, "hops": question.hops,

@@ -1,0 +1,69 @@
+"""The tools a tool-calling agent uses during a run (``env.name: tools``): loaded, started, stopped.
+
+``tool_schemas`` is what every prompt is told (read before the data is tokenised); ``open_toolbox``
+makes the process's :class:`~posttrain.tools.ToolBox`: the ``env.tools`` functions, the
+``env.mcp_servers`` started for the run, the call parser ``env.tool_parser`` names, and whether the
+chat template renders tools itself. ``close`` on the box stops the servers and the call process.
+When ``env.tools`` lists the built-in ``search`` tool, the rollout opens the retriever first and
+hands its address to the tool through ``$POSTTRAIN_RETRIEVER_URL``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posttrain.config.schema import EnvConfig
+from posttrain.models.tool_format import template_renders_tools
+from posttrain.tools import CallParser, Tool, ToolBox, auto_parser_name, load_tools
+from posttrain.tools.load import check_unique
+
+SEARCH_TOOL = "posttrain.tools:search"
+
+
+def uses_tools(env: EnvConfig) -> bool:
+    return env.name == "tools"
+
+
+def needs_retriever(env: EnvConfig) -> bool:
+    return uses_tools(env) and SEARCH_TOOL in [spec for spec in env.tools if isinstance(spec, str)]
+
+
+def _load(env: EnvConfig) -> tuple[list[Tool], Any]:
+    tools = load_tools(env.tools, env.tool_output_chars)
+    servers = None
+    if env.mcp_servers:
+        from posttrain.tools.mcp import McpServers
+
+        servers = McpServers(env.mcp_servers, max_chars=env.tool_output_chars)
+        tools += servers.tools()
+        check_unique(tools)
+    if not tools:
+        if servers is not None:
+            servers.close()
+        raise ValueError("env.name=tools needs at least one tool: list them in env.tools (e.g. posttrain.tools:calculator) or env.mcp_servers")
+    return tools, servers
+
+
+def tool_schemas(env: EnvConfig) -> list[dict[str, Any]]:
+    """The schemas of the run's tools, as the model receives them (MCP servers are started to ask them)."""
+    if not uses_tools(env):
+        return []
+    tools, servers = _load(env)
+    if servers is not None:
+        servers.close()
+    return [tool.schema for tool in tools]
+
+
+def open_toolbox(env: EnvConfig, tokenizer: Any) -> ToolBox:
+    tools, servers = _load(env)
+    parser_name = auto_parser_name(tokenizer) if env.tool_parser == "auto" else env.tool_parser
+    try:
+        parser = CallParser(parser_name, tokenizer, [tool.schema for tool in tools])
+    except ValueError:
+        if servers is not None:
+            servers.close()
+        raise
+    return ToolBox(
+        tools, parser=parser, native_format=template_renders_tools(tokenizer), timeout_s=env.tool_timeout_s,
+        max_calls=env.max_tool_calls, mcp=servers,
+    )

@@ -1,0 +1,147 @@
+"""The built-in tools: ``posttrain.tools:calculator``, ``posttrain.tools:python``, ``posttrain.tools:search``.
+
+calculator  arithmetic on numbers (``+ - * / // % **``, parentheses, unary signs), read with Python's
+            ``ast`` and evaluated node by node: no ``eval``, no names, no calls. Powers are kept to
+            exponents up to 64 and results to 400 digits, so no expression can stall the process.
+python      runs code in a fresh ``python -I`` process (isolated mode: no user site, no PYTHON*
+            variables, the working directory not on the path) in an empty temporary directory, with
+            limits set by ``setrlimit`` before it starts (CPU time, 1 GiB of address space, 1 MiB per
+            written file), its own session, a clean environment and a wall-clock timeout. Its
+            network is cut by running it in a new network namespace (``unshare --net --map-root-user``)
+            where the system allows that; where it does not, the code **has network access** (the
+            tool says so in its output once). It is not a security boundary: the code runs as the
+            same user, can read any file that user can, and is only as isolated as the limits above.
+            Run untrusted models' code in a container or VM.
+search      the retriever service as a tool: the query's top hits, formatted as the search agent
+            shows them. It calls the service at ``$POSTTRAIN_RETRIEVER_URL``, which a run sets when
+            ``env.tools`` lists this tool (the retriever is started or connected as for ``env.name=search``).
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+
+RETRIEVER_URL_VAR = "POSTTRAIN_RETRIEVER_URL"
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+MAX_EXPONENT = 64
+MAX_DIGITS = 400
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression exactly and return its value.
+
+    Args:
+        expression: The expression, with numbers, + - * / // % ** and parentheses, e.g. "(1234 + 5) * 678".
+    """
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError:
+        raise ValueError(f"{expression!r} is not an arithmetic expression") from None
+    except (RecursionError, MemoryError):  # e.g. thousands of unary minus signs
+        raise ValueError("the expression is nested too deeply") from None
+    try:
+        value = _evaluate(tree.body)
+    except RecursionError:
+        raise ValueError("the expression is nested too deeply") from None
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        value = int(value)
+    return str(value)
+
+
+def _evaluate(node: ast.AST) -> int | float:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_evaluate(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+            raise ValueError(f"exponents above {MAX_EXPONENT} are not computed")
+        try:
+            value = _BINARY[type(node.op)](left, right)
+        except ZeroDivisionError:
+            raise ValueError("division by zero") from None
+        except OverflowError:  # a float power past 1e308, or an int too large to divide as a float
+            raise ValueError("the result is too large") from None
+        if isinstance(value, int) and abs(value).bit_length() > MAX_DIGITS * 3.33:
+            raise ValueError(f"the result has more than {MAX_DIGITS} digits")
+        if isinstance(value, complex):
+            raise ValueError("the result is not a real number")
+        return value
+    raise ValueError(f"{ast.unparse(node)!r} is not allowed: only numbers, + - * / // % ** and parentheses")
+
+
+def python(code: str, timeout_s: float = 5.0) -> str:
+    """Run a Python program and return what it printed (stdout, then stderr).
+
+    Args:
+        code: The program. Print what you want to see; the last expression is not shown on its own.
+        timeout_s: Seconds the program may run.
+    """
+    timeout_s = min(max(float(timeout_s), 0.1), 30.0)
+    command = [sys.executable, "-I", "-c", code]
+    network_cut = _can_cut_network()
+    if network_cut:
+        command = ["unshare", "--net", "--map-root-user", *command]
+    with tempfile.TemporaryDirectory(prefix="posttrain-python-") as directory:
+        try:
+            done = subprocess.run(
+                command, check=False, cwd=directory, capture_output=True, timeout=timeout_s, preexec_fn=_limits(timeout_s),
+                env={"PATH": "/usr/bin:/bin", "HOME": directory, "PYTHONIOENCODING": "utf-8"},
+            )
+        except subprocess.TimeoutExpired:
+            return f"the program ran for more than {timeout_s:g} s and was stopped"
+    output = (done.stdout + (b"\n" + done.stderr if done.stderr else b"")).decode("utf-8", errors="replace")[:8000]
+    status = "" if done.returncode == 0 else f"\n(exit code {done.returncode})"
+    warning = "" if network_cut else "\n(note: this system cannot cut the program's network access)"
+    return (output.strip() or "(no output)") + status + warning
+
+
+def _limits(cpu_s: float):
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_CPU, (int(cpu_s) + 1, int(cpu_s) + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))        # 1 GiB of address space
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))     # 1 MiB per written file
+        os.setsid()  # its own session: a timeout's kill reaches it and nothing else
+    return apply
+
+
+_NETWORK_CUT: bool | None = None
+
+
+def _can_cut_network() -> bool:
+    global _NETWORK_CUT
+    if _NETWORK_CUT is None:
+        tool = shutil.which("unshare")
+        _NETWORK_CUT = tool is not None and subprocess.run(
+            [tool, "--net", "--map-root-user", "true"], check=False, capture_output=True, timeout=10,
+        ).returncode == 0
+    return _NETWORK_CUT
+
+
+def search(query: str) -> str:
+    """Search the document collection and return the best-matching passages.
+
+    Args:
+        query: What to look for, e.g. a name or a question.
+    """
+    from posttrain.agents.retriever.client import RetrieverClient
+    from posttrain.agents.search import format_hits
+
+    url = os.environ.get(RETRIEVER_URL_VAR)
+    if not url:
+        raise RuntimeError(f"no retriever: ${RETRIEVER_URL_VAR} is not set (a run sets it when env.tools lists posttrain.tools:search)")
+    client = RetrieverClient(url, token=os.environ.get("POSTTRAIN_RETRIEVER_TOKEN") or None)
+    try:
+        return format_hits(client.retrieve([query.strip()[:300]], 3)[0]).strip()
+    finally:
+        client.close()

@@ -1,0 +1,156 @@
+"""The tool environment (``env.name: tools``): the agent calls the run's tools in its own format.
+
+The tools are ``env.tools`` and ``env.mcp_servers`` (posttrain/tools), told to the model in each
+prompt by its chat template or the built-in format (models/tool_format.py). Each agent turn is read
+by the run's tool parser (``env.tool_parser``):
+
+- **Calls** (one or several): each runs through the run's :class:`~posttrain.tools.ToolBox`; the
+  results, successes and errors alike, come back as the next observation (``<tool_response>``
+  blocks in the built-in format; a tool message for templates that render tools). A call the
+  parser could not read, an unknown tool, arguments that do not fit the schema, an exception, a
+  timeout, a crashed tool, a call past ``env.max_tool_calls`` per episode: each is an error the
+  model reads, with reward ``call_error_penalty`` (<= 0) per failed call. The loop never stops on one.
+- **No call**: the turn is the final answer. It ends the episode and is scored by the score
+  function of the row's ``data_source`` (rewards/registry.py; e.g. ``arithmetic`` reads the last
+  number) — the task's own answer format. ``info.success`` is its ``acc`` (or score >= 1).
+- **The final turn** (after ``env.max_turns`` turns): calls are no longer run; the turn counts as
+  the answer only if it holds none.
+
+Counters: ``tool/calls``, ``tool/successes``, ``tool/errors``, ``tool/errors/<kind>``, ``tool/late_calls``,
+``tool/<name>/calls``, ``tool/<name>/errors/<kind>``, ``answers``; ``tool/success_rate`` is
+successes over calls. Counter names with a ``/`` are reported as they are (not under ``env/``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from posttrain.agents.env import Environment, EpisodeSample, StepInfo, StepResult
+from posttrain.rewards.registry import score_function_for
+from posttrain.tools import CallResult, ParsedTurn, ToolBox
+from posttrain.tools.execute import failed
+
+
+class ToolEnv(Environment):
+    """One task solved with the run's tools; see the module docstring for the rules."""
+
+    name: ClassVar[str] = "tools"
+    counters: ClassVar[tuple[str, ...]] = ("tool/calls", "tool/successes", "tool/errors", "tool/late_calls", "answers")
+    ratios: ClassVar[Mapping[str, tuple[str, str]]] = {"tool/success_rate": ("tool/successes", "tool/calls")}
+
+    def __init__(self, toolbox: ToolBox, *, call_error_penalty: float = 0.0, answer_without_call_score: float | None = None) -> None:
+        if call_error_penalty > 0:
+            raise ValueError(f"ToolEnv options: call_error_penalty={call_error_penalty} is added per failed call, so it must be <= 0")
+        self.toolbox = toolbox
+        self.call_error_penalty = call_error_penalty
+        # None: an answer is scored the same with or without a successful call before it; a number caps it
+        self.answer_without_call_score = answer_without_call_score
+        self.calls_made = 0
+        self.successes = 0
+        self._sample: EpisodeSample | None = None
+
+    @classmethod
+    def check_sample(cls, sample: EpisodeSample) -> None:
+        try:
+            score_function_for(sample.data_source)
+        except KeyError as error:  # the final answer is scored by the row's data source
+            raise ValueError(str(error)) from None
+
+    @property
+    def observation_role(self) -> str:
+        return "tool" if self.toolbox.native_format else "user"
+
+    def reset(self, sample: EpisodeSample) -> str:
+        self._sample = sample
+        self.calls_made = self.successes = 0
+        return ""
+
+    def final_turn_instruction(self) -> str:
+        return "You have no tool calls left. Give your final answer now, without calling a tool."
+
+    def step(self, action: str) -> StepResult:
+        return type(self).step_batch([self], [action])[0]
+
+    def finish(self, action: str) -> StepResult:
+        turn = self.toolbox.parse(action)
+        if turn.is_final:
+            return self._answer(action)
+        return StepResult("", self.call_error_penalty, True, StepInfo(valid=False, effective=False, counts={"tool/late_calls": 1}))
+
+    @classmethod
+    def step_batch(cls, envs: Sequence[Environment], actions: Sequence[str]) -> list[StepResult]:
+        """Every episode's calls of this round go to the toolbox together."""
+        tool_envs = [_as_tool_env(env) for env in envs]
+        turns = [env.toolbox.parse(action) for env, action in zip(tool_envs, actions, strict=True)]
+        planned = [env._plan(turn) for env, turn in zip(tool_envs, turns)]
+        runs: dict[int, list[tuple[int, int]]] = {}  # toolbox -> (episode, call index) of calls to run
+        for i, (env, plan) in enumerate(zip(tool_envs, planned)):
+            for j, result in enumerate(plan or []):
+                if result is None:
+                    runs.setdefault(id(env.toolbox), []).append((i, j))
+        for members in runs.values():
+            box = tool_envs[members[0][0]].toolbox
+            results = box.run([turns[i].calls[j] for i, j in members])
+            for (i, j), result in zip(members, results, strict=True):
+                planned[i][j] = result
+        return [env._answer(action) if plan is None else env._calls_result(turn, plan)
+                for env, action, turn, plan in zip(tool_envs, actions, turns, planned)]
+
+    def _plan(self, turn: ParsedTurn) -> list[CallResult | None] | None:
+        """None for a final answer; else one slot per call: an error decided here, or None (to run)."""
+        if turn.is_final:
+            return None
+        plan: list[CallResult | None] = [failed("?", "bad_json", _MALFORMED)] * turn.malformed
+        for call in turn.calls:
+            if self.calls_made >= self.toolbox.max_calls:
+                plan.append(failed(call.name, "over_budget", f"this task allows {self.toolbox.max_calls} tool calls; answer now"))
+            else:
+                plan.append(None)
+            self.calls_made += 1
+        return plan
+
+    def _calls_result(self, turn: ParsedTurn, results: list[CallResult | None]) -> StepResult:
+        done = [result for result in results if result is not None]
+        counts: dict[str, float] = defaultdict(float)
+        counts["tool/calls"] = len(done)
+        for result in done:
+            named = result.name in self.toolbox.tools  # a malformed call or an unknown tool has no counters of its own
+            if named:
+                counts[f"tool/{result.name}/calls"] += 1
+            if result.ok:
+                counts["tool/successes"] += 1
+                continue
+            counts["tool/errors"] += 1
+            counts[f"tool/errors/{result.error}"] += 1
+            if named:
+                counts[f"tool/{result.name}/errors/{result.error}"] += 1
+        errors = int(counts["tool/errors"])
+        self.successes += len(done) - errors
+        observation = self.toolbox.observation([(result.name, result.text) for result in done])
+        return StepResult(
+            observation, self.call_error_penalty * errors, False,
+            StepInfo(valid=turn.malformed == 0, effective=errors < len(done), counts=dict(counts)),
+        )
+
+    def _answer(self, action: str) -> StepResult:
+        if self._sample is None:
+            raise RuntimeError("ToolEnv.step before reset: call reset(sample) first")
+        scored = score_function_for(self._sample.data_source)(solution_str=action, ground_truth=self._sample.ground_truth)
+        score = float(scored["score"] if isinstance(scored, dict) else scored)
+        success = bool(scored.get("acc", score >= 1.0)) if isinstance(scored, dict) else score >= 1.0
+        if self.answer_without_call_score is not None and self.successes == 0:
+            score = min(score, self.answer_without_call_score)
+        return StepResult("", score, True, StepInfo(valid=True, effective=True, success=success, counts={"answers": 1}))
+
+
+_MALFORMED = 'the call could not be read; write <tool_call>{"name": ..., "arguments": {...}}</tool_call> with valid JSON'
+
+
+def _as_tool_env(env: Environment) -> ToolEnv:
+    if not isinstance(env, ToolEnv):
+        raise TypeError(f"ToolEnv.step_batch got a {type(env).__name__}; step each environment class with its own step_batch")
+    return env
+
+

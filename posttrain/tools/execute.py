@@ -1,0 +1,156 @@
+"""Running the calls of a round, so that no call can crash, hang or flood a step.
+
+Every call goes the same way, whether a Python function or an MCP server's tool runs it:
+
+    arguments   the JSON text must parse (at most ``max_argument_chars``, nesting within Python's limit)
+                and validate against the tool's schema (``jsonschema``)
+    run         Python functions in a child process (``rewards/sandbox.ProcessScorer``): each call has
+                ``timeout_s``; a call past it, or one that kills its process, has the child replaced
+                and the others go on; MCP tools through the server's session, with the same deadline
+    result      text, cut to ``max_chars`` characters where it ran (the environment's renderer then
+                cuts the observation to ``env.max_obs_length`` tokens)
+
+A failure is never raised: it becomes a :class:`CallResult` with an ``error`` kind (:data:`ERROR_KINDS`)
+and a message the model reads, so it can try again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import jsonschema
+
+from posttrain.models.tool_format import tool_observation
+from posttrain.rewards.sandbox import ProcessScorer
+from posttrain.tools.load import Tool
+from posttrain.tools.parse import CallParser, ParsedCall, ParsedTurn
+
+# bad_json: unreadable call or arguments; unknown_tool; bad_arguments: against the schema; too_large:
+# arguments over the limit; exception: the tool raised; timeout; crashed: the tool's process died;
+# over_budget: past the episode's call budget (counted by the environment)
+ERROR_KINDS = ("bad_json", "unknown_tool", "bad_arguments", "too_large", "exception", "timeout", "crashed", "over_budget")
+
+
+# " (file.py:12 in name)" at the end of an exception's description; the name part is an identifier (or
+# <module>, <lambda>...), so that a long message made of ":1 in " pieces cannot make this regex quadratic
+_WHERE = re.compile(r" \([^()]*:\d+ in [\w<>.]+\)$")
+MAX_ERROR_CHARS = 2000  # of an exception's message: a tool may raise with any amount of text
+
+
+@dataclass(frozen=True)
+class CallResult:
+    name: str
+    text: str                # what the model reads
+    error: str | None = None  # one of ERROR_KINDS, or None for a success
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def failed(name: str, kind: str, message: str) -> CallResult:
+    return CallResult(name, f"Error ({kind}): {message}", kind)
+
+
+class McpTools(Protocol):
+    """What the toolbox needs of the MCP servers (tools/mcp.py)."""
+
+    def call(self, server: int, name: str, arguments: dict[str, Any], timeout_s: float) -> CallResult: ...
+
+    def close(self) -> None: ...
+
+
+class ToolBox:
+    """The run's tools and the means to call them; one per process that runs agent episodes."""
+
+    def __init__(
+        self, tools: Sequence[Tool], *, parser: Callable[[str], ParsedTurn] | None = None, native_format: bool = False,
+        timeout_s: float = 10.0, max_calls: int = 8, max_argument_chars: int = 100_000, mcp: McpTools | None = None,
+    ) -> None:
+        """``parser`` reads a turn's calls (default: the hermes format); ``native_format``: the chat template
+        renders the tools itself, so results go back as a tool message; ``max_calls``: per episode."""
+        self.tools = {tool.name: tool for tool in tools}
+        self.parse = parser or CallParser("hermes", None, [])
+        self.native_format = native_format
+        self.max_calls = max_calls
+        self.timeout_s = timeout_s
+        self.max_argument_chars = max_argument_chars
+        self.mcp = mcp
+        self._functions = [tool.function for tool in tools if tool.function is not None]
+        self._index = {tool.name: i for i, tool in enumerate(t for t in tools if t.function is not None)}
+        self._runner = ProcessScorer(timeout_s)
+
+    def observation(self, results: Sequence[tuple[str, str]]) -> str:
+        """The message text that carries a turn's results (``(name, text)`` per call)."""
+        return tool_observation(results, self.native_format)
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        return [tool.schema for tool in self.tools.values()]
+
+    def run(self, calls: Sequence[ParsedCall]) -> list[CallResult]:
+        """One result per call, in order (see the module docstring)."""
+        results: list[CallResult | None] = []
+        pending: list[tuple[int, dict[str, Any]]] = []  # (position, arguments) of function calls
+        for call in calls:
+            checked = self._check(call)
+            if isinstance(checked, CallResult):
+                results.append(checked)
+                continue
+            tool = self.tools[call.name]
+            if tool.mcp_server is not None:
+                results.append(self._call_mcp(tool, checked))
+            else:
+                results.append(None)
+                pending.append((len(results) - 1, checked))
+        if pending:
+            outcomes = self._runner.run(self._functions, [(self._index[calls[i].name], arguments) for i, arguments in pending])
+            for (i, _), outcome in zip(pending, outcomes, strict=True):
+                name = calls[i].name
+                if outcome.timed_out:
+                    results[i] = failed(name, "timeout", f"the call took longer than {self.timeout_s:g} s and was stopped")
+                elif outcome.error and outcome.error.startswith("the scoring process died"):
+                    results[i] = failed(name, "crashed", "the tool's process died during the call")
+                elif outcome.error:  # the model reads the exception, not where in the tool's source it was raised
+                    message = _WHERE.sub("", outcome.error)
+                    cut = f" ...(cut at {MAX_ERROR_CHARS} characters)" if len(message) > MAX_ERROR_CHARS else ""
+                    results[i] = failed(name, "exception", message[:MAX_ERROR_CHARS] + cut)
+                else:
+                    results[i] = CallResult(name, str(outcome.value))
+        return [result for result in results if result is not None]
+
+    def _check(self, call: ParsedCall) -> dict[str, Any] | CallResult:
+        """The call's arguments, or the error that stops it before it runs."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            shown = call.name if len(call.name) <= 60 else call.name[:60] + "..."
+            return failed(shown, "unknown_tool", f"there is no tool {shown!r}; the tools are {', '.join(self.tools)}")
+        if len(call.arguments) > self.max_argument_chars:
+            return failed(call.name, "too_large", f"the arguments are {len(call.arguments)} characters; at most {self.max_argument_chars}")
+        try:
+            arguments = json.loads(call.arguments) if call.arguments.strip() else {}
+        except (ValueError, RecursionError) as error:
+            return failed(call.name, "bad_json", f"the arguments are not JSON ({str(error)[:200]})")
+        if not isinstance(arguments, dict):
+            return failed(call.name, "bad_arguments", "the arguments must be a JSON object of parameter names and values")
+        try:
+            jsonschema.validate(arguments, tool.parameters)
+        except jsonschema.ValidationError as error:
+            return failed(call.name, "bad_arguments", error.message[:300])
+        except (jsonschema.SchemaError, RecursionError) as error:
+            return failed(call.name, "bad_arguments", f"the arguments could not be checked ({type(error).__name__})")
+        return arguments
+
+    def _call_mcp(self, tool: Tool, arguments: dict[str, Any]) -> CallResult:
+        if self.mcp is None:
+            raise RuntimeError(f"tool {tool.name!r} lives on an MCP server, and this toolbox has no MCP connection")
+        return self.mcp.call(tool.mcp_server, tool.name, arguments, self.timeout_s)
+
+    def close(self) -> None:
+        self._runner.close()
+        if self.mcp is not None:
+            self.mcp.close()

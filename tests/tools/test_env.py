@@ -1,0 +1,99 @@
+"""The tool environment in the agent loop, with a scripted engine: calls run, results come back as
+observation tokens appended to exactly what was sampled, errors are read by the model, answers scored."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer, episode_metrics, run_episodes
+from posttrain.tools.env import ToolEnv
+from posttrain.models import tokenize_prompts
+from posttrain.tools import CallParser, ToolBox, load_tools
+from tests.agents.test_loop import ScriptedEngine
+
+
+def call(expression: str, name: str = "calculator") -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": {"expression": expression}}) + "\n</tool_call>"
+
+
+@pytest.fixture
+def toolbox(tokenizer):
+    tools = load_tools(["posttrain.tools:calculator"])
+    box = ToolBox(tools, parser=CallParser("hermes", tokenizer, [t.schema for t in tools]), timeout_s=10, max_calls=2)
+    yield box
+    box.close()
+
+
+def play(tokenizer, toolbox, scripts, truths, *, max_turns=3, max_obs_length=256):
+    """Episodes k = 0.. of ``scripts[k]`` (the agent's turns, eos after each) on "What is ...?" prompts."""
+    samples = [EpisodeSample([{"role": "user", "content": f"episode {k}"}], truth, "arithmetic") for k, truth in enumerate(truths)]
+    prompts = tokenize_prompts([s.prompt for s in samples], tokenizer, toolbox.schemas)
+    engine = ScriptedEngine(tokenizer, prompts, scripts, eos_after=True)
+    envs = [ToolEnv(toolbox) for _ in scripts]
+    config = AgentLoopConfig(max_response_length=1024, max_turns=max_turns, max_turn_tokens=96, max_obs_length=max_obs_length)
+    return run_episodes(envs, samples, prompts, engine, ObservationRenderer(tokenizer, "user"), config), engine
+
+
+def test_the_prompt_tells_the_model_its_tools_in_the_builtin_format(tokenizer, toolbox):
+    text = tokenizer.decode(tokenize_prompts([[{"role": "user", "content": "What is 2+2?"}]], tokenizer, toolbox.schemas)[0])
+    assert text.index("<tools>") < text.index("Evaluate an arithmetic expression") < text.index("</tools>") < text.index("What is 2+2?")
+
+
+def test_a_call_its_result_and_the_answer_token_by_token(tokenizer, toolbox):
+    (episode,), engine = play(tokenizer, toolbox, [[call("123 * 456"), "123 * 456 = 56088"]], ["56088"])
+    assert episode.done and episode.success and episode.reward == 1.0
+    # the episode is exactly what the engine sampled, and what the loop appended between the turns
+    first, second = engine.emitted[0]
+    observation = ObservationRenderer(tokenizer, "user").render(
+        '<tool_response>\n{"name": "calculator", "content": "56088"}\n</tool_response>', after_token=first[-1], budget=256,
+    ).token_ids
+    assert episode.response_ids == first + observation + second
+    assert episode.loss_mask == [1] * len(first) + [0] * len(observation) + [1] * len(second)
+    assert [lp for lp, m in zip(episode.logprobs, episode.loss_mask) if m] == [-(p + 1) / 100 for p in range(len(first))] + \
+        [-(p + 1) / 100 for p in range(len(second))]
+    assert episode.counts["tool/calls"] == 1 and episode.counts["tool/successes"] == 1
+
+
+def test_a_wrong_answer_without_the_tool_scores_zero(tokenizer, toolbox):
+    (episode,), _ = play(tokenizer, toolbox, [["123 * 456 = 56000"]], ["56088"])
+    assert episode.done and not episode.success and episode.reward == 0.0 and episode.num_turns == 1
+
+
+def test_errors_are_observations_the_model_reads_and_the_episode_goes_on(tokenizer, toolbox):
+    broken = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"</tool_call>'
+    scripts = [[broken, call("1+1", name="abacus"), call("1+1") + call("2+2") + call("3+3"), "2"]]
+    (episode,), _ = play(tokenizer, toolbox, scripts, ["2"], max_turns=4)
+    shown = episode.observations
+    assert "Error (bad_json)" in shown[0]
+    assert "Error (unknown_tool)" in shown[1] and "the tools are calculator" in shown[1]
+    # two calls allowed per episode, the unknown tool's included: of the third turn's calls only the first runs
+    assert '"content": "2"' in shown[2] and '"content": "4"' not in shown[2] and shown[2].count("Error (over_budget)") == 2
+    assert episode.success and episode.reward == 1.0
+    metrics = episode_metrics([episode], counters=ToolEnv.counters, ratios=ToolEnv.ratios)
+    assert metrics["tool/calls"] == 5 and metrics["tool/errors"] == 4
+    assert metrics["tool/errors/bad_json"] == metrics["tool/errors/unknown_tool"] == 1
+    assert metrics["tool/errors/over_budget"] == metrics["tool/calculator/errors/over_budget"] == 2
+    assert metrics["tool/success_rate"] == pytest.approx(1 / 5)
+    assert metrics["tool/calculator/calls"] == 3 and "env/tool/calls" not in metrics
+
+
+def test_a_call_in_the_forced_final_turn_is_not_run_and_earns_nothing(tokenizer, toolbox):
+    (episode,), _ = play(tokenizer, toolbox, [[call("1+1"), call("1+1")]], ["2"], max_turns=1)
+    assert episode.forced_final and episode.done and episode.reward == 0.0 and not episode.success
+    assert episode.counts["tool/calls"] == 1 and episode.counts["tool/late_calls"] == 1
+
+
+def test_every_episodes_calls_of_a_round_go_to_the_toolbox_together(tokenizer, toolbox, monkeypatch):
+    batches = []
+    run = toolbox.run
+    monkeypatch.setattr(toolbox, "run", lambda calls: batches.append(len(calls)) or run(calls))
+    episodes, _ = play(tokenizer, toolbox, [[call("1+1"), "2"], [call("2*3"), "6"], ["7"]], ["2", "6", "7"])
+    assert batches == [2]
+    assert [e.success for e in episodes] == [True, True, True]
+
+
+def test_a_row_without_a_score_function_is_refused():
+    with pytest.raises(ValueError, match="no score function for data_source 'nowhere'"):
+        ToolEnv.check_sample(EpisodeSample([{"role": "user", "content": "x"}], "1", "nowhere"))
