@@ -37,7 +37,11 @@ def resolve_files(data: DataConfig) -> tuple[list[str], list[str]]:
     tag = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode() + _dataset_sources(data.builtin, options)).hexdigest()[:10]
     directory = build_atomically(cache_root() / "data" / f"{data.builtin}-{tag}", lambda tmp: _prepare(data.builtin, tmp, options))
     # a bare file name in data.val_files names another split of the built-in dataset (test_longer.parquet)
-    val_files = [str(directory / f) if not Path(f).exists() and (directory / f).is_file() else f for f in data.val_files]
+    val_files = [f if Path(f).exists() or Path(f).name != f else str(directory / f) for f in data.val_files]
+    missing = [f for f in val_files if not Path(f).is_file()]
+    if missing:
+        splits = sorted(path.name for path in directory.glob("*.parquet"))
+        raise ValueError(f"data.val_files {missing}: no such file, nor a split of the built-in dataset {data.builtin!r} ({', '.join(splits)})")
     return [str(directory / "train.parquet")], val_files or [str(directory / "test.parquet")]
 
 

@@ -211,7 +211,9 @@ def check_paths(config: PosttrainConfig) -> list[Problem]:
         problem = "required with reward_model.enable=true: the reward model's directory" if path is None else model_path_problem(path)
         if problem:
             problems.append(Problem(key, path, problem))
-    problems += file_problems("data.train_files", config.data.train_files) + file_problems("data.val_files", config.data.val_files)
+    # with data.builtin, a bare file name in data.val_files names one of the built-in dataset's splits (found when it is written)
+    val_files = [f for f in config.data.val_files if not (config.data.builtin and not config.data.train_files and Path(f).name == f)]
+    problems += file_problems("data.train_files", config.data.train_files) + file_problems("data.val_files", val_files)
     if config.custom_reward_function.path:
         problems += file_problems("custom_reward_function.path", [config.custom_reward_function.path])
     if config.env.retriever.corpus:

@@ -194,12 +194,13 @@ def _export_hint(console: Console, checkpoint: Path | None, run_dir: Path) -> No
 
 
 def start_ray(trainer: TrainerConfig, run_dir: Path | None) -> None:
-    """Join ``trainer.ray_address`` (``auto``: the running cluster) or start a local Ray with this
-    machine's CPUs; with ``trainer.ray_dashboard``, start Ray's dashboard and print where it is.
+    """Join ``trainer.ray_address`` (``auto``: the running cluster), else the cluster Ray's own
+    ``RAY_ADDRESS`` variable names, else start a local Ray with this machine's CPUs; with
+    ``trainer.ray_dashboard``, start Ray's dashboard and print where it is.
     ``<run_dir>/ray_logs`` links to this Ray session's logs (each worker's stdout and stderr)."""
     import ray
 
-    address = trainer.ray_address
+    address = trainer.ray_address or os.environ.get("RAY_ADDRESS") or None
     context = ray.init(address=address, include_dashboard=trainer.ray_dashboard, log_to_driver=False,
                        **({} if address else {"num_cpus": os.cpu_count()}))
     if run_dir is not None:

@@ -36,6 +36,7 @@ def steps_logged(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.own_ray
 def test_two_nodes_train_one_rank_each_and_resume(tmp_path):
     from ray.cluster_utils import Cluster
 

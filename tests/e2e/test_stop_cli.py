@@ -36,6 +36,7 @@ def interrupted(argv: list[str], run_dir: Path, at_step: int, times: int = 1, de
     return subprocess.CompletedProcess(argv, process.returncode, output, "")
 
 
+@pytest.mark.own_ray
 def test_ctrl_c_stops_after_the_step_a_second_stops_at_once_and_the_same_command_finishes(tmp_path):
     # 24 prompts in batches of 4: 6 steps; a reward that takes 0.25 s a sample (8 a step): a step lasts 2 s
     slow = tmp_path / "slow_reward.py"

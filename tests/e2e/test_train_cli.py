@@ -52,6 +52,7 @@ def finite(record: dict, name: str) -> float:
     return value
 
 
+@pytest.mark.own_ray
 def test_grpo_two_steps(tmp_path):
     records = train(tmp_path, "trainer.total_training_steps=2", "trainer.save_freq=2")
     assert [r["step"] for r in records] == [0, 1, 2]
@@ -121,6 +122,7 @@ def test_resume_exactly_at_an_epoch_boundary_continues_into_the_next_epoch(tmp_p
     assert [r["metrics"]["training/epoch"] for r in resumed] == [1, 1]
 
 
+@pytest.mark.own_ray
 def test_remax_scores_a_greedy_baseline_on_a_run_with_the_ray_dashboard(tmp_path):
     # one run for two things that each need a full step: ReMax's baseline, and the dashboard with the log link
     # Scores of 1 to 3 by response length: never 0, so the greedy baseline is never 0 and s - b differs from s.
