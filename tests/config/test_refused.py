@@ -40,7 +40,7 @@ WRONG = [
     (["env.name=doctor", "env.llm.dtype=fp16"], "env.llm.dtype", "must be one of auto, bfloat16, float32"),
     (["trainer.logger=[console,tensorbord]"], "trainer.logger", "unknown tracker(s) ['tensorbord']"),
     (["trainer.resume_mode=sometimes"], "trainer.resume_mode", "must be auto (the latest checkpoint, if any), disable"),
-    (["env.name=chess"], "env.name", "is not a built-in environment (doctor, search)"),
+    (["env.name=chess"], "env.name", "is not a built-in environment (doctor, search, tools)"),
     (["env.name=search", "env.options={topk: 3, colour: red}"], "env.options", "['colour'] are not options of SearchEnv"),
     (["env.name=search", "env.options={topk: 0}"], "env.options", "topk"),
     (["env.name=mine", "env.path=/nonexistent/my_env.py", "env.class_name=Mine"], "env.path", "no such file"),
@@ -248,3 +248,21 @@ def test_each_config_module_imports_first_in_a_fresh_interpreter():
                 "print(sorted(m for m in sys.modules if m.startswith('posttrain.') and not m.startswith('posttrain.config')))")
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert done.stdout.strip() == "['posttrain.errors']", done.stdout + done.stderr
+
+
+def test_tools_that_cannot_be_loaded_or_described_are_refused_each_with_its_reason(tmp_path):
+    tools = tmp_path / "my_tools.py"
+    tools.write_text("def undescribed(a, b):\n    return a * b\n")
+    overrides = ["env.name=tools", f"env.tools=[{tools}:undescribed,{tools}:missing,posttrain.tools:calculator]",
+                 "env.tool_parser=nope", "env.tool_timeout_s=0", "env.max_tool_calls=-1"]
+    with pytest.raises(ConfigError) as info:
+        load_run_config([str(preset_path("tool_grpo"))], overrides)
+    messages = {(p.key, p.message) for p in info.value.problems}
+    assert any(key == "env.tools" and "parameter 'a' has no type hint" in message for key, message in messages)
+    assert any(key == "env.tools" and "has no function 'missing'" in message for key, message in messages)
+    assert any(key == "env.tool_parser" and "hermes" in message for key, message in messages)
+    assert {"env.tool_timeout_s", "env.max_tool_calls"} <= {key for key, _ in messages}
+    # tools set without the tool environment are named too
+    with pytest.raises(ConfigError) as info:
+        load_run_config([], ["env.name=search", "env.tools=[posttrain.tools:calculator]"])
+    assert any(p.key == "env.tools" and "set env.name=tools" in p.message for p in info.value.problems)

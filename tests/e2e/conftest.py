@@ -22,7 +22,7 @@ ray.shutdown()
 @pytest.fixture(scope="session")
 def shared_ray_address():
     holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env=os.environ | {"RAY_ADDRESS": ""})
+                              env=os.environ | {"RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled"})
     address = holder.stdout.readline().strip()
     if not address:
         holder.kill()
@@ -39,3 +39,4 @@ def shared_ray_address():
 def shared_ray(request, monkeypatch):
     if request.node.get_closest_marker("own_ray") is None:
         monkeypatch.setenv("RAY_ADDRESS", request.getfixturevalue("shared_ray_address"))
+        monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local test cluster: no token to hand around

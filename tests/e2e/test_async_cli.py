@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from posttrain.models import cached_tiny_model
-from tests.e2e.cli_runs import records, run, when_step_logged
+from tests.e2e.cli_runs import records, run, when, when_step_logged
 from tests.e2e.test_search_agent import TINY_SEARCH_RUN
 from tests.e2e.test_train_cli import TINY_RUN, validation_rows
 
@@ -84,18 +84,17 @@ def test_async_two_steps_then_a_graceful_stop_resumes_within_the_bound(tmp_path)
     assert overlap_s > 0, f"generation {generating} never overlapped learning {learning}"
 
 
-@pytest.mark.parametrize("transport", ["object_store", "collective"])
-def test_a_killed_generator_is_replaced_and_the_run_finishes(tmp_path, transport):
-    """Either weight transport: the replacement pulls the weights (object store) or the group is
-    formed again and the current version broadcast (collective: here through the group's store)."""
+def kill_generator(run_dir: Path) -> None:
+    os.kill(json.loads((run_dir / "processes.json").read_text())["generator_0"], signal.SIGKILL)
 
-    def kill_generator():
-        pid = json.loads((tmp_path / "processes.json").read_text())["generator_0"]
-        os.kill(pid, signal.SIGKILL)
 
+def test_a_killed_generator_is_replaced_and_the_run_finishes(tmp_path):
+    """The collective transport: the group is formed again and the current version broadcast (here
+    through the group's store). The object store's replacement, which pulls the weights, is killed in
+    the resumed run of the killed-trainer test below."""
     done = run(command(tmp_path, "trainer.total_training_steps=4", "trainer.total_epochs=2", "async.max_staleness=1",
-                       "trainer.val_before_train=false", "trainer.test_freq=-1", f"async.weight_transport={transport}"),
-               while_running=lambda: when_step_logged(tmp_path, 1, kill_generator))
+                       "trainer.val_before_train=false", "trainer.test_freq=-1", "async.weight_transport=collective"),
+               while_running=lambda: when_step_logged(tmp_path, 1, lambda: kill_generator(tmp_path)))
     assert done.returncode == 0, done.stdout[-4000:]
     assert "generator 0 died" in done.stdout
     last = records(tmp_path)[-1]
@@ -145,18 +144,26 @@ def test_more_generators_than_the_machine_hosts_is_refused_before_workers_start(
     assert "Traceback" not in done.stderr and not (tmp_path / "processes.json").exists()
 
 
-def test_a_killed_trainer_stops_the_run_naming_the_checkpoint_that_resumes_it(tmp_path):
+def test_a_killed_trainer_stops_the_run_naming_the_checkpoint_that_resumes_it_and_a_killed_generator_is_replaced(tmp_path):
     def kill_trainer():
         os.kill(json.loads((tmp_path / "processes.json").read_text())["trainer"][0], signal.SIGKILL)
 
-    steps = ["trainer.total_training_steps=4", "trainer.total_epochs=2", "trainer.save_freq=1", "trainer.val_before_train=false",
+    # 5 steps: the resumed run has at least two, so its generator can die after the first
+    steps = ["trainer.total_training_steps=5", "trainer.total_epochs=3", "trainer.save_freq=1", "trainer.val_before_train=false",
              "trainer.test_freq=-1"]
     died = run(command(tmp_path, *steps), while_running=lambda: when_step_logged(tmp_path, 2, kill_trainer))
     assert died.returncode == 1, died.stdout[-4000:]
     latest = int((tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
     assert f"resume from {tmp_path / 'checkpoints' / f'global_step_{latest}'} with trainer.resume_mode=auto" in died.stdout
     assert "Traceback" not in died.stdout
-    resumed = run(command(tmp_path, *steps))
+    # the resumed run loses its generator too (object-store transport, the default on CPU): a
+    # replacement pulls the current weights and the run finishes within the staleness bound
+    logged = (tmp_path / "metrics.jsonl").read_text().count("\n")
+    resumed = run(command(tmp_path, *steps), while_running=lambda: when(  # once the resumed run has logged a step of its own
+        lambda: (tmp_path / "metrics.jsonl").read_text().count("\n") > logged, lambda: kill_generator(tmp_path)))
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     assert f"resumed from {tmp_path / 'checkpoints' / f'global_step_{latest}'}" in resumed.stdout
-    assert records(tmp_path)[-1]["step"] == 4
+    assert "generator 0 died" in resumed.stdout
+    last = records(tmp_path)[-1]
+    assert last["step"] == 5 and last["metrics"]["async/generator_restarts"] >= 1
+    staleness_within(records(tmp_path), 1)

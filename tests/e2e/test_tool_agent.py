@@ -61,7 +61,8 @@ def test_a_users_own_tool_is_described_checked_and_trained_on(tmp_path):
         "train", "--preset", "tool_grpo", model, f"trainer.default_local_dir={run_dir}", f"env.tools=[{tools}:multiply]",
         "data.builtin_options.train_size=16", "data.builtin_options.val_size=4", "data.builtin_options.longer_size=2",
         "data.builtin_options.sft_size=0", "data.builtin_options.sft_val_size=0",
-        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
+        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.0625", "env.max_turn_tokens=16", "data.max_response_length=96",
         "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.logger=[console,jsonl]",
     )

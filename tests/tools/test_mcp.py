@@ -214,3 +214,25 @@ def test_a_silent_server_times_out_on_start(tmp_path: Path) -> None:
 def test_bad_entries_are_refused(spec: object, message: str) -> None:
     with pytest.raises(ToolSpecError, match=message):
         McpServers([spec])
+
+
+def test_a_runs_toolbox_starts_its_mcp_servers_beside_its_functions_and_stops_them(tmp_path, tokenizer):
+    """What a run opens for env.mcp_servers (rollout/toolbox.py): the server's tools join the Python
+    ones in the prompt's schemas and in one box; closing the box stops the server."""
+    from posttrain.config.schema import EnvConfig
+    from posttrain.rollout.toolbox import open_toolbox, tool_schemas
+
+    server_file = tmp_path / "server.py"  # a file of its own: the module's servers run the other one
+    server_file.write_text(SERVER)
+    env = EnvConfig(name="tools", tools=["posttrain.tools:calculator"],
+                    mcp_servers=[{"command": [sys.executable, str(server_file)], "env": {"TOOL_PREFIX": "srv_"}}])
+    assert {s["function"]["name"] for s in tool_schemas(env)} >= {"calculator", "srv_add", "srv_slow"}
+    assert server_processes(server_file) == []  # asking for the schemas started the server and stopped it
+    box = open_toolbox(env, tokenizer)
+    try:
+        add, calc = box.run([ParsedCall("srv_add", '{"a": 40, "b": 2}'), ParsedCall("calculator", '{"expression": "6*7"}')])
+        assert (add.text, calc.text) == ("42", "42")
+        assert server_processes(server_file) != []
+    finally:
+        box.close()
+    assert server_processes(server_file) == []
