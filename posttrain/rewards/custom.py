@@ -103,19 +103,35 @@ def load_function(path: Path, name: str) -> Callable[..., Any]:
 
 
 def _load_module(path: Path) -> Any:
+    try:
+        return load_source_file(path, "posttrain_user_reward_")
+    except NotPythonError:
+        raise CustomRewardError(f"cannot load {path} as Python; custom_reward_function.path must name a .py file") from None
+    except Exception as error:
+        raise CustomRewardError(f"running custom reward file {path} failed: {type(error).__name__}: {error}") from error
+
+
+class NotPythonError(ValueError):
+    """A file that importlib cannot load as Python source."""
+
+
+def load_source_file(path: Path, prefix: str) -> Any:
+    """The module of the user's Python file ``path`` (a reward function's, a tool's), run once per
+    version of the file; what the file raises when run propagates. The module gets a name of its own,
+    ``prefix`` + a hash of the path (two files both called tools.py must not collide), registered in
+    ``sys.modules`` so that the file's own dataclasses and pickling find it."""
     key = (str(path), path.stat().st_mtime_ns)
     if key not in _LOADED:
-        # A name of its own per file: two reward files both called reward.py must not collide.
-        module_name = "posttrain_user_reward_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+        module_name = prefix + hashlib.sha1(str(path).encode()).hexdigest()[:12]
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
-            raise CustomRewardError(f"cannot load {path} as Python; custom_reward_function.path must name a .py file")
+            raise NotPythonError(f"cannot load {path} as Python")
         module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module  # lets the file's own dataclasses and pickling find their module
+        sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as error:
+        except BaseException:
             sys.modules.pop(module_name, None)
-            raise CustomRewardError(f"running custom reward file {path} failed: {type(error).__name__}: {error}") from error
+            raise
         _LOADED[key] = module
     return _LOADED[key]

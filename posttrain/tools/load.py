@@ -14,21 +14,16 @@ reference (file or module, and name) that loads the function where it is called.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib
-import importlib.util
 import inspect
 import json
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from posttrain.rewards.custom import load_source_file
 from posttrain.tools.schema import ToolSpecError, check_schema, function_schema
-
-_MODULES: dict[str, Any] = {}
-
 
 @dataclass(frozen=True)
 class ToolFunction:
@@ -153,16 +148,7 @@ def _module(source: str) -> Any:
     path = Path(source).expanduser().resolve()
     if not path.is_file():
         raise ToolSpecError(f"tool file {source!r}: no such file (looked at {path})")
-    key = f"{path}:{path.stat().st_mtime_ns}"
-    if key not in _MODULES:
-        module_name = "posttrain_user_tools_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as error:
-            sys.modules.pop(module_name, None)
-            raise ToolSpecError(f"running tool file {source!r} failed: {type(error).__name__}: {error}") from None
-        _MODULES[key] = module
-    return _MODULES[key]
+    try:
+        return load_source_file(path, "posttrain_user_tools_")
+    except Exception as error:
+        raise ToolSpecError(f"running tool file {source!r} failed: {type(error).__name__}: {error}") from None
