@@ -296,6 +296,10 @@ class TrainerConfig:
     ray_dashboard: bool = False  # start Ray's dashboard (a local Ray) and print its URL
     call_timeout_s: Optional[float] = 3600.0  # a worker call unanswered this long stops the run naming role, rank, method, step; None: no deadline
     stop_after_skipped_steps: int = 3  # stop the run after this many steps in a row with every update skipped (non-finite gradient); 0: never
+    # when a worker, generator, retriever or Env-LLM process dies or a call passes its deadline: restart the
+    # workers and go on from the last complete checkpoint, at most this many times; None: 2 with
+    # trainer.save_freq >= 1, else 0 (0: stop with the error naming the checkpoint to resume from)
+    max_restarts: Optional[int] = None
     seed: int = 1
 
 

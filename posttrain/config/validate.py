@@ -119,22 +119,13 @@ def check_async(config: PosttrainConfig) -> list[Problem]:
     """What asynchronous training cannot run with (checked only for ``trainer.mode=async``)."""
     options, batch = config.async_, config.data.train_batch_size
     problems = []
-    if options.max_staleness < 0:
-        problems.append(Problem("async.max_staleness", options.max_staleness,
-                                "must be >= 0 (0: synchronous behaviour, 1: one-step off-policy, k: up to k versions behind)"))
-    if options.num_generators < 1:
-        problems.append(Problem("async.num_generators", options.num_generators, "must be >= 1"))
-    if options.generator_cpus <= 0:
-        problems.append(Problem("async.generator_cpus", options.generator_cpus, "must be > 0"))
-    if options.buffer_size is not None and options.buffer_size < batch:
+    if options.buffer_size is not None and 1 <= options.buffer_size < batch:
         problems.append(Problem("async.buffer_size", options.buffer_size,
                                 f"must hold at least one batch (data.train_batch_size={batch} groups), or null for (max_staleness + 1) batches"))
     unit = options.unit_groups
-    if unit is not None and (unit < 1 or batch % unit):
+    if unit is not None and unit >= 1 and batch % unit:
         problems.append(Problem("async.unit_groups", unit,
                                 f"must divide data.train_batch_size={batch} (a batch is a whole number of generator calls), or null"))
-    if options.importance_cap <= 0:
-        problems.append(Problem("async.importance_cap", options.importance_cap, "must be > 0"))
     if config.algorithm.adv_estimator == "remax":
         problems.append(Problem("algorithm.adv_estimator", "remax",
                                 "ReMax needs a greedy baseline rollout with the very weights being trained, which "
@@ -152,8 +143,6 @@ def check_sft(config: PosttrainConfig) -> list[Problem]:
     split over ranks, then micro-batches."""
     sft, ranks = config.sft, config.trainer.nnodes * config.trainer.n_workers_per_node
     problems = []
-    if sft.total_training_steps is not None and sft.total_training_steps < 1:
-        problems.append(Problem("sft.total_training_steps", sft.total_training_steps, "must be >= 1, or null for sft.total_epochs"))
     if min(sft.train_batch_size, sft.micro_batch_size_per_gpu, ranks) < 1:
         return problems  # the rest is reported by _check_positive
     if sft.train_batch_size % ranks:
@@ -310,9 +299,34 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("env.retriever.timeout_s", lambda v: v > 0, "must be > 0 seconds (per search request)"),
     ("env.retriever.retries", lambda v: v >= 0, "must be >= 0"),
     ("env.retriever.startup_timeout_s", lambda v: v > 0, "must be > 0 seconds (how long a started retriever may take to serve)"),
+    ("env.retriever.port", lambda v: v is None or 1 <= v <= 65535, "must be a TCP port in [1, 65535], or null for any free port"),
+    ("env.retriever.url", lambda v: v is None or _has_scheme(v), "must start with http:// or https:// (e.g. http://localhost:8000), or null to start one for the run"),
+    ("env.llm.url", lambda v: v is None or _has_scheme(v), "must start with http:// or https:// (e.g. http://localhost:8000/v1), or null for the in-cluster worker"),
+    ("env.llm.cpu_kv_cache_gb", lambda v: v > 0, "must be > 0 (GiB for the Env-LLM's vLLM KV cache on CPU)"),
+    ("env.llm.gpu_memory_utilization", lambda v: 0 < v <= 1, "must be in (0, 1]: the share of GPU memory the Env-LLM's vLLM may take"),
+    ("env.llm.gpus", lambda v: v >= 0, "must be >= 0 (GPUs of the Env-LLM's own pool on a GPU machine)"),
+    ("actor_rollout_ref.rollout.top_k", lambda v: v >= -1, "must be -1 or 0 (no top-k cut) or >= 1 (sample among the k likeliest tokens)"),
+    ("actor_rollout_ref.rollout.val_kwargs.top_k", lambda v: v >= -1, "must be -1 or 0 (no top-k cut) or >= 1 (sample among the k likeliest tokens)"),
+    ("async_.num_generators", lambda v: v >= 1, "must be >= 1"),
+    ("async_.max_staleness", lambda v: v >= 0, "must be >= 0 (0: synchronous behaviour, 1: one-step off-policy, k: up to k versions behind)"),
+    ("async_.generator_cpus", lambda v: v > 0, "must be > 0"),
+    ("async_.generator_gpus", lambda v: v >= 0, "must be >= 0 (GPUs of each generator on a GPU machine)"),
+    ("async_.importance_cap", lambda v: v > 0, "must be > 0"),
+    ("async_.buffer_size", lambda v: v is None or v >= 1, "must be >= 1 (groups), or null for (max_staleness + 1) batches"),
+    ("async_.unit_groups", lambda v: v is None or v >= 1, "must be >= 1 (groups per generator call), or null"),
+    ("sft.total_training_steps", lambda v: v is None or v >= 1, "must be >= 1, or null for sft.total_epochs"),
+    ("sft.grad_clip", lambda v: v is None or v > 0, "must be > 0 (the gradient norm's clip), or null to measure it without clipping"),
+    ("sft.test_freq", lambda v: v == -1 or v >= 1, "must be -1 (validate at the start and end only) or >= 1 (every N steps)"),
+    ("sft.seed", lambda v: v >= 0, "must be >= 0"),
+    ("trainer.seed", lambda v: v >= 0, "must be >= 0"),
+    ("trainer.max_restarts", lambda v: v is None or v >= 0, "must be >= 0 (0: stop at the first dead or hung worker), or null for 2 with trainer.save_freq >= 1"),
 )
+
+
+def _has_scheme(url: str) -> bool:
+    return url.startswith(("http://", "https://")) and len(url.split("://", 1)[1]) > 0
 
 
 def check_ranges(config: PosttrainConfig) -> list[Problem]:
     """Numbers that must lie in a range: discounts, clip ratios, coefficients, timeouts, frequencies."""
-    return [Problem(key, get(config, key), fix) for key, holds, fix in RANGES if not holds(get(config, key))]
+    return [Problem(key.replace("async_.", "async."), get(config, key), fix) for key, holds, fix in RANGES if not holds(get(config, key))]

@@ -161,7 +161,8 @@ def test_async_settings_that_cannot_work_are_refused_before_start():
         assert expected in message, expected
     config = load_config([], ["trainer.mode=async", "async.max_staleness=2"])  # both spellings reach one section
     assert config.async_.max_staleness == 2 and "async:" in to_yaml(config) and "async_" not in to_yaml(config)
-    assert load_config([], ["trainer.mode=sync", "async.max_staleness=-1"]).async_.max_staleness == -1  # unused: unchecked
+    with pytest.raises(ConfigError, match="async.max_staleness = -1"):  # a value no run can use is refused in sync mode too
+        load_config([], ["trainer.mode=sync", "async.max_staleness=-1"])
 
 
 def test_loss_scale_factor_is_verls_seq_mean_token_sum_norm_divisor_only():

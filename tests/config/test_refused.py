@@ -65,6 +65,10 @@ WRONG = [
     (["trainer.cpus_per_worker=0"], "trainer.cpus_per_worker", "must be >= 1, or null"),
     (["env.retriever.timeout_s=0"], "env.retriever.timeout_s", "must be > 0 seconds"),
     (["trainer.call_timeout_s=0"], "trainer.call_timeout_s", "must be > 0 seconds"),
+    (["env.llm.cpu_kv_cache_gb=-1"], "env.llm.cpu_kv_cache_gb", "must be > 0"),
+    (["env.llm.url=localhost:8000"], "env.llm.url", "must start with http:// or https://"),
+    (["actor_rollout_ref.rollout.top_k=-5"], "actor_rollout_ref.rollout.top_k", "must be -1 or 0 (no top-k cut) or >= 1"),
+    (["trainer.max_restarts=-1"], "trainer.max_restarts", "must be >= 0"),
 ]
 
 
@@ -266,3 +270,36 @@ def test_tools_that_cannot_be_loaded_or_described_are_refused_each_with_its_reas
     with pytest.raises(ConfigError) as info:
         load_run_config([], ["env.name=search", "env.tools=[posttrain.tools:calculator]"])
     assert any(p.key == "env.tools" and "set env.name=tools" in p.message for p in info.value.problems)
+
+
+def test_every_numeric_field_of_the_service_async_and_sft_sections_refuses_a_negative_value():
+    """The issue found env.llm.cpu_kv_cache_gb=-1 accepted: now no number of env.llm, env.retriever,
+    async or sft takes -5 (each is refused naming its key), and a URL needs its scheme."""
+    import typing
+
+    from posttrain.config.schema import AsyncConfig, EnvLLMConfig, RetrieverConfig, SFTConfig
+
+    hints = {cls: typing.get_type_hints(cls) for cls in (EnvLLMConfig, RetrieverConfig, AsyncConfig, SFTConfig)}
+    sections = [(EnvLLMConfig, "env.llm"), (RetrieverConfig, "env.retriever"), (AsyncConfig, "async"), (SFTConfig, "sft")]
+    keys = []
+    for cls, prefix in sections:
+        for name, hint in hints[cls].items():
+            kinds = set(typing.get_args(hint)) or {hint}
+            if kinds & {int, float} and bool not in kinds:
+                keys.append(f"{prefix}.{name}")
+    assert len(keys) >= 30 and "env.llm.cpu_kv_cache_gb" in keys and "sft.max_length" in keys
+    for key in keys:
+        command = "sft" if key.startswith("sft.") else "train"
+        with pytest.raises(ConfigError) as info:
+            load_run_config([], ["env.name=doctor", "trainer.mode=async", f"{key}=-5"], command=command)
+        assert any(p.key == key for p in info.value.problems), f"{key}=-5 was not refused by its key: {info.value}"
+    for key, url in (("env.llm.url", "localhost:8000"), ("env.retriever.url", "127.0.0.1:8000/search")):
+        with pytest.raises(ConfigError, match="must start with http:// or https://"):
+            load_run_config([], [f"{key}={url}"])
+        assert get_url(load_run_config([], [f"{key}=http://{url}"]), key) == f"http://{url}"
+
+
+def get_url(config, key):
+    from posttrain.config.validate import get
+
+    return get(config, key)
