@@ -22,9 +22,20 @@ from typing import Any
 
 
 class PosttrainError(RuntimeError):
-    """An error whose message is complete for a user: cause and fix, no traceback needed."""
+    """An error whose message is complete for a user: cause and fix, no traceback needed.
+
+    ``restartable``: a process of the run died or hung (a worker, a generator, a service the run
+    started); with ``trainer.max_restarts`` the run starts its workers again from the last checkpoint
+    instead of stopping (trainer/run.py)."""
 
     exit_code = 1
+    restartable = False
+
+
+class ServiceDiedError(PosttrainError):
+    """A service the run started for itself (the retriever) exited while the run needed it."""
+
+    restartable = True
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Compare two runs' metrics.jsonl, step by step: the same steps, the same metric names, equal values.
 
 Wall-clock metrics (``timing_s/*``, ``timing_per_token_ms/*``, ``perf/throughput``,
-``perf/time_per_step``) differ between any two runs and are skipped. Exit 0 when everything else is
+``perf/time_per_step``) differ between any two runs and are skipped, as is ``run/restarts`` (how
+often a run was restarted after a dead worker: a restarted run must otherwise equal an uninterrupted one). Exit 0 when everything else is
 equal, 1 otherwise (the differences printed).
 
     python scripts/compare_metrics.py runs/a/metrics.jsonl runs/b/metrics.jsonl
@@ -13,6 +14,7 @@ import json
 import sys
 
 WALL_CLOCK = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step")
+SKIPPED = WALL_CLOCK + ("run/restarts",)
 
 
 def differences(first: list[dict], second: list[dict]) -> tuple[int, list[str]]:
@@ -21,7 +23,7 @@ def differences(first: list[dict], second: list[dict]) -> tuple[int, list[str]]:
         return 0, [f"steps differ: {[r['step'] for r in first]} vs {[r['step'] for r in second]}"]
     compared, found = 0, []
     for a, b in zip(first, second):
-        names = {n for n in a["metrics"].keys() | b["metrics"].keys() if not n.startswith(WALL_CLOCK)}
+        names = {n for n in a["metrics"].keys() | b["metrics"].keys() if not n.startswith(SKIPPED)}
         for name in sorted(names):
             compared += 1
             if a["metrics"].get(name, "missing") != b["metrics"].get(name, "missing"):

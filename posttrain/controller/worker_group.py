@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from posttrain.controller import faults
 from posttrain.controller.decorator import REGISTER_ATTR, Dispatch, Execute, registered_methods
 from posttrain.controller.dispatch import GroupFuture, own_batches, plan_call
 from posttrain.controller.resource_pool import ResourcePool
@@ -40,10 +41,14 @@ START_TIMEOUT_S = 300.0  # a new process imports torch (and vLLM) before it answ
 class WorkerDiedError(PosttrainError):
     """A worker process is gone; the message names the role, the rank and the process's log."""
 
+    restartable = True
+
 
 class WorkerHungError(PosttrainError):
     """A worker is alive but has not answered a call within the deadline; the message names the role,
     the ranks still busy, the method and the deadline."""
+
+    restartable = True
 
     def __init__(self, message: str, role: str = "", ranks: Sequence[int] = (), method: str = "") -> None:
         super().__init__(message)
@@ -107,6 +112,7 @@ class WorkerHost:
         self.workers = {role: spec.cls(ctx, *spec.args, **dict(spec.kwargs)) for role, spec in self.specs.items()}
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        faults.on_call(role, method)  # an injected kill (tests, bench/chaos.py); nothing without POSTTRAIN_KILL_AT
         bound = getattr(self.workers[role], method)
         registration = getattr(bound, REGISTER_ATTR, None)
         if registration is None or not registration.borrow_inputs:
@@ -317,7 +323,7 @@ def spawn_ray(
                 num_gpus=gpus,
                 scheduling_strategy=strategy,
                 name=f"{prefix}_rank{rank}_{os.getpid()}_{time.monotonic_ns()}",
-                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(max(1, math.ceil(cpus)))} | dict(env or {})},
+                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(max(1, math.ceil(cpus)))} | dict(env or {}) | faults.forwarded()},
                 max_concurrency=max_concurrency,
             ).remote(specs)
         )

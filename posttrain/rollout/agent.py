@@ -159,7 +159,9 @@ class AgentRollout:
     def finish_batch(self, batch: Batch, metrics: dict[str, float]) -> tuple[Batch, dict[str, float]]:
         """What is decided across a whole training batch: dropping low-spread groups, then reward
         normalisation (filtering looks at the raw rewards' spread; after group normalisation every
-        spread is ~1)."""
+        spread is ~1). A batch whose retriever died under it is not trained on (:class:`ServiceDiedError`)."""
+        if self.retriever is not None:
+            self.retriever.check_alive()
         batch, metrics = filter_groups(batch, self.config.env.filter_groups_quantile, self.batch_shape, metrics)
         return normalize_rewards(batch, self.config.env.reward_norm), metrics
 

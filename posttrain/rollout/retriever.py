@@ -19,12 +19,21 @@ from pathlib import Path
 from posttrain.agents.retriever import RetrieverClient, RetrieverError, RetrieverProcess
 from posttrain.config.schema import RetrieverConfig
 from posttrain.data.preparers.synthetic_search import CORPUS_FILE
+from posttrain.errors import ServiceDiedError
 
 
 @dataclass
 class RetrieverHandle:
     client: RetrieverClient
     process: RetrieverProcess | None = None
+
+    def check_alive(self) -> None:
+        """A service started for the run that has exited raises :class:`ServiceDiedError` (a restart
+        starts it again); a service at a URL is not the run's to judge: its failures are counted."""
+        code = self.process.exit_code() if self.process is not None else None
+        if code is not None:
+            raise ServiceDiedError(f"the retriever the run started ({self.process.url}) exited with code {code}; the end of its log "
+                                   f"{self.process.log_path}: {self.process.log_tail()[-500:]!r}.")
 
     def close(self) -> None:
         self.client.close()

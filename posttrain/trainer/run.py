@@ -94,7 +94,7 @@ def run_training(config: PosttrainConfig) -> int:
         _summary(console, run.val_history, run.run_dir, seconds)
         _export_hint(console, run.checkpoints.latest(), run.run_dir)
 
-    return _run(config, lambda: training_run(config), summary)
+    return _run(config, lambda stop: training_run(config, stop), summary)
 
 
 def run_sft(config: PosttrainConfig) -> int:
@@ -113,15 +113,16 @@ def run_sft(config: PosttrainConfig) -> int:
         _summary(console, run.val_history, run.run_dir, seconds)
         console.print(f"policy: {run.result}  (RL from it: posttrain train actor_rollout_ref.model.path={run.result})")
 
-    return _run(config, lambda: Run(sft_parts(config)), summary)
+    return _run(config, lambda stop: Run(sft_parts(config), stop), summary)
 
 
-def _run(config: PosttrainConfig, build: Callable[[], Run], summary: Callable[[Console, Run, float], None]) -> int:
-    """Build the mode's run (every check that needs no worker), then fit it with Ray up."""
+def _run(config: PosttrainConfig, build: Callable[[StopSignal | None], Run], summary: Callable[[Console, Run, float], None]) -> int:
+    """Build the mode's run (every check that needs no worker), then fit it with Ray up, restarting
+    it after a process that died or hung while ``trainer.max_restarts`` allows."""
     console = Console()
     start = time.perf_counter()
     try:
-        run = build()
+        run = build(None)
         finished = run.finished()
     except (ValueError, FileNotFoundError, CheckpointError) as err:  # refused before any worker starts: say why, no traceback
         print(f"posttrain: {err}", file=sys.stderr)
@@ -137,16 +138,41 @@ def _run(config: PosttrainConfig, build: Callable[[], Run], summary: Callable[[C
         return 0
 
     def body() -> int:
+        nonlocal run
         console.print(run.parts.headline)
-        try:
-            run.fit()
-        except Stopped as stopped:
-            return _stopped(console, stopped, run)
+        while True:
+            try:
+                run.fit()
+                break
+            except Stopped as stopped:
+                return _stopped(console, stopped, run)
+            except PosttrainError as err:
+                if not run.will_restart(err):
+                    if err.restartable and run.restarts:
+                        err.args = (f"{err} This was after {run.restarts} restart(s), the most trainer.max_restarts={run.max_restarts} allows.",)
+                    raise
+                run = _restarted(run, err, build, console)
         summary(console, run, time.perf_counter() - start)
         return 0
 
     with run.stop.installed():  # also while Ray shuts down: a late Ctrl-C is not a traceback
         return _with_ray(config.trainer, run.run_dir, body)
+
+
+def _restarted(run: Run, err: PosttrainError, build: Callable[[StopSignal | None], Run], console: Console) -> Run:
+    """The next attempt after ``err`` (its workers are already stopped): a run built as the first
+    was, continuing from the last complete checkpoint, with the same stop signal (Ctrl-C works on)."""
+    point = run.restart_point()
+    attempt = run.restarts + 1
+    logging.getLogger("posttrain").info("restart %d of %d after: %s", attempt, run.max_restarts, err, exc_info=err)  # the log file only
+    where = f"from {point}" if point else "from the start (no checkpoint yet)"
+    console.print(f"posttrain: restart {attempt} of {run.max_restarts} (trainer.max_restarts): {err} Starting the workers again, {where}.",
+                  soft_wrap=True, highlight=False, markup=False)
+    run.stop.finishing = False
+    fresh = build(run.stop)
+    fresh.resume_from = point  # not trainer.resume_mode: this attempt's own last checkpoint
+    fresh.restarts = attempt
+    return fresh
 
 
 def _stopped(console: Console, stopped: Stopped, run: Run) -> int:

@@ -39,7 +39,6 @@ import torch
 
 from posttrain.config import to_yaml
 from posttrain.config.schema import PosttrainConfig
-from posttrain.controller import WorkerDiedError, WorkerHungError
 from posttrain.data import PromptDataLoader
 from posttrain.errors import PosttrainError
 from posttrain.trainer.checkpoint import ASYNC_STATE, CheckpointError, CheckpointManager, load_rng_state, save_rng_state, step_of
@@ -138,10 +137,15 @@ class Stopped(Exception):
 
 class CheckpointThenStop(PosttrainError):
     """An error after which the trainer's own state is still sound: the skeleton writes a checkpoint,
-    then raises :meth:`with_checkpoint`'s error naming it."""
+    then raises :meth:`with_checkpoint`'s error naming it. ``restartable``: its cause was a process
+    that died or hung (see :class:`~posttrain.errors.PosttrainError`)."""
+
+    def __init__(self, message: str, restartable: bool = False) -> None:
+        super().__init__(message)
+        self.restartable = restartable
 
     def with_checkpoint(self, path: Path) -> PosttrainError:
-        return type(self)(f"{self} The trainer's state is in {path}; fix the cause and run the same command to resume.")
+        return type(self)(f"{self} The trainer's state is in {path}; fix the cause and run the same command to resume.", self.restartable)
 
 
 class StopSignal:
@@ -232,6 +236,7 @@ class Run(Generic[Item]):
         self.saved_step: int | None = None
         self.roles: Roles | None = None
         self.result: Path | None = None  # what ``finish`` returned
+        self.restarts = 0  # the attempts before this one (trainer/run.py restarts a run as a new Run), logged as run/restarts
 
     @cached_property
     def resume_from(self) -> Path | None:
@@ -241,6 +246,20 @@ class Run(Generic[Item]):
     def finished(self) -> bool:
         """The checkpoint to continue from already holds the last step: there is nothing to train."""
         return self.resume_from is not None and step_of(self.resume_from) >= self.total_steps
+
+    @property
+    def max_restarts(self) -> int:
+        """``trainer.max_restarts``; unset: 2 when checkpoints are written during the run (``trainer.save_freq``), else 0."""
+        trainer = self.config.trainer
+        return trainer.max_restarts if trainer.max_restarts is not None else (2 if trainer.save_freq >= 1 else 0)
+
+    def will_restart(self, err: BaseException) -> bool:
+        """``err`` is a process that died or hung, and restarts are left."""
+        return isinstance(err, PosttrainError) and err.restartable and self.restarts < self.max_restarts
+
+    def restart_point(self) -> Path | None:
+        """The last complete checkpoint of this attempt (the one it resumed from, or saved since); None: from scratch."""
+        return self.checkpoints.step_dir(self.saved_step) if self.saved_step is not None else self.resume_from
 
     @property
     def val_history(self) -> list[dict[str, float]]:
@@ -258,8 +277,9 @@ class Run(Generic[Item]):
                 with workers_up(self.config, self.total_steps, self.parts.services, self._started) as roles:
                     self.roles = roles
                     self._train(roles)
-            except (WorkerDiedError, WorkerHungError) as err:
-                self.checkpoints.name_the_resume(err, self.step + 1)
+            except PosttrainError as err:  # a dead or hung process: no checkpoint (it holds the state); say which one resumes
+                if err.restartable and not isinstance(err, CheckpointThenStop) and not self.will_restart(err):
+                    self.checkpoints.name_the_resume(err, self.step + 1)
                 raise
             finally:
                 self.stop.finishing = True
@@ -295,6 +315,7 @@ class Run(Generic[Item]):
                 return
             metrics = self.parts.step(roles, item, self.step + 1)
             self.step += 1
+            metrics["run/restarts"] = float(self.restarts)
             if epoch is not None:
                 metrics["training/epoch"] = float(epoch)
             if validation is not None and validation.due(self.step, self.total_steps):

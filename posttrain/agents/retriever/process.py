@@ -71,6 +71,10 @@ class RetrieverProcess:
                 process.wait()
         self._log.close()
 
+    def exit_code(self) -> int | None:
+        """The service's exit code once it has exited (None while it runs, or after :meth:`stop`)."""
+        return self._process.poll() if self._process is not None else None
+
     def __enter__(self) -> RetrieverProcess:
         return self
 

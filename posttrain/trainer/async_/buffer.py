@@ -36,7 +36,12 @@ WAIT_S = 0.2  # how often a blocked call re-checks for a stop
 
 
 class SchedulerClosed(RuntimeError):
-    """The run is stopping (or a generator failed for good): no more units, no more batches."""
+    """The run is stopping (or a generator failed for good): no more units, no more batches.
+    ``restartable``: the failure was a process that died or hung (an Env-LLM worker a generator called)."""
+
+    def __init__(self, message: str, restartable: bool = False) -> None:
+        super().__init__(message)
+        self.restartable = restartable
 
 
 @dataclass
@@ -137,7 +142,9 @@ class UnitScheduler:
         while True:
             with self._condition:
                 if self._closed:
-                    raise SchedulerClosed(str(self._closed) if isinstance(self._closed, BaseException) else "the run is stopping")
+                    if isinstance(self._closed, BaseException):
+                        raise SchedulerClosed(str(self._closed), getattr(self._closed, "restartable", False))
+                    raise SchedulerClosed("the run is stopping")
                 if all(i in self.finished for i in indices):
                     stale = [i for i in indices if batch_index - self.finished[i][1].version > self.max_staleness]
                     if not stale:

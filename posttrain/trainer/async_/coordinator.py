@@ -42,6 +42,14 @@ from posttrain.trainer.async_.buffer import UnitScheduler
 MAX_RESTARTS = 3  # per generator: one that keeps dying (out of memory at start?) stops the run instead
 
 
+class GeneratorFailure(RuntimeError):
+    """What a generator's failure closes the scheduler with; ``restartable``: a process it called died or hung."""
+
+    def __init__(self, message: str, restartable: bool = False) -> None:
+        super().__init__(message)
+        self.restartable = restartable
+
+
 def generator_config(config: PosttrainConfig, retriever_url: str | None) -> PosttrainConfig:
     """The run's config as generators see it: the retriever the controller opened, by URL."""
     config = copy.deepcopy(config)
@@ -156,7 +164,7 @@ class Generators:
                     self.produced_samples += len(result.batch)
                 self.scheduler.finish(unit, result)
         except BaseException as err:  # noqa: BLE001 - any other failure stops the run, with its message
-            self.scheduler.close(RuntimeError(f"generator {i} failed: {type(err).__name__}: {err}"))
+            self.scheduler.close(GeneratorFailure(f"generator {i} failed: {type(err).__name__}: {err}", getattr(err, "restartable", False)))
 
     def _replace(self, i: int, err: Exception) -> bool:
         with self._lock:
@@ -164,7 +172,7 @@ class Generators:
             self.restarts_of[i] += 1
             dead, self.groups[i] = self.groups[i], None
         if self.restarts_of[i] > MAX_RESTARTS:
-            self.scheduler.close(RuntimeError(f"generator {i} died {self.restarts_of[i]} times; the last: {err}"))
+            self.scheduler.close(GeneratorFailure(f"generator {i} died {self.restarts_of[i]} times; the last: {err}"))
             return False
         self.console.print(f"[yellow]posttrain: generator {i} died ({err}); starting a new one, its unit goes back in line[/]")
         kill_group(dead)

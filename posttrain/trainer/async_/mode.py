@@ -32,6 +32,7 @@ import torch
 
 from posttrain import keys
 from posttrain.config.schema import PosttrainConfig
+from posttrain.errors import PosttrainError
 from posttrain.protocol import Batch
 from posttrain.rollout import Rollout, group_ids_of, join_rollouts, merge_unit_metrics
 from posttrain.rollout.generator import GeneratedUnit, WeightBoard
@@ -53,6 +54,13 @@ TIMELINE = "timeline.jsonl"
 class GeneratorsFailed(CheckpointThenStop):
     """The generators stopped the run (a bug, an environment error, a generator that kept dying, the
     weight board gone); the trainer's state is checkpointed first."""
+
+
+class WeightBoardLost(PosttrainError):
+    """The weight board died or hung after the trainer's update: no checkpoint (the update is done,
+    its version not published), so the run goes back to the last complete one."""
+
+    restartable = True
 
 
 class GeneratorFeed:
@@ -141,7 +149,7 @@ class GeneratorFeed:
         try:
             return self.scheduler.take_batch(batch_index, while_waiting=while_waiting)
         except SchedulerClosed as err:
-            raise GeneratorsFailed(f"the generators stopped the run: {err}.") from err
+            raise GeneratorsFailed(f"the generators stopped the run: {err}.", err.restartable) from err
 
     def publish(self, roles: Roles, version: int) -> None:
         """The trainer's weights as ``version`` (updates done), for the generators to load."""
@@ -156,8 +164,8 @@ class GeneratorFeed:
             try:
                 ray.get(self.board.publish.remote(version, refs), timeout=self.config.trainer.call_timeout_s)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
-                raise GeneratorsFailed(f"the weight board (the actor that tells generators the newest version) did not take "
-                                       f"version {version} ({type(err).__name__}).") from err
+                raise WeightBoardLost(f"the weight board (the actor that tells generators the newest version) did not take "
+                                      f"version {version} ({type(err).__name__}).") from err
         self.scheduler.advance(version)
 
 
