@@ -17,8 +17,9 @@ Each batch holds (see :mod:`posttrain.keys`)
 
   tensors      PROMPT_IDS (B, P) int64, left-padded with the pad token to the batch's longest prompt;
                PROMPT_MASK (B, P) int64, 1 on real prompt tokens
-  non-tensors  RAW_PROMPT (chat messages), DATA_SOURCE, GROUND_TRUTH, EXTRA_INFO, and UID (a fresh
-               uuid4 string per prompt, shared later by its rollout.n responses)
+  non-tensors  RAW_PROMPT (chat messages), DATA_SOURCE, GROUND_TRUTH, EXTRA_INFO, and UID (per prompt,
+               shared later by its rollout.n responses: ``"<epoch>:<dataset row>"`` from the loader,
+               a uuid4 string from :func:`collate_prompts` alone)
 """
 
 from __future__ import annotations
@@ -137,14 +138,23 @@ class PromptDataLoader:
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[Batch]:
+        epoch = self.sampler.epoch  # one pass of the sampler stays in one epoch
         for indices in self.sampler:
-            yield self.collate([self.dataset[int(i)] for i in indices], self.pad_token_id)
+            batch = self.collate([self.dataset[int(i)] for i in indices], self.pad_token_id)
+            if keys.UID in batch.non_tensors:  # which prompt of which epoch: what trained_prompts.jsonl records
+                batch.non_tensors[keys.UID] = [prompt_uid(epoch, int(i)) for i in indices]
+            yield batch
 
     def state_dict(self) -> dict[str, int]:
         return self.sampler.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.sampler.load_state_dict(state)
+
+
+def prompt_uid(epoch: int, row: int) -> str:
+    """A prompt's id in a run: its dataset row and the epoch that read it (``"1:17"``)."""
+    return f"{epoch}:{row}"
 
 
 def collate_prompts(samples: list[PromptSample], pad_token_id: int) -> Batch:

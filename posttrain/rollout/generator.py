@@ -96,6 +96,8 @@ class GeneratorWorker(Sampling, Worker):
         """Join the trainer's weight-broadcast group as ``rank`` (collective: all members join together)."""
         import torch
 
+        if self.weight_group is not None:
+            self.weight_group.close()  # the trainer formed a new group (another generator was replaced)
         self.weight_group = WeightBroadcast(host, port, rank, world_size, "cuda" if torch.cuda.is_available() else "cpu")
 
     @register(dispatch=Dispatch.RANK_ZERO, blocking=False)

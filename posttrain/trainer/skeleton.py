@@ -44,10 +44,11 @@ from posttrain.errors import PosttrainError
 from posttrain.trainer.checkpoint import ASYNC_STATE, CheckpointError, CheckpointManager, load_rng_state, save_rng_state, step_of
 from posttrain.trainer.report import FIRST_SAMPLES, Sample, load_samples, save_samples, write_report
 from posttrain.trainer.roles import Roles, start_roles
-from posttrain.trainer.tracking import Tracking, run_tracking
+from posttrain.trainer.tracking import Tracking, run_tracking, truncate_jsonl
 
 STOP_FILE = "STOP"  # <run dir>/STOP: stop at the next clean point, as Ctrl-C does
 STATE_FILE = "trainer_state.json"
+TRAINED_PROMPTS = "trained_prompts.jsonl"  # {"step", "prompts"}: which prompts (``"<epoch>:<row>"``) each step trained
 Item = TypeVar("Item")
 
 
@@ -112,6 +113,7 @@ class RunParts(Generic[Item]):
     state: Mapping[str, Checkpointed] = field(default_factory=dict)      # in trainer_state.json, by name
     files: Mapping[str, CheckpointFile] = field(default_factory=dict)    # files of their own, by file name
     finish: Callable[[Roles], Path] | None = None  # after the last step, workers still up (SFT: the export)
+    trained_prompts: Callable[[], Sequence[str]] | None = None  # the last step's prompt ids, for trained_prompts.jsonl
 
 
 def epoch_batches(loader: PromptDataLoader, total_epochs: int) -> Iterator[tuple[int, object]]:
@@ -290,7 +292,10 @@ class Run(Generic[Item]):
     def _train(self, roles: Roles) -> None:
         """The loop and the mode's finish, tracked; a person's stop, or an error that asks for one,
         gets its checkpoint here, while the workers are still up."""
-        tracking = run_tracking(self.config, self.run_dir, self.total_steps, purge_step=self.step + 1 if self.resume_from else 0)
+        purge_step = self.step + 1 if self.resume_from else 0
+        tracking = run_tracking(self.config, self.run_dir, self.total_steps, purge_step=purge_step)
+        if (self.run_dir / TRAINED_PROMPTS).exists():
+            truncate_jsonl(self.run_dir / TRAINED_PROMPTS, purge_step)  # as metrics.jsonl: each step once
         try:
             self._loop(roles, tracking)
             if self.parts.finish is not None:
@@ -325,8 +330,14 @@ class Run(Generic[Item]):
                     tracking.log(metrics, self.step)  # the step trained: its metrics are kept
                     raise
             tracking.log(metrics, self.step)
+            self._record_prompts()
             if self._due(self.config.trainer.save_freq) or self.step == self.total_steps:  # the last: the run's policy
                 self.save_checkpoint()
+
+    def _record_prompts(self) -> None:
+        if self.parts.trained_prompts is not None:
+            with open(self.run_dir / TRAINED_PROMPTS, "a", encoding="utf-8") as out:
+                out.write(json.dumps({"step": self.step, "prompts": list(self.parts.trained_prompts())}) + "\n")
 
     def _due(self, freq: int) -> bool:
         return freq > 0 and (self.step % freq == 0 or self.step == self.total_steps)

@@ -57,8 +57,10 @@ class SyncStep:
         self.rollout, self.learner, self.breakers, self.phases = rollout, learner, breakers, list(phases)
         self.group_size = config.actor_rollout_ref.rollout.n
         self.critic_warmup, self.max_response_length = config.trainer.critic_warmup, config.data.max_response_length
+        self.last_prompts: list[str] = []  # the ids of the prompts the last step trained on
 
     def __call__(self, roles: Roles, prompts: Batch, step: int) -> dict[str, float]:
+        self.last_prompts = list(prompts[keys.UID])
         timings: dict[str, float] = {}
         with timed(timings, "step"):
             # the rollout times its own phases: gen (and reward, for single-turn scoring)
@@ -96,4 +98,5 @@ def sync_parts(setup: RolloutSetup) -> RunParts[Batch]:
         label="train", headline=train_headline(config, setup.total_steps), config=config, total_steps=setup.total_steps, step=step, validation=validation,
         batches=lambda: epoch_batches(loader, config.trainer.total_epochs),
         services=[RolloutService(setup.rollout)], state={"dataloader": loader, "kl_controller": learner},
+        trained_prompts=lambda: step.last_prompts,
     )

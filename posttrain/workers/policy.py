@@ -52,6 +52,7 @@ class PolicyWorker(Sampling, Worker):
             model_path, rollout, max_model_len=data.max_prompt_length + data.max_response_length, seed=seed + ctx.rank
         )
         self.objective = PolicyObjective.from_config(actor, data.max_response_length, importance_cap)
+        self.weight_group: WeightBroadcast | None = None  # rank 0's, with the generators (async.weight_transport=collective)
 
     # ---- training -------------------------------------------------------------------------------
 
@@ -130,6 +131,8 @@ class PolicyWorker(Sampling, Worker):
     def join_weight_group(self, host: str, port: int, world_size: int) -> None:
         """Rank 0 becomes rank 0 of the weight-broadcast group with the generators (collective: they join too)."""
         if self.rank == 0:
+            if self.weight_group is not None:
+                self.weight_group.close()  # the group of the generators before one was replaced
             self.weight_group = WeightBroadcast(host, port, 0, world_size, self.engine.device)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)

@@ -48,6 +48,17 @@ class WeightBroadcast:
             weights[name] = self._broadcast(torch.empty(shape, dtype=getattr(torch, dtype), device=self.device))
         return WeightsAtVersion(int(header["version"]), weights)
 
+    def close(self) -> None:
+        """Leave the group: the NCCL communicator destroyed, the store (rank 0: its listening
+        socket) released. A trainer that forms a new group after a generator was replaced closes
+        the old one first, so no dead group's resources pile up over a long run. Idempotent."""
+        if self.nccl is not None:
+            self.nccl.destroy()
+            self.nccl = None
+        if self.group is not None:
+            self.group.store = None
+            self.group = None
+
     def _broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.nccl is not None:
             self.nccl.broadcast(tensor, src=0)

@@ -60,3 +60,21 @@ def test_every_generator_receives_each_version_intact():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per member: two GPUs")
 def test_nccl_broadcast_between_two_gpus():
     check(run_group(2, lambda rank: f"cuda:{rank}"), 2)
+
+
+def test_closing_a_group_releases_its_store_so_a_new_group_can_form_on_the_same_port():
+    """A replaced generator makes the trainer form a new group: the old one is closed first, and its
+    store's listening socket goes with it (nothing of a dead group is left over a long run)."""
+    import socket
+
+    port = free_port()
+    group = WeightBroadcast("127.0.0.1", port, 0, 1)
+    with socket.socket() as probe, pytest.raises(OSError):
+        probe.bind(("127.0.0.1", port))  # the store listens there
+    group.close()
+    group.close()  # idempotent
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", port))  # released
+    again = WeightBroadcast("127.0.0.1", port, 0, 1)
+    again.close()

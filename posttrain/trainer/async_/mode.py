@@ -179,6 +179,7 @@ class AsyncStep:
         self.pad_token_id = pad_token_id
         self.timeline = Path(config.trainer.default_local_dir) / TIMELINE
         self.trained_samples = 0
+        self.last_prompts: list[str] = []  # the ids of the prompts the last step trained on, in unit order
 
     def __call__(self, roles: Roles, item: None, step: int) -> dict[str, float]:
         """Batch ``step - 1`` (0-based) → learn → publish version ``step``."""
@@ -186,6 +187,7 @@ class AsyncStep:
         with timed(timings, "step"):
             with timed(timings, "wait_buffer"):
                 units = self.feed.take_batch(step - 1, self.stop)
+            self.last_prompts = [uid for u in units for uid in dict.fromkeys(u.batch[keys.UID])]
             batch, metrics = self._join(units)
             self.breakers.check_rollout(metrics, step)  # the generators' texts are in their logs
             metrics |= self._staleness(units, step)
@@ -244,4 +246,5 @@ def async_parts(setup: RolloutSetup, stop: StopSignal) -> RunParts[None]:
         label="train", headline=train_headline(config, setup.total_steps, mode), config=config, total_steps=setup.total_steps, step=step, validation=validation,
         batches=lambda: itertools.repeat((None, None)), services=[RolloutService(setup.rollout), feed],
         state={"dataloader": setup.data.train, "kl_controller": learner}, files={ASYNC_STATE: feed},
+        trained_prompts=lambda: step.last_prompts,
     )
