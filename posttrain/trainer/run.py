@@ -138,25 +138,36 @@ def _run(config: PosttrainConfig, build: Callable[[StopSignal | None], Run], sum
         return 0
 
     def body() -> int:
-        nonlocal run
         console.print(run.parts.headline)
-        while True:
-            try:
-                run.fit()
-                break
-            except Stopped as stopped:
-                return _stopped(console, stopped, run)
-            except PosttrainError as err:
-                if not run.will_restart(err):
-                    if err.restartable and run.restarts:
-                        err.args = (f"{err} This was after {run.restarts} restart(s), the most trainer.max_restarts={run.max_restarts} allows.",)
-                    raise
-                run = _restarted(run, err, build, console)
-        summary(console, run, time.perf_counter() - start)
+        try:
+            finished = fit_with_restarts(run, build, console)
+        except Stopped as stopped:  # the attempts share the run directory, its checkpoints and the stop signal
+            return _stopped(console, stopped, run)
+        summary(console, finished, time.perf_counter() - start)
         return 0
 
     with run.stop.installed():  # also while Ray shuts down: a late Ctrl-C is not a traceback
         return _with_ray(config.trainer, run.run_dir, body)
+
+
+def fit_with_restarts(run: Run, build: Callable[[StopSignal | None], Run], console: Console) -> Run:
+    """``run.fit()``; after a process that died or hung (a restartable error) a new attempt from the
+    last complete checkpoint, while ``trainer.max_restarts`` allows. Returns the attempt that
+    finished; raises what ended the last one (its message says how many restarts came before)."""
+    while True:
+        try:
+            run.fit()
+            return run
+        except Stopped as stopped:
+            if stopped.step < 0:  # stopped at once before the loop began (while workers started): say this attempt's step
+                raise Stopped(stopped.reason, run.step, stopped.checkpoint, stopped.at_once) from None
+            raise
+        except PosttrainError as err:
+            if not run.will_restart(err):
+                if err.restartable and run.restarts:
+                    err.args = (f"{err} This was after {run.restarts} restart(s), the most trainer.max_restarts={run.max_restarts} allows.",)
+                raise
+            run = _restarted(run, err, build, console)
 
 
 def _restarted(run: Run, err: PosttrainError, build: Callable[[StopSignal | None], Run], console: Console) -> Run:
@@ -182,7 +193,7 @@ def _stopped(console: Console, stopped: Stopped, run: Run) -> int:
     if stopped.at_once:
         latest = run.checkpoints.latest()
         where = f"the last complete checkpoint is {latest}" if latest else "no checkpoint was written"
-        console.print(f"posttrain: stopped at once ({stopped.reason}) after step {run.step} of {run.total_steps}; {where}. "
+        console.print(f"posttrain: stopped at once ({stopped.reason}) after step {stopped.step} of {run.total_steps}; {where}. "
                       f"To continue: {command}", soft_wrap=True, highlight=False, markup=False)
         return 130
     if stopped.checkpoint is None:

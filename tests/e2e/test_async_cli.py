@@ -144,26 +144,46 @@ def test_more_generators_than_the_machine_hosts_is_refused_before_workers_start(
     assert "Traceback" not in done.stderr and not (tmp_path / "processes.json").exists()
 
 
-def test_a_killed_trainer_stops_the_run_naming_the_checkpoint_that_resumes_it_and_a_killed_generator_is_replaced(tmp_path):
+def trained_prompts(run_dir: Path) -> list[list[str]]:
+    lines = [json.loads(line) for line in (run_dir / "trained_prompts.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == list(range(1, len(lines) + 1))  # each step once
+    return [line["prompts"] for line in lines]
+
+
+def test_a_killed_trainer_is_restarted_and_a_killed_generator_replaced_and_no_prompt_is_trained_twice_or_lost(tmp_path):
+    """The trainer's process killed after step 2: the run tears down everything (generators too),
+    starts again from the last checkpoint with its buffer (trainer.max_restarts) and, when the new
+    generator is killed as well, replaces it without restarting the trainer. Across both, the prompts
+    trained at each step (trained_prompts.jsonl, "<epoch>:<row>") are each trained once: none twice,
+    none of the epochs the run went through skipped."""
     def kill_trainer():
         os.kill(json.loads((tmp_path / "processes.json").read_text())["trainer"][0], signal.SIGKILL)
 
-    # 5 steps: the resumed run has at least two, so its generator can die after the first
+    # 5 steps: the restarted attempt has at least two, so its generator can die after the first
     steps = ["trainer.total_training_steps=5", "trainer.total_epochs=3", "trainer.save_freq=1", "trainer.val_before_train=false",
              "trainer.test_freq=-1"]
-    died = run(command(tmp_path, *steps), while_running=lambda: when_step_logged(tmp_path, 2, kill_trainer))
-    assert died.returncode == 1, died.stdout[-4000:]
-    latest = int((tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
-    assert f"resume from {tmp_path / 'checkpoints' / f'global_step_{latest}'} with trainer.resume_mode=auto" in died.stdout
-    assert "Traceback" not in died.stdout
-    # the resumed run loses its generator too (object-store transport, the default on CPU): a
-    # replacement pulls the current weights and the run finishes within the staleness bound
-    logged = (tmp_path / "metrics.jsonl").read_text().count("\n")
-    resumed = run(command(tmp_path, *steps), while_running=lambda: when(  # once the resumed run has logged a step of its own
-        lambda: (tmp_path / "metrics.jsonl").read_text().count("\n") > logged, lambda: kill_generator(tmp_path)))
-    assert resumed.returncode == 0, resumed.stdout[-4000:]
-    assert f"resumed from {tmp_path / 'checkpoints' / f'global_step_{latest}'}" in resumed.stdout
-    assert "generator 0 died" in resumed.stdout
+    killed_generator = []
+
+    def restarted_attempt_logged_a_step() -> bool:
+        lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+        return bool(lines) and json.loads(lines[-1])["metrics"].get("run/restarts") == 1
+
+    def after_restart_kill_generator():
+        when(restarted_attempt_logged_a_step, lambda: killed_generator.append(kill_generator(tmp_path)))
+
+    def kills():
+        when_step_logged(tmp_path, 2, kill_trainer)
+        after_restart_kill_generator()
+
+    done = run(command(tmp_path, *steps), while_running=kills)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "posttrain: restart 1 of 2 (trainer.max_restarts): worker 'actor' rank 0 died" in done.stdout
+    assert killed_generator and "generator 0 died" in done.stdout  # replaced, the trainer not restarted again
+    assert "restart 2 of 2" not in done.stdout and "Traceback" not in done.stdout
     last = records(tmp_path)[-1]
-    assert last["step"] == 5 and last["metrics"]["async/generator_restarts"] >= 1
+    assert last["step"] == 5 and last["metrics"]["run/restarts"] == 1 and last["metrics"]["async/generator_restarts"] >= 1
+    assert [r["step"] for r in records(tmp_path)] == [1, 2, 3, 4, 5]
     staleness_within(records(tmp_path), 1)
+    ids = [uid for prompts in trained_prompts(tmp_path) for uid in prompts]
+    assert len(ids) == 20 and len(set(ids)) == 20, ids  # none twice
+    assert {f"{epoch}:{row}" for epoch in (0, 1) for row in range(8)} <= set(ids)  # none of two whole epochs lost

@@ -1,8 +1,8 @@
 """Runs that fail, fail cleanly, through the real CLI on the tiny model (HF rollout, local Ray): a
-policy worker killed from outside mid-step stops the run within seconds with one line naming the
-dead rank, its log file and the checkpoint that resumes the run, and the same command then finishes
-it; a policy worker frozen mid-step (alive, never answering) stops the run at the call deadline with
-one line naming role, rank, method, step and that checkpoint, and its process does not outlive the run."""
+policy worker killed from outside mid-step, with restarts off, stops the run within seconds with one
+line naming the dead rank, its log file and the checkpoint that resumes the run, and the same command
+then finishes it; a policy worker frozen mid-step (alive, never answering) is found at the call
+deadline, named (role, rank, method), killed, and the run restarted from its checkpoint finishes."""
 
 import json
 import os
@@ -30,7 +30,7 @@ def command(run_dir: Path, *overrides: str) -> list[str]:
 
 def test_a_policy_worker_killed_mid_step_stops_the_run_in_seconds_and_the_same_command_finishes_it(tmp_path):
     steps = ["trainer.total_training_steps=3", "trainer.total_epochs=2", "trainer.save_freq=1",
-             "trainer.val_before_train=false", "trainer.test_freq=-1"]
+             "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.max_restarts=0"]  # stop, not restart
     killed_at = []
 
     def kill_policy():  # step 1 is checkpointed: the policy worker is in step 2
@@ -58,7 +58,9 @@ def test_a_policy_worker_killed_mid_step_stops_the_run_in_seconds_and_the_same_c
     assert [r["step"] for r in records(tmp_path)][-2:] == [2, 3]
 
 
-def test_a_frozen_policy_worker_stops_the_run_at_the_call_deadline_naming_what_it_was_doing(tmp_path):
+def test_a_frozen_policy_worker_is_restarted_at_the_call_deadline_naming_what_it_was_doing(tmp_path):
+    """A call past trainer.call_timeout_s is a hung worker: the run kills it, starts the workers again
+    from the last checkpoint (trainer.max_restarts, 2 by default with save_freq set) and finishes."""
     steps = ["trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
              "trainer.call_timeout_s=30"]
     frozen = []
@@ -69,19 +71,18 @@ def test_a_frozen_policy_worker_stops_the_run_at_the_call_deadline_naming_what_i
         os.kill(pid, signal.SIGSTOP)
 
     hung = run(command(tmp_path, *steps), while_running=lambda: when_checkpointed(tmp_path, 1, freeze_policy))
-    assert frozen and time.monotonic() - frozen[0][1] < 30 + 15, hung.stdout[-3000:]  # the deadline, then a prompt exit
-    assert hung.returncode == 1, hung.stdout[-3000:]
+    assert frozen, hung.stdout[-3000:]
+    assert hung.returncode == 0, hung.stdout[-3000:]
     assert "Traceback" not in hung.stdout
-    errors = [line for line in hung.stdout.splitlines() if line.startswith("posttrain: worker")]
-    assert len(errors) == 1, hung.stdout[-3000:]
-    assert re.search(r"posttrain: worker 'actor' rank\(s\) \[0\] did not answer \w+\(\) within 30 s", errors[0])
-    assert f"rank 0: pid {frozen[0][0]}" in errors[0]
-    assert f"The run stopped in step 2; resume from {tmp_path / 'checkpoints' / 'global_step_1'} with trainer.resume_mode=auto" in errors[0]
+    restarts = [line for line in hung.stdout.splitlines() if line.startswith("posttrain: restart")]
+    assert len(restarts) == 1, hung.stdout[-3000:]
+    assert re.search(r"posttrain: restart 1 of 2 \(trainer.max_restarts\): worker 'actor' rank\(s\) \[0\] did not answer \w+\(\) "
+                     r"within 30 s", restarts[0])
+    assert f"rank 0: pid {frozen[0][0]}" in restarts[0]
+    assert restarts[0].endswith(f"Starting the workers again, from {tmp_path / 'checkpoints' / 'global_step_1'}.")
     assert "WorkerHungError" in (tmp_path / "posttrain.log").read_text()
-    deadline = time.monotonic() + 10
-    while _alive(frozen[0][0]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _alive(frozen[0][0])  # the stuck process was killed with the run, not left behind
+    assert [r["step"] for r in records(tmp_path)] == [1, 2] and records(tmp_path)[-1]["metrics"]["run/restarts"] == 1
+    assert not _alive(frozen[0][0])  # the stuck process was killed with its attempt, not left behind
 
 
 def _alive(pid: int) -> bool:
