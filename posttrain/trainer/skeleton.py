@@ -18,9 +18,11 @@ checkpoint), not a subclass with hooks. ``trainer/sync.py``, ``trainer/async_/``
 Stopping. The first Ctrl-C (or SIGTERM, or a ``<run dir>/STOP`` file) stops at the next clean point:
 after the step in progress, or at once during a validation (which changes nothing); a checkpoint is
 written and the command that resumes is printed. A second Ctrl-C stops at once, with no checkpoint.
-Either way no traceback is shown (:class:`Stopped`). A worker that dies or hangs stops the run naming
-the last checkpoint; an error that asks for one first (:class:`CheckpointThenStop`, e.g. the async
-generators failing) gets it.
+Either way no traceback is shown (:class:`Stopped`). A worker that dies or hangs ends the run; the
+error names the last checkpoint unless a restart will follow (``trainer.max_restarts``: the next
+attempt is a new :class:`Run`, trainer/run.py's ``fit_with_restarts``); an error that asks for a
+checkpoint first (:class:`CheckpointThenStop`, e.g. the async generators failing) gets it.
+Each step's prompt ids go to ``trained_prompts.jsonl``, cut back on a resume as ``metrics.jsonl`` is.
 """
 
 from __future__ import annotations

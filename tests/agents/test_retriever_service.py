@@ -81,3 +81,26 @@ def test_a_process_that_dies_at_startup_raises_with_its_log(tmp_path):
     with pytest.raises(RetrieverError, match="exited with code 2") as caught:
         RetrieverProcess(bad, "bm25", startup_timeout_s=60)
     assert "line 1: not valid JSON" in str(caught.value)
+
+
+def test_a_started_retriever_that_exits_mid_run_is_a_restartable_failure(corpus_file):
+    """The retriever a run started for itself, killed: the next whole batch is not trained on its
+    failed searches; the run gets ServiceDiedError (restartable: trainer.max_restarts starts it again)."""
+    import os
+    import signal
+
+    from posttrain.config.schema import RetrieverConfig
+    from posttrain.errors import ServiceDiedError
+    from posttrain.rollout.retriever import open_retriever
+
+    handle = open_retriever(RetrieverConfig(corpus=str(corpus_file), startup_timeout_s=60), None)
+    try:
+        handle.check_alive()  # serving: nothing to say
+        os.kill(handle.process._process.pid, signal.SIGKILL)
+        handle.process._process.wait(timeout=10)
+        with pytest.raises(ServiceDiedError, match=r"the retriever the run started \(http://127\.0\.0\.1:\d+\) exited with code -9") as info:
+            handle.check_alive()
+        assert info.value.restartable
+    finally:
+        handle.close()
+    handle.check_alive()  # stopped by the run itself: not a failure

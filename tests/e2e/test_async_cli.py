@@ -72,6 +72,8 @@ def test_async_two_steps_then_a_graceful_stop_resumes_within_the_bound(tmp_path)
     steps = [r["step"] for r in records(tmp_path)]
     assert steps[-1] == 6 and sorted(set(steps)) == list(range(7))
     staleness_within(records(tmp_path), 2)
+    ids = [uid for prompts in trained_prompts(tmp_path) for uid in prompts]  # 6 steps of 4: three whole epochs of 8
+    assert sorted(ids) == sorted(f"{epoch}:{row}" for epoch in range(3) for row in range(8))  # across the stop: none twice, none lost
 
     # generation overlapped learning, the point of async (timeline.jsonl: who worked when, wall-clock);
     # a trainer that generated and then trained in turns would show no generation inside any learning
