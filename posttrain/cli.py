@@ -4,6 +4,8 @@
   posttrain sft [--preset NAME] [key=value ...]      supervised fine-tuning on chat transcripts, exported for train
   posttrain eval [--preset NAME] [--checkpoint DIR] [--dump-episodes F.jsonl] [--by KEY] [key=value ...]
                                                      validation only, from a checkpoint or the base model
+  posttrain compare A.jsonl B.jsonl [--by KEY]      two evaluations' accuracies on the same items (95% intervals)
+                                                     and B - A with a paired bootstrap interval
   posttrain export CHECKPOINT --out DIR              a checkpoint's policy as a Hugging Face directory
   posttrain config [--preset NAME] [--for train|sft|eval] [key=value ...]
                                                      print the resolved config, or every problem the command it is
@@ -60,6 +62,12 @@ def _eval_command(args: argparse.Namespace) -> int:
     from posttrain.trainer.evaluate import run_evaluation
 
     return run_evaluation(_resolved_config(args), args.checkpoint, args.dump_episodes, args.by)
+
+
+def _compare_command(args: argparse.Namespace) -> int:
+    from posttrain.trainer.evaluate import compare_evaluations
+
+    return compare_evaluations(args.first, args.second, args.by)
 
 
 def _export_command(args: argparse.Namespace) -> int:
@@ -186,6 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--dump-episodes", metavar="FILE.jsonl",
                                  help="write every validation episode (messages, reward, success, stats) to this file; `posttrain sft` reads it")
             command.add_argument("--by", metavar="KEY", help="also summarise the episodes per value of extra_info[KEY], e.g. hops")
+
+    compare = commands.add_parser("compare", help="two evaluations of the same items: accuracies and their difference, with 95%% intervals")
+    compare.add_argument("first", type=Path, metavar="A.jsonl", help="episodes of one evaluation (`posttrain eval --dump-episodes`, or validation/step_N.jsonl)")
+    compare.add_argument("second", type=Path, metavar="B.jsonl", help="episodes of the other, on the same items")
+    compare.add_argument("--by", metavar="KEY", help="also compare per value of extra_info[KEY], e.g. hops")
+    compare.set_defaults(run=_compare_command)
 
     export = commands.add_parser("export", help="write a checkpoint's policy as a Hugging Face directory")
     export.add_argument("checkpoint", help="a global_step_N directory or a run directory (its latest checkpoint)")

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from posttrain.trainer.intervals import with_interval
 from posttrain.trainer.tracking import read_jsonl
 
 PANELS = {
@@ -51,9 +52,12 @@ def series(records: Sequence[dict], prefixes: Sequence[str]) -> dict[str, tuple[
     return found
 
 
-def first_and_last_validation(records: Sequence[dict]) -> dict[str, tuple[tuple[int, float], tuple[int, float]]]:
-    """name -> ((step, value) at the first validation, (step, value) at the last), for every accuracy."""
-    return {name: ((steps[0], values[0]), (steps[-1], values[-1])) for name, (steps, values) in series(records, ("val/",)).items()}
+def first_and_last_validation(records: Sequence[dict]) -> dict[str, tuple[tuple[int, str], tuple[int, str]]]:
+    """name -> ((step, value) at the first validation, (step, value) at the last), for every accuracy;
+    each value as text with its 95 % interval where the record holds one (``0.700 [0.521, 0.833]``)."""
+    by_step = {record["step"]: record["metrics"] for record in records}
+    return {name: ((steps[0], with_interval(by_step[steps[0]], name)), (steps[-1], with_interval(by_step[steps[-1]], name)))
+            for name, (steps, _) in series(records, ("val/",)).items()}
 
 
 def save_samples(path: Path, samples: Sequence[Sample]) -> None:
@@ -103,7 +107,7 @@ def write_report(run_dir: Path, first_samples: Sequence[Sample] = (), last_sampl
     endpoints = first_and_last_validation(records)
     if endpoints:
         lines += ["", "## Validation: first → last", ""]
-        lines += [f"- `{name}`: {first:.3f} (step {a}) → {last:.3f} (step {b})"
+        lines += [f"- `{name}`: {first} (step {a}) → {last} (step {b})"
                   for name, ((a, first), (b, last)) in sorted(endpoints.items())]
     for title, samples in (("First validation", first_samples), ("Last validation", last_samples)):
         if samples:

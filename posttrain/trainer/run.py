@@ -260,16 +260,19 @@ def _link_ray_logs(session_dir: str | None, run_dir: Path) -> None:
 
 
 def _summary(console: Console, history: list[dict[str, float]], run_dir, seconds: float) -> None:
-    """Each validation accuracy, first → last: the run's first from metrics.jsonl (a resumed run's
+    """Each validation accuracy with its 95 % interval, first → last: the run's first from metrics.jsonl (a resumed run's
     own ``history`` starts at the resume), else this process's."""
     from posttrain.trainer.report import first_and_last_validation
     from posttrain.trainer.tracking import read_jsonl
+
+    from posttrain.trainer.intervals import with_interval
 
     metrics_file = Path(run_dir) / "metrics.jsonl"
     if metrics_file.exists():
         endpoints = {name: (first, last) for name, ((_, first), (_, last)) in first_and_last_validation(read_jsonl(metrics_file)).items()}
     else:
-        endpoints = {name: (history[0].get(name, float("nan")), value) for name, value in (history[-1] if history else {}).items() if "/acc/" in name}
+        endpoints = {name: (with_interval(history[0], name) if name in history[0] else "nan", with_interval(history[-1], name))
+                     for name in (history[-1] if history else {}) if "/acc/" in name}
     for name, (first, last) in sorted(endpoints.items()):
-        console.print(f"{name}: {first:.3f} → {last:.3f}")
+        console.print(f"{name}: {first} → {last}", highlight=False)
     console.print(f"wall time {seconds / 60:.1f} min · report: {run_dir / 'report' / 'report.md'}")

@@ -25,6 +25,7 @@ from posttrain.data import PromptDataLoader
 from posttrain.engines.training.inputs import response_attention_mask
 from posttrain.protocol import Batch
 from posttrain.rollout import Rollout
+from posttrain.trainer.intervals import interval_metrics, wilson
 from posttrain.trainer.report import Sample
 from posttrain.trainer.roles import Roles
 from posttrain.workers.policy import mean_metrics
@@ -144,8 +145,8 @@ def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
 
 
 def summarize_rows(rows: Sequence[dict[str, Any]], by: str | None = None) -> dict[str, dict[str, float]]:
-    """Means per value of ``extra_info[by]`` (all rows under ``"all"``): ``episodes``, ``accuracy``,
-    ``reward``, every stat, and ``valid_action_ratio`` (valid actions over turns)."""
+    """Means per value of ``extra_info[by]`` (all rows under ``"all"``): ``episodes``, ``accuracy``
+    (with its 95 % Wilson interval, ``accuracy_low`` / ``accuracy_high``), ``reward``, every stat, and ``valid_action_ratio`` (valid actions over turns)."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         groups["all"].append(row)
@@ -154,9 +155,11 @@ def summarize_rows(rows: Sequence[dict[str, Any]], by: str | None = None) -> dic
     table = {}
     for name, members in groups.items():
         stats = sorted({key for row in members for key in row["stats"]})
+        successes = sum(bool(row["success"]) for row in members)
+        low, high = wilson(successes, len(members))
         summary = {
             "episodes": float(len(members)),
-            "accuracy": float(np.mean([row["success"] for row in members])),
+            "accuracy": successes / len(members), "accuracy_low": low, "accuracy_high": high,
             "reward": float(np.mean([row["reward"] for row in members])),
         } | {key: float(np.mean([row["stats"].get(key, 0.0) for row in members])) for key in stats}
         if "num_turns" in stats:
@@ -164,6 +167,19 @@ def summarize_rows(rows: Sequence[dict[str, Any]], by: str | None = None) -> dic
             summary["valid_action_ratio"] = sum(row["stats"].get("valid_actions", 0.0) for row in members) / max(turns, 1.0)
         table[name] = summary
     return table
+
+
+def summary_line(summary: dict[str, float]) -> str:
+    """One group of :func:`summarize_rows` as text: ``episodes 64 · accuracy 0.500 [0.380, 0.620] · reward …``."""
+    parts = []
+    for name, value in summary.items():
+        if name in ("accuracy_low", "accuracy_high"):
+            continue
+        text = f"{name} {value:.3f}"
+        if name == "accuracy":
+            text += f" [{summary['accuracy_low']:.3f}, {summary['accuracy_high']:.3f}]"
+        parts.append(text)
+    return " · ".join(parts)
 
 
 def _plain(value: Any) -> Any:
@@ -179,7 +195,8 @@ def _plain(value: Any) -> Any:
 
 def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
     """Per data source: ``val/<source>/acc/mean@n`` (mean over all samples) and ``best@n`` (any of a
-    prompt's n samples right), and ``maj@n`` when the scores carry predictions (``reward_extra/pred``).
+    prompt's n samples right), and ``maj@n`` when the scores carry predictions (``reward_extra/pred``),
+    each with its 95 % interval (``acc_low`` / ``acc_high``, trainer/intervals.py).
 
     Accuracy is ``reward_extra/acc`` when the score function reports it, else score > 0.
     """
@@ -190,7 +207,9 @@ def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
     for row, (source, uid) in enumerate(zip(batch[keys.DATA_SOURCE], batch[keys.UID])):
         groups[(source, uid)].append(row)
     per_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    sample_successes: dict[str, list[float]] = defaultdict(list)  # mean@n's trials are the samples
     for (source, _), rows in groups.items():
+        sample_successes[source].extend(acc[rows].tolist())
         per_source[source]["mean"].append(float(acc[rows].mean()))
         per_source[source]["best"].append(float(acc[rows].max()))
         per_source[source]["reward"].append(float(scores[rows].mean()))
@@ -205,4 +224,7 @@ def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
         for name, numbers in values.items():
             label = f"val/{source}/reward/mean@{n}" if name == "reward" else f"val/{source}/acc/{name}@{n}"
             metrics[label] = float(np.mean(numbers))
+            if name != "reward":  # its 95 % Wilson interval (trainer/intervals.py): mean@n over samples, the others over prompts
+                trials = sample_successes[source] if name == "mean" else numbers
+                metrics |= interval_metrics(label, sum(trials), len(trials))
     return metrics

@@ -86,8 +86,12 @@ def test_grpo_two_steps(tmp_path):
         capture_output=True, text=True, timeout=300,
     )
     assert evaluation.returncode == 0, evaluation.stdout[-2000:] + evaluation.stderr[-2000:]
-    reported = dict(line.split(": ") for line in evaluation.stdout.splitlines() if line.startswith("val/"))
+    reported = {name: text.split()[0] for name, text in (line.split(": ") for line in evaluation.stdout.splitlines() if line.startswith("val/"))}
     assert float(reported["val/arithmetic/acc/mean@1"]) == records[2]["metrics"]["val/arithmetic/acc/mean@1"]
+    from posttrain.trainer.intervals import wilson
+
+    low, high = wilson(round(float(reported["val/arithmetic/acc/mean@1"]) * 4), 4)  # each accuracy with its 95 % interval
+    assert f"val/arithmetic/acc/mean@1: {reported['val/arithmetic/acc/mean@1']}  (95% interval {low:.4f} to {high:.4f})" in evaluation.stdout
     # the checkpoint is the policy that ran the last validation: greedy, it writes the same answers
     evaluated, validated = validation_rows(tmp_path / "episodes.jsonl"), validation_rows(tmp_path / "validation" / "step_2.jsonl")
     assert [row["messages"] for row in evaluated] == [row["messages"] for row in validated]

@@ -49,6 +49,12 @@ def test_validation_metrics_mean_best_and_majority_by_hand():
     assert m["val/arith/acc/mean@3"] == 0.5  # (2/3 + 1/3) / 2
     assert m["val/arith/acc/best@3"] == 1.0
     assert m["val/arith/acc/maj@3"] == 0.5  # a's majority (4) is right, b's (1) is wrong
+    from posttrain.trainer.intervals import wilson
+
+    # 95 % intervals: mean@3 over the 6 samples (3 right), best@3 over the 2 prompts (both right)
+    assert (m["val/arith/acc_low/mean@3"], m["val/arith/acc_high/mean@3"]) == wilson(3, 6)
+    assert (m["val/arith/acc_low/best@3"], m["val/arith/acc_high/best@3"]) == wilson(2, 2)
+    assert (m["val/arith/acc_low/maj@3"], m["val/arith/acc_high/maj@3"]) == wilson(1, 2)
 
 
 def test_majority_ignores_samples_without_an_answer_and_is_zero_when_none_has_one():

@@ -17,6 +17,9 @@ def test_summary_by_hand():
     rows = [_row(1, True, 1, 2, 2), _row(1, False, 0, 1, 0), _row(2, True, 2, 3, 3), _row(2, False, 1, 2, 1)]
     table = summarize_rows(rows, by="hops")
     assert table["hops=1"]["accuracy"] == 0.5 and table["hops=2"]["searches"] == 1.5
+    from posttrain.trainer.intervals import wilson
+
+    assert (table["hops=1"]["accuracy_low"], table["hops=1"]["accuracy_high"]) == wilson(1, 2)
     assert table["all"]["episodes"] == 4 and table["all"]["searches"] == 1.0
     assert table["hops=1"]["valid_action_ratio"] == 2 / 3  # 2 valid of 3 turns
     assert table["all"]["valid_action_ratio"] == 6 / 8

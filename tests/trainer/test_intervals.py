@@ -1,0 +1,88 @@
+"""95 % intervals of accuracies (Wilson) and of the difference of two evaluations of the same items
+(paired bootstrap), checked against values computed by hand, and `posttrain compare` on two files."""
+
+import json
+import math
+
+import pytest
+
+from posttrain.trainer.evaluate import compare_evaluations
+from posttrain.trainer.intervals import interval_names, paired_difference, wilson, with_interval
+
+
+def wilson_by_hand(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+@pytest.mark.parametrize("k, n", [(0, 10), (5, 10), (10, 10), (21, 64), (128, 128), (42, 128)])
+def test_wilson_matches_the_formula(k, n):
+    low, high = wilson(k, n)
+    assert low == pytest.approx(wilson_by_hand(k, n)[0], abs=1e-6) and high == pytest.approx(wilson_by_hand(k, n)[1], abs=1e-6)
+    assert 0 <= low <= k / n <= high <= 1
+
+
+def test_a_seven_point_gain_on_64_items_is_inside_the_noise():
+    """The issue's case: 0.41 → 0.48 on 64 cases; the two intervals overlap widely."""
+    before, after = wilson(26, 64), wilson(31, 64)
+    assert before[1] > after[0] + 0.1
+    assert math.isnan(wilson(0, 0)[0])
+
+
+def test_the_paired_interval_of_the_difference():
+    same = [1.0, 0.0, 1.0, 1.0]
+    assert paired_difference(same, same) == (0.0, 0.0, 0.0)
+    # 40 items: B gets right 10 that A got wrong, and both agree on the rest
+    a = [0.0] * 20 + [1.0] * 20
+    b = [1.0] * 10 + [0.0] * 10 + [1.0] * 20
+    difference, low, high = paired_difference(a, b)
+    assert difference == 0.25 and 0.1 <= low < 0.25 < high <= 0.4  # about ±1.96 × 0.068, the standard error
+    # pairing is what makes it narrow: the unpaired intervals of A (0.50) and B (0.75) overlap
+    assert wilson(sum(a), 40)[1] > wilson(sum(b), 40)[0]
+    assert paired_difference(a, b, seed=1)[1:] == pytest.approx((low, high), abs=0.03)  # stable across resamplings
+    with pytest.raises(ValueError, match="no items"):
+        paired_difference([], [])
+
+
+def test_interval_names_and_text():
+    assert interval_names("val/x/acc/mean@1") == ("val/x/acc_low/mean@1", "val/x/acc_high/mean@1")
+    metrics = {"val/x/acc/mean@1": 0.5, "val/x/acc_low/mean@1": 0.25, "val/x/acc_high/mean@1": 0.75}
+    assert with_interval(metrics, "val/x/acc/mean@1") == "0.500 [0.250, 0.750]"
+    assert with_interval({"val/x/acc/mean@1": 0.5}, "val/x/acc/mean@1") == "0.500"
+
+
+def write_episodes(path, successes, hops):
+    with open(path, "w") as out:
+        for item, (success, hop) in enumerate(zip(successes, hops)):
+            messages = [{"role": "user", "content": f"question {item}"}, {"role": "assistant", "content": "an answer"}]
+            out.write(json.dumps({"data_source": "s", "ground_truth": str(item), "messages": messages, "success": success,
+                                  "reward": float(success), "extra_info": {"hops": hop}, "stats": {}}) + "\n")
+    return path
+
+
+def test_posttrain_compare_prints_both_accuracies_and_the_paired_difference(tmp_path, capsys):
+    hops = [1] * 20 + [2] * 20
+    a = write_episodes(tmp_path / "a.jsonl", [True] * 20 + [False] * 20, hops)  # single-hop right, two-hop wrong
+    b = write_episodes(tmp_path / "b.jsonl", [True] * 20 + [True] * 10 + [False] * 10, hops)
+    assert compare_evaluations(a, b, by="hops") == 0
+    out = capsys.readouterr().out
+    low, high = wilson(20, 40)
+    assert f"all (40 items)\n  A accuracy 0.500 [{low:.3f}, {high:.3f}]" in out
+    assert "B - A +0.250, paired 95% interval [+0." in out
+    assert "hops=1 (20 items)" in out and "hops=2 (20 items)" in out
+    hops_one = out[out.index("hops=1"):out.index("hops=2")]
+    assert "B - A +0.000, paired 95% interval [+0.000, +0.000]" in hops_one  # nothing changed there
+
+
+def test_posttrain_compare_refuses_files_without_common_items_or_rows(tmp_path, capsys):
+    a = write_episodes(tmp_path / "a.jsonl", [True, False], [1, 1])
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"data_source": "t", "ground_truth": "9", "messages": [], "success": True}) + "\n")
+    assert compare_evaluations(a, other) == 2
+    assert "no item in common" in capsys.readouterr().err
+    (tmp_path / "bad.jsonl").write_text('{"no": "success"}\n')
+    assert compare_evaluations(a, tmp_path / "bad.jsonl") == 2
+    assert "line 1 is not an episode row" in capsys.readouterr().err
+    assert compare_evaluations(a, tmp_path / "missing.jsonl") == 2
