@@ -4,6 +4,9 @@
   posttrain sft [--preset NAME] [key=value ...]      supervised fine-tuning on chat transcripts, exported for train
   posttrain eval [--preset NAME] [--checkpoint DIR] [--dump-episodes F.jsonl] [--by KEY] [key=value ...]
                                                      validation only, from a checkpoint or the base model
+  posttrain recipe NAME|list [--dir DIR] [key=value ...] [STAGE:key=value ...]
+                                                     a multi-stage recipe (prepare, sft, train, eval) as one
+                                                     command, ending with base → SFT → RL and 95% intervals
   posttrain compare A.jsonl B.jsonl [--by KEY]      two evaluations' accuracies on the same items (95% intervals)
                                                      and B - A with a paired bootstrap interval
   posttrain export CHECKPOINT --out DIR              a checkpoint's policy as a Hugging Face directory
@@ -62,6 +65,19 @@ def _eval_command(args: argparse.Namespace) -> int:
     from posttrain.trainer.evaluate import run_evaluation
 
     return run_evaluation(_resolved_config(args), args.checkpoint, args.dump_episodes, args.by)
+
+
+def _recipe_command(args: argparse.Namespace) -> int:
+    from posttrain.recipes import RecipeError, list_recipes, run_recipe
+
+    try:
+        if args.name == "list":
+            print(list_recipes())
+            return 0
+        return run_recipe(args.name, args.overrides, args.dir)
+    except RecipeError as err:
+        print(f"posttrain: {err}", file=sys.stderr)
+        return err.exit_code
 
 
 def _compare_command(args: argparse.Namespace) -> int:
@@ -194,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--dump-episodes", metavar="FILE.jsonl",
                                  help="write every validation episode (messages, reward, success, stats) to this file; `posttrain sft` reads it")
             command.add_argument("--by", metavar="KEY", help="also summarise the episodes per value of extra_info[KEY], e.g. hops")
+
+    recipe = commands.add_parser("recipe", help="run a multi-stage recipe (e.g. search, doctor) as one command; `list` shows them")
+    recipe.add_argument("name", help="a built-in recipe (posttrain recipe list), the path of your own .yaml, or list")
+    recipe.add_argument("--dir", type=Path, help="where its stages run (default runs/posttrain/<recipe>)")
+    recipe.add_argument("overrides", nargs="*", help="key=value for every stage, STAGE:key=value for one")
+    recipe.set_defaults(run=_recipe_command)
 
     compare = commands.add_parser("compare", help="two evaluations of the same items: accuracies and their difference, with 95%% intervals")
     compare.add_argument("first", type=Path, metavar="A.jsonl", help="episodes of one evaluation (`posttrain eval --dump-episodes`, or validation/step_N.jsonl)")

@@ -9,7 +9,7 @@ import posttrain
 
 # docs/architecture.md's table, top (highest number) to bottom; packages in one layer may import each other
 LAYERS = {
-    "cli": 8, "demo": 8, "trainer": 8, "rollout": 7, "workers": 6, "agents": 5, "tools": 5, "rewards": 5, "data": 5,
+    "cli": 9, "recipes": 8, "demo": 8, "trainer": 8, "rollout": 7, "workers": 6, "agents": 5, "tools": 5, "rewards": 5, "data": 5,
     "engines": 4, "models": 4, "controller": 3, "algos": 2, "protocol": 2, "keys": 2, "config": 2, "errors": 1, "timing": 1,
 }
 ROOT = Path(posttrain.__file__).parent

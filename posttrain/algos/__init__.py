@@ -12,6 +12,7 @@
 | `value_loss`    | clipped value loss, explained variance |
 | `kl`            | KL estimators k1 / abs / k2 / k3 / k3+, reward penalty, fixed and adaptive controllers |
 | `reward_norm`   | episode reward normalisation: group / batch / none |
+| `shaping`       | DAPO's overlong penalty; the rows of groups whose rewards vary (dynamic sampling) |
 | `registry`      | name -> function registries and `get_*` helpers |
 
 Shapes: B sequences, T response positions, V vocabulary. See README.md for one-line formulas.
@@ -69,10 +70,13 @@ from posttrain.algos.registry import (
     get_policy_loss,
 )
 from posttrain.algos.reward_norm import REWARD_NORM_MODES, groups_with_spread, normalize_episode_rewards
+from posttrain.algos.shaping import overlong_penalty, rows_of_varied_groups
 from posttrain.algos.utils import masked_mean, masked_sum, masked_var, masked_whiten
 from posttrain.algos.value_loss import ValueLossOutput, explained_variance, value_loss
 
 __all__ = [
+    "overlong_penalty",
+    "rows_of_varied_groups",
     "ADVANTAGE_ESTIMATORS",
     "IMPORTANCE_LEVELS",
     "IMPORTANCE_MODES",

@@ -123,11 +123,22 @@ class CriticConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO's overlong reward shaping: a response whose length reaches into the last ``len`` tokens
+    before data.max_response_length loses reward linearly, ``penalty_factor`` at the limit."""
+
+    enable: bool = False
+    len: int = 0  # the buffer, in tokens
+    penalty_factor: float = 1.0
+
+
+@dataclass
 class RewardModelConfig:
     reward_manager: str = "naive"  # naive: one score call per sample | batch: one call with lists
     enable: bool = False
     model_path: Optional[str] = None
     micro_batch_size_per_gpu: int = 8
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # verl's key, applied to every reward
 
 
 @dataclass
@@ -149,6 +160,15 @@ class KLControlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling: groups whose rewards are all equal (no learning signal under group
+    advantages) are dropped and more prompts generated until the batch is full again."""
+
+    enable: bool = False
+    max_num_gen_batches: int = 10  # generation rounds per step at most; then the step trains the groups it kept
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     gamma: float = 1.0
@@ -157,6 +177,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
 @dataclass

@@ -58,7 +58,8 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Pro
         problems += check_env(config)
     if config.trainer.mode == "async":
         problems += check_async(config)
-    problems += check_loss_scale_factor(config) + check_call_timeout(config)
+    problems += check_loss_scale_factor(config) + check_call_timeout(config) + check_overlong_buffer(config)
+    problems += check_dynamic_sampling(config)
     problems += check_breakers(config) + check_retriever_token_env(config)
     if command == "sft":
         problems += check_sft(config)
@@ -89,6 +90,30 @@ def check_breakers(config: PosttrainConfig) -> list[Problem]:
         problems.append(Problem("trainer.stop_after_skipped_steps", config.trainer.stop_after_skipped_steps,
                                 "must be >= 0 (0: never stop for skipped updates)"))
     return problems
+
+
+def check_dynamic_sampling(config: PosttrainConfig) -> list[Problem]:
+    """DAPO's dynamic sampling keeps the groups whose rewards vary: it needs groups, and a step whose
+    batch is the groups it keeps (ReMax's baseline phase scores the step's first prompts)."""
+    if not config.algorithm.filter_groups.enable:
+        return []
+    problems = []
+    if config.actor_rollout_ref.rollout.n < 2:
+        problems.append(Problem("actor_rollout_ref.rollout.n", config.actor_rollout_ref.rollout.n,
+                                "dynamic sampling (algorithm.filter_groups.enable) compares the samples of each prompt: set rollout.n >= 2"))
+    if config.algorithm.adv_estimator == "remax":
+        problems.append(Problem("algorithm.filter_groups.enable", True,
+                                "ReMax's greedy baseline is scored for the step's first prompts, not for the groups dynamic sampling keeps; "
+                                "use grpo/rloo, or turn dynamic sampling off"))
+    return problems
+
+
+def check_overlong_buffer(config: PosttrainConfig) -> list[Problem]:
+    buffer, limit = config.reward_model.overlong_buffer, config.data.max_response_length
+    if buffer.enable and not 1 <= buffer.len <= limit:
+        return [Problem("reward_model.overlong_buffer.len", buffer.len,
+                        f"must be in [1, data.max_response_length={limit}]: the last tokens before the limit where the reward shrinks")]
+    return []
 
 
 def check_call_timeout(config: PosttrainConfig) -> list[Problem]:
@@ -319,6 +344,8 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("sft.test_freq", lambda v: v == -1 or v >= 1, "must be -1 (validate at the start and end only) or >= 1 (every N steps)"),
     ("sft.seed", lambda v: v >= 0, "must be >= 0"),
     ("trainer.seed", lambda v: v >= 0, "must be >= 0"),
+    ("algorithm.filter_groups.max_num_gen_batches", lambda v: v >= 1, "must be >= 1 (generation rounds per step at most)"),
+    ("reward_model.overlong_buffer.penalty_factor", lambda v: v >= 0, "must be >= 0 (the reward lost at the response limit)"),
     ("trainer.max_restarts", lambda v: v is None or v >= 0, "must be >= 0 (0: stop at the first dead or hung worker), or null for 2 with trainer.save_freq >= 1"),
 )
 

@@ -1,5 +1,7 @@
 """What is decided across a whole training batch of rollouts: dropping low-spread groups and
-normalising rewards (``env.filter_groups_quantile``, ``env.reward_norm``).
+normalising rewards (``env.filter_groups_quantile``, ``env.reward_norm``), and DAPO's dynamic
+sampling (``algorithm.filter_groups``: :func:`dynamic_sample`), which generates more rounds until
+the batch holds enough groups whose rewards vary.
 
 An asynchronous batch arrives in units; these run once the units are joined.
 """
@@ -7,15 +9,17 @@ An asynchronous batch arrives in units; these run once the units are joined.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from posttrain import keys
-from posttrain.algos import groups_with_spread, normalize_episode_rewards
+from posttrain.algos import groups_with_spread, normalize_episode_rewards, rows_of_varied_groups
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.protocol import Batch
+from posttrain.rollout.batching import group_ids_of, join_rollouts, merge_unit_metrics
 
 
 def final_token_positions(batch: Batch) -> torch.Tensor:
@@ -82,3 +86,47 @@ def filter_groups(batch: Batch, quantile: float, shape: UpdateBatchShape, metric
     keep = torch.isin(group_ids, torch.tensor(kept, dtype=group_ids.dtype))
     metrics = metrics | {"agent/groups_kept_ratio": keep.float().mean().item()}
     return batch.index(torch.nonzero(keep).squeeze(1)), metrics
+
+
+Round = tuple[Batch, dict[str, float]]  # a scored rollout and its metrics
+
+
+def dynamic_sample(first: Round, more: Callable[[], Round | None], groups: int, max_rounds: int, shape: UpdateBatchShape,
+                   pad_token_id: int) -> Round:
+    """DAPO's dynamic sampling. From ``first`` and as many rounds of ``more()`` as it takes (at most
+    ``max_rounds`` in all; ``more`` returns None when the data runs out), keep the groups whose
+    rewards are not all equal, in order, until ``groups`` are kept; the batch is those groups (past
+    ``max_rounds``, the ones kept, trimmed to a count the update can split: :func:`kept_group_count`;
+    none at all: ``first`` as it was, which teaches nothing under group advantages).
+
+    Metrics: the rounds' own, merged (counts summed), and ``dynamic_sampling/rounds``,
+    ``dynamic_sampling/dropped_groups`` (no reward spread), ``dynamic_sampling/kept_groups``."""
+    kept: list[Batch] = []
+    kept_groups = dropped = rounds = 0
+    round_metrics: list[dict[str, float]] = []
+    current: Round | None = first
+    while current is not None:
+        batch, metrics = current
+        rounds += 1
+        round_metrics.append(metrics)
+        ids = group_ids_of(batch[keys.UID])
+        varied = rows_of_varied_groups(batch[keys.TOKEN_SCORES].sum(-1), ids)
+        dropped += len(set(ids[~varied].tolist()))
+        if varied.any():
+            kept.append(batch.index(torch.nonzero(varied).squeeze(1)))
+            kept_groups += len(set(ids[varied].tolist()))
+        if kept_groups >= groups or rounds >= max_rounds:
+            break
+        current = more()
+    metrics = merge_unit_metrics(round_metrics) | {
+        "dynamic_sampling/rounds": float(rounds), "dynamic_sampling/dropped_groups": float(dropped),
+    }
+    target = groups if kept_groups >= groups else kept_group_count(kept_groups, shape)
+    if target == 0:
+        return first[0], metrics | {"dynamic_sampling/kept_groups": 0.0}
+    joined = join_rollouts(kept, pad_token_id) if len(kept) > 1 else kept[0]
+    ids = group_ids_of(joined[keys.UID])
+    batch = joined.index(torch.nonzero(ids < target).squeeze(1))
+    batch.tensors[keys.GROUP_IDS] = group_ids_of(batch[keys.UID])
+    batch.meta.update(first[0].meta)
+    return batch, metrics | {"dynamic_sampling/kept_groups": float(target)}

@@ -5,7 +5,8 @@
                  pass, detached (exactly the same numbers)
     reference    π_ref logprobs, when KL is used (in the reward, or as a loss)
     values       the critic's values, when the estimator needs them (GAE)
-    advantages   KL in the reward if configured, then the configured estimator
+    advantages   the overlong penalty (``reward_model.overlong_buffer``) and KL in the reward if
+                 configured, then the configured estimator
     update       critic, then actor (after ``trainer.critic_warmup`` steps)
 
 :class:`Learner` runs these phases in that order for the synchronous and the asynchronous step
@@ -16,11 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import torch
+
 from posttrain import keys
-from posttrain.algos import AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage_estimator, masked_mean
+from posttrain.algos import AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage_estimator, masked_mean, overlong_penalty
 from posttrain.algos.advantages import AdvantageInputs, AdvantageOutput
 from posttrain.config.schema import PosttrainConfig
+from posttrain.engines.training.inputs import response_attention_mask
 from posttrain.protocol import Batch
+from posttrain.rollout.groups import final_token_positions
 from posttrain.timing import timed
 from posttrain.trainer.breakers import CircuitBreakers
 from posttrain.trainer.metrics import mean_of_ranks
@@ -44,6 +49,18 @@ def apply_kl_in_reward(batch: Batch, controller: FixedKLController, kind: str) -
     metrics = {"critic/kl": float(result.mean_kl), "critic/kl_coeff": controller.coef}
     controller.update(float(result.mean_kl), n_steps=len(batch))
     return batch.union(Batch.from_dict({keys.TOKEN_REWARDS: result.rewards})), metrics
+
+
+def apply_overlong_penalty(batch: Batch, max_length: int, buffer: int, factor: float) -> tuple[Batch, dict[str, float]]:
+    """DAPO's overlong reward shaping: each response's penalty (``algos.overlong_penalty`` of its
+    length, observations included) added to its score on its last loss-carrying token."""
+    lengths = response_attention_mask(batch).sum(-1)
+    penalty = overlong_penalty(lengths, max_length, buffer, factor)
+    scores = batch[keys.TOKEN_SCORES].clone()
+    scores[torch.arange(len(batch)), final_token_positions(batch)] += penalty.to(scores.dtype)
+    out = batch.copy()
+    out.tensors[keys.TOKEN_SCORES] = scores
+    return out, {"reward/overlong_penalty/mean": float(penalty.mean()), "reward/overlong_fraction": float((penalty < 0).float().mean())}
 
 
 def kl_controller(kind: str, coef: float, target_kl: float, horizon: int) -> FixedKLController:
@@ -87,6 +104,8 @@ class Learner:
         # the loss takes its own forward pass (detached) as π_old and the separate pass is skipped.
         self.on_policy_update = single_update_step(config)
         self.breakers = breakers
+        overlong = config.reward_model.overlong_buffer
+        self.overlong = (config.data.max_response_length, overlong.len, overlong.penalty_factor) if overlong.enable else None
 
     def __call__(self, roles: Roles, batch: Batch, step: int, timings: dict[str, float]) -> tuple[Batch, dict[str, float]]:
         """Returns the batch with what was computed, and the phases' metrics."""
@@ -103,6 +122,9 @@ class Learner:
             with timed(timings, "values"):
                 batch = batch.union(roles.critic.compute_values(batch))
         with timed(timings, "adv"):
+            if self.overlong is not None:
+                batch, shaped = apply_overlong_penalty(batch, *self.overlong)
+                metrics |= shaped
             if self.kl_in_reward:
                 batch, kl_metrics = apply_kl_in_reward(batch, self.kl_controller, self.kl_penalty)
                 metrics |= kl_metrics

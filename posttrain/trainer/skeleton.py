@@ -139,6 +139,11 @@ class Stopped(Exception):
         self.reason, self.step, self.checkpoint, self.at_once = reason, step, checkpoint, at_once
 
 
+class DataRanOut(Exception):
+    """A step found no data left for it (an asynchronous run whose dynamic sampling read the data
+    ahead): the run ends as when its batch source runs out."""
+
+
 class CheckpointThenStop(PosttrainError):
     """An error after which the trainer's own state is still sound: the skeleton writes a checkpoint,
     then raises :meth:`with_checkpoint`'s error naming it. ``restartable``: its cause was a process
@@ -320,7 +325,10 @@ class Run(Generic[Item]):
                 epoch, item = next(batches)
             except StopIteration:  # the data ran out (total_epochs) before total_steps
                 return
-            metrics = self.parts.step(roles, item, self.step + 1)
+            try:
+                metrics = self.parts.step(roles, item, self.step + 1)
+            except DataRanOut:
+                return
             self.step += 1
             metrics["run/restarts"] = float(self.restarts)
             if epoch is not None:

@@ -1,7 +1,9 @@
 """The synchronous mode: PPO / GRPO, generating and training in turns on the same workers.
 
     for each batch of prompts (trainer/skeleton.py runs the loop, validation and checkpoints):
-        rollout      repeat each prompt n times (a group), generate with the current weights, score
+        rollout      repeat each prompt n times (a group), generate with the current weights, score;
+                     with ``algorithm.filter_groups`` (DAPO's dynamic sampling) drop the groups whose
+                     rewards are all equal and generate the next prompts until the batch is full
         phases       what an estimator adds to the scored batch (ReMax: the greedy baseline)
         learn        π_old, π_ref, values, advantages, critic and actor updates (trainer/learn.py)
         sync         new weights into the rollout engine, version + 1
@@ -18,6 +20,7 @@ from posttrain import keys
 from posttrain.config.schema import PosttrainConfig
 from posttrain.protocol import Batch
 from posttrain.rollout import Rollout, repeat_for_groups
+from posttrain.rollout.groups import dynamic_sample, update_batch_shape
 from posttrain.timing import timed
 from posttrain.trainer.breakers import BreakerLimits, CircuitBreakers
 from posttrain.trainer.learn import Learner
@@ -50,21 +53,33 @@ def estimator_phases(config: PosttrainConfig, rollout: Rollout) -> list[Phase]:
 
 
 class SyncStep:
-    """rollout → phases → learn → sync, timed (``timing_s/*``)."""
+    """rollout (more rounds with dynamic sampling) → phases → learn → sync, timed (``timing_s/*``)."""
 
     def __init__(self, config: PosttrainConfig, rollout: Rollout, learner: Learner, breakers: CircuitBreakers,
-                 phases: Sequence[Phase] = ()) -> None:
+                 phases: Sequence[Phase] = (), more_prompts: Callable[[], Batch | None] | None = None, pad_token_id: int = 0) -> None:
         self.rollout, self.learner, self.breakers, self.phases = rollout, learner, breakers, list(phases)
         self.group_size = config.actor_rollout_ref.rollout.n
         self.critic_warmup, self.max_response_length = config.trainer.critic_warmup, config.data.max_response_length
         self.last_prompts: list[str] = []  # the ids of the prompts the last step trained on
+        dynamic = config.algorithm.filter_groups
+        # DAPO's dynamic sampling: the next prompts of the run's data, for rounds after the first
+        self.more_prompts = more_prompts if dynamic.enable else None
+        self.max_rounds, self.groups, self.pad_token_id = dynamic.max_num_gen_batches, config.data.train_batch_size, pad_token_id
+        self.shape = update_batch_shape(config)
 
     def __call__(self, roles: Roles, prompts: Batch, step: int) -> dict[str, float]:
-        self.last_prompts = list(prompts[keys.UID])
         timings: dict[str, float] = {}
         with timed(timings, "step"):
             # the rollout times its own phases: gen (and reward, for single-turn scoring)
-            batch, metrics = self.rollout(roles.for_rollout(), repeat_for_groups(prompts, self.group_size), timings=timings)
+            batch, metrics = self._round(roles, prompts, timings)
+            if self.more_prompts is not None:
+                def more() -> tuple[Batch, dict[str, float]] | None:
+                    extra = self.more_prompts()
+                    return None if extra is None else self._round(roles, extra, timings)
+
+                batch, metrics = dynamic_sample((batch, metrics), more, self.groups, self.max_rounds, self.shape, self.pad_token_id)
+            batch, metrics = self.rollout.finish_batch(batch, metrics)
+            self.last_prompts = list(dict.fromkeys(batch[keys.UID]))
             self.breakers.check_rollout(metrics, step, notes=self.rollout.first_failures)
             for phase in self.phases:
                 batch = phase(roles, prompts, batch, timings)
@@ -74,6 +89,9 @@ class SyncStep:
                 with timed(timings, "sync"):
                     roles.actor.sync_weights(step)
         return metrics | batch_metrics(batch, timings, self.max_response_length)
+
+    def _round(self, roles: Roles, prompts: Batch, timings: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        return self.rollout(roles.for_rollout(), repeat_for_groups(prompts, self.group_size), timings=timings, whole_batch=False)
 
 
 def batch_metrics(batch: Batch, timings: dict[str, float], max_response_length: int) -> dict[str, float]:
@@ -91,12 +109,14 @@ def sync_parts(setup: RolloutSetup) -> RunParts[Batch]:
     config = setup.config
     breakers = CircuitBreakers(BreakerLimits.from_config(config))
     learner = Learner(config, breakers)
-    step = SyncStep(config, setup.rollout, learner, breakers, estimator_phases(config, setup.rollout))
-    validation = RLValidation(setup.validator, config.trainer.test_freq, config.trainer.val_before_train) if setup.validator else None
     loader = setup.data.train
+    stream = epoch_batches(loader, config.trainer.total_epochs)  # one stream: the steps, and dynamic sampling's extra rounds
+    step = SyncStep(config, setup.rollout, learner, breakers, estimator_phases(config, setup.rollout),
+                    more_prompts=lambda: next(stream, (None, None))[1], pad_token_id=setup.tokenizer.pad_token_id)
+    validation = RLValidation(setup.validator, config.trainer.test_freq, config.trainer.val_before_train) if setup.validator else None
     return RunParts(
         label="train", headline=train_headline(config, setup.total_steps), config=config, total_steps=setup.total_steps, step=step, validation=validation,
-        batches=lambda: epoch_batches(loader, config.trainer.total_epochs),
+        batches=lambda: stream,
         services=[RolloutService(setup.rollout)], state={"dataloader": loader, "kl_controller": learner},
         trained_prompts=lambda: step.last_prompts,
     )

@@ -66,9 +66,10 @@ def test_rewards_by_hand_with_the_rule_patient():
     relevant = env.step("Let me ask. <question> Does the pain get worse when you breathe in deeply? </question>")
     assert relevant.observation == "Patient: Yes, it hurts more when I take a deep breath."
     assert relevant.reward == pytest.approx(0.09) and not relevant.done
-    assert relevant.info.counts == {"questions": 1, "relevant_questions": 1}
+    faithful = {"patient_checked": 1, "patient_agreed": 1}  # a yes/no finding, answered as the case says
+    assert relevant.info.counts == {"questions": 1, "relevant_questions": 1} | faithful
     repeated = env.step("<question>Does the pain get worse when you breathe in deeply?</question>")
-    assert repeated.reward == pytest.approx(-0.06) and repeated.info.counts == {"questions": 1, "repeated_questions": 1}
+    assert repeated.reward == pytest.approx(-0.06) and repeated.info.counts == {"questions": 1, "repeated_questions": 1} | faithful
     irrelevant = env.step("<question>Do you smoke?</question>")
     assert irrelevant.observation == f"Patient: {DONT_KNOW}"
     assert irrelevant.reward == pytest.approx(-0.06)
@@ -158,10 +159,15 @@ def test_a_new_relevant_question_is_rewarded_even_when_it_resembles_a_matched_on
     assert env.step("<question>Is the pain sharp?</question>").info.counts["relevant_questions"] == 1
     # its best match is the matched question, but the unmatched one also reaches the threshold
     second = env.step("<question>Is the pain sharp, burning?</question>")
-    assert second.info.counts == {"questions": 1, "repeated_questions": 1}  # it repeats the first question's words
+    assert questions_only(second.info.counts) == {"questions": 1, "repeated_questions": 1}  # it repeats the first question's words
     env.reset(sample(Case("c", "Pain.", "Pain.", "x", (), qa)))
     env.step("<question>Is the pain sharp and burning?</question>")
-    assert env.step("<question>Is it sharp?</question>").info.counts == {"questions": 1, "relevant_questions": 1}
+    assert questions_only(env.step("<question>Is it sharp?</question>").info.counts) == {"questions": 1, "relevant_questions": 1}
+
+
+def questions_only(counts):
+    """The question counters, without the patient's (faithfulness, refusals)."""
+    return {name: value for name, value in counts.items() if not name.startswith("patient_")}
 
 
 def test_an_empty_diagnosis_in_the_final_turn_ends_the_episode():
@@ -256,3 +262,25 @@ def test_budgets_fixed_and_drawn_with_turns_left_announced(tokenizer):
         relevant = sum(e.counts.get("relevant_questions", 0) for e in episodes)
         assert metrics["env/relevant_question_ratio"] == pytest.approx(relevant / questions)
         assert metrics["agent/success_rate"] == 0.0
+
+
+def test_the_patients_faithfulness_refusals_and_leaks_are_counted():
+    """Each question matching a yes/no finding checks the patient's reply against the case: the
+    rule patient always agrees; an LLM patient that contradicts the case, refuses, or names the
+    diagnosis is counted (env/patient_faithfulness = agreed / checked)."""
+    from posttrain.agents.doctor.patient import polarity
+
+    assert [polarity(t) for t in ("Yes, a lot.", "No fever.", "Nope", "I don't think so.", "It does, yes.", "Maybe.")] == \
+        ["yes", "no", "no", "no", "yes", None]
+    llm = FakeLLM([[EnvLLMReply("No, not at all.", "stop")], [EnvLLMReply("I don't know.", "stop")],
+                   [EnvLLMReply("My doctor said it is acute pericarditis.", "stop")]])
+    env = DoctorEnv(llm, patient="llm")
+    env.reset(sample())
+    contradicted = DoctorEnv.step_batch([env], ["<question>Does the pain get worse when you breathe in deeply?</question>"])[0]
+    assert contradicted.info.counts == {"questions": 1, "relevant_questions": 1, "patient_checked": 1}  # the case says yes
+    refused = DoctorEnv.step_batch([env], ["<question>Do you have a fever?</question>"])[0]
+    assert refused.info.counts["patient_refusals"] == 1 and refused.info.counts["patient_checked"] == 1
+    assert "patient_agreed" not in refused.info.counts
+    leaked = DoctorEnv.step_batch([env], ["<question>Does the pain spread to your left arm?</question>"])[0]
+    assert leaked.info.counts["patient_leaks"] == 1
+    assert DoctorEnv.ratios["patient_faithfulness"] == ("patient_agreed", "patient_checked")

@@ -1,6 +1,5 @@
 """EpochSampler / PromptDataLoader: seeded order, Batch layout, exact resume (mid-epoch and at a boundary)."""
 
-import uuid
 
 import numpy as np
 import pytest
@@ -92,8 +91,9 @@ def test_loader_batches_are_left_padded_prompt_batches(tmp_path, tokenizer):
     assert list(batch[keys.DATA_SOURCE]) == ["gsm8k", "src"] and batch[keys.GROUND_TRUTH][0] == "3"
     assert batch[keys.RAW_PROMPT][0] == [{"role": "user", "content": "hi"}]
     assert batch[keys.EXTRA_INFO][1] == {"split": "train", "index": 1}
-    uids = list(batch[keys.UID])
-    assert len(set(uids)) == 2 and all(uuid.UUID(u) for u in uids)
+    assert list(batch[keys.UID]) == ["0:0", "0:1"]  # epoch 0, dataset rows 0 and 1: what trained_prompts.jsonl records
+    (second_epoch,) = list(loader)
+    assert list(second_epoch[keys.UID]) == ["1:0", "1:1"]
 
 
 def test_loader_resume_yields_the_same_prompts(tmp_path, tokenizer):

@@ -199,3 +199,44 @@ def next_now(s: UnitScheduler):
         if unit is not None:
             s.in_flight[unit.index] = unit
         return unit
+
+
+def test_a_dynamic_sampling_round_goes_first_is_returned_on_a_failure_and_is_never_checkpointed():
+    """Batch 0 is taken; its step asks one more round (the data's next prompts, tagged batch 0):
+    those units start before any read-ahead unit, are taken as batch 0's, and (taken or not) are
+    never in a snapshot; the batch's own units, put back after a failure, are."""
+    s = scheduler(staleness=1, batches=3, data=prompt_batches(4))  # one batch of data more than the run's steps
+    unit = s.next_unit()
+    s.finish(unit, GeneratedUnit(unit.index, 0, unit.prompts, {}, 0.0))
+    unit = s.next_unit()
+    s.finish(unit, GeneratedUnit(unit.index, 0, unit.prompts, {}, 0.0))
+    taken = s.take_batch(0)
+    assert [u.index for u in taken] == [0, 1]
+    regular = list(s.taken)
+    extra = s.add_round(0)  # the next prompts of the data: batch 1's (nothing was read ahead yet)
+    assert extra == [6, 7]  # numbered after the run's 3 × 2 regular units
+    first = s.next_unit()
+    assert (first.index, first.batch_index, first.extra) == (6, 0, True)  # before batch 1's read-ahead
+    assert first.row_offset == 2 * 2 * 3  # rows after the batch's own 2 units of 2 groups of 3
+    s.finish(first, GeneratedUnit(first.index, 0, first.prompts, {}, 0.0))
+    snapshot = s.snapshot(lambda: {})
+    assert all(not u.extra for u in snapshot["unstarted"]) and all(not u.extra for u, _ in snapshot["finished"])
+    s.put_back(regular)  # the step failed before training: batch 0's own units go back, finished
+    assert sorted(s.finished) == [0, 1, 6]
+    assert [u.index for u, _ in s.snapshot(lambda: {})["finished"]] == [0, 1]
+    assert [u.batch_index for u in s.snapshot(lambda: {})["unstarted"]] == []  # the extra unit 7 is left out
+
+
+def test_when_dynamic_sampling_has_read_the_data_the_next_batch_ends_the_run():
+    from posttrain.trainer.skeleton import DataRanOut
+
+    s = scheduler(staleness=0, batches=2, data=prompt_batches(2))
+    for _ in range(2):
+        unit = s.next_unit()
+        s.finish(unit, GeneratedUnit(unit.index, 0, unit.prompts, {}, 0.0))
+    s.take_batch(0)
+    assert s.add_round(0) == [4, 5]  # batch 1's prompts, read as batch 0's second round
+    assert s.add_round(0) is None  # nothing left
+    s.advance(1)
+    with pytest.raises(DataRanOut, match="no prompts are left for batch 1"):
+        s.take_batch(1)

@@ -30,6 +30,9 @@ one is cut (``patient_truncated``), and a reply the Env-LLM could not give (its 
 spent, ``agents/env_llm.py``) ends the episode with the turn's cost and ``patient_errors`` counted.
 
 Counters: see :attr:`DoctorEnv.counters`; ``env/relevant_question_ratio`` is relevant over all questions.
+The patient's contract, in every run and validation: ``env/patient_faithfulness`` is the share of
+questions matching a yes/no finding of the case whose reply agrees with it (``patient_checked``,
+``patient_agreed``), beside ``patient_refusals`` and ``patient_leaks`` (a reply naming the diagnosis).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from posttrain.agents.doctor.case import Case, case_from_sample
-from posttrain.agents.doctor.patient import PatientReply, RulePatient, best_match, clean_reply, is_refusal, question_similarity
+from posttrain.agents.doctor.patient import PatientReply, RulePatient, best_match, clean_reply, is_refusal, polarity, question_similarity
 from posttrain.agents.doctor.prompts import DIAGNOSIS_TAG, QUESTION_TAG, how_to_act, judge_messages, patient_messages
 from posttrain.agents.env import EpisodeSample, Environment, StepInfo, StepResult
 from posttrain.agents.env_llm import EnvLLM, EnvLLMError, EnvLLMReply
@@ -57,6 +60,7 @@ class _Ask:
     question: str
     counts: dict[str, float]
     reward: float
+    finding: int | None = None  # the case question it matches best (for the patient's faithfulness)
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,12 @@ class DoctorEnv(Environment):
     counters: ClassVar[tuple[str, ...]] = (
         "questions", "relevant_questions", "irrelevant_questions", "repeated_questions", "diagnoses", "correct_diagnoses",
         "invalid", "patient_refusals", "patient_truncated", "patient_empty", "patient_errors", "judge_errors",
+        "patient_checked", "patient_agreed", "patient_leaks",
     )
-    ratios: ClassVar[Mapping[str, tuple[str, str]]] = {"relevant_question_ratio": ("relevant_questions", "questions")}
+    ratios: ClassVar[Mapping[str, tuple[str, str]]] = {
+        "relevant_question_ratio": ("relevant_questions", "questions"),
+        "patient_faithfulness": ("patient_agreed", "patient_checked"),  # the patient's yes/no agrees with the case's
+    }
 
     def __init__(
         self,
@@ -189,13 +197,13 @@ class DoctorEnv(Environment):
         match = best_match(question, [self.case.qa[i].question for i in unmatched], self.similarity_threshold)
         self.asked.append(question)
         counts = {"questions": 1.0}
+        finding = best_match(question, [pair.question for pair in self.case.qa], self.similarity_threshold)
         if match is not None and not repeated:
             self.matched.add(unmatched[match])
             counts["relevant_questions"] = 1.0
-            return _Ask(question, counts, self.turn_penalty + self.relevant_question_reward)
-        matched_before = best_match(question, [pair.question for pair in self.case.qa], self.similarity_threshold) is not None
-        counts["repeated_questions" if repeated or matched_before else "irrelevant_questions"] = 1.0
-        return _Ask(question, counts, self.turn_penalty + self.irrelevant_question_penalty)
+            return _Ask(question, counts, self.turn_penalty + self.relevant_question_reward, unmatched[match])
+        counts["repeated_questions" if repeated or finding is not None else "irrelevant_questions"] = 1.0
+        return _Ask(question, counts, self.turn_penalty + self.irrelevant_question_penalty, finding)
 
     def _uses_llm(self, plan: StepResult | _Ask | _Diagnose) -> bool:
         return isinstance(plan, _Diagnose) or (isinstance(plan, _Ask) and self.patient == "llm")
@@ -226,13 +234,23 @@ class DoctorEnv(Environment):
         self.dialogue.append((plan.question, answer.text))
         counts = dict(plan.counts)
         for name, happened in (("patient_refusals", is_refusal(answer.text)), ("patient_truncated", answer.truncated),
-                               ("patient_empty", answer.empty)):
+                               ("patient_empty", answer.empty), ("patient_leaks", self._names_the_diagnosis(answer.text))):
             if happened:
                 counts[name] = 1.0
+        expected = polarity(self.case.qa[plan.finding].answer) if plan.finding is not None else None
+        if expected is not None:  # a yes/no finding: does the patient's reply agree with the case?
+            counts["patient_checked"] = 1.0
+            if polarity(answer.text) == expected:
+                counts["patient_agreed"] = 1.0
         observation = f"Patient: {answer.text}"
         if self.announce_turns_left and self.turn_budget is not None:
             observation += f"\n(You can ask {max(self.turn_budget - self.turns, 0)} more questions.)"
         return StepResult(observation, plan.reward, False, StepInfo(valid=True, effective=True, counts=counts))
+
+    def _names_the_diagnosis(self, reply: str) -> bool:
+        """The patient gave the answer away: a diagnosis or alias appears in the reply, as whole words."""
+        words = f" {' '.join(re.sub(r'[^a-z0-9 ]', ' ', reply.lower()).split())} "
+        return any(f" {' '.join(re.sub(r'[^a-z0-9 ]', ' ', name.lower()).split())} " in words for name in self.case.diagnoses)
 
     def _diagnosis_result(self, diagnosis: str, judged_same: bool | None) -> StepResult:
         correct = exact_match(diagnosis, list(self.case.diagnoses)) or bool(judged_same)

@@ -67,6 +67,21 @@ def is_refusal(reply: str) -> bool:
     return any(phrase in lowered for phrase in _REFUSALS)
 
 
+_YES = ("yes", "yeah", "yep", "i do", "i have", "it is", "it does")
+_NO = ("no", "nope", "not", "i don't", "i do not", "i haven't", "i have not", "it isn't", "it doesn't", "never")
+
+
+def polarity(reply: str) -> str | None:
+    """``"yes"`` or ``"no"`` for a reply that opens with one (a yes/no finding), else None (a refusal too)."""
+    if is_refusal(reply):
+        return None
+    lowered = re.sub(r"[^a-z' ]", " ", reply.lower().replace("’", "'")).strip()
+    for answer, openings in (("no", _NO), ("yes", _YES)):  # "no" first: "not" and "i don't" start like yes-openings do not
+        if any(lowered == opening or lowered.startswith(opening + " ") for opening in openings):
+            return answer
+    return None
+
+
 @dataclass(frozen=True)
 class PatientReply:
     text: str

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from posttrain.protocol import Batch
 from posttrain.rollout.generator import GeneratedUnit
+from posttrain.trainer.skeleton import DataRanOut
 
 WAIT_S = 0.2  # how often a blocked call re-checks for a stop
 
@@ -52,6 +53,7 @@ class Unit:
     batch_index: int
     row_offset: int  # first row in the batch after repeating into groups (seeds follow rows)
     prompts: Batch
+    extra: bool = False  # a dynamic-sampling round's (:meth:`UnitScheduler.add_round`): not kept by a checkpoint
 
 
 class UnitScheduler:
@@ -74,7 +76,10 @@ class UnitScheduler:
         self.finished: dict[int, tuple[Unit, GeneratedUnit]] = {}
         self.stale_dropped = 0
         self.requeued = 0
+        self.taken: list[tuple[Unit, GeneratedUnit]] = []  # the units the last take handed out, for :meth:`put_back`
         self.producer_wait_s = 0.0  # time generators spent blocked by the bounds
+        self._next_extra = total_batches * units_per_batch  # dynamic sampling's units are numbered after every regular one
+        self._extra_rounds: dict[int, int] = {}
         self._condition = threading.Condition()
         self._closed: BaseException | bool = False
         self._data_done = False
@@ -113,9 +118,9 @@ class UnitScheduler:
             return None
         if not self.unstarted and not self._data_done and self.next_batch < self.total_batches and self._fresh_enough(self.next_batch):
             self._pull_batch()
-        for index in sorted(self.unstarted):
-            if self._fresh_enough(self.unstarted[index].batch_index):
-                return self.unstarted.pop(index)
+        for unit in sorted(self.unstarted.values(), key=lambda u: (u.batch_index, u.index)):  # the trainer's own batch first
+            if self._fresh_enough(unit.batch_index):
+                return self.unstarted.pop(unit.index)
         return None
 
     def _fresh_enough(self, batch_index: int) -> bool:
@@ -138,9 +143,41 @@ class UnitScheduler:
     def take_batch(self, batch_index: int, while_waiting: Callable[[], None] | None = None) -> list[GeneratedUnit]:
         """Batch ``batch_index``'s units in order, once all are finished and within the bound.
         ``while_waiting`` is called (outside the lock) every ``WAIT_S`` while they are not; it may raise."""
-        indices = range(batch_index * self.units_per_batch, (batch_index + 1) * self.units_per_batch)
+        return self.take_units(batch_index, range(batch_index * self.units_per_batch, (batch_index + 1) * self.units_per_batch), while_waiting)
+
+    def add_round(self, batch_index: int) -> list[int] | None:
+        """Dynamic sampling: the data's next prompts as more units of batch ``batch_index`` (started
+        before any other); their indices for :meth:`take_units`, or None when the data has run out."""
+        with self._condition:
+            prompts = None if self._data_done else self.next_prompts()
+            if prompts is None:
+                self._data_done = True
+                return None
+            round_ = self._extra_rounds[batch_index] = self._extra_rounds.get(batch_index, 0) + 1
+            per_unit, first_row = self.groups_per_unit, round_ * self.units_per_batch * self.groups_per_unit * self.group_size
+            indices = []
+            for j in range(max(1, len(prompts) // per_unit)):
+                index, self._next_extra = self._next_extra, self._next_extra + 1
+                rows = prompts.index(slice(j * per_unit, (j + 1) * per_unit))
+                self.unstarted[index] = Unit(index, batch_index, first_row + j * per_unit * self.group_size, rows, extra=True)
+                indices.append(index)
+            self._condition.notify_all()
+            return indices
+
+    def put_back(self, units: list[tuple[Unit, GeneratedUnit]]) -> None:
+        """Taken units returned, finished (a step that did not train them: a checkpoint keeps them)."""
+        with self._condition:
+            for unit, result in units:
+                if not unit.extra:
+                    self.finished[unit.index] = (unit, result)
+            self._condition.notify_all()
+
+    def take_units(self, batch_index: int, indices: Sequence[int], while_waiting: Callable[[], None] | None = None) -> list[GeneratedUnit]:
+        """The units ``indices`` of batch ``batch_index`` in order, once all are finished and within the bound."""
         while True:
             with self._condition:
+                if self._data_done and batch_index >= self.next_batch and not any(i in self.finished for i in indices):
+                    raise DataRanOut(f"no prompts are left for batch {batch_index} (dynamic sampling read them)")
                 if self._closed:
                     if isinstance(self._closed, BaseException):
                         raise SchedulerClosed(str(self._closed), getattr(self._closed, "restartable", False))
@@ -148,9 +185,9 @@ class UnitScheduler:
                 if all(i in self.finished for i in indices):
                     stale = [i for i in indices if batch_index - self.finished[i][1].version > self.max_staleness]
                     if not stale:
-                        units = [self.finished.pop(i)[1] for i in indices]
+                        self.taken = [self.finished.pop(i) for i in indices]
                         self._condition.notify_all()
-                        return units
+                        return [result for _, result in self.taken]
                     for i in stale:  # cannot happen by admission; if it does, regenerate rather than train it
                         self.unstarted[i] = self.finished.pop(i)[0]
                         self.stale_dropped += 1
@@ -183,12 +220,13 @@ class UnitScheduler:
     def snapshot(self, data_state: Callable[[], Any]) -> dict[str, Any]:
         """What a checkpoint needs: the data position (``data_state()``, taken under the same lock)
         and every unit not yet trained: finished ones as generated, the rest as prompts."""
-        with self._condition:
-            pending = dict(self.unstarted) | dict(self.in_flight)
+        with self._condition:  # a dynamic-sampling round's units are the step's that stopped: not kept
+            pending = {i: unit for i, unit in (self.unstarted | self.in_flight).items() if not unit.extra}
+            finished = {i: done for i, done in self.finished.items() if not done[0].extra}
             return {
                 "layout": self.layout(), "next_batch": self.next_batch, "data": data_state(), "data_done": self._data_done,
                 "unstarted": [pending[i] for i in sorted(pending)],
-                "finished": [self.finished[i] for i in sorted(self.finished)],
+                "finished": [finished[i] for i in sorted(finished)],
                 "stale_dropped": self.stale_dropped, "requeued": self.requeued,
             }
 

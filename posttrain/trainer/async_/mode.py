@@ -3,7 +3,8 @@
     feed          the unit scheduler (the bounded buffer), the weight board and N generators, opened
                   once the trainer's roles are up and restored; the starting weights are published
     each step     take batch b from the buffer (its units in data order, each ≤ max_staleness
-                  versions old) → learn (π_prox = the trainer's logprobs before the update; π_ref,
+                  versions old; with ``algorithm.filter_groups``, more rounds of the data's next
+                  prompts for batch b until enough groups' rewards vary) → learn (π_prox = the trainer's logprobs before the update; π_ref,
                   values, advantages; critic and actor updates with the decoupled-PPO correction
                   against the behaviour logprobs) → publish version b + 1: one object in Ray's
                   object store, or a broadcast to the generators' group (``async.weight_transport``;
@@ -36,6 +37,7 @@ from posttrain.errors import PosttrainError
 from posttrain.protocol import Batch
 from posttrain.rollout import Rollout, group_ids_of, join_rollouts, merge_unit_metrics
 from posttrain.rollout.generator import GeneratedUnit, WeightBoard
+from posttrain.rollout.groups import dynamic_sample, update_batch_shape
 from posttrain.timing import timed
 from posttrain.trainer.async_.buffer import SchedulerClosed, UnitScheduler
 from posttrain.trainer.async_.coordinator import Generators, generator_config
@@ -142,12 +144,23 @@ class GeneratorFeed:
     def take_batch(self, batch_index: int, stop: StopSignal) -> list[GeneratedUnit]:
         """Batch ``batch_index``'s units; while waiting, a stop asked for ends the wait and a replaced
         generator gets the current weights."""
+        return self._take(batch_index, stop, lambda waiting: self.scheduler.take_batch(batch_index, while_waiting=waiting))
+
+    def take_round(self, batch_index: int, stop: StopSignal) -> list[GeneratedUnit] | None:
+        """Dynamic sampling: one more batch of the data's prompts generated for batch ``batch_index``
+        (its units start before any other); None when the data has run out."""
+        indices = self.scheduler.add_round(batch_index)
+        if indices is None:
+            return None
+        return self._take(batch_index, stop, lambda waiting: self.scheduler.take_units(batch_index, indices, while_waiting=waiting))
+
+    def _take(self, batch_index: int, stop: StopSignal, take) -> list[GeneratedUnit]:
         def while_waiting() -> None:
             stop.check(batch_index)
             self.generators.maintain(batch_index)
 
         try:
-            return self.scheduler.take_batch(batch_index, while_waiting=while_waiting)
+            return take(while_waiting)
         except SchedulerClosed as err:
             raise GeneratorsFailed(f"the generators stopped the run: {err}.", err.restartable) from err
 
@@ -177,6 +190,8 @@ class AsyncStep:
         self.feed, self.rollout, self.learner, self.breakers, self.stop = feed, rollout, learner, breakers, stop
         self.max_staleness, self.max_response_length = config.async_.max_staleness, config.data.max_response_length
         self.pad_token_id = pad_token_id
+        dynamic = config.algorithm.filter_groups  # DAPO's dynamic sampling: more rounds for the same batch
+        self.dynamic = (config.data.train_batch_size, dynamic.max_num_gen_batches, update_batch_shape(config)) if dynamic.enable else None
         self.timeline = Path(config.trainer.default_local_dir) / TIMELINE
         self.trained_samples = 0
         self.last_prompts: list[str] = []  # the ids of the prompts the last step trained on, in unit order
@@ -187,8 +202,8 @@ class AsyncStep:
         with timed(timings, "step"):
             with timed(timings, "wait_buffer"):
                 units = self.feed.take_batch(step - 1, self.stop)
-            self.last_prompts = [uid for u in units for uid in dict.fromkeys(u.batch[keys.UID])]
-            batch, metrics = self._join(units)
+            batch, metrics = self._batch(units, step, timings)
+            self.last_prompts = list(dict.fromkeys(batch[keys.UID]))
             self.breakers.check_rollout(metrics, step)  # the generators' texts are in their logs
             metrics |= self._staleness(units, step)
             learn_start = time.time()
@@ -207,13 +222,37 @@ class AsyncStep:
             "timing_s/gen": sum(u.seconds for u in units) / len(units),
         }
 
+    def _batch(self, units: list[GeneratedUnit], step: int, timings: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        """The units as one batch (with dynamic sampling, more rounds' units: ``units`` grows), then
+        what the rollout decides per batch (group filtering, batch reward norm). A failure before it
+        is trained returns the taken units to the buffer, so that a checkpoint written now keeps them."""
+        taken = list(self.feed.scheduler.taken)
+        try:
+            first = self._join(units)
+            if self.dynamic is None:
+                return self.rollout.finish_batch(*first)
+
+            def more() -> tuple[Batch, dict[str, float]] | None:
+                with timed(timings, "wait_buffer"):
+                    extra = self.feed.take_round(step - 1, self.stop)
+                if extra is None:
+                    return None
+                taken.extend(self.feed.scheduler.taken)
+                units.extend(extra)
+                return self._join(extra)
+
+            groups, max_rounds, shape = self.dynamic
+            return self.rollout.finish_batch(*dynamic_sample(first, more, groups, max_rounds, shape, self.pad_token_id))
+        except BaseException:
+            self.feed.scheduler.put_back(taken)
+            raise
+
     def _join(self, units: list[GeneratedUnit]) -> tuple[Batch, dict[str, float]]:
-        """The units' rows as one batch: prompts padded to a common width, groups numbered across the
-        batch, then what the rollout decides per batch (group filtering, batch reward norm)."""
+        """The units' rows as one batch: prompts padded to a common width, groups numbered across the batch."""
         batch = join_rollouts([u.batch for u in units], self.pad_token_id)
         batch.tensors[keys.GROUP_IDS] = group_ids_of(batch[keys.UID])
         batch.meta[keys.WEIGHT_VERSION] = min(u.version for u in units)
-        return self.rollout.finish_batch(batch, merge_unit_metrics([u.metrics for u in units]))
+        return batch, merge_unit_metrics([u.metrics for u in units])
 
     def _staleness(self, units: list[GeneratedUnit], step: int) -> dict[str, float]:
         lags = [step - 1 - u.version for u in units for _ in range(len(u.batch))]  # trained with version step - 1

@@ -1,0 +1,303 @@
+"""``posttrain recipe NAME``: a multi-stage recipe (prepare, SFT, RL, evaluations) as one command.
+
+A recipe is a YAML file (the built-in ones are beside this file; ``posttrain recipe list``)::
+
+    description: one line, shown by `posttrain recipe list`
+    overrides: [data.builtin_options.val_size=100]   # for every stage that takes a config
+    stages:
+      - name: sft                       # runs/<project>/<recipe>/sft/
+        command: sft                    # prepare | sft | train | eval
+        preset: search_sft
+        overrides: [sft.total_epochs=1]
+      - name: rl
+        command: train
+        preset: search_grpo
+        inputs: {actor_rollout_ref.model.path: sft}   # a config key ← an earlier stage's output
+        overrides: [sft.train_files=[{stage:data}/sft.parquet]]  # {stage:NAME}: that stage's directory
+      - name: rl_eval
+        command: eval
+        preset: search_grpo
+        checkpoint: rl                  # eval: the policy of a train stage's last checkpoint
+    table:
+      rows: {base: base_eval, SFT: sft_eval, RL: rl_eval}   # label: an eval stage
+      compare: [sft_eval, rl_eval]      # the paired difference of the last two rows
+      by: hops                          # also per value of extra_info[hops]
+
+Each stage is a normal run of ``posttrain <command>`` in its own process and directory. A stage's
+output is its directory (prepare: the dataset; train: the run, whose latest checkpoint ``checkpoint:``
+names), and for sft the exported policy (``<dir>/export``). A stage that finished is skipped when
+the recipe runs again with the same command (its ``DONE`` file holds the command); a train or sft
+stage that was interrupted resumes from its checkpoint (``trainer.resume_mode=auto``); a prepare or
+eval stage runs again. ``key=value`` arguments go to every stage that takes a config, and
+``STAGE:key=value`` to that stage only. The recipe ends with a table — each row's accuracy with its
+95 % Wilson interval, and the paired bootstrap interval of the compared rows' difference — printed
+and written to ``<recipe dir>/report.md`` with each stage's wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from posttrain.errors import PosttrainError
+
+BUILTIN_DIR = Path(__file__).parent
+COMMANDS = ("prepare", "sft", "train", "eval")
+DONE = "DONE"
+EPISODES = "episodes.jsonl"
+
+
+class RecipeError(PosttrainError):
+    """A recipe that cannot run as written (an unknown stage, command or key), or a stage that failed."""
+
+    exit_code = 2
+
+
+@dataclass
+class Stage:
+    name: str
+    command: str
+    preset: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    inputs: dict[str, str] = field(default_factory=dict)  # config key → an earlier stage
+    checkpoint: str | None = None  # eval: a train stage whose latest checkpoint is evaluated
+    dataset: str | None = None  # prepare: the dataset name
+    options: list[str] = field(default_factory=list)  # prepare: key=value options
+
+
+@dataclass
+class Recipe:
+    name: str
+    description: str
+    stages: list[Stage]
+    rows: dict[str, str] = field(default_factory=dict)  # table label → eval stage
+    compare: list[str] = field(default_factory=list)
+    by: str | None = None
+    overrides: list[str] = field(default_factory=list)  # for every stage that takes a config, before the stage's own
+
+
+def builtin_names() -> list[str]:
+    return sorted(path.stem for path in BUILTIN_DIR.glob("*.yaml"))
+
+
+def recipe_path(name: str) -> Path:
+    """A built-in recipe's file, or a path to one."""
+    if (BUILTIN_DIR / f"{name}.yaml").is_file():
+        return BUILTIN_DIR / f"{name}.yaml"
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    raise RecipeError(f"no recipe {name!r}: the built-in ones are {', '.join(builtin_names())} (posttrain recipe list), "
+                      "or give the path of your own .yaml")
+
+
+def load_recipe(name: str) -> Recipe:
+    path = recipe_path(name)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{path} is not valid YAML: {err}") from err
+    unknown = set(raw) - {"description", "overrides", "stages", "table"}
+    if unknown:
+        raise RecipeError(f"{path}: unknown key(s) {sorted(unknown)}; a recipe has description, overrides, stages and table")
+    stages = []
+    for number, entry in enumerate(raw.get("stages") or [], start=1):
+        try:
+            stage = Stage(**entry)
+        except TypeError as err:
+            raise RecipeError(f"{path}: stage {number} ({entry.get('name', '?') if isinstance(entry, dict) else entry}): {err}") from err
+        stages.append(stage)
+    table = raw.get("table") or {}
+    recipe = Recipe(path.stem, str(raw.get("description", "")), stages, dict(table.get("rows") or {}),
+                    list(table.get("compare") or []), table.get("by"), [str(o) for o in raw.get("overrides") or []])
+    check_recipe(recipe, path)
+    return recipe
+
+
+def check_recipe(recipe: Recipe, path: Path) -> None:
+    """Every problem of the recipe at once: names, commands, references to earlier stages."""
+    problems, seen = [], {}
+    if not recipe.stages:
+        problems.append("it has no stages")
+    for stage in recipe.stages:
+        where = f"stage {stage.name!r}"
+        if stage.name in seen:
+            problems.append(f"{where} is named twice")
+        if stage.command not in COMMANDS:
+            problems.append(f"{where}: command {stage.command!r} is not one of {', '.join(COMMANDS)}")
+        if stage.command == "prepare" and not stage.dataset:
+            problems.append(f"{where}: a prepare stage names its dataset (dataset: synthetic-search)")
+        for item in stage.overrides + stage.options:
+            for name in re.findall(r"\{stage:([^}]*)\}", item):
+                if name not in seen:
+                    problems.append(f"{where}: {item!r} names {{stage:{name}}}, which is not an earlier stage")
+        for key, source in stage.inputs.items():
+            if source not in seen:
+                problems.append(f"{where}: input {key} comes from {source!r}, which is not an earlier stage")
+            elif seen[source] == "eval":
+                problems.append(f"{where}: input {key} comes from {source!r}, an eval stage, which has no output to use")
+        if stage.checkpoint is not None and seen.get(stage.checkpoint) != "train":
+            problems.append(f"{where}: checkpoint {stage.checkpoint!r} must name an earlier train stage")
+        seen[stage.name] = stage.command
+    for label, source in recipe.rows.items():
+        if seen.get(source) != "eval":
+            problems.append(f"table row {label!r}: {source!r} is not an eval stage")
+    if recipe.compare and (len(recipe.compare) != 2 or any(seen.get(s) != "eval" for s in recipe.compare)):
+        problems.append(f"table compare {recipe.compare}: name two eval stages")
+    if problems:
+        raise RecipeError(f"{path}: " + "; ".join(problems))
+
+
+def split_overrides(recipe: Recipe, arguments: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """``key=value`` for every stage, ``STAGE:key=value`` for one."""
+    names = {stage.name for stage in recipe.stages}
+    common, per_stage = [], {name: [] for name in names}
+    for argument in arguments:
+        head, _, rest = argument.partition("=")
+        if "=" not in argument:
+            raise RecipeError(f"{argument!r}: overrides are key=value, or STAGE:key=value for one stage")
+        if ":" in head:
+            stage, key = head.split(":", 1)
+            if stage not in names:
+                raise RecipeError(f"{argument!r}: the recipe {recipe.name} has no stage {stage!r} ({', '.join(sorted(names))})")
+            per_stage[stage].append(f"{key}={rest}")
+        else:
+            common.append(argument)
+    return common, per_stage
+
+
+def stage_argv(stage: Stage, directory: Path, dirs: dict[str, Path], overrides: list[str]) -> list[str]:
+    """The ``posttrain`` command line of ``stage``, run in ``directory``; ``{stage:NAME}`` in its
+    overrides and options is stage NAME's directory."""
+    def placed(items: list[str]) -> list[str]:
+        for name, path in dirs.items():
+            items = [item.replace(f"{{stage:{name}}}", str(path)) for item in items]
+        return items
+
+    argv = [sys.executable, "-m", "posttrain.cli", stage.command]
+    if stage.command == "prepare":
+        return argv + [stage.dataset, "--out", str(directory), *placed(stage.options)]
+    if stage.preset:
+        argv += ["--preset", stage.preset]
+    if stage.command == "eval":
+        argv += ["--dump-episodes", str(directory / EPISODES)]
+        if stage.checkpoint:
+            argv += ["--checkpoint", str(dirs[stage.checkpoint])]
+    inputs = [f"{key}={stage_output(dirs[source])}" for key, source in stage.inputs.items()]
+    return argv + [f"trainer.default_local_dir={directory}", *placed(stage.overrides), *inputs, *placed(overrides)]
+
+
+def stage_output(directory: Path) -> Path:
+    """What a later stage uses of an earlier one: an SFT stage's exported policy, else its directory."""
+    return directory / "export" if (directory / "export").is_dir() else directory
+
+
+def run_recipe(name: str, arguments: list[str], root: Path | None = None) -> int:
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    recipe = load_recipe(name)
+    common, per_stage = split_overrides(recipe, arguments)
+    root = root or Path("runs") / "posttrain" / recipe.name
+    dirs = {stage.name: root / stage.name for stage in recipe.stages}
+    seconds: dict[str, float] = {}
+    console.print(f"[bold]posttrain recipe {recipe.name}[/]: {len(recipe.stages)} stages → {root}")
+    for number, stage in enumerate(recipe.stages, start=1):
+        directory = dirs[stage.name]
+        takes_config = stage.command != "prepare"
+        argv = stage_argv(stage, directory, dirs, (recipe.overrides + common if takes_config else []) + per_stage[stage.name])
+        command = shlex.join(["posttrain", *argv[3:]])
+        done = directory / DONE
+        if done.is_file() and json.loads(done.read_text()).get("command") == command:
+            seconds[stage.name] = json.loads(done.read_text()).get("seconds", 0.0)
+            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: done before, skipped ({directory})")
+            continue
+        console.print(f"stage {number}/{len(recipe.stages)} [bold]{stage.name}[/]: {command}", soft_wrap=True)
+        directory.mkdir(parents=True, exist_ok=True)
+        done.unlink(missing_ok=True)
+        start = time.perf_counter()
+        code = run_stage(argv, directory / "stage.log")
+        seconds[stage.name] = time.perf_counter() - start
+        if code != 0:
+            raise RecipeError(f"stage {stage.name!r} failed (exit {code}); its output is in {directory / 'stage.log'}. Fix the cause "
+                              f"and run the same recipe command again: finished stages are skipped, a train or sft stage resumes")
+        done.write_text(json.dumps({"command": command, "seconds": seconds[stage.name]}))
+    report = recipe_table(recipe, dirs, seconds)
+    console.print(report)
+    (root / "report.md").write_text(f"# Recipe {recipe.name}\n\n{recipe.description}\n\n{report}\n", encoding="utf-8")
+    console.print(f"report: {root / 'report.md'}")
+    return 0
+
+
+def run_stage(argv: list[str], log: Path) -> int:
+    """The stage's command, its output shown and kept in ``log``."""
+    with open(log, "a", encoding="utf-8") as out:
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in process.stdout:
+            sys.stdout.write(line)
+            out.write(line)
+        return process.wait()
+
+
+def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float]) -> str:
+    """The rows' accuracies with 95 % intervals (all items, and per ``by``), the compared rows'
+    paired difference, and each stage's wall time, as Markdown."""
+    from posttrain.trainer.evaluate import item_accuracies
+    from posttrain.trainer.intervals import paired_difference, wilson
+
+    lines = []
+    if recipe.rows:
+        loaded = {label: item_accuracies(dirs[stage] / EPISODES) for label, stage in recipe.rows.items()}
+        groups = ["all"]
+        if recipe.by:
+            first_rows = next(iter(loaded.values()))[1]
+            groups += sorted({f"{recipe.by}={(row.get('extra_info') or {}).get(recipe.by)}" for row in first_rows.values()})
+        lines += ["| | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
+        for label, (accuracies, rows) in loaded.items():
+            cells = []
+            for group in groups:
+                keys = [key for key in accuracies if group == "all" or group == f"{recipe.by}={(rows[key].get('extra_info') or {}).get(recipe.by)}"]
+                values = [accuracies[key] for key in keys]
+                if not values:
+                    cells.append("—")
+                    continue
+                low, high = wilson(sum(values), len(values))
+                cells.append(f"{sum(values) / len(values):.3f} [{low:.3f}, {high:.3f}] (n={len(values)})")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        if recipe.compare:
+            (a, rows), (b, _) = (item_accuracies(dirs[stage] / EPISODES) for stage in recipe.compare)
+            cells = []
+            for group in groups:
+                keys = [key for key in a if key in b and (group == "all" or group == f"{recipe.by}={(rows[key].get('extra_info') or {}).get(recipe.by)}")]
+                if not keys:
+                    cells.append("—")
+                    continue
+                difference, low, high = paired_difference([a[key] for key in keys], [b[key] for key in keys])
+                cells.append(f"{difference:+.3f} [{low:+.3f}, {high:+.3f}] (paired)")
+            labels = {stage: label for label, stage in recipe.rows.items()}
+            lines.append(f"| {labels.get(recipe.compare[1], recipe.compare[1])} − {labels.get(recipe.compare[0], recipe.compare[0])} | "
+                         + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["| stage | wall time |", "|---|---|"]
+    lines += [f"| {name} | {value / 60:.1f} min |" for name, value in seconds.items()]
+    lines.append(f"| all | {sum(seconds.values()) / 60:.1f} min |")
+    return "\n".join(lines)
+
+
+def list_recipes() -> str:
+    lines = []
+    for name in builtin_names():
+        recipe = load_recipe(name)
+        lines.append(f"{name}: {recipe.description}")
+        lines += [f"    {i}. {stage.name}: posttrain {stage.command}" + (f" {stage.dataset}" if stage.dataset else "")
+                  + (f" --preset {stage.preset}" if stage.preset else "")
+                  for i, stage in enumerate(recipe.stages, start=1)]
+    return "\n".join(lines)

@@ -1,0 +1,56 @@
+"""DAPO's dynamic sampling and overlong reward shaping through the real CLI on the tiny model, in
+sync and async mode: a reward that is flat for half the prompts makes the steps drop groups and
+generate more rounds, the trained batch still holds data.train_batch_size groups, and the responses
+(the tiny model always fills its 16 tokens) lose the whole penalty."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from posttrain.models import cached_tiny_model
+from tests.e2e.cli_runs import records, run
+from tests.e2e.test_train_cli import TINY_RUN
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+# flat (all samples 0) for prompts whose answer is even; varied (the share of vowels) for the others
+HALF_FLAT = '''
+def compute_score(solution_str, ground_truth):
+    if int(float(ground_truth)) % 2 == 0:
+        return 0.0
+    return sum(c in "aeiou" for c in solution_str) / max(len(solution_str), 1)
+'''
+
+
+def command(run_dir: Path, *overrides: str) -> list[str]:
+    reward = run_dir.parent / f"{run_dir.name}_half_flat.py"
+    reward.write_text(HALF_FLAT)
+    return [
+        sys.executable, "-m", "posttrain.cli", "train", f"actor_rollout_ref.model.path={cached_tiny_model('llama')}",
+        f"trainer.default_local_dir={run_dir}", *TINY_RUN, "data.builtin_options.train_size=24", "trainer.total_training_steps=2",
+        "trainer.total_epochs=4", "trainer.val_before_train=false", "trainer.test_freq=-1", f"custom_reward_function.path={reward}",
+        "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=4",
+        "reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=0.5",
+        *overrides,
+    ]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_dynamic_sampling_fills_the_batch_with_groups_whose_rewards_vary(tmp_path, mode):
+    done = run(command(tmp_path / mode, f"trainer.mode={mode}", "actor_rollout_ref.rollout.name=" + ("hf" if mode == "sync" else "vllm")))
+    assert done.returncode == 0, done.stdout[-4000:]
+    steps = records(tmp_path / mode)
+    assert [r["step"] for r in steps] == [1, 2]
+    rounds = [r["metrics"]["dynamic_sampling/rounds"] for r in steps]
+    assert sum(r["metrics"]["dynamic_sampling/dropped_groups"] for r in steps) >= 1  # the even answers' flat groups
+    for record in steps:
+        metrics = record["metrics"]
+        assert 1 <= metrics["dynamic_sampling/rounds"] <= 4
+        assert metrics["dynamic_sampling/rounds"] == 1 or metrics["dynamic_sampling/dropped_groups"] >= 1  # a round more only for a reason
+        if metrics["dynamic_sampling/kept_groups"] == 4:  # full: 4 groups of 2 trained
+            assert metrics["response_length/mean"] == 16
+        assert metrics["reward/overlong_fraction"] == 1.0 and metrics["reward/overlong_penalty/mean"] == -0.5
+    assert max(rounds) >= 2, rounds  # a round was not enough at least once (half the prompts are flat)
+    trained = (tmp_path / mode / "trained_prompts.jsonl").read_text().splitlines()
+    assert len(trained) == 2

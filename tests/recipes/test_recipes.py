@@ -1,0 +1,99 @@
+"""`posttrain recipe`: recipes are checked before anything runs, overrides reach every stage or one,
+and a recipe of eval → train → eval on the tiny model ends with its table, skips its finished stages
+when run again and resumes the ones that were not."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from posttrain.models import cached_tiny_model
+from posttrain.recipes import RecipeError, builtin_names, load_recipe, split_overrides
+from tests.e2e.test_train_cli import TINY_RUN
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_the_built_in_recipes_load_and_each_problem_of_a_broken_one_is_named(tmp_path):
+    assert "search" in builtin_names()
+    search = load_recipe("search")
+    assert [s.name for s in search.stages] == ["base_eval", "sft", "sft_eval", "rl", "rl_eval"]
+    assert search.rows == {"base": "base_eval", "SFT": "sft_eval", "RL": "rl_eval"}
+    broken = write(tmp_path / "broken.yaml", """
+stages:
+  - {name: a, command: fly}
+  - {name: b, command: train, inputs: {actor_rollout_ref.model.path: later}}
+  - {name: c, command: eval, checkpoint: a}
+  - {name: c, command: prepare}
+table: {rows: {x: b}, compare: [c]}
+""")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(str(broken))
+    message = str(info.value)
+    for fragment in ("command 'fly' is not one of prepare, sft, train, eval", "'later', which is not an earlier stage",
+                     "checkpoint 'a' must name an earlier train stage", "stage 'c' is named twice", "names its dataset",
+                     "table row 'x': 'b' is not an eval stage", "compare ['c']: name two eval stages"):
+        assert fragment in message, fragment
+    with pytest.raises(RecipeError, match="no recipe 'nope'"):
+        load_recipe("nope")
+    with pytest.raises(RecipeError, match="unknown key"):
+        load_recipe(str(write(tmp_path / "extra.yaml", "stages: []\nstep: 3\n")))
+
+
+def test_overrides_go_to_every_stage_or_to_the_one_named():
+    recipe = load_recipe("search")
+    common, per_stage = split_overrides(recipe, ["trainer.seed=3", "rl:trainer.total_training_steps=5"])
+    assert common == ["trainer.seed=3"] and per_stage["rl"] == ["trainer.total_training_steps=5"] and per_stage["sft"] == []
+    with pytest.raises(RecipeError, match="has no stage 'rll'"):
+        split_overrides(recipe, ["rll:trainer.seed=1"])
+    with pytest.raises(RecipeError, match="key=value"):
+        split_overrides(recipe, ["trainer.seed"])
+
+
+TINY_RECIPE = """
+description: the tiny model, evaluated, trained two steps, evaluated again
+stages:
+  - {name: base_eval, command: eval}
+  - name: rl
+    command: train
+    overrides: [trainer.total_training_steps=2, trainer.val_before_train=false, trainer.test_freq=-1]
+  - {name: rl_eval, command: eval, checkpoint: rl}
+table:
+  rows: {base: base_eval, RL: rl_eval}
+  compare: [base_eval, rl_eval]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_recipe_runs_its_stages_ends_with_its_table_and_skips_what_finished(tmp_path):
+    recipe = write(tmp_path / "tiny.yaml", TINY_RECIPE)
+    argv = [sys.executable, "-m", "posttrain.cli", "recipe", str(recipe), "--dir", str(tmp_path / "runs"),
+            f"actor_rollout_ref.model.path={cached_tiny_model('llama')}", *TINY_RUN, "actor_rollout_ref.rollout.name=hf",
+            "rl:trainer.save_freq=1"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    runs = tmp_path / "runs"
+    for stage in ("base_eval", "rl", "rl_eval"):
+        assert json.loads((runs / stage / "DONE").read_text())["command"].startswith("posttrain ")
+    assert (runs / "rl" / "checkpoints" / "global_step_2").is_dir()  # the stage override reached the train stage only
+    rows = [json.loads(line) for line in (runs / "rl_eval" / "episodes.jsonl").read_text().splitlines()]
+    accuracy = sum(row["success"] for row in rows) / len(rows)
+    report = (runs / "report.md").read_text()
+    assert f"| RL | {accuracy:.3f} [" in report and "(n=4)" in report and "| RL − base | " in report and "(paired)" in report
+    assert "| rl | " in report and "| all | " in report  # wall times
+    assert "| RL | " in done.stdout
+
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.stdout.count("done before, skipped") == 3
+
+    # a changed command runs that stage again: the train stage, already finished, says so and exits 0
+    changed = subprocess.run(argv + ["rl:trainer.seed=1"], capture_output=True, text=True, timeout=600)
+    assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
+    assert changed.stdout.count("done before, skipped") == 2 and "this run is finished" in changed.stdout

@@ -1,0 +1,85 @@
+"""DAPO's overlong reward shaping and dynamic sampling, against examples computed by hand: the
+penalty per length, where it lands, which groups are kept, how many rounds it takes, and the
+asynchronous buffer's extra rounds (first in line, returned on a failure, never checkpointed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posttrain import keys
+from posttrain.algos import overlong_penalty, rows_of_varied_groups
+from posttrain.protocol import Batch
+from posttrain.rollout.groups import UpdateBatchShape, dynamic_sample
+from posttrain.trainer.learn import apply_overlong_penalty
+
+
+def test_the_overlong_penalty_is_zero_then_linear_to_minus_the_factor_at_the_limit():
+    # max 16 tokens, a buffer of the last 4: lengths up to 12 are free, 13..16 lose 1/4 of the factor per token
+    lengths = torch.tensor([0, 12, 13, 14, 16, 20])
+    assert overlong_penalty(lengths, 16, 4, 1.0).tolist() == [0.0, 0.0, -0.25, -0.5, -1.0, -2.0]
+    assert overlong_penalty(lengths, 16, 4, 0.5).tolist() == [0.0, 0.0, -0.125, -0.25, -0.5, -1.0]
+    with pytest.raises(ValueError, match="buffer"):
+        overlong_penalty(lengths, 16, 0, 1.0)
+
+
+def test_the_penalty_lands_on_each_responses_last_loss_carrying_token():
+    # responses of lengths 2 and 4 in a width of 4 (prompt width 1); buffer 2 of max 4: -0.0 and -1.0
+    batch = Batch.from_dict({
+        keys.RESPONSE_IDS: torch.zeros(2, 4, dtype=torch.long),
+        keys.ATTENTION_MASK: torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]),
+        keys.RESPONSE_MASK: torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]),
+        keys.TOKEN_SCORES: torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]),
+    })
+    shaped, metrics = apply_overlong_penalty(batch, max_length=4, buffer=2, factor=1.0)
+    assert shaped[keys.TOKEN_SCORES].tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    assert metrics == {"reward/overlong_penalty/mean": -0.5, "reward/overlong_fraction": 0.5}
+    assert batch[keys.TOKEN_SCORES][1, 3] == 1.0  # the input is left as it was
+
+
+def test_rows_of_groups_whose_rewards_vary():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2])
+    assert rows_of_varied_groups(rewards, groups).tolist() == [False, False, True, True, False, False]
+
+
+def scored_round(tag: str, rewards_per_group: list[list[float]]) -> tuple[Batch, dict[str, float]]:
+    """A scored rollout: one group per prompt ``<tag>:<i>``, its samples' rewards on their last token."""
+    rows = [(f"{tag}:{g}", r) for g, rewards in enumerate(rewards_per_group) for r in rewards]
+    scores = torch.zeros(len(rows), 3)
+    scores[:, -1] = torch.tensor([r for _, r in rows])
+    width = 2 if tag == "a" else 3  # rounds padded to different prompt widths are joined
+    batch = Batch.from_dict({
+        keys.PROMPT_IDS: torch.ones(len(rows), width, dtype=torch.long), keys.PROMPT_MASK: torch.ones(len(rows), width, dtype=torch.long),
+        keys.RESPONSE_IDS: torch.ones(len(rows), 3, dtype=torch.long), keys.RESPONSE_MASK: torch.ones(len(rows), 3, dtype=torch.long),
+        keys.ATTENTION_MASK: torch.ones(len(rows), width + 3, dtype=torch.long), keys.INPUT_IDS: torch.ones(len(rows), width + 3, dtype=torch.long),
+        keys.POSITION_IDS: torch.arange(width + 3).expand(len(rows), -1).clone(), keys.TOKEN_SCORES: scores,
+    }, {keys.UID: [uid for uid, _ in rows]}, {keys.WEIGHT_VERSION: 7})
+    return batch, {"reward/samples": float(len(rows)), "critic/score/mean": float(scores.sum() / len(rows))}
+
+
+def test_dynamic_sampling_generates_rounds_until_enough_groups_vary():
+    # 4 groups wanted. Round a: groups 1 and 3 vary; round b: groups 0, 2 and 3 vary -> a:1 a:3 b:0 b:2
+    first = scored_round("a", [[1, 1], [0, 1], [0, 0], [1, 0]])
+    rounds = iter([scored_round("b", [[0, 1], [1, 1], [1, 0], [0, 1]]), scored_round("c", [[0, 1]] * 4)])
+    batch, metrics = dynamic_sample(first, lambda: next(rounds), 4, 10, UpdateBatchShape(4, 2, 1), pad_token_id=0)
+    assert list(dict.fromkeys(batch[keys.UID])) == ["a:1", "a:3", "b:0", "b:2"]
+    assert batch[keys.GROUP_IDS].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert batch[keys.PROMPT_IDS].shape[1] == 3 and batch[keys.PROMPT_MASK][0].tolist() == [0, 1, 1]  # left-padded to the widest
+    assert metrics["dynamic_sampling/rounds"] == 2 and metrics["dynamic_sampling/dropped_groups"] == 3
+    assert metrics["dynamic_sampling/kept_groups"] == 4 and metrics["reward/samples"] == 16  # both rounds' samples counted
+    assert batch.meta[keys.WEIGHT_VERSION] == 7
+    assert next(rounds)[0][keys.UID][0] == "c:0"  # round c was never asked for
+
+
+def test_past_the_round_limit_or_the_data_the_step_trains_what_it_kept_in_whole_mini_batches():
+    first = scored_round("a", [[1, 1], [0, 1], [0, 0], [1, 0]])  # 2 groups vary
+    more = lambda: scored_round("b", [[1, 1], [0, 1], [1, 1], [1, 1]])  # noqa: E731  1 more
+    batch, metrics = dynamic_sample(first, more, 4, 2, UpdateBatchShape(2, 2, 1), pad_token_id=0)
+    assert list(dict.fromkeys(batch[keys.UID])) == ["a:1", "a:3"]  # 3 kept, trimmed to a mini-batch of 2
+    assert metrics["dynamic_sampling/rounds"] == 2 and metrics["dynamic_sampling/kept_groups"] == 2
+    batch, metrics = dynamic_sample(first, lambda: None, 4, 10, UpdateBatchShape(2, 2, 1), pad_token_id=0)  # the data ran out
+    assert metrics["dynamic_sampling/rounds"] == 1 and len(set(batch[keys.UID])) == 2
+    flat = scored_round("a", [[1, 1], [0, 0]])
+    batch, metrics = dynamic_sample(flat, lambda: None, 2, 10, UpdateBatchShape(2, 2, 1), pad_token_id=0)
+    assert batch is flat[0] and metrics["dynamic_sampling/kept_groups"] == 0  # nothing varies: the first round, teaching nothing
