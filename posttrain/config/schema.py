@@ -217,6 +217,9 @@ class EnvLLMConfig:
     timeout_s: float = 60.0  # per HTTP request (url)
     retries: int = 2  # per conversation, for a server at url (the in-cluster worker is part of the run: it fails it)
     stop_at_failed_fraction: Optional[float] = 1.0  # stop the run when this fraction of a step's replies fail (1.0: all); null: never
+    # the doctor's LLM patient, asked its held-out cases' yes/no findings before RL: a run whose patient
+    # agrees on less than this share refuses to start (a patient that answers at random teaches nothing); null: no probe
+    min_faithfulness: Optional[float] = 0.8
 
 
 @dataclass
@@ -227,7 +230,7 @@ class EnvConfig:
     path: Optional[str] = None  # your environment's .py file or module
     class_name: Optional[str] = None
     options: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the environment class
-    max_turns: int = 4  # ordinary turns; an episode still going after them gets one final turn that must answer
+    max_turns: int = 4  # ordinary turns; an episode still going after them gets one final turn that must answer; -1: drawn per episode from 2 to 10
     turns_range: list[int] = field(default_factory=list)  # [low, high]: draw max_turns per episode instead
     max_turn_tokens: int = 128  # new tokens per agent turn
     max_obs_length: int = 256  # tokens of one observation turn

@@ -188,8 +188,9 @@ def check_env(config: PosttrainConfig) -> list[Problem]:
     for key in ("max_turn_tokens", "max_obs_length"):
         if getattr(env, key) < 1:
             problems.append(Problem(f"env.{key}", getattr(env, key), "must be >= 1"))
-    if env.max_turns < 0:
-        problems.append(Problem("env.max_turns", env.max_turns, "must be >= 0 (0: answer at once, no tool turns)"))
+    if env.max_turns < -1:
+        problems.append(Problem("env.max_turns", env.max_turns, "must be >= 0 (0: answer at once, no tool turns), "
+                                "or -1 (each episode's budget drawn from 2 to 10, DoctorAgent-RL's dynamic turns)"))
     if env.turns_range and (len(env.turns_range) != 2 or not 0 <= env.turns_range[0] <= env.turns_range[1]):
         problems.append(Problem("env.turns_range", env.turns_range, "must be [low, high] with 0 <= low <= high, or [] for env.max_turns"))
     if not 0.0 <= env.filter_groups_quantile < 1.0:
@@ -329,6 +330,7 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("env.llm.url", lambda v: v is None or _has_scheme(v), "must start with http:// or https:// (e.g. http://localhost:8000/v1), or null for the in-cluster worker"),
     ("env.llm.cpu_kv_cache_gb", lambda v: v > 0, "must be > 0 (GiB for the Env-LLM's vLLM KV cache on CPU)"),
     ("env.llm.gpu_memory_utilization", lambda v: 0 < v <= 1, "must be in (0, 1]: the share of GPU memory the Env-LLM's vLLM may take"),
+    ("env.llm.min_faithfulness", lambda v: v is None or 0 <= v <= 1, "must be in [0, 1] (the share of yes/no findings the patient must get right), or null for no probe"),
     ("env.llm.gpus", lambda v: v >= 0, "must be >= 0 (GPUs of the Env-LLM's own pool on a GPU machine)"),
     ("actor_rollout_ref.rollout.top_k", lambda v: v >= -1, "must be -1 or 0 (no top-k cut) or >= 1 (sample among the k likeliest tokens)"),
     ("actor_rollout_ref.rollout.val_kwargs.top_k", lambda v: v >= -1, "must be -1 or 0 (no top-k cut) or >= 1 (sample among the k likeliest tokens)"),

@@ -43,6 +43,9 @@ from posttrain.tools.builtin import RETRIEVER_URL_VAR
 from posttrain.workers.sampling import VALIDATE_META_KEY
 
 
+SEED_TURNS_RANGE = (2, 10)  # env.max_turns=-1: each episode's budget drawn from it (DoctorAgent-RL's dynamic turns)
+
+
 class AgentRollout:
     """Multi-turn episodes in ``env.name``'s environment; rewards come from the environment."""
 
@@ -54,9 +57,10 @@ class AgentRollout:
         if uses_tools(env):  # results go back as the format says: a tool message where the template renders tools
             role = "tool" if template_renders_tools(tokenizer) else "user"
         self.renderer = ObservationRenderer(tokenizer, role)
+        drawn = tuple(env.turns_range) if env.turns_range else (SEED_TURNS_RANGE if env.max_turns == -1 else None)
         self.loop_config = AgentLoopConfig(
-            max_response_length=config.data.max_response_length, max_turns=env.max_turns,
-            turns_range=tuple(env.turns_range) if env.turns_range else None, max_turn_tokens=env.max_turn_tokens,
+            max_response_length=config.data.max_response_length, max_turns=max(env.max_turns, 0),
+            turns_range=drawn, max_turn_tokens=env.max_turn_tokens,
             max_obs_length=env.max_obs_length, seed=config.trainer.seed,
         )
         self.resources = wanted_resources(self.env_class, env.options) | ({"retriever"} if needs_retriever(env) else set())

@@ -26,7 +26,7 @@ from posttrain.trainer.breakers import BreakerLimits, CircuitBreakers
 from posttrain.trainer.learn import Learner
 from posttrain.trainer.metrics import data_metrics, timing_metrics
 from posttrain.trainer.roles import Roles
-from posttrain.trainer.setup import RolloutService, RolloutSetup
+from posttrain.trainer.setup import PatientProbe, RolloutService, RolloutSetup
 from posttrain.trainer.skeleton import RunParts, epoch_batches
 from posttrain.trainer.validation import RLValidation
 
@@ -117,6 +117,6 @@ def sync_parts(setup: RolloutSetup) -> RunParts[Batch]:
     return RunParts(
         label="train", headline=train_headline(config, setup.total_steps), config=config, total_steps=setup.total_steps, step=step, validation=validation,
         batches=lambda: stream,
-        services=[RolloutService(setup.rollout)], state={"dataloader": loader, "kl_controller": learner},
+        services=[RolloutService(setup.rollout), PatientProbe(setup)], state={"dataloader": loader, "kl_controller": learner},
         trained_prompts=lambda: step.last_prompts,
     )

@@ -284,3 +284,29 @@ def test_the_patients_faithfulness_refusals_and_leaks_are_counted():
     leaked = DoctorEnv.step_batch([env], ["<question>Does the pain spread to your left arm?</question>"])[0]
     assert leaked.info.counts["patient_leaks"] == 1
     assert DoctorEnv.ratios["patient_faithfulness"] == ("patient_agreed", "patient_checked")
+
+
+def test_max_turns_minus_one_draws_each_budget_from_two_to_ten_as_the_seed_does(tokenizer):
+    from posttrain.config import ConfigError, load_config
+    from posttrain.rollout.agent import AgentRollout
+
+    config = load_config([], ["env.name=doctor", "env.max_turns=-1", "env.options={patient: rule}", "data.max_response_length=512"])
+    rollout = AgentRollout(config, tokenizer, None)
+    assert rollout.loop_config.turns_range == (2, 10)
+    with pytest.raises(ConfigError, match="env.max_turns = -2"):
+        load_config([], ["env.name=doctor", "env.max_turns=-2"])
+
+
+def test_the_patient_probe_asks_each_yes_no_finding_and_counts_agreement():
+    """CASE has three yes/no findings (yes, no, no): a patient that always says yes agrees on 1 of 3;
+    one that answers as the case does agrees on all; a failed reply counts as disagreeing."""
+    from posttrain.agents.doctor import patient_faithfulness
+
+    always_yes = FakeLLM(["Yes."])
+    assert patient_faithfulness(always_yes, [sample()]) == (pytest.approx(1 / 3), 3)
+    (conversations,) = always_yes.calls
+    assert [c[-1]["content"] for c in conversations] == [pair.question for pair in CASE.qa]  # each a first question
+    faithful = FakeLLM([[EnvLLMReply(pair.answer, "stop") for pair in CASE.qa]])
+    assert patient_faithfulness(faithful, [sample(), sample()], max_questions=3) == (1.0, 3)
+    failing = FakeLLM([[EnvLLMReply("", "error", error="down"), EnvLLMReply("No.", "stop"), EnvLLMReply("No.", "stop")]])
+    assert patient_faithfulness(failing, [sample()]) == (pytest.approx(2 / 3), 3)

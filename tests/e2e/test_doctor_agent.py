@@ -4,6 +4,7 @@ Env-LLM worker (vLLM, colocated), local Ray; then the trained checkpoint against
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -22,6 +23,7 @@ TINY_DOCTOR_RUN = [
     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
     "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.0625",
     "trainer.logger=[console,jsonl]", "trainer.test_freq=2", "trainer.total_training_steps=2",
+    "env.llm.min_faithfulness=null",  # the tiny random patient answers at random: the probe's refusal has a test of its own
 ]
 
 
@@ -35,6 +37,15 @@ def posttrain(*args, timeout=600):
 def test_doctor_grpo_two_steps_with_an_env_llm_patient(tmp_path):
     tiny = str(cached_tiny_model("llama"))
     models = [f"actor_rollout_ref.model.path={tiny}", f"env.llm.model_path={tiny}"]
+    # the patient's probe first: the tiny random model contradicts its cases, so RL against it refuses to start
+    refused = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", "--preset", "doctor_grpo", *models,
+                              f"trainer.default_local_dir={tmp_path / 'refused'}", *TINY_DOCTOR_RUN, "env.llm.min_faithfulness=0.8"],
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+    assert re.search(r"the patient \(\S+\) agrees with its cases on 0\.\d\d of \d+ yes/no findings, below env\.llm\.min_faithfulness=0\.8",
+                     refused.stderr), refused.stderr[-2000:]
+    assert "posttrain recipe doctor" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tmp_path / "refused" / "metrics.jsonl").exists() or "\"step\": 1" not in (tmp_path / "refused" / "metrics.jsonl").read_text()
     posttrain("train", "--preset", "doctor_grpo", *models, f"trainer.default_local_dir={tmp_path}", *TINY_DOCTOR_RUN,
               "trainer.save_freq=2")
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -57,7 +68,7 @@ def test_doctor_grpo_two_steps_with_an_env_llm_patient(tmp_path):
     rule = posttrain("eval", "--preset", "doctor_grpo", "--checkpoint", str(tmp_path), *models,
                      f"trainer.default_local_dir={tmp_path / 'eval'}", *TINY_DOCTOR_RUN, "env.options.patient=rule",
                      "--dump-episodes", str(tmp_path / "rule.jsonl"))
-    reported = dict(line.split(": ") for line in rule.stdout.splitlines() if line.startswith("val/"))
+    reported = {name: text.split()[0] for name, text in (line.split(": ") for line in rule.stdout.splitlines() if line.startswith("val/"))}
     rows = episodes(tmp_path / "rule.jsonl")
     assert len(rows) == 4 and float(reported["val/synthetic_doctor/acc/mean@1"]) == sum(r["success"] for r in rows) / 4
     assert "val/env_llm/requests" not in reported

@@ -288,3 +288,24 @@ def _check_options(patient: str, judge: str, correct: float, relevant: float, pe
         problems.append(f"max_question_chars={max_question_chars} and max_reply_chars={max_reply_chars} must be >= 1")
     if problems:
         raise ValueError("DoctorEnv options: " + "; ".join(problems))
+
+
+def patient_faithfulness(env_llm: EnvLLM, samples: Sequence[EpisodeSample], max_questions: int = 64,
+                         max_reply_chars: int = 300) -> tuple[float, int]:
+    """How often the patient's answer agrees with its case on a yes/no finding, each finding asked
+    as the first question of a fresh consultation (one batched request); returns (agreement, asked).
+    A failed reply counts as disagreeing. (0.0, 0) when the cases hold no yes/no finding."""
+    conversations, expected = [], []
+    for sample in samples:
+        case = case_from_sample(sample)
+        for pair in case.qa:
+            want = polarity(pair.answer)
+            if want is not None and len(expected) < max_questions:
+                conversations.append(patient_messages(case.description, [], pair.question))
+                expected.append(want)
+    if not expected:
+        return 0.0, 0
+    replies = env_llm.chat(conversations)
+    agreed = sum(not reply.failed and polarity(clean_reply(reply.text, reply.finish_reason, max_reply_chars).text) == want
+                 for reply, want in zip(replies, expected))
+    return agreed / len(expected), len(expected)

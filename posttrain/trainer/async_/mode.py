@@ -45,7 +45,7 @@ from posttrain.trainer.breakers import BreakerLimits, CircuitBreakers
 from posttrain.trainer.checkpoint import ASYNC_STATE, step_of
 from posttrain.trainer.learn import Learner
 from posttrain.trainer.roles import WORKER_ENV, Roles, _use_gpu, generator_roles
-from posttrain.trainer.setup import RolloutService, RolloutSetup
+from posttrain.trainer.setup import PatientProbe, RolloutService, RolloutSetup
 from posttrain.trainer.skeleton import CheckpointThenStop, RunParts, StopSignal, epoch_batches
 from posttrain.trainer.sync import batch_metrics, train_headline
 from posttrain.trainer.validation import RLValidation
@@ -283,7 +283,7 @@ def async_parts(setup: RolloutSetup, stop: StopSignal) -> RunParts[None]:
     mode = f" ({config.async_.num_generators} generator(s), max staleness {config.async_.max_staleness})"
     return RunParts(
         label="train", headline=train_headline(config, setup.total_steps, mode), config=config, total_steps=setup.total_steps, step=step, validation=validation,
-        batches=lambda: itertools.repeat((None, None)), services=[RolloutService(setup.rollout), feed],
+        batches=lambda: itertools.repeat((None, None)), services=[RolloutService(setup.rollout), PatientProbe(setup), feed],
         state={"dataloader": setup.data.train, "kl_controller": learner}, files={ASYNC_STATE: feed},
         trained_prompts=lambda: step.last_prompts,
     )
