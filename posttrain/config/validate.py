@@ -110,10 +110,15 @@ def check_dynamic_sampling(config: PosttrainConfig) -> list[Problem]:
 
 def check_overlong_buffer(config: PosttrainConfig) -> list[Problem]:
     buffer, limit = config.reward_model.overlong_buffer, config.data.max_response_length
+    problems = []
     if buffer.enable and not 1 <= buffer.len <= limit:
-        return [Problem("reward_model.overlong_buffer.len", buffer.len,
-                        f"must be in [1, data.max_response_length={limit}]: the last tokens before the limit where the reward shrinks")]
-    return []
+        problems.append(Problem("reward_model.overlong_buffer.len", buffer.len,
+                                f"must be in [1, data.max_response_length={limit}]: the last tokens before the limit where the reward shrinks"))
+    if buffer.enable and config.env.name is not None and config.env.reward_norm != "none":
+        problems.append(Problem("reward_model.overlong_buffer.enable", True,
+                                f"the penalty is in raw reward units, and env.reward_norm={config.env.reward_norm} has normalised the "
+                                "rewards before it: set env.reward_norm=none (GRPO normalises per group anyway)"))
+    return problems
 
 
 def check_call_timeout(config: PosttrainConfig) -> list[Problem]:

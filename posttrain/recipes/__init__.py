@@ -26,9 +26,10 @@ A recipe is a YAML file (the built-in ones are beside this file; ``posttrain rec
 Each stage is a normal run of ``posttrain <command>`` in its own process and directory. A stage's
 output is its directory (prepare: the dataset; train: the run, whose latest checkpoint ``checkpoint:``
 names), and for sft the exported policy (``<dir>/export``). A stage that finished is skipped when
-the recipe runs again with the same command (its ``DONE`` file holds the command); a train or sft
-stage that was interrupted resumes from its checkpoint (``trainer.resume_mode=auto``); a prepare or
-eval stage runs again. ``key=value`` arguments go to every stage that takes a config, and
+the recipe runs again with the same command and the same stages before it (its ``DONE`` file holds
+their fingerprint); a train or sft stage that was interrupted (a crash, or Ctrl-C: the stage stops at
+a clean point and the recipe with it) resumes from its checkpoint; a prepare or eval stage runs
+again; a stage whose command or earlier stages changed starts over (its old directory moved aside). ``key=value`` arguments go to every stage that takes a config, and
 ``STAGE:key=value`` to that stage only. The recipe ends with a table — each row's accuracy with its
 95 % Wilson interval, and the paired bootstrap interval of the compared rows' difference — printed
 and written to ``<recipe dir>/report.md`` with each stage's wall time.
@@ -36,9 +37,11 @@ and written to ``<recipe dir>/report.md`` with each stage's wall time.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -51,7 +54,8 @@ from posttrain.errors import PosttrainError
 
 BUILTIN_DIR = Path(__file__).parent
 COMMANDS = ("prepare", "sft", "train", "eval")
-DONE = "DONE"
+DONE = "DONE"        # a stage that finished: its fingerprint (its command and every earlier stage's), its wall time
+STARTED = "STARTED"  # a stage that began: its fingerprint, so that a changed stage starts over rather than resume
 EPISODES = "episodes.jsonl"
 
 
@@ -209,27 +213,37 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None) -> int
     root = root or Path("runs") / "posttrain" / recipe.name
     dirs = {stage.name: root / stage.name for stage in recipe.stages}
     seconds: dict[str, float] = {}
+    again = shlex.join(["posttrain", "recipe", *sys.argv[2:]]) if sys.argv[1:2] == ["recipe"] else f"posttrain recipe {name}"
     console.print(f"[bold]posttrain recipe {recipe.name}[/]: {len(recipe.stages)} stages → {root}")
+    upstream = ""  # what the stages before produced: a change there runs every later stage again
     for number, stage in enumerate(recipe.stages, start=1):
         directory = dirs[stage.name]
         takes_config = stage.command != "prepare"
         argv = stage_argv(stage, directory, dirs, (recipe.overrides + common if takes_config else []) + per_stage[stage.name])
         command = shlex.join(["posttrain", *argv[3:]])
-        done = directory / DONE
-        if done.is_file() and json.loads(done.read_text()).get("command") == command:
+        upstream = fingerprint = hashlib.sha256(f"{upstream}\n{command}".encode()).hexdigest()[:16]
+        started, done = directory / STARTED, directory / DONE
+        if done.is_file() and json.loads(done.read_text()).get("fingerprint") == fingerprint:
             seconds[stage.name] = json.loads(done.read_text()).get("seconds", 0.0)
             console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: done before, skipped ({directory})")
             continue
+        if started.is_file() and json.loads(started.read_text()).get("fingerprint") != fingerprint:
+            aside = directory.with_name(f"{directory.name}.before-{time.strftime('%Y%m%d-%H%M%S')}")
+            directory.rename(aside)  # another command (or an earlier stage changed): start over, keep the old run
+            console.print(f"stage {stage.name}: its command or an earlier stage changed; the previous run moved to {aside}")
         console.print(f"stage {number}/{len(recipe.stages)} [bold]{stage.name}[/]: {command}", soft_wrap=True)
         directory.mkdir(parents=True, exist_ok=True)
-        done.unlink(missing_ok=True)
+        started.write_text(json.dumps({"fingerprint": fingerprint, "command": command}))
         start = time.perf_counter()
-        code = run_stage(argv, directory / "stage.log")
+        code, stopped = run_stage(argv, directory / "stage.log")
         seconds[stage.name] = time.perf_counter() - start
+        if stopped or code == 130:
+            console.print(f"posttrain: the recipe stopped in stage {stage.name!r}. To continue: {again}", soft_wrap=True)
+            return 0 if code == 0 else code
         if code != 0:
             raise RecipeError(f"stage {stage.name!r} failed (exit {code}); its output is in {directory / 'stage.log'}. Fix the cause "
                               f"and run the same recipe command again: finished stages are skipped, a train or sft stage resumes")
-        done.write_text(json.dumps({"command": command, "seconds": seconds[stage.name]}))
+        done.write_text(json.dumps({"fingerprint": fingerprint, "command": command, "seconds": seconds[stage.name]}))
     report = recipe_table(recipe, dirs, seconds)
     console.print(report)
     (root / "report.md").write_text(f"# Recipe {recipe.name}\n\n{recipe.description}\n\n{report}\n", encoding="utf-8")
@@ -237,14 +251,22 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None) -> int
     return 0
 
 
-def run_stage(argv: list[str], log: Path) -> int:
-    """The stage's command, its output shown and kept in ``log``."""
-    with open(log, "a", encoding="utf-8") as out:
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        for line in process.stdout:
-            sys.stdout.write(line)
-            out.write(line)
-        return process.wait()
+def run_stage(argv: list[str], log: Path) -> tuple[int, bool]:
+    """The stage's command, its output shown and kept in ``log``; returns its exit code and whether
+    a person stopped it (its own "posttrain: stopped" line). Ctrl-C reaches the stage (the terminal
+    sends it to the whole process group), which stops at a clean point; this process waits for it."""
+    stopped = False
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with open(log, "a", encoding="utf-8") as out:
+            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+            for line in process.stdout:
+                sys.stdout.write(line)
+                out.write(line)
+                stopped = stopped or line.startswith("posttrain: stopped")
+            return process.wait(), stopped
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float]) -> str:

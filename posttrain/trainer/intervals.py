@@ -3,7 +3,9 @@ paired bootstrap interval for the difference of two evaluations of the same item
 
 An accuracy ``val/<source>/acc/<stat>@n`` comes with ``val/<source>/acc_low/<stat>@n`` and
 ``acc_high`` (:func:`interval_metrics`): the Wilson score interval of its successes over its trials
-(every sample for ``mean@n``; every prompt for ``best@n`` and ``maj@n``, which are per prompt). On
+(every sample for ``mean@n``; every prompt for ``best@n`` and ``maj@n``, which are per prompt; with
+n > 1 the samples of one prompt are not independent, so ``mean@n``'s interval is then too narrow:
+the default validation samples once, greedy). On
 64 items an accuracy of 0.50 is [0.38, 0.62]: a +7 point gain on such a set is inside the noise,
 which the paired interval of the difference (:func:`paired_difference`, ``posttrain compare``) says
 directly.

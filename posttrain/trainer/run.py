@@ -26,7 +26,7 @@ from posttrain.agents.env_llm import EnvLLMError
 from posttrain.agents.retriever.types import RetrieverError
 from posttrain.config.schema import PosttrainConfig, TrainerConfig
 from posttrain.errors import PosttrainError
-from posttrain.trainer.checkpoint import CheckpointError
+from posttrain.trainer.checkpoint import CheckpointError, step_of
 from posttrain.trainer.skeleton import Run, StopSignal, Stopped
 
 RUN_LOG = "posttrain.log"
@@ -152,22 +152,27 @@ def _run(config: PosttrainConfig, build: Callable[[StopSignal | None], Run], sum
 
 def fit_with_restarts(run: Run, build: Callable[[StopSignal | None], Run], console: Console) -> Run:
     """``run.fit()``; after a process that died or hung (a restartable error) a new attempt from the
-    last complete checkpoint, while ``trainer.max_restarts`` allows. Returns the attempt that
-    finished; raises what ended the last one (its message says how many restarts came before)."""
-    while True:
-        try:
-            run.fit()
-            return run
-        except Stopped as stopped:
-            if stopped.step < 0:  # stopped at once before the loop began (while workers started): say this attempt's step
-                raise Stopped(stopped.reason, run.step, stopped.checkpoint, stopped.at_once) from None
-            raise
-        except PosttrainError as err:
-            if not run.will_restart(err):
-                if err.restartable and run.restarts:
-                    err.args = (f"{err} This was after {run.restarts} restart(s), the most trainer.max_restarts={run.max_restarts} allows.",)
-                raise
-            run = _restarted(run, err, build, console)
+    last complete checkpoint, while ``trainer.max_restarts`` allows and nobody asked the run to stop
+    (then it stops at that checkpoint). Returns the attempt that finished; raises what ended the last
+    one (its message says how many restarts came before)."""
+    try:
+        while True:
+            try:
+                run.fit()
+                return run
+            except PosttrainError as err:
+                if run.will_restart(err) and (run.stop.requested.is_set() or run.stop.stop_file.exists()):
+                    point = run.restart_point()  # a person asked to stop: no new attempt, the last checkpoint stands
+                    raise Stopped(run.stop.reason or f"{run.stop.stop_file} exists", step_of(point) if point else 0, point) from err
+                if not run.will_restart(err):
+                    if err.restartable and run.restarts:
+                        err.args = (f"{err} This was after {run.restarts} restart(s), the most trainer.max_restarts={run.max_restarts} allows.",)
+                    raise
+                run = _restarted(run, err, build, console)
+    except Stopped as stopped:
+        if stopped.step < 0:  # stopped at once outside a step (while workers started): say this attempt's step
+            raise Stopped(stopped.reason, run.step, stopped.checkpoint, stopped.at_once) from None
+        raise
 
 
 def _restarted(run: Run, err: PosttrainError, build: Callable[[StopSignal | None], Run], console: Console) -> Run:

@@ -97,7 +97,7 @@ class PatientProbe:
         faithfulness, asked = patient_faithfulness(self.setup.rollout.env_llm, samples)
         self.setup.rollout.env_llm.drain_metrics()  # the probe's requests are not the first step's
         print(f"posttrain: the patient ({llm.url or llm.model_path}) agrees with its cases on {faithfulness:.2f} of {asked} yes/no "
-              f"findings (env.llm.min_faithfulness={llm.min_faithfulness:g})")
+              f"findings it answered (env.llm.min_faithfulness={llm.min_faithfulness:g})")
         if asked and faithfulness < llm.min_faithfulness:
             raise UnfaithfulPatient(
                 f"the patient ({llm.url or llm.model_path}) agrees with its cases on {faithfulness:.2f} of {asked} yes/no findings, "

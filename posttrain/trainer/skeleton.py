@@ -279,7 +279,8 @@ class Run(Generic[Item]):
         when a person stopped the run (its checkpoint, if any, named)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(self.config))
-        self.stop.stop_file.unlink(missing_ok=True)
+        if self.restarts == 0:  # a restarted attempt keeps a STOP written before it: it stops at once
+            self.stop.stop_file.unlink(missing_ok=True)
         torch.manual_seed(self.config.trainer.seed)
         with self.stop.installed():
             try:
@@ -299,7 +300,7 @@ class Run(Generic[Item]):
     def _train(self, roles: Roles) -> None:
         """The loop and the mode's finish, tracked; a person's stop, or an error that asks for one,
         gets its checkpoint here, while the workers are still up."""
-        purge_step = self.step + 1 if self.resume_from else 0
+        purge_step = self.step + 1 if self.resume_from is not None and self.step > 0 else 0  # from step 0: all again
         tracking = run_tracking(self.config, self.run_dir, self.total_steps, purge_step=purge_step)
         if (self.run_dir / TRAINED_PROMPTS).exists():
             truncate_jsonl(self.run_dir / TRAINED_PROMPTS, purge_step)  # as metrics.jsonl: each step once
@@ -324,15 +325,18 @@ class Run(Generic[Item]):
             try:
                 epoch, item = next(batches)
             except StopIteration:  # the data ran out (total_epochs) before total_steps
+                self._ran_out()
                 return
             try:
                 metrics = self.parts.step(roles, item, self.step + 1)
             except DataRanOut:
+                self._ran_out()
                 return
             self.step += 1
             metrics["run/restarts"] = float(self.restarts)
             if epoch is not None:
                 metrics["training/epoch"] = float(epoch)
+            self._record_prompts()
             if validation is not None and validation.due(self.step, self.total_steps):
                 try:
                     metrics |= self._validate(roles)
@@ -340,9 +344,17 @@ class Run(Generic[Item]):
                     tracking.log(metrics, self.step)  # the step trained: its metrics are kept
                     raise
             tracking.log(metrics, self.step)
-            self._record_prompts()
             if self._due(self.config.trainer.save_freq) or self.step == self.total_steps:  # the last: the run's policy
                 self.save_checkpoint()
+
+    def _ran_out(self) -> None:
+        """The data ended before ``total_steps`` (DAPO's dynamic sampling reads it faster than one
+        batch a step): the last step trained is checkpointed, as the last step always is."""
+        if self.step == 0 or self.saved_step == self.step:
+            return
+        print(f"posttrain: the data ran out after step {self.step} of {self.total_steps} (trainer.total_epochs); "
+              "checkpointing it as the run's last")
+        self.save_checkpoint()
 
     def _record_prompts(self) -> None:
         if self.parts.trained_prompts is not None:

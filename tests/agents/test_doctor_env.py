@@ -270,8 +270,10 @@ def test_the_patients_faithfulness_refusals_and_leaks_are_counted():
     diagnosis is counted (env/patient_faithfulness = agreed / checked)."""
     from posttrain.agents.doctor.patient import polarity
 
-    assert [polarity(t) for t in ("Yes, a lot.", "No fever.", "Nope", "I don't think so.", "It does, yes.", "Maybe.")] == \
-        ["yes", "no", "no", "no", "yes", None]
+    replies = {"Yes, a lot.": "yes", "No fever.": "no", "Nope": "no", "I don't think so.": "no", "It does, yes.": "yes",
+               "Maybe.": None, "I don't know.": None, "It does not hurt.": "no", "I have no fever.": "no",
+               "I have never had that.": "no", "There is no rash.": "no", "I do have a cough.": "yes"}
+    assert {reply: polarity(reply) for reply in replies} == replies
     llm = FakeLLM([[EnvLLMReply("No, not at all.", "stop")], [EnvLLMReply("I don't know.", "stop")],
                    [EnvLLMReply("My doctor said it is acute pericarditis.", "stop")]])
     env = DoctorEnv(llm, patient="llm")
@@ -299,7 +301,7 @@ def test_max_turns_minus_one_draws_each_budget_from_two_to_ten_as_the_seed_does(
 
 def test_the_patient_probe_asks_each_yes_no_finding_and_counts_agreement():
     """CASE has three yes/no findings (yes, no, no): a patient that always says yes agrees on 1 of 3;
-    one that answers as the case does agrees on all; a failed reply counts as disagreeing."""
+    one that answers as the case does agrees on all; a failed reply (no answer) is left out."""
     from posttrain.agents.doctor import patient_faithfulness
 
     always_yes = FakeLLM(["Yes."])
@@ -309,4 +311,4 @@ def test_the_patient_probe_asks_each_yes_no_finding_and_counts_agreement():
     faithful = FakeLLM([[EnvLLMReply(pair.answer, "stop") for pair in CASE.qa]])
     assert patient_faithfulness(faithful, [sample(), sample()], max_questions=3) == (1.0, 3)
     failing = FakeLLM([[EnvLLMReply("", "error", error="down"), EnvLLMReply("No.", "stop"), EnvLLMReply("No.", "stop")]])
-    assert patient_faithfulness(failing, [sample()]) == (pytest.approx(2 / 3), 3)
+    assert patient_faithfulness(failing, [sample()]) == (1.0, 2)

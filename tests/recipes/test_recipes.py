@@ -93,7 +93,8 @@ def test_a_recipe_runs_its_stages_ends_with_its_table_and_skips_what_finished(tm
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert again.stdout.count("done before, skipped") == 3
 
-    # a changed command runs that stage again: the train stage, already finished, says so and exits 0
+    # a changed stage starts over (its old run moved aside), and so does every stage after it
     changed = subprocess.run(argv + ["rl:trainer.seed=1"], capture_output=True, text=True, timeout=600)
     assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
-    assert changed.stdout.count("done before, skipped") == 2 and "this run is finished" in changed.stdout
+    assert changed.stdout.count("done before, skipped") == 1 and changed.stdout.count("the previous run moved to") == 2
+    assert "resumed from" not in changed.stdout and len(list(runs.glob("rl.before-*"))) == 1

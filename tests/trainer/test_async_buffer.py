@@ -240,3 +240,23 @@ def test_when_dynamic_sampling_has_read_the_data_the_next_batch_ends_the_run():
     s.advance(1)
     with pytest.raises(DataRanOut, match="no prompts are left for batch 1"):
         s.take_batch(1)
+
+
+def test_a_dynamic_sampling_round_is_admitted_even_when_the_buffer_is_full():
+    """The buffer holds one batch (2 units): once batch 0 is taken, batch 1's read-ahead fills it;
+    the round the trainer then asks for still starts (the trainer waits on it), so nothing hangs."""
+    s = scheduler(staleness=1, batches=4, capacity_units=2, data=prompt_batches(6))
+    for _ in range(2):
+        unit = s.next_unit()
+        s.finish(unit, GeneratedUnit(unit.index, 0, unit.prompts, {}, 0.0))
+    s.take_batch(0)
+    for _ in range(2):  # batch 1, read ahead, fills the buffer
+        unit = s.next_unit()
+        s.finish(unit, GeneratedUnit(unit.index, 0, unit.prompts, {}, 0.0))
+    assert sorted(s.finished) == [2, 3]
+    indices = s.add_round(0)
+    for _ in indices:
+        unit = s.next_unit()
+        assert unit.extra
+        s.finish(unit, GeneratedUnit(unit.index, 0, unit.prompts, {}, 0.0))
+    assert [u.index for u in s.take_units(0, indices)] == indices

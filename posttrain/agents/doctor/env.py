@@ -293,8 +293,9 @@ def _check_options(patient: str, judge: str, correct: float, relevant: float, pe
 def patient_faithfulness(env_llm: EnvLLM, samples: Sequence[EpisodeSample], max_questions: int = 64,
                          max_reply_chars: int = 300) -> tuple[float, int]:
     """How often the patient's answer agrees with its case on a yes/no finding, each finding asked
-    as the first question of a fresh consultation (one batched request); returns (agreement, asked).
-    A failed reply counts as disagreeing. (0.0, 0) when the cases hold no yes/no finding."""
+    as the first question of a fresh consultation (one batched request); returns (agreement, answered).
+    A failed reply (no answer at all: a service problem, not an unfaithful patient) is left out.
+    (0.0, 0) when nothing was answered."""
     conversations, expected = [], []
     for sample in samples:
         case = case_from_sample(sample)
@@ -305,7 +306,8 @@ def patient_faithfulness(env_llm: EnvLLM, samples: Sequence[EpisodeSample], max_
                 expected.append(want)
     if not expected:
         return 0.0, 0
-    replies = env_llm.chat(conversations)
-    agreed = sum(not reply.failed and polarity(clean_reply(reply.text, reply.finish_reason, max_reply_chars).text) == want
-                 for reply, want in zip(replies, expected))
-    return agreed / len(expected), len(expected)
+    answered = [(reply, want) for reply, want in zip(env_llm.chat(conversations), expected) if not reply.failed]
+    if not answered:
+        return 0.0, 0
+    agreed = sum(polarity(clean_reply(reply.text, reply.finish_reason, max_reply_chars).text) == want for reply, want in answered)
+    return agreed / len(answered), len(answered)

@@ -67,18 +67,25 @@ def is_refusal(reply: str) -> bool:
     return any(phrase in lowered for phrase in _REFUSALS)
 
 
-_YES = ("yes", "yeah", "yep", "i do", "i have", "it is", "it does")
-_NO = ("no", "nope", "not", "i don't", "i do not", "i haven't", "i have not", "it isn't", "it doesn't", "never")
+_YES = ("yes", "yeah", "yep", "i do", "i have", "i am", "i did", "it is", "it does", "there is", "it has")
+_NO = ("no", "nope", "never", "not", "i don't", "i didn't", "i haven't", "i'm not", "it isn't", "it doesn't", "it's not",
+       "there isn't", "i do not", "i did not", "i have not")
+_NEGATION = re.compile(r"\b(no|not|never|none|nothing)\b|n't\b")
 
 
 def polarity(reply: str) -> str | None:
-    """``"yes"`` or ``"no"`` for a reply that opens with one (a yes/no finding), else None (a refusal too)."""
+    """``"yes"`` or ``"no"`` for a reply that opens with one (a yes/no finding), else None (a refusal
+    too). An affirmative opening whose first clause is negated ("It does not hurt", "I have no
+    fever") is a no."""
     if is_refusal(reply):
         return None
-    lowered = re.sub(r"[^a-z' ]", " ", reply.lower().replace("’", "'")).strip()
-    for answer, openings in (("no", _NO), ("yes", _YES)):  # "no" first: "not" and "i don't" start like yes-openings do not
-        if any(lowered == opening or lowered.startswith(opening + " ") for opening in openings):
-            return answer
+    lowered = reply.lower().replace("’", "'")
+    clause = re.split(r"[,.;!?]", lowered, maxsplit=1)[0]
+    words = " ".join(re.sub(r"[^a-z' ]", " ", clause).split())
+    if any(words == opening or words.startswith(opening + " ") for opening in _NO):
+        return "no"
+    if any(words == opening or words.startswith(opening + " ") for opening in _YES):
+        return "no" if _NEGATION.search(words) else "yes"
     return None
 
 

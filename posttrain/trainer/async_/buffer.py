@@ -114,13 +114,16 @@ class UnitScheduler:
             self._condition.notify_all()
 
     def _admit(self) -> Unit | None:
+        extra = [unit for unit in self.unstarted.values() if unit.extra]
+        if extra:  # the trainer waits on them: past the buffer's bound (by at most a batch), before anything else
+            return self.unstarted.pop(min(unit.index for unit in extra))
         if len(self.in_flight) + len(self.finished) >= self.capacity_units:
             return None
         if not self.unstarted and not self._data_done and self.next_batch < self.total_batches and self._fresh_enough(self.next_batch):
             self._pull_batch()
-        for unit in sorted(self.unstarted.values(), key=lambda u: (u.batch_index, u.index)):  # the trainer's own batch first
-            if self._fresh_enough(unit.batch_index):
-                return self.unstarted.pop(unit.index)
+        for index in sorted(self.unstarted):
+            if self._fresh_enough(self.unstarted[index].batch_index):
+                return self.unstarted.pop(index)
         return None
 
     def _fresh_enough(self, batch_index: int) -> bool:
