@@ -214,7 +214,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None) -> int
     dirs = {stage.name: root / stage.name for stage in recipe.stages}
     seconds: dict[str, float] = {}
     again = shlex.join(["posttrain", "recipe", *sys.argv[2:]]) if sys.argv[1:2] == ["recipe"] else f"posttrain recipe {name}"
-    console.print(f"[bold]posttrain recipe {recipe.name}[/]: {len(recipe.stages)} stages → {root}")
+    console.print(f"[bold]posttrain recipe {recipe.name}[/]: {len(recipe.stages)} stages → {root}", soft_wrap=True)
     upstream = ""  # what the stages before produced: a change there runs every later stage again
     for number, stage in enumerate(recipe.stages, start=1):
         directory = dirs[stage.name]
@@ -225,12 +225,13 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None) -> int
         started, done = directory / STARTED, directory / DONE
         if done.is_file() and json.loads(done.read_text()).get("fingerprint") == fingerprint:
             seconds[stage.name] = json.loads(done.read_text()).get("seconds", 0.0)
-            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: done before, skipped ({directory})")
+            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: done before, skipped ({directory})", soft_wrap=True)
             continue
         if started.is_file() and json.loads(started.read_text()).get("fingerprint") != fingerprint:
             aside = directory.with_name(f"{directory.name}.before-{time.strftime('%Y%m%d-%H%M%S')}")
             directory.rename(aside)  # another command (or an earlier stage changed): start over, keep the old run
-            console.print(f"stage {stage.name}: its command or an earlier stage changed; the previous run moved to {aside}")
+            console.print(f"stage {stage.name}: its command or an earlier stage changed; the previous run moved to {aside}",
+                          soft_wrap=True)
         console.print(f"stage {number}/{len(recipe.stages)} [bold]{stage.name}[/]: {command}", soft_wrap=True)
         directory.mkdir(parents=True, exist_ok=True)
         started.write_text(json.dumps({"fingerprint": fingerprint, "command": command}))
@@ -245,9 +246,9 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None) -> int
                               f"and run the same recipe command again: finished stages are skipped, a train or sft stage resumes")
         done.write_text(json.dumps({"fingerprint": fingerprint, "command": command, "seconds": seconds[stage.name]}))
     report = recipe_table(recipe, dirs, seconds)
-    console.print(report)
+    console.print(report, soft_wrap=True, markup=False)
     (root / "report.md").write_text(f"# Recipe {recipe.name}\n\n{recipe.description}\n\n{report}\n", encoding="utf-8")
-    console.print(f"report: {root / 'report.md'}")
+    console.print(f"report: {root / 'report.md'}", soft_wrap=True)
     return 0
 
 

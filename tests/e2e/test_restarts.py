@@ -112,6 +112,8 @@ def test_after_a_restarted_run_and_a_failed_one_no_ray_actor_object_or_child_pro
     from posttrain.trainer.preflight import load_run_config
     from posttrain.trainer.run import fit_with_restarts, start_ray, training_run
 
+    if ray.is_initialized():  # an earlier test file in this process left its local Ray up (tests/conftest.py's ray_local)
+        ray.shutdown()
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. the shared cluster's holder
 
     def config(name: str, *overrides: str):
