@@ -22,6 +22,7 @@ def start_local_ray(num_cpus: int = 4, num_gpus: int = 0) -> None:
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # a new cluster, even when a `ray start` (the two-node test's) is the machine's latest
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             include_dashboard=False,

@@ -243,7 +243,9 @@ def start_ray(trainer: TrainerConfig, run_dir: Path | None) -> None:
     import ray
 
     address = trainer.ray_address or os.environ.get("RAY_ADDRESS") or None
-    context = ray.init(address=address, include_dashboard=trainer.ray_dashboard, log_to_driver=False,
+    # no address: a new local Ray ("local"), never the last cluster a `ray start` on this machine recorded,
+    # which ray.init(address=None) would join (and then refuse num_cpus)
+    context = ray.init(address=address or "local", include_dashboard=trainer.ray_dashboard, log_to_driver=False,
                        **({} if address else {"num_cpus": os.cpu_count()}))
     if run_dir is not None:
         _link_ray_logs(context.address_info.get("session_dir"), run_dir)

@@ -12,7 +12,7 @@ import pytest
 # holds a local cluster for as long as its stdin is open; prints the address first
 HOLDER = """
 import os, sys, ray
-context = ray.init(num_cpus=os.cpu_count(), include_dashboard=False)
+context = ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False)
 print(context.address_info["gcs_address"], flush=True)
 sys.stdin.read()
 ray.shutdown()

@@ -71,3 +71,25 @@ def test_a_stop_a_person_asked_for_is_not_overridden_by_a_restart(tmp_path):
     with pytest.raises(Stopped) as info:
         fit_with_restarts(first, build, Console(file=open("/dev/null", "w")))
     assert built == [] and info.value.checkpoint == saved and info.value.step == 3 and not info.value.at_once
+
+
+def test_without_an_address_a_new_local_ray_starts_even_beside_a_ray_start_cluster(monkeypatch):
+    """ray.init(address=None) joins the cluster a `ray start` on this machine recorded last (and then
+    refuses num_cpus); posttrain asks for a local one, and joins only what ray_address or RAY_ADDRESS names."""
+    import ray
+
+    from posttrain.config.schema import TrainerConfig
+    from posttrain.trainer.run import start_ray
+
+    calls = []
+
+    class Context:
+        address_info, dashboard_url = {}, None
+
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs) or Context())
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    start_ray(TrainerConfig(), None)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    start_ray(TrainerConfig(), None)
+    assert calls[0]["address"] == "local" and calls[0]["num_cpus"] >= 1
+    assert calls[1]["address"] == "10.0.0.1:6379" and "num_cpus" not in calls[1]
