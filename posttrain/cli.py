@@ -180,6 +180,21 @@ def _demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_recipe_commands(commands) -> None:
+    """``posttrain recipe`` and ``posttrain compare``: stages run as one command, and two evaluations set side by side."""
+    recipe = commands.add_parser("recipe", help="run a multi-stage recipe (e.g. search, doctor) as one command; `list` shows them")
+    recipe.add_argument("name", help="a built-in recipe (posttrain recipe list), the path of your own .yaml, or list")
+    recipe.add_argument("--dir", type=Path, help="where its stages run (default runs/posttrain/<recipe>)")
+    recipe.add_argument("overrides", nargs="*", help="key=value for every stage, STAGE:key=value for one")
+    recipe.set_defaults(run=_recipe_command)
+
+    compare = commands.add_parser("compare", help="two evaluations of the same items: accuracies and their difference, with 95%% intervals")
+    compare.add_argument("first", type=Path, metavar="A.jsonl", help="episodes of one evaluation (`posttrain eval --dump-episodes`, or validation/step_N.jsonl)")
+    compare.add_argument("second", type=Path, metavar="B.jsonl", help="episodes of the other, on the same items")
+    compare.add_argument("--by", metavar="KEY", help="also compare per value of extra_info[KEY], e.g. hops")
+    compare.set_defaults(run=_compare_command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain", description="RL post-training of language models on Ray.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -211,17 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  help="write every validation episode (messages, reward, success, stats) to this file; `posttrain sft` reads it")
             command.add_argument("--by", metavar="KEY", help="also summarise the episodes per value of extra_info[KEY], e.g. hops")
 
-    recipe = commands.add_parser("recipe", help="run a multi-stage recipe (e.g. search, doctor) as one command; `list` shows them")
-    recipe.add_argument("name", help="a built-in recipe (posttrain recipe list), the path of your own .yaml, or list")
-    recipe.add_argument("--dir", type=Path, help="where its stages run (default runs/posttrain/<recipe>)")
-    recipe.add_argument("overrides", nargs="*", help="key=value for every stage, STAGE:key=value for one")
-    recipe.set_defaults(run=_recipe_command)
-
-    compare = commands.add_parser("compare", help="two evaluations of the same items: accuracies and their difference, with 95%% intervals")
-    compare.add_argument("first", type=Path, metavar="A.jsonl", help="episodes of one evaluation (`posttrain eval --dump-episodes`, or validation/step_N.jsonl)")
-    compare.add_argument("second", type=Path, metavar="B.jsonl", help="episodes of the other, on the same items")
-    compare.add_argument("--by", metavar="KEY", help="also compare per value of extra_info[KEY], e.g. hops")
-    compare.set_defaults(run=_compare_command)
+    _add_recipe_commands(commands)
 
     export = commands.add_parser("export", help="write a checkpoint's policy as a Hugging Face directory")
     export.add_argument("checkpoint", help="a global_step_N directory or a run directory (its latest checkpoint)")

@@ -273,38 +273,32 @@ def run_stage(argv: list[str], log: Path) -> tuple[int, bool]:
 def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float]) -> str:
     """The rows' accuracies with 95 % intervals (all items, and per ``by``), the compared rows'
     paired difference, and each stage's wall time, as Markdown."""
-    from posttrain.trainer.evaluate import item_accuracies
+    from posttrain.trainer.evaluate import item_accuracies, item_groups
     from posttrain.trainer.intervals import paired_difference, wilson
 
     lines = []
     if recipe.rows:
         loaded = {label: item_accuracies(dirs[stage] / EPISODES) for label, stage in recipe.rows.items()}
-        groups = ["all"]
-        if recipe.by:
-            first_rows = next(iter(loaded.values()))[1]
-            groups += sorted({f"{recipe.by}={(row.get('extra_info') or {}).get(recipe.by)}" for row in first_rows.values()})
+        first, first_rows = next(iter(loaded.values()))
+        groups = ["all", *sorted(set(item_groups(list(first), first_rows, recipe.by)) - {"all"})]
         lines += ["| | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
         for label, (accuracies, rows) in loaded.items():
-            cells = []
+            grouped, cells = item_groups(list(accuracies), rows, recipe.by), []
             for group in groups:
-                keys = [key for key in accuracies if group == "all" or group == f"{recipe.by}={(rows[key].get('extra_info') or {}).get(recipe.by)}"]
-                values = [accuracies[key] for key in keys]
-                if not values:
-                    cells.append("—")
-                    continue
+                values = [accuracies[key] for key in grouped.get(group, [])]
                 low, high = wilson(sum(values), len(values))
-                cells.append(f"{sum(values) / len(values):.3f} [{low:.3f}, {high:.3f}] (n={len(values)})")
+                cells.append(f"{sum(values) / len(values):.3f} [{low:.3f}, {high:.3f}] (n={len(values)})" if values else "—")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         if recipe.compare:
             (a, rows), (b, _) = (item_accuracies(dirs[stage] / EPISODES) for stage in recipe.compare)
-            cells = []
+            grouped, cells = item_groups([key for key in a if key in b], rows, recipe.by), []
             for group in groups:
-                keys = [key for key in a if key in b and (group == "all" or group == f"{recipe.by}={(rows[key].get('extra_info') or {}).get(recipe.by)}")]
-                if not keys:
+                keys = grouped.get(group, [])
+                if keys:
+                    difference, low, high = paired_difference([a[key] for key in keys], [b[key] for key in keys])
+                    cells.append(f"{difference:+.3f} [{low:+.3f}, {high:+.3f}] (paired)")
+                else:
                     cells.append("—")
-                    continue
-                difference, low, high = paired_difference([a[key] for key in keys], [b[key] for key in keys])
-                cells.append(f"{difference:+.3f} [{low:+.3f}, {high:+.3f}] (paired)")
             labels = {stage: label for label, stage in recipe.rows.items()}
             lines.append(f"| {labels.get(recipe.compare[1], recipe.compare[1])} − {labels.get(recipe.compare[0], recipe.compare[0])} | "
                          + " | ".join(cells) + " |")

@@ -105,6 +105,15 @@ def item_accuracies(path: Path) -> tuple[dict[str, float], dict[str, dict]]:
     return {key: sum(values) / len(values) for key, values in successes.items()}, rows
 
 
+def item_groups(keys: list[str], rows: dict[str, dict], by: str | None) -> dict[str, list[str]]:
+    """``keys`` under ``"all"`` and, with ``by``, under ``"<by>=<value>"`` per value of the row's ``extra_info[by]``."""
+    groups = {"all": list(keys)}
+    if by is not None:
+        for key in keys:
+            groups.setdefault(f"{by}={(rows[key].get('extra_info') or {}).get(by)}", []).append(key)
+    return groups
+
+
 def compare_evaluations(first: Path, second: Path, by: str | None = None) -> int:
     """``posttrain compare A.jsonl B.jsonl``: each evaluation's accuracy on the items both hold, with
     its 95 % Wilson interval, and B − A with a paired bootstrap interval (per ``extra_info[by]`` too)."""
@@ -121,11 +130,7 @@ def compare_evaluations(first: Path, second: Path, by: str | None = None) -> int
         return 2
     if len(common) < max(len(a), len(b)):
         console.print(f"posttrain: comparing the {len(common)} items both files hold ({len(a)} in {first}, {len(b)} in {second})")
-    groups = {"all": common}
-    if by is not None:
-        for key in common:
-            groups.setdefault(f"{by}={(rows[key].get('extra_info') or {}).get(by)}", []).append(key)
-    for group, keys in groups.items():
+    for group, keys in item_groups(common, rows, by).items():
         lines = [f"{group} ({len(keys)} items)"]
         for label, accuracies in (("A", a), ("B", b)):
             values = [accuracies[key] for key in keys]
