@@ -47,7 +47,7 @@ from posttrain.algos.kl import (
     kl_k3_straight_through,
     kl_penalty,
 )
-from posttrain.algos.logits import entropy_from_logits, logprobs_from_logits
+from posttrain.algos.logits import entropy_from_logits, head_logprobs, logprobs_from_logits
 from posttrain.algos.off_policy import (
     IMPORTANCE_LEVELS,
     IMPORTANCE_MODES,

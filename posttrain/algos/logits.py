@@ -3,6 +3,7 @@
     logprobs_from_logits(logits, labels)  # (..., V), (...) -> (...) float32*
     entropy_from_logits(logits)           # (..., V) -> (...) float32*
     (* float64 for float64 logits; bf16 and fp16 logits are computed in float32)
+    head_logprobs(hidden, weight, labels) # (N, H), (V, H), (N,) -> (N,) float32, and (N,) entropy or None
 
     log pi(y) = z_y - logsumexp(z)
     H(pi)     = -sum_i p_i log p_i,  p = softmax(z)   (p_i log p_i taken as 0 where z_i = -inf)
@@ -19,6 +20,15 @@ supported (no loss in this package needs it). A non-contiguous `logits` (e.g. `l
 copied once by the flattening reshape; slice the hidden states before the LM head to avoid it.
 Sampling temperature is the caller's: divide the logits before calling.
 
+The LM head fused in (`head_logprobs`). Given the final hidden states of the N positions that are
+scored and the head's weight, the logits are made one row chunk at a time (z = h W^T / temperature),
+used for the logprob and the entropy, and dropped; the backward pass makes them again from h and W.
+So neither the (N, V) logits nor their gradient ever exist, only one chunk of each. The matmuls run
+in `compute_dtype` (the autocast dtype: bf16 inputs give bf16 logits, upcast for the softmax, as
+autocast would); the weight's gradient is summed over chunks in float32. A chunk holds about 64 MiB
+of float32 logits (341 rows of a 49k vocabulary): the weight gradient is read and written once per
+chunk, so much smaller chunks would spend the time moving it.
+
 Gradients, used by the backward passes (p = softmax(z), g the incoming gradient):
     d log pi(y) / dz_i = 1[i = y] - p_i
     d H / dz_i         = -p_i * (log p_i + H)
@@ -30,11 +40,12 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-__all__ = ["logprobs_from_logits", "entropy_from_logits"]
+__all__ = ["logprobs_from_logits", "entropy_from_logits", "head_logprobs"]
 
 # float32 values per chunk, by device type (module docstring); 64 MiB is small next to a model.
 _CHUNK_ELEMENTS = {"cpu": 2**20}
 _DEFAULT_CHUNK_ELEMENTS = 2**24
+_HEAD_CHUNK_ELEMENTS = 2**24  # head_logprobs on every device (module docstring)
 
 
 def _rows_per_chunk(logits: Tensor, chunk_rows: int | None) -> int:
@@ -137,3 +148,79 @@ def entropy_from_logits(logits: Tensor, *, chunk_rows: int | None = None) -> Ten
     flat_logits = logits.reshape(-1, logits.shape[-1])
     rows = _rows_per_chunk(logits, chunk_rows)
     return _ChunkedEntropy.apply(flat_logits, rows).reshape(logits.shape[:-1])
+
+
+class _ChunkedHeadLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(  # (N, H), (V, H), (N,) -> (N,), (N,)
+        ctx: FunctionCtx, hidden: Tensor, weight: Tensor, labels: Tensor, temperature: float,
+        with_entropy: bool, rows: int, compute_dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor]:
+        h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
+        softmax_dtype = torch.promote_types(compute_dtype, torch.float32)
+        logprobs = torch.empty(h.shape[0], dtype=softmax_dtype, device=h.device)
+        logsumexp = torch.empty_like(logprobs)
+        entropy = torch.empty_like(logprobs) if with_entropy else logprobs.new_zeros(0)
+        for part in _chunks(h.shape[0], rows):
+            z = (h[part] @ w.T).to(softmax_dtype).div_(temperature)
+            logsumexp[part] = torch.logsumexp(z, dim=-1)
+            log_probs = z.sub_(logsumexp[part].unsqueeze(-1))
+            logprobs[part] = log_probs.gather(-1, labels[part].unsqueeze(-1)).squeeze(-1)
+            if with_entropy:
+                entropy[part] = -(log_probs.exp() * log_probs).sum(dim=-1)
+        ctx.save_for_backward(hidden, weight, labels, logsumexp, entropy)
+        ctx.settings = (temperature, with_entropy, rows, compute_dtype, softmax_dtype)
+        ctx.mark_non_differentiable(logsumexp)
+        return logprobs, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad_logprobs: Tensor | None, grad_entropy: Tensor | None):
+        hidden, weight, labels, logsumexp, entropy = ctx.saved_tensors
+        temperature, with_entropy, rows, compute_dtype, softmax_dtype = ctx.settings
+        h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32), device=weight.device)
+        for part in _chunks(h.shape[0], rows):
+            z = (h[part] @ w.T).to(softmax_dtype).div_(temperature)
+            log_probs = z.sub_(logsumexp[part].unsqueeze(-1))
+            probs = log_probs.exp()
+            # dz = g_lp * (onehot(y) - p) + g_H * (-p * (log p + H)), then / temperature.
+            grad_z = torch.zeros_like(probs)
+            if grad_logprobs is not None:
+                g = grad_logprobs[part].to(softmax_dtype).unsqueeze(-1)
+                grad_z.sub_(probs * g).scatter_add_(-1, labels[part].unsqueeze(-1), g)
+            if with_entropy and grad_entropy is not None:
+                g = grad_entropy[part].to(softmax_dtype).unsqueeze(-1)
+                grad_z.sub_(log_probs.add_(entropy[part].unsqueeze(-1)).mul_(probs).mul_(g))
+            grad_z = grad_z.div_(temperature).to(compute_dtype)
+            grad_hidden[part] = (grad_z @ w).to(grad_hidden.dtype)
+            grad_weight += (grad_z.T @ h[part]).to(grad_weight.dtype)
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None
+
+
+def head_logprobs(
+    hidden: Tensor, weight: Tensor, labels: Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
+    compute_dtype: torch.dtype | None = None, chunk_rows: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """log pi(labels) and the entropy, from final hidden states and the LM head's weight (module docstring).
+
+    ``hidden`` (N, H) and ``weight`` (V, H) (a bias-free head); ``labels`` (N,) integer ids.
+    ``compute_dtype`` (default: ``hidden``'s) is the dtype of the matmuls. Returns float32 (N,)
+    logprobs (float64 for float64 inputs) and the (N,) entropy, or None without ``with_entropy``.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} and weight {tuple(weight.shape)} must be (N, H) and (V, H) with the same H"
+        )
+    if labels.shape != hidden.shape[:1]:
+        raise ValueError(f"labels shape {tuple(labels.shape)} must be ({hidden.shape[0]},), one per hidden row")
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature} must be > 0")
+    rows = chunk_rows if chunk_rows is not None else max(1, _HEAD_CHUNK_ELEMENTS // max(weight.shape[0], 1))
+    if rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    logprobs, entropy = _ChunkedHeadLogprob.apply(
+        hidden, weight, labels.long(), float(temperature), with_entropy, rows, compute_dtype or hidden.dtype
+    )
+    return logprobs, (entropy if with_entropy else None)

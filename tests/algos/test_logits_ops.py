@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from posttrain.algos import entropy_from_logits, logprobs_from_logits
+from posttrain.algos import entropy_from_logits, head_logprobs, logprobs_from_logits
 
 
 def _loop_logprob(row: list[float], label: int) -> float:
@@ -91,3 +91,72 @@ def test_autograd_saves_no_float32_copy_of_the_logits(gen):
         entropy_from_logits(logits, chunk_rows=2)
     large = [t for t in saved if t.numel() >= logits.numel()]
     assert large and all(t.dtype == torch.bfloat16 and t.data_ptr() == logits.data_ptr() for t in large)
+
+
+# ---- head_logprobs: the LM head fused with the log-softmax --------------------------------------------
+
+
+def _head_reference(hidden, weight, labels, temperature):
+    logits = hidden @ weight.T / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
+    return log_probs.gather(-1, labels[:, None])[:, 0], -(log_probs.exp() * log_probs).sum(-1)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 4, None])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_head_logprobs_values_and_gradients_equal_full_logits(chunk_rows, temperature, gen):
+    hidden = torch.randn(9, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(13, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 13, (9,), generator=gen)
+    logprobs, entropy = head_logprobs(hidden, weight, labels, temperature=temperature, with_entropy=True, chunk_rows=chunk_rows)
+    expected_logprobs, expected_entropy = _head_reference(hidden, weight, labels, temperature)
+    torch.testing.assert_close(logprobs, expected_logprobs, rtol=0, atol=1e-12)
+    torch.testing.assert_close(entropy, expected_entropy, rtol=0, atol=1e-12)
+    a, b = torch.randn(9, generator=gen, dtype=torch.float64), torch.randn(9, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad((logprobs * a).sum() + (entropy * b).sum(), (hidden, weight))
+    want = torch.autograd.grad((expected_logprobs * a).sum() + (expected_entropy * b).sum(), (hidden, weight))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
+    # Without entropy, only the logprob's gradient.
+    logprobs, none = head_logprobs(hidden, weight, labels, temperature=temperature, chunk_rows=chunk_rows)
+    assert none is None
+    got = torch.autograd.grad((logprobs * a).sum(), (hidden, weight))
+    want = torch.autograd.grad((_head_reference(hidden, weight, labels, temperature)[0] * a).sum(), (hidden, weight))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
+
+
+def test_head_logprobs_keeps_no_logits_for_backward(gen):
+    hidden = torch.randn(40, 8, generator=gen, requires_grad=True)
+    weight = torch.randn(50, 8, generator=gen, requires_grad=True)
+    labels = torch.randint(0, 50, (40,), generator=gen)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        logprobs, entropy = head_logprobs(hidden, weight, labels, with_entropy=True, chunk_rows=8)
+    (logprobs.sum() + entropy.sum()).backward()
+    assert (40, 8) in saved and (50, 8) in saved  # the inputs are what it keeps
+    assert not [shape for shape in saved if shape[-1] == 50 and len(shape) == 2 and shape[0] > 8]
+    # The plain path keeps the (40, 50) logits.
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        logprobs_from_logits(hidden @ weight.T, labels)
+    assert (40, 50) in saved
+
+
+def test_head_logprobs_in_bfloat16_is_close_to_float32_with_float32_gradients(gen):
+    hidden = torch.randn(12, 16, generator=gen, requires_grad=True)
+    weight = torch.randn(30, 16, generator=gen, requires_grad=True)
+    labels = torch.randint(0, 30, (12,), generator=gen)
+    fp32, _ = head_logprobs(hidden, weight, labels)
+    bf16, _ = head_logprobs(hidden, weight, labels, compute_dtype=torch.bfloat16)
+    assert fp32.dtype == bf16.dtype == torch.float32 and not torch.equal(fp32, bf16)
+    torch.testing.assert_close(bf16, fp32, rtol=0, atol=0.5)
+    bf16.sum().backward()
+    assert hidden.grad.dtype == weight.grad.dtype == torch.float32
+
+
+def test_head_logprobs_refuses_mismatched_shapes(gen):
+    with pytest.raises(ValueError, match="same H"):
+        head_logprobs(torch.zeros(3, 4), torch.zeros(5, 6), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="one per hidden row"):
+        head_logprobs(torch.zeros(3, 4), torch.zeros(5, 4), torch.zeros(2, dtype=torch.long))

@@ -41,6 +41,9 @@ class TrainingEngineConfig:
                    sdpa's CPU backward pass is slow: eager made a whole update of SmolLM2-135M on
                    sequences of ~100 tokens 1.3x faster (``bench/update.py``). Its (b, heads, T, T)
                    scores grow with the square of the length: try sdpa for sequences of thousands.
+    pack_sequences: run the model on each sample's real tokens only, several samples to a row, each
+                   attending only to itself (``packing``; verl's ``use_remove_padding``), instead of
+                   on padded rows. The results agree to rounding; off only to compare the two.
     compile:       ``torch.compile`` the model (inductor). On CPU the main job's update (SmolLM2-135M,
                    64 sequences) ran 1.17x faster once compiled, but its first update took 344 s
                    instead of ~19 s (micro-batch shapes compile again, the forward-only pass too): it
@@ -71,6 +74,7 @@ class TrainingEngineConfig:
     grad_clip: float | None = 1.0
     gradient_checkpointing: bool = False
     attn_implementation: str = "auto"
+    pack_sequences: bool = True
     compile: bool = False
     lora_rank: int = 0
     lora_alpha: int = 16

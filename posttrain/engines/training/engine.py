@@ -170,7 +170,7 @@ class TrainingEngine:
     ) -> ForwardOutputs:
         return forward_micro_batch(
             model, micro_batch, device=self.device, dtype=self.compute_dtype, value_head=self.config.value_head,
-            temperature=temperature, with_entropy=with_entropy,
+            temperature=temperature, with_entropy=with_entropy, pack=self.config.pack_sequences,
         )
 
     def _micro_batch_groups(self, batch: Batch, micro_batch_size: int | None, max_tokens: int | None) -> list[list[int]]:

@@ -12,14 +12,18 @@ LoRA (``lora_rank > 0``) wraps the model in ``peft`` adapters (no dropout, no bi
 trains its ``score`` head in full (``modules_to_save``). ``"all-linear"`` means every Linear of
 the decoder, never the LM head or the value head.
 
-Forward pass on a micro-batch. Columns that are padding in every row (left of the longest prompt,
-right of the longest response) are cut off first, so a micro-batch of short sequences costs what
-its longest sequence costs, not what the longest of the whole batch does. The logprob of response
-token t is read from the logits at input position P + t - 1 (the position that predicts it): the
-LM head runs on those T positions only (``logits_to_keep`` as an index tensor), and the log-softmax
-is taken chunk by chunk (``posttrain.algos.logprobs_from_logits``). Values use the same alignment:
-the value of response token t is the critic's output at position P + t - 1, the state before the
-token was generated. Outputs at response padding (attention mask 0) are exactly 0.
+Forward pass on a micro-batch. The samples go in packed (each sample's real tokens only, several
+to a row) or padded (cut to the attended columns); ``posttrain.engines.training.packing`` lays
+them out and says which output scores which response token: the one at the position before it.
+The policy's logits are made only there: the model runs with its own head on no position
+(``logits_to_keep`` empty), and its final hidden states at the scored positions go through the
+head's weight chunk by chunk, fused with the log-softmax and the entropy and recomputed in the
+backward pass (``posttrain.algos.head_logprobs``), so no (tokens x vocabulary) logits or logit
+gradient exist beyond a chunk. A head that is not a plain bias-free Linear, or whose logits the
+model scales or caps, or a weight sharded by FSDP2, takes the model's own logits instead
+(``plain_head_weight``). Values use the same alignment: the value of response token t is the
+critic's output at the position before it, the state before the token was generated. Outputs at
+response padding (attention mask 0) are exactly 0.
 """
 
 from __future__ import annotations
@@ -30,13 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posttrain import keys
-from posttrain.algos import entropy_from_logits, logprobs_from_logits
+from posttrain.algos import entropy_from_logits, head_logprobs, logprobs_from_logits
 from posttrain.engines.training.config import TrainingEngineConfig
-from posttrain.engines.training.inputs import response_attention_mask
+from posttrain.engines.training.packing import packed_layout, padded_layout
 from posttrain.models import check_causal_lm_config, load_causal_lm
 from posttrain.protocol import Batch
 
@@ -116,15 +119,6 @@ def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractCon
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def _trim_bounds(attention_mask: Tensor, prompt_length: int) -> tuple[int, int]:
-    # [start, end): the columns some row attends, always keeping the last prompt column (it
-    # predicts the first response token) and at least one response column.
-    real = attention_mask.any(dim=0).nonzero().flatten().tolist()
-    start = min(real[0], prompt_length - 1) if real else prompt_length - 1
-    end = max(real[-1] + 1, prompt_length + 1) if real else prompt_length + 1
-    return start, end
-
-
 def forward_micro_batch(
     model: nn.Module,
     micro_batch: Batch,
@@ -134,37 +128,78 @@ def forward_micro_batch(
     value_head: bool,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    pack: bool = True,
 ) -> ForwardOutputs:
     """Run ``model`` on a micro-batch (see the module docstring); differentiable if grad is on."""
-    input_ids = micro_batch[keys.INPUT_IDS]
-    response_length = micro_batch[keys.RESPONSE_IDS].shape[1]
-    prompt_length = input_ids.shape[1] - response_length
-    start, end = _trim_bounds(micro_batch[keys.ATTENTION_MASK], prompt_length)
-    columns = slice(start, end)
-    inputs = {
-        "input_ids": input_ids[:, columns].to(device),
-        "attention_mask": micro_batch[keys.ATTENTION_MASK][:, columns].to(device),
-        "position_ids": micro_batch[keys.POSITION_IDS][:, columns].to(device),
-        "use_cache": False,
-    }
-    # Input positions (within the trimmed window) whose outputs score response tokens 0..end-P-1.
-    scored = torch.arange(prompt_length - 1 - start, end - 1 - start, device=device)
-    kept = end - prompt_length
-    keep_mask = response_attention_mask(micro_batch)[:, :kept].to(device) != 0
+    layout = packed_layout(micro_batch, one_row=_flash_attention(model)) if pack else padded_layout(micro_batch)
+    inputs = {name: tensor.to(device) for name, tensor in layout.inputs.items()}
+    scored = layout.scored.to(device)
+    shape = micro_batch[keys.RESPONSE_IDS].shape
+    where = (layout.samples.to(device), layout.columns.to(device))
 
-    def finish(per_token: Tensor) -> Tensor:  # (b, kept) -> (b, T), exact zeros at padding
-        per_token = torch.where(keep_mask, per_token.float(), torch.zeros((), device=device))
-        return F.pad(per_token, (0, response_length - kept))
+    def place(per_token: Tensor) -> Tensor:  # (N,) -> (b, T), exact zeros at every other position
+        return torch.zeros(shape, dtype=torch.float32, device=device).index_put(where, per_token.float())
 
     if value_head:
         with autocast(device, dtype):
-            values = model(**inputs).logits[:, scored, 0]
-        return ForwardOutputs(values=finish(values))
-    with autocast(device, dtype):
-        logits = model(**inputs, logits_to_keep=scored).logits
-    if temperature != 1.0:
-        logits = logits / temperature
-    labels = micro_batch[keys.RESPONSE_IDS][:, :kept].to(device)
-    logprobs = finish(logprobs_from_logits(logits, labels))
-    entropy = finish(entropy_from_logits(logits)) if with_entropy else None
-    return ForwardOutputs(logprobs=logprobs, entropy=entropy)
+            values = model(**inputs, use_cache=False).logits[..., 0]
+        return ForwardOutputs(values=place(values.reshape(-1)[scored]))
+    labels = layout.labels.to(device)
+    head = plain_head_weight(model)
+    if head is None:  # a head the fused path cannot take: the model's own logits, then the chunked softmax
+        # The head runs on the columns that hold a scored position (the response columns when padded).
+        columns = torch.unique(scored % layout.width)
+        with autocast(device, dtype):
+            logits = model(**inputs, use_cache=False, logits_to_keep=columns).logits
+        kept = (scored // layout.width) * len(columns) + torch.searchsorted(columns, scored % layout.width)
+        logits = logits.reshape(-1, logits.shape[-1])[kept] / temperature
+        logprobs = logprobs_from_logits(logits, labels)
+        entropy = entropy_from_logits(logits) if with_entropy else None
+    else:
+        with autocast(device, dtype):
+            outputs = model(**inputs, use_cache=False, output_hidden_states=True, logits_to_keep=torch.zeros(0, dtype=torch.long, device=device))
+        hidden = outputs.hidden_states[-1]
+        hidden = hidden.reshape(-1, hidden.shape[-1])[scored]
+        logprobs, entropy = head_logprobs(
+            hidden, head, labels, temperature=temperature, with_entropy=with_entropy, compute_dtype=dtype
+        )
+    return ForwardOutputs(logprobs=place(logprobs), entropy=place(entropy) if with_entropy else None)
+
+
+# Config fields by which a model caps or scales its head's output; with any of them in effect the fused
+# head would compute other logits than the model's, so it is not used.
+_LOGIT_CAPS = ("final_logit_softcapping",)
+_LOGIT_SCALES = ("logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def _base_model(model: nn.Module) -> nn.Module:
+    while isinstance(getattr(model, "module", None), nn.Module):  # DDP
+        model = model.module
+    if hasattr(model, "get_base_model"):  # peft
+        model = model.get_base_model()
+    return model
+
+
+def plain_head_weight(model: nn.Module) -> Tensor | None:
+    """The LM head's (V, H) weight when the logits are exactly hidden @ weight.T, else None.
+
+    None for a head with a bias, a model that scales or caps its logits, and a weight that is
+    sharded (a DTensor under FSDP2 outside the forward pass).
+    """
+    from torch.distributed.tensor import DTensor
+
+    base = _base_model(model)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    config = getattr(base, "config", None)
+    if not isinstance(head, nn.Linear) or head.bias is not None or isinstance(head.weight, DTensor):
+        return None
+    if any(getattr(config, name, None) is not None for name in _LOGIT_CAPS):
+        return None
+    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_SCALES):
+        return None
+    return head.weight
+
+
+def _flash_attention(model: nn.Module) -> bool:
+    implementation = getattr(getattr(_base_model(model), "config", None), "_attn_implementation", "") or ""
+    return "flash" in implementation
