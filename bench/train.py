@@ -3,8 +3,9 @@
 One PPO mini-batch update (clipped surrogate, token-mean with the global normaliser, from
 posttrain.algos) of 8 sequences, split into micro-batches of 4, bf16 autocast, on SmolLM2-135M-Instruct
 (``--model small`` for an 8M-parameter llama that runs in seconds, or any local model directory):
-  ours:     TrainingEngine.train_mini_batch: Batch checks, micro-batch split, padding trimmed per
-            micro-batch, LM head on response positions only, chunked logprobs (posttrain.algos),
+  ours:     TrainingEngine.train_mini_batch: Batch checks, micro-batch split, each micro-batch packed
+            to its real tokens, the LM head fused with the chunked logprobs on response tokens only
+            (posttrain.algos.head_logprobs),
             the loss, backward, clipping with the norm reported, finite check, AdamW, schedule, metrics.
   baseline: what a careful user writes by hand: the same model class, the same AdamW and autocast,
             per micro-batch HF forward with logits_to_keep on the response positions, float32

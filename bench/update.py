@@ -1,22 +1,23 @@
-"""The policy update's throughput: the engine's settings before issue 14 against today's, same tokens, one run.
+"""The policy update's throughput: the engine before issue 24 against today's, same tokens, one run.
 
-The main job's update (SmolLM2-135M-Instruct, 16 prompts x 4 samples = 64 sequences, prompts 40-60
-tokens, responses 8-64, left/right padded; PPO's clipped loss with entropy, micro-batches of 16; one
-optimizer step), as TrainingEngine.train_mini_batch runs it, in the engine's compute dtype:
-  before: sdpa attention, AdamW's per-parameter loop, 64 MiB logit chunks for the log-softmax
-          (the engine's settings before issue 14);
-  after:  today's defaults: eager attention on CPU, fused AdamW, 4 MiB logit chunks on CPU
-          (posttrain.algos.logits).
-Both engines run in this process in turns, the order alternating (bench.train.interleaved_medians).
-Throughput is real (attended) tokens per CPU second of this process (``time.process_time``), so a
-neighbour's load on a shared machine changes it little; ``--threads`` (default 1) sets torch's pool.
+The main job's update (SmolLM2-135M-Instruct, 64 sequences, prompts 40-60 tokens, responses 8-64,
+left/right padded; PPO's clipped loss with entropy, micro-batches of 16; one optimizer step), as
+TrainingEngine.train_mini_batch runs it, in the engine's compute dtype:
+  before: padded rows cut to the micro-batch's attended columns, and the model's own LM head on the
+          response columns, then the chunked log-softmax (the engine before issue 24);
+  after:  today's defaults: packed rows (each sample's real tokens, several to a row), and the LM
+          head fused with the log-softmax on scored tokens only (posttrain.algos.head_logprobs).
+Both use eager attention and fused AdamW. Both engines run in this process in turns, the order
+alternating (bench.train.interleaved_medians). Throughput is real (attended) tokens per CPU second
+of this process (``time.process_time``), so a neighbour's load on a shared machine changes it
+little; ``--threads`` (default 1) sets torch's pool.
 
 Also printed, from the same run:
   peak:    a large torch.mm in the compute dtype (the matmul rate this CPU reaches, GFLOP/s);
   achieved fwd+bwd GFLOP/s of the after engine, counting useful work only (real tokens):
              dense  6 * N_layers_params * real tokens       (N: the decoder layers' parameters)
              attn   12 * n_layers * d_model * sum_i L_i^2   (QK^T and PV, 2 matmuls x 2 FLOP, x3 fwd+bwd)
-             head   6 * d_model * vocab * response tokens   (the LM head runs on response positions only)
+             head   6 * d_model * vocab * response tokens   (the LM head runs on response tokens only)
   profile: one after update under torch.profiler, self CPU time grouped: matmul/linear, attention,
            LM head + log-softmax (matmuls with a vocabulary-sized side, softmax ops), optimizer
            (AdamW, gradient norm), other (norms, activations, rotary, casts, copies);
@@ -37,10 +38,9 @@ import torch
 
 from bench.train import fresh_memory, interleaved_medians, ppo_loss
 from posttrain import keys
-from posttrain.algos import logits as logits_ops
 from posttrain.engines.training import TrainingEngine, TrainingEngineConfig
+from posttrain.engines.training import modeling
 from posttrain.engines.training.inputs import random_model_inputs
-from posttrain.engines.training.schedule import make_lr_scheduler
 from posttrain.models import resolve_model
 from posttrain.protocol import Batch
 
@@ -59,25 +59,21 @@ def main_task_batch(samples: int, vocab: int, seed: int = 1) -> Batch:
 
 
 def engine(model_dir: str, *, before: bool = False, compile: bool = False) -> TrainingEngine:
-    config = TrainingEngineConfig(model_path=model_dir, lr=1e-6, device="cpu", compile=compile,
-                                  attn_implementation="sdpa" if before else "auto")
+    config = TrainingEngineConfig(model_path=model_dir, lr=1e-6, device="cpu", compile=compile, pack_sequences=not before)
     result = TrainingEngine(config)
-    if before:  # AdamW as the engine built it before: PyTorch's CPU default, a loop over parameters
-        result.optimizer = torch.optim.AdamW(result.trainable_parameters, lr=config.lr, weight_decay=config.weight_decay, foreach=False)
-        result.scheduler = make_lr_scheduler(result.optimizer, "constant", warmup_steps=0, total_steps=None, min_lr_ratio=0.0)
     fresh_memory(result.module)
     return result
 
 
 @contextlib.contextmanager
-def large_logit_chunks() -> Iterator[None]:
-    """The log-softmax's chunks at their size before issue 14 (64 MiB on every device)."""
-    saved = logits_ops._CHUNK_ELEMENTS
-    logits_ops._CHUNK_ELEMENTS = {}
+def models_own_head() -> Iterator[None]:
+    """The model's own LM head on the response columns, then the chunked log-softmax (before issue 24)."""
+    saved = modeling.plain_head_weight
+    modeling.plain_head_weight = lambda model: None
     try:
         yield
     finally:
-        logits_ops._CHUNK_ELEMENTS = saved
+        modeling.plain_head_weight = saved
 
 
 def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
@@ -153,13 +149,13 @@ def main() -> None:
           f"tokens ({int(batch[keys.RESPONSE_MASK].sum())} response), micro-batches of {MICRO_BATCH}; median of {args.repeats}")
 
     def update(target: TrainingEngine, **micro) -> None:
-        with large_logit_chunks() if target is before else contextlib.nullcontext():
+        with models_own_head() if target is before else contextlib.nullcontext():
             target.train_mini_batch(batch, ppo_loss, with_entropy=True, **(micro or {"micro_batch_size": MICRO_BATCH}))
 
     (before_wall, before_cpu), (after_wall, after_cpu) = interleaved_medians(
         [lambda: update(before), lambda: update(after)], args.repeats)
-    print(f"tokens per CPU second: before {tokens / before_cpu:.0f} (sdpa, AdamW loop, large logit chunks), after {tokens / after_cpu:.0f} "
-          f"(eager attention, fused AdamW, small logit chunks); per wall second {tokens / before_wall:.0f} vs {tokens / after_wall:.0f}")
+    print(f"tokens per CPU second: before {tokens / before_cpu:.0f} (padded rows, the model's own head), after {tokens / after_cpu:.0f} "
+          f"(packed rows, fused head); per wall second {tokens / before_wall:.0f} vs {tokens / after_wall:.0f}")
 
     peak = matmul_peak_gflops(dtype)
     flops = update_flops(after.module, batch)
@@ -174,7 +170,8 @@ def main() -> None:
         f"{name} {seconds:.2f} s ({seconds / total:.0%})" for name, seconds in sorted(groups.items(), key=lambda kv: -kv[1])))
 
     if args.sweep:
-        settings = [{"micro_batch_size": size} for size in (8, 16, 32, 64)] + [{"max_tokens": 2048}]
+        # Micro-batches of 64 samples take ~12 GiB here; the sweep stays below.
+        settings = [{"micro_batch_size": size} for size in (8, 16, 32)] + [{"max_tokens": budget} for budget in (1024, 2048, 4096)]
         timed = interleaved_medians([lambda s=s: update(after, **s) for s in settings], max(1, args.repeats - 1))
         print("micro-batching, after engine, tokens per CPU second: " + ", ".join(
             f"{next(iter(s))}={next(iter(s.values()))}: {tokens / cpu:.0f}" for s, (_, cpu) in zip(settings, timed)))

@@ -3,34 +3,39 @@
 Task: SmolLM2-135M-Instruct (``--model``), two-digit addition from posttrain's ``arithmetic``
 preparer (written once here, read by both), 16 prompts x 4 samples per step, <= 64 new tokens,
 temperature 1, no KL (posttrain: ``actor.use_kl_loss=false``, ``algorithm.use_kl_in_reward=false``;
-TRL: ``beta=0``), one optimizer step per step in micro-batches of 16 samples, the same training
-dtype (``--dtype``: bfloat16 by default, each side's default on a CPU or GPU that computes it
-natively; both run it as mixed precision, float32 weights and optimizer with bfloat16 autocast),
-lr 1e-5 constant, AdamW with weight decay 0.01, gradient clipping at 1.0, clip ratio 0.2,
-token-mean loss, group-std advantages, the prompts unshuffled (both see the same prompts in the same order, through
-the same chat template), and posttrain's arithmetic score as the reward of both.
-  posttrain: ``posttrain train`` (the arithmetic preset with the overrides above), vLLM rollouts
-             (its default engine), validation off.
-  TRL:       ``GRPOTrainer`` (``bench/trl_grpo_driver.py``) in the TRL Python, HF ``generate``
-             (TRL's default; its vLLM modes need a GPU server or vLLM in colocate mode).
+TRL: ``beta=0``), one optimizer step per step in micro-batches of 16 samples, lr 1e-5 constant,
+AdamW with weight decay 0.01, gradient clipping at 1.0, clip ratio 0.2, token-mean loss, group-std
+advantages, the prompts unshuffled (both see the same prompts in the same order, through the same
+chat template), and posttrain's arithmetic score as the reward of both. Like with like:
+  dtype      ``--dtype`` on both sides: ``auto`` (default) is bfloat16 autocast over float32 weights
+             where the CPU computes bf16 natively (AVX512-BF16 or AMX), float32 elsewhere (on an
+             AVX2-only CPU bf16 is emulated and many times slower, on both sides alike);
+  attention  ``--attn`` for the trained model on both sides (default eager, posttrain's CPU
+             default); HF ``generate`` runs with sdpa on both sides;
+  engine     the same rollout engine on both sides, in pairs of runs:
+    HF generate: ``posttrain train`` with ``actor_rollout_ref.rollout.name=hf`` against TRL's
+                 default (``use_vllm=False``);
+    vLLM:        ``posttrain train`` with vLLM (its default) against TRL with vLLM in colocate mode
+                 (``use_vllm=True, vllm_mode="colocate"``), when TRL's colocate mode runs with this
+                 vLLM; if it does not, the script says what failed and compares posttrain's vLLM
+                 run with TRL's default instead.
 The TRL Python is ``--trl-python`` or ``$POSTTRAIN_TRL_PYTHON``; this script installs nothing.
-It must have the same torch and transformers as this one (README, "Comparing with TRL", says how
-to make it). The two runs go one after the other, posttrain first.
+It must have the same torch and transformers as this one (docs/performance.md, "Comparing with
+TRL", says how to make it). The runs go one after the other.
 
 A step's time is the wall time from the end of the previous step to the end of this one (data,
 generation, reward, logprobs, update, weight sync, logging: what the user waits per step), read
 from metrics.jsonl's record times for posttrain and from a TrainerCallback for TRL. Step 1 holds
-the engines' warm-up, so the medians are over steps 2..N. Beside it, the CPU seconds that the side's
-whole process tree (posttrain: the CLI, Ray and its worker with vLLM; TRL: its one process) used in
-the same interval, read from /proc when the step's end appears, and the cores it kept busy (CPU over
-wall). On a quiet machine both keep about 2 cores busy and the two ratios agree (measured: wall
-0.679, CPU 0.640); when other work shares the machine, the side that ran beside it gets fewer cores
-and more CPU seconds (shared caches), so neither ratio holds: the script then says so (the sides'
-cores differ by more than ``CORES_APART``) and the run is to be repeated. Printed: each
-side's per-step times and medians, posttrain's own ``timing_s/*`` phases (median over the same
-steps), the mean response length and reward of each side (the same model sampling at T=1 should
-write about as much), the CPU-seconds ratio, and last
-``posttrain_over_trl_step: <median posttrain step / median TRL step>``, wall (target <= 0.45).
+the engines' warm-up, so the medians are over steps 2..N. Phases: posttrain's ``timing_s/*``;
+TRL's generation (``_generate_single_turn``), the rest of its generate-and-score (rewards,
+advantages, logprob passes) and its update (the step's remainder). Beside the wall time, the CPU
+seconds that the side's whole process tree used in the same interval, read from /proc when the
+step's end appears, and the cores it kept busy (CPU over wall); when the sides' cores differ by
+more than ``CORES_APART``, other work shared the machine and the script says the run is to be
+repeated. Printed: each run's per-step times and medians, phases, mean response length and reward
+(the same model sampling at T=1 should write about as much), the same-engine ratios (whole step,
+and the update phase alone), and last
+``posttrain_over_trl_step: <median step of posttrain's default (vLLM) / of TRL's default (HF generate)>``.
 """
 
 from __future__ import annotations
@@ -151,15 +156,17 @@ class Run:
                 f"CPU {' '.join(f'{t:5.1f}' for t in cpu)}  median {statistics.median(cpu):5.1f} ({self.cores():.2f} cores)")
 
 
-def run_posttrain(args: argparse.Namespace, model: str, data: Path, out: Path) -> tuple[Run, list[dict]]:
-    """A ``posttrain train`` run on the task, and its metrics.jsonl step records."""
-    run_dir = out / "posttrain"
+def run_posttrain(args: argparse.Namespace, model: str, data: Path, out: Path, engine: str) -> tuple[Run, list[dict]]:
+    """A ``posttrain train`` run on the task with rollout engine ``engine`` (vllm or hf), and its metrics.jsonl step records."""
+    run_dir = out / f"posttrain-{engine}"
     overrides = [
         f"actor_rollout_ref.model.path={model}", f"data.train_files=[{data / 'train.parquet'}]",
         f"data.val_files=[{data / 'test.parquet'}]", "data.shuffle=false", f"data.train_batch_size={args.prompts}",
         f"data.max_response_length={args.max_new_tokens}", f"actor_rollout_ref.rollout.n={args.n}",
+        f"actor_rollout_ref.rollout.name={engine}", f"actor_rollout_ref.rollout.dtype={args.dtype}",
         "actor_rollout_ref.rollout.temperature=1.0", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch}", f"actor_rollout_ref.actor.dtype={args.dtype}",
+        f"actor_rollout_ref.actor.attn_implementation={args.attn}",
         "actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false", "algorithm.adv_estimator=grpo",
         f"actor_rollout_ref.actor.optim.lr={LR}", f"actor_rollout_ref.actor.optim.weight_decay={WEIGHT_DECAY}",
         "actor_rollout_ref.actor.optim.lr_scheduler=constant", f"actor_rollout_ref.actor.grad_clip={GRAD_CLIP}",
@@ -171,28 +178,53 @@ def run_posttrain(args: argparse.Namespace, model: str, data: Path, out: Path) -
     ]
     command = [sys.executable, "-m", "posttrain.cli", "train", "--preset", "arithmetic_grpo", *overrides]
     metrics_file = run_dir / "metrics.jsonl"
-    cpu = run_watched(command, out / "posttrain.log", os.environ | {"PYTHONUNBUFFERED": "1"}, "posttrain train",
+    cpu = run_watched(command, out / f"posttrain-{engine}.log", os.environ | {"PYTHONUNBUFFERED": "1"}, "posttrain train",
                       lambda: count_in(metrics_file, '"timing_s/step"'))
     records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
     records = [r for r in records if r["step"] > 0 and "timing_s/step" in r["metrics"]]
-    return Run("posttrain (vLLM rollout)", [r["time"] for r in records], cpu), records
+    label = "posttrain (vLLM)" if engine == "vllm" else "posttrain (HF generate)"
+    return Run(label, [r["time"] for r in records], cpu), records
 
 
-def run_trl(args: argparse.Namespace, python: str, model: str, data: Path, out: Path) -> tuple[Run, dict]:
-    """TRL's GRPOTrainer on the task, and the driver's JSON (TRL's logs)."""
-    result, steps_file = out / "trl.json", out / "trl_steps.txt"
+def run_trl(args: argparse.Namespace, python: str, model: str, data: Path, out: Path, vllm: bool) -> tuple[Run, dict]:
+    """TRL's GRPOTrainer on the task (HF generate, or vLLM colocate), and the driver's JSON (TRL's logs, phases)."""
+    name = "trl-vllm" if vllm else "trl-hf"
+    result, steps_file = out / f"{name}.json", out / f"{name}_steps.txt"
     command = [
         python, str(DRIVER), "--model", model, "--train", str(data / "train.parquet"), "--out", str(result),
         "--steps-file", str(steps_file),
         "--steps", str(args.steps), "--prompts", str(args.prompts), "--n", str(args.n), "--micro-batch", str(args.micro_batch),
         "--max-new-tokens", str(args.max_new_tokens), "--temperature", "1.0", "--lr", str(LR),
         "--weight-decay", str(WEIGHT_DECAY), "--grad-clip", str(GRAD_CLIP), "--clip-ratio", str(CLIP_RATIO),
-        "--dtype", args.dtype,
+        "--dtype", args.dtype, "--attn", args.attn, *(["--vllm"] if vllm else []),
     ]
-    cpu = run_watched(command, out / "trl.log", _trl_env(), "TRL's GRPOTrainer", lambda: count_in(steps_file, "\n"))
+    cpu = run_watched(command, out / f"{name}.log", _trl_env(), "TRL's GRPOTrainer", lambda: count_in(steps_file, "\n"))
     trl = json.loads(result.read_text())
     label = f"TRL {trl['trl']} ({trl['generation']})"
     return Run(label, [float(line) for line in steps_file.read_text().split()], cpu), trl
+
+
+def posttrain_phases(records: list[dict]) -> dict[str, float]:
+    """Median seconds of each ``timing_s/*`` phase over steps 2..N."""
+    names = sorted({k for r in records[1:] for k in r["metrics"] if k.startswith("timing_s/") and k != "timing_s/step"})
+    return {name.removeprefix("timing_s/"): statistics.median(r["metrics"].get(name, 0.0) for r in records[1:]) for name in names}
+
+
+def trl_phases(run: Run, trl: dict) -> dict[str, float]:
+    """Median seconds of TRL's generation, the rest of generate-and-score, and the update, over steps 2..N."""
+    steps = step_times(run.step_end_times)
+    phases = trl["phases"][1:]
+    generation = [p.get("generation", 0.0) for p in phases]
+    scored = [p.get("generate_and_score", 0.0) for p in phases]
+    return {
+        "generation": statistics.median(generation),
+        "score, advantages, logprobs": statistics.median(s - g for s, g in zip(scored, generation)),
+        "update": statistics.median(t - s for t, s in zip(steps, scored)),
+    }
+
+
+def print_phases(label: str, phases: dict[str, float]) -> None:
+    print(f"  {label}: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items()))
 
 
 def step_times(end_times: list[float]) -> list[float]:
@@ -214,49 +246,71 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--micro-batch", type=int, default=16, help="samples per forward/backward, both sides")
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                        help="the training compute dtype, both sides (bfloat16: autocast over float32 weights)")
+    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+                        help="the training compute dtype, both sides (auto: bfloat16 autocast where the CPU has it natively)")
+    parser.add_argument("--attn", choices=["eager", "sdpa"], default="eager", help="the trained model's attention, both sides")
     args = parser.parse_args()
     if args.steps < 3:
         raise SystemExit(f"--steps {args.steps}: use at least 3 (step 1 is warm-up; the median needs steps 2..N)")
     python = check_trl_python(args.trl_python)
 
-    from posttrain.data.preparers.arithmetic import prepare_arithmetic
-    from posttrain.models import resolve_model
+    import torch
 
+    from posttrain.data.preparers.arithmetic import prepare_arithmetic
+    from posttrain.models import resolve_dtype, resolve_model
+
+    args.dtype = str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
     model = str(resolve_model(args.model))
     out = Path(tempfile.mkdtemp(prefix="vs-trl-"))
     data = out / "data"
     prepare_arithmetic(data, train_size=args.prompts * args.steps, val_size=args.prompts, digits=2, num_operands=2,
                        operators="+", seed=0)
     print(f"{model}: two-digit addition, {args.prompts} prompts x {args.n}, <= {args.max_new_tokens} new tokens, T=1, no KL, "
-          f"{args.steps} steps, micro-batch {args.micro_batch}, {args.dtype}; logs in {out}", flush=True)
+          f"{args.steps} steps, micro-batch {args.micro_batch}, {args.dtype}, {args.attn} attention; logs in {out}", flush=True)
 
-    ours, records = run_posttrain(args, model, data, out)
-    theirs, trl = run_trl(args, python, model, data, out)
-    for run in (ours, theirs):
+    ours_hf, records_hf = run_posttrain(args, model, data, out, "hf")
+    theirs_hf, trl_hf = run_trl(args, python, model, data, out, vllm=False)
+    ours_vllm, records_vllm = run_posttrain(args, model, data, out, "vllm")
+    try:
+        theirs_vllm, trl_vllm = run_trl(args, python, model, data, out, vllm=True)
+    except SystemExit as failure:
+        lines = [line for line in str(failure).splitlines() if line.strip()]
+        print(f"TRL with vLLM in colocate mode did not run here: {lines[-1] if lines else failure}")
+        theirs_vllm = trl_vllm = None
+    runs = [ours_hf, theirs_hf, ours_vllm] + ([theirs_vllm] if theirs_vllm else [])
+    for run in runs:
         if len(run.step_end_times) != args.steps or len(run.cpu_at_step_end) != args.steps:
             raise SystemExit(f"{run.label}: expected {args.steps} step ends, read {len(run.step_end_times)} times and "
                              f"{len(run.cpu_at_step_end)} CPU samples; see the logs in {out}")
     print(f"steps 2..{args.steps}: seconds from the end of the step before, wall and CPU (all of the side's processes)")
-    print(ours.line())
-    print(theirs.line())
-    print("posttrain's phases (timing_s/*, median over the same steps):")
-    phases = sorted({k for r in records[1:] for k in r["metrics"] if k.startswith("timing_s/")})
-    for phase in phases:
-        print(f"  {phase:<28} {statistics.median(r['metrics'].get(phase, 0.0) for r in records[1:]):6.1f}")
-    trl_steps = [log for log in trl["logs"] if "completions/mean_length" in log]
-    print(f"mean response length: posttrain {mean([r['metrics']['response_length/mean'] for r in records]):.1f}, "
-          f"TRL {mean([log['completions/mean_length'] for log in trl_steps]):.1f} tokens; "
-          f"mean reward: posttrain {mean([r['metrics']['critic/score/mean'] for r in records]):.3f}, "
-          f"TRL {mean([log['reward'] for log in trl_steps]):.3f}; TRL's torch threads: {trl['torch_threads']}")
-    cpu_ratio = statistics.median(step_times(ours.cpu_at_step_end)) / statistics.median(step_times(theirs.cpu_at_step_end))
-    print(f"posttrain over TRL in CPU seconds per step: {cpu_ratio:.3f}")
-    if abs(ours.cores() - theirs.cores()) > CORES_APART:
-        print(f"warning: posttrain kept {ours.cores():.2f} cores busy and TRL {theirs.cores():.2f}: other work shared the "
-              "machine during one of the runs, so neither ratio is the frameworks' own; run again on a quiet machine")
-    wall_ratio = statistics.median(step_times(ours.step_end_times)) / statistics.median(step_times(theirs.step_end_times))
-    print(f"posttrain_over_trl_step: {wall_ratio:.3f}")
+    for run in runs:
+        print(run.line())
+    print("phases (median over the same steps):")
+    print_phases(ours_hf.label, posttrain_phases(records_hf))
+    print_phases(theirs_hf.label, trl_phases(theirs_hf, trl_hf))
+    print_phases(ours_vllm.label, posttrain_phases(records_vllm))
+    if theirs_vllm:
+        print_phases(theirs_vllm.label, trl_phases(theirs_vllm, trl_vllm))
+    trl_logs = [log for log in trl_hf["logs"] if "completions/mean_length" in log]
+    print(f"mean response length: posttrain (HF) {mean([r['metrics']['response_length/mean'] for r in records_hf]):.1f}, "
+          f"posttrain (vLLM) {mean([r['metrics']['response_length/mean'] for r in records_vllm]):.1f}, "
+          f"TRL (HF) {mean([log['completions/mean_length'] for log in trl_logs]):.1f} tokens; "
+          f"mean reward: {mean([r['metrics']['critic/score/mean'] for r in records_hf]):.3f}, "
+          f"{mean([r['metrics']['critic/score/mean'] for r in records_vllm]):.3f}, {mean([log['reward'] for log in trl_logs]):.3f}; "
+          f"TRL's torch threads: {trl_hf['torch_threads']}")
+    cores = [run.cores() for run in runs]
+    if max(cores) - min(cores) > CORES_APART:
+        print(f"warning: the runs kept {', '.join(f'{c:.2f}' for c in cores)} cores busy: other work shared the machine "
+              "during some of them, so the ratios are not the frameworks' own; run again on a quiet machine")
+
+    def ratio(a: Run, b: Run) -> float:
+        return statistics.median(step_times(a.step_end_times)) / statistics.median(step_times(b.step_end_times))
+
+    update_ratio = posttrain_phases(records_hf)["update_actor"] / trl_phases(theirs_hf, trl_hf)["update"]
+    print(f"same engine (HF generate): posttrain over TRL, step {ratio(ours_hf, theirs_hf):.3f}, update phase {update_ratio:.3f}")
+    if theirs_vllm:
+        print(f"same engine (vLLM): posttrain over TRL, step {ratio(ours_vllm, theirs_vllm):.3f}")
+    print(f"posttrain_over_trl_step: {ratio(ours_vllm, theirs_hf):.3f}")
 
 
 if __name__ == "__main__":

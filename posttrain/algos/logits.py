@@ -22,12 +22,14 @@ Sampling temperature is the caller's: divide the logits before calling.
 
 The LM head fused in (`head_logprobs`). Given the final hidden states of the N positions that are
 scored and the head's weight, the logits are made one row chunk at a time (z = h W^T / temperature),
-used for the logprob and the entropy, and dropped; the backward pass makes them again from h and W.
+used for the logprob and the entropy (the softmax in cache-sized pieces, as above), and dropped;
+the backward pass makes them again from h and W.
 So neither the (N, V) logits nor their gradient ever exist, only one chunk of each. The matmuls run
 in `compute_dtype` (the autocast dtype: bf16 inputs give bf16 logits, upcast for the softmax, as
-autocast would); the weight's gradient is summed over chunks in float32. A chunk holds about 64 MiB
-of float32 logits (341 rows of a 49k vocabulary): the weight gradient is read and written once per
-chunk, so much smaller chunks would spend the time moving it.
+autocast would); the weight's gradient is summed over chunks in float32. A chunk holds 2^26 logits
+(1365 rows of a 49k vocabulary; 128 MiB in bf16): the weight's gradient is read and written once
+per chunk, so much smaller chunks would spend the time moving it. The price of never keeping the
+logits is one more head matmul in the backward pass (4 instead of 3).
 
 Gradients, used by the backward passes (p = softmax(z), g the incoming gradient):
     d log pi(y) / dz_i = 1[i = y] - p_i
@@ -45,7 +47,7 @@ __all__ = ["logprobs_from_logits", "entropy_from_logits", "head_logprobs"]
 # float32 values per chunk, by device type (module docstring); 64 MiB is small next to a model.
 _CHUNK_ELEMENTS = {"cpu": 2**20}
 _DEFAULT_CHUNK_ELEMENTS = 2**24
-_HEAD_CHUNK_ELEMENTS = 2**24  # head_logprobs on every device (module docstring)
+_HEAD_CHUNK_ELEMENTS = 2**26  # head_logprobs's matmul chunks, on every device (module docstring)
 
 
 def _rows_per_chunk(logits: Tensor, chunk_rows: int | None) -> int:
@@ -151,10 +153,13 @@ def entropy_from_logits(logits: Tensor, *, chunk_rows: int | None = None) -> Ten
 
 
 class _ChunkedHeadLogprob(torch.autograd.Function):
+    # Two chunk sizes: `rows` rows of logits per matmul (big enough that W's gradient is read and
+    # written rarely), and within them `sub_rows` rows per softmax step (cache-sized on a CPU, as
+    # logprobs_from_logits's chunks).
     @staticmethod
     def forward(  # (N, H), (V, H), (N,) -> (N,), (N,)
         ctx: FunctionCtx, hidden: Tensor, weight: Tensor, labels: Tensor, temperature: float,
-        with_entropy: bool, rows: int, compute_dtype: torch.dtype,
+        with_entropy: bool, rows: int, sub_rows: int, compute_dtype: torch.dtype,
     ) -> tuple[Tensor, Tensor]:
         h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
         softmax_dtype = torch.promote_types(compute_dtype, torch.float32)
@@ -162,41 +167,55 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         logsumexp = torch.empty_like(logprobs)
         entropy = torch.empty_like(logprobs) if with_entropy else logprobs.new_zeros(0)
         for part in _chunks(h.shape[0], rows):
-            z = (h[part] @ w.T).to(softmax_dtype).div_(temperature)
-            logsumexp[part] = torch.logsumexp(z, dim=-1)
-            log_probs = z.sub_(logsumexp[part].unsqueeze(-1))
-            logprobs[part] = log_probs.gather(-1, labels[part].unsqueeze(-1)).squeeze(-1)
-            if with_entropy:
-                entropy[part] = -(log_probs.exp() * log_probs).sum(dim=-1)
-        ctx.save_for_backward(hidden, weight, labels, logsumexp, entropy)
-        ctx.settings = (temperature, with_entropy, rows, compute_dtype, softmax_dtype)
+            logits = h[part] @ w.T
+            for sub in _chunks(logits.shape[0], sub_rows):
+                rows_at = slice(part.start + sub.start, part.start + sub.stop)
+                z = logits[sub].to(softmax_dtype).div_(temperature)
+                log_probs = torch.log_softmax(z, dim=-1)
+                chosen = labels[rows_at].unsqueeze(-1)
+                logprobs[rows_at] = log_probs.gather(-1, chosen).squeeze(-1)
+                logsumexp[rows_at] = z.gather(-1, chosen).squeeze(-1) - logprobs[rows_at]
+                if with_entropy:
+                    entropy[rows_at] = -(log_probs.exp() * log_probs).sum(dim=-1)
+        # The weight in the compute dtype is kept (V x H, far smaller than the logits) rather than cast again.
+        ctx.save_for_backward(h, w, labels, logsumexp, entropy)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        ctx.settings = (temperature, with_entropy, rows, sub_rows, compute_dtype, softmax_dtype)
         ctx.mark_non_differentiable(logsumexp)
         return logprobs, entropy
 
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad_logprobs: Tensor | None, grad_entropy: Tensor | None):
-        hidden, weight, labels, logsumexp, entropy = ctx.saved_tensors
-        temperature, with_entropy, rows, compute_dtype, softmax_dtype = ctx.settings
-        h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
-        grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32), device=weight.device)
+        h, w, labels, logsumexp, entropy = ctx.saved_tensors
+        temperature, with_entropy, rows, sub_rows, compute_dtype, softmax_dtype = ctx.settings
+        hidden_dtype, weight_dtype = ctx.dtypes
+        grad_hidden = torch.empty(h.shape, dtype=hidden_dtype, device=h.device)
+        grad_weight = None  # float32 sum over chunks
         for part in _chunks(h.shape[0], rows):
-            z = (h[part] @ w.T).to(softmax_dtype).div_(temperature)
-            log_probs = z.sub_(logsumexp[part].unsqueeze(-1))
-            probs = log_probs.exp()
-            # dz = g_lp * (onehot(y) - p) + g_H * (-p * (log p + H)), then / temperature.
-            grad_z = torch.zeros_like(probs)
-            if grad_logprobs is not None:
-                g = grad_logprobs[part].to(softmax_dtype).unsqueeze(-1)
-                grad_z.sub_(probs * g).scatter_add_(-1, labels[part].unsqueeze(-1), g)
-            if with_entropy and grad_entropy is not None:
-                g = grad_entropy[part].to(softmax_dtype).unsqueeze(-1)
-                grad_z.sub_(log_probs.add_(entropy[part].unsqueeze(-1)).mul_(probs).mul_(g))
-            grad_z = grad_z.div_(temperature).to(compute_dtype)
-            grad_hidden[part] = (grad_z @ w).to(grad_hidden.dtype)
-            grad_weight += (grad_z.T @ h[part]).to(grad_weight.dtype)
-        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None
+            logits = h[part] @ w.T
+            grad_logits = torch.empty_like(logits)
+            for sub in _chunks(logits.shape[0], sub_rows):
+                rows_at = slice(part.start + sub.start, part.start + sub.stop)
+                log_probs = logits[sub].to(softmax_dtype).div_(temperature).sub_(logsumexp[rows_at].unsqueeze(-1))
+                probs = log_probs.exp()
+                # dz = g_lp * (onehot(y) - p) + g_H * (-p * (log p + H)), then / temperature.
+                if grad_logprobs is not None:
+                    g = grad_logprobs[rows_at].to(softmax_dtype).unsqueeze(-1)
+                    grad_z = (probs * -g).scatter_add_(-1, labels[rows_at].unsqueeze(-1), g)
+                else:
+                    grad_z = torch.zeros_like(probs)
+                if with_entropy and grad_entropy is not None:
+                    g = grad_entropy[rows_at].to(softmax_dtype).unsqueeze(-1)
+                    grad_z.sub_(log_probs.add_(entropy[rows_at].unsqueeze(-1)).mul_(probs).mul_(g))
+                grad_logits[sub] = grad_z.div_(temperature).to(compute_dtype)
+            grad_hidden[part] = grad_logits @ w
+            chunk_grad = grad_logits.T @ h[part]
+            if grad_weight is None:
+                grad_weight = chunk_grad.to(torch.promote_types(chunk_grad.dtype, torch.float32))
+            else:
+                grad_weight += chunk_grad
+        return grad_hidden, grad_weight.to(weight_dtype), None, None, None, None, None, None
 
 
 def head_logprobs(
@@ -220,7 +239,9 @@ def head_logprobs(
     rows = chunk_rows if chunk_rows is not None else max(1, _HEAD_CHUNK_ELEMENTS // max(weight.shape[0], 1))
     if rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    sub_elements = _CHUNK_ELEMENTS.get(weight.device.type, _DEFAULT_CHUNK_ELEMENTS)
+    sub_rows = max(1, min(rows, sub_elements // max(weight.shape[0], 1)))
     logprobs, entropy = _ChunkedHeadLogprob.apply(
-        hidden, weight, labels.long(), float(temperature), with_entropy, rows, compute_dtype or hidden.dtype
+        hidden, weight, labels.long(), float(temperature), with_entropy, rows, sub_rows, compute_dtype or hidden.dtype
     )
     return logprobs, (entropy if with_entropy else None)

@@ -41,3 +41,14 @@ def test_the_driver_scores_a_chat_completion_with_posttrains_arithmetic_score():
                           env=os.environ | {"PYTHONPATH": repo})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[1.0, 0.0]"
+
+
+def test_trls_phases_split_each_step_into_generation_scoring_and_update():
+    from bench.vs_trl import Run, trl_phases
+
+    run = Run("TRL", step_end_times=[0.0, 10.0, 22.0, 31.0], cpu_at_step_end=[0.0, 0.0, 0.0, 0.0])
+    # Step 1 is warm-up; steps 2-4 took 10, 12 and 9 s, of which generate-and-score 6, 7, 5 (generation 4, 5, 3).
+    phases = [{"generation": 9.0, "generate_and_score": 12.0}] + [
+        {"generation": g, "generate_and_score": s} for g, s in ((4.0, 6.0), (5.0, 7.0), (3.0, 5.0))
+    ]
+    assert trl_phases(run, {"phases": phases}) == {"generation": 4.0, "score, advantages, logprobs": 2.0, "update": 4.0}

@@ -1,0 +1,71 @@
+"""How close the policy update comes to this machine's matmul peak, in the update's own dtype.
+
+The update: the main job's (bench/update.py's batch: SmolLM2-135M-Instruct, 64 sequences, prompts
+40-60 tokens, responses 8-64; PPO's clipped loss with entropy, micro-batches of 16, one AdamW
+step), as TrainingEngine.train_mini_batch runs it with today's defaults, median of ``--repeats``.
+Its work is counted from the model's shapes and the batch's real tokens, forward + backward
+(``bench.update.update_flops``: the decoder's dense layers, attention scores, and the LM head on
+response tokens); padding, filler and the optimizer count nothing, though their time is in the
+update's. The peak: the best of square ``torch.mm`` products (1024-4096) in the same dtype on the
+same threads. Both are CPU seconds of this process (``time.process_time``), so a neighbour's load
+changes them little.
+
+Where the time goes (a per-op profile) is ``bench/update.py``'s; this bench gives the one ratio.
+Headline: update_over_matmul_peak = achieved FLOP/s / peak FLOP/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from bench.train import interleaved_medians, ppo_loss
+from bench.update import MICRO_BATCH, engine, main_task_batch, update_flops
+from posttrain import keys
+from posttrain.models import resolve_model
+
+
+def matmul_peak(dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048, 4096), repeats: int = 3) -> tuple[float, int]:
+    """(best GFLOP/s, its size) of square torch.mm products in ``dtype``, CPU seconds."""
+    best = (0.0, 0)
+    for size in sizes:
+        a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+        torch.mm(a, b)
+        start = time.process_time()
+        for _ in range(repeats):
+            torch.mm(a, b)
+        best = max(best, (2 * size**3 * repeats / (time.process_time() - start) / 1e9, size))
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="a built-in name or a local HF model directory")
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, for the update and the peak alike")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    target = engine(str(resolve_model(args.model)))
+    batch = main_task_batch(args.samples, target.module.config.vocab_size)
+    dtype = target.compute_dtype
+    flops = update_flops(target.module, batch)
+    ((wall, cpu),) = interleaved_medians(
+        [lambda: target.train_mini_batch(batch, ppo_loss, micro_batch_size=MICRO_BATCH, with_entropy=True)], args.repeats
+    )
+    achieved = sum(flops.values()) / cpu / 1e9
+    peak, size = matmul_peak(dtype)
+    tokens = int(batch[keys.ATTENTION_MASK].sum())
+    shares = ", ".join(f"{name} {value / sum(flops.values()):.0%}" for name, value in flops.items())
+    print(f"model {args.model}, {dtype}, {args.threads} thread(s); {args.samples} sequences, {tokens} real tokens")
+    print(f"update: {cpu:.2f} CPU s ({wall:.2f} s wall), {sum(flops.values()) / 1e12:.3f} TFLOP fwd+bwd ({shares}): "
+          f"{achieved:.1f} GFLOP/s")
+    print(f"matmul peak: {peak:.1f} GFLOP/s ({dtype} torch.mm {size}x{size})")
+    print(f"update_over_matmul_peak: {achieved / peak:.3f}")
+
+
+if __name__ == "__main__":
+    main()
