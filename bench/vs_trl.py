@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -274,8 +275,9 @@ def main() -> None:
     try:
         theirs_vllm, trl_vllm = run_trl(args, python, model, data, out, vllm=True)
     except SystemExit as failure:
-        lines = [line for line in str(failure).splitlines() if line.strip()]
-        print(f"TRL with vLLM in colocate mode did not run here: {lines[-1] if lines else failure}")
+        errors = [line.strip() for line in str(failure).splitlines() if re.search(r"\w+(Error|Exception): ", line)]
+        print(f"TRL with vLLM in colocate mode did not run here: {errors[-1] if errors else str(failure).splitlines()[0]} "
+              f"(log: {out / 'trl-vllm.log'})")
         theirs_vllm = trl_vllm = None
     runs = [ours_hf, theirs_hf, ours_vllm] + ([theirs_vllm] if theirs_vllm else [])
     for run in runs:

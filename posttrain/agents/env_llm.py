@@ -25,15 +25,30 @@ asks for one reply when the run opens, so a wrong URL or model name fails before
 
 Every client keeps :class:`EnvLLMStats` (requests, conversations, seconds spent waiting, tokens);
 the trainer drains them once per rollout as ``env_llm/*`` metrics (:meth:`EnvLLMClient.drain_metrics`).
+
+Replay (:class:`ReplyCache`, ``env.llm.reply_cache``): a SQLite file of replies keyed by the model,
+the sampling settings and the whole conversation. A conversation asked before gets its stored reply
+and never reaches the model, so an evaluation run again with the same file sees exactly the replies
+of the first, on any machine and in any batch order; only new conversations are generated (and
+stored). Failed replies are not stored. The model's identity includes the size and time of its
+weight files, so a patient retrained in the same directory does not replay the old one's replies.
+The Env-LLM's sampling is seeded (``trainer.seed``) and greedy by default, so a run made twice
+gets the same replies without a cache too; at a temperature above 0 a reply also depends on the
+batch it was sampled in, which the cache removes.
 """
 
 from __future__ import annotations
 
 import abc
+import hashlib
+import json
+import sqlite3
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Protocol
 
 import httpx
@@ -79,6 +94,7 @@ class EnvLLMStats:
     seconds: float = 0.0       # wall time spent waiting for replies
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached: int = 0            # replies read from the reply cache (env.llm.reply_cache), not generated
     first_error: str = ""      # of the first failed reply (not a metric: the trainer's circuit breaker quotes it)
 
     def metrics(self) -> dict[str, float]:
@@ -88,6 +104,7 @@ class EnvLLMStats:
             "env_llm/wait_s": self.seconds,
             "env_llm/latency_s": self.seconds / self.requests if self.requests else 0.0,  # per batched call
             "env_llm/prompt_tokens": float(self.prompt_tokens), "env_llm/completion_tokens": float(self.completion_tokens),
+            "env_llm/cached_replies": float(self.cached),
         }
 
 
@@ -96,25 +113,36 @@ class EnvLLMClient(abc.ABC):
 
     def __init__(self) -> None:
         self.stats = EnvLLMStats()
+        self.cache: ReplyCache | None = None  # set by the caller (env.llm.reply_cache)
 
     def chat(self, conversations: Sequence[Messages]) -> list[EnvLLMReply]:
         """One reply per conversation, in order (a failed one has ``finish_reason="error"``)."""
         if not conversations:
             return []
+        stored = self.cache.get_many(conversations) if self.cache is not None else [None] * len(conversations)
+        missing = [c for c, reply in zip(conversations, stored) if reply is None]
+        new = self._timed_request(missing) if missing else []
+        if self.cache is not None:
+            self.cache.put_many(missing, new)
+        fresh = iter(new)
+        replies = [reply if reply is not None else next(fresh) for reply in stored]
+        self.stats.cached += len(conversations) - len(missing)
+        self.stats.conversations += len(replies)
+        self.stats.failures += sum(r.failed for r in replies)
+        self.stats.first_error = self.stats.first_error or next((r.error or "no reason given" for r in replies if r.failed), "")
+        self.stats.prompt_tokens += sum(r.prompt_tokens for r in new)  # what the model processed
+        self.stats.completion_tokens += sum(r.completion_tokens for r in new)
+        return replies
+
+    def _timed_request(self, conversations: Sequence[Messages]) -> list[EnvLLMReply]:
         start = time.perf_counter()
         try:
             replies = self._request(conversations)
         finally:
-            elapsed = time.perf_counter() - start
-            self.stats.seconds += elapsed
+            self.stats.seconds += time.perf_counter() - start
             self.stats.requests += 1
         if len(replies) != len(conversations):
             raise EnvLLMError(f"{self.describe()} returned {len(replies)} replies for {len(conversations)} conversations")
-        self.stats.conversations += len(replies)
-        self.stats.failures += sum(r.failed for r in replies)
-        self.stats.first_error = self.stats.first_error or next((r.error or "no reason given" for r in replies if r.failed), "")
-        self.stats.prompt_tokens += sum(r.prompt_tokens for r in replies)
-        self.stats.completion_tokens += sum(r.completion_tokens for r in replies)
         return replies
 
     def check(self) -> None:
@@ -137,8 +165,10 @@ class EnvLLMClient(abc.ABC):
         metrics, self.stats = self.stats.metrics(), EnvLLMStats()
         return metrics
 
-    def close(self) -> None:  # noqa: B027 - most backends hold nothing
-        """Release connections."""
+    def close(self) -> None:
+        """Release connections (and the reply cache)."""
+        if self.cache is not None:
+            self.cache.close()
 
 
 class OpenAIChatClient(EnvLLMClient):
@@ -213,3 +243,66 @@ class OpenAIChatClient(EnvLLMClient):
     def close(self) -> None:
         self._pool.shutdown(wait=False)
         self._http.close()
+        super().close()
+
+
+class ReplyCache:
+    """Stored replies by (model, sampling settings, conversation), in a SQLite file (module docstring).
+
+    ``identity`` names the model and how it samples (``model_identity``); conversations are keyed
+    by the SHA-256 of it and the messages. Safe to share between processes (SQLite's locking).
+    """
+
+    def __init__(self, path: str | Path, identity: dict) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._identity = json.dumps(identity, sort_keys=True)
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(self.path, timeout=60.0, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, reply TEXT NOT NULL)")
+            self._db.commit()
+        except sqlite3.DatabaseError as error:
+            raise ValueError(f"env.llm.reply_cache={self.path} is not a reply cache SQLite can open ({error}); "
+                             "give a new file's path") from error
+
+    def key(self, messages: Messages) -> str:
+        text = json.dumps([self._identity, [dict(m) for m in messages]], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def get_many(self, conversations: Sequence[Messages]) -> list[EnvLLMReply | None]:
+        keys = [self.key(c) for c in conversations]
+        with self._lock:
+            found = dict(self._db.execute(
+                f"SELECT key, reply FROM replies WHERE key IN ({','.join('?' * len(keys))})", keys
+            ).fetchall())
+        return [EnvLLMReply(**json.loads(found[k])) if k in found else None for k in keys]
+
+    def put_many(self, conversations: Sequence[Messages], replies: Sequence[EnvLLMReply]) -> None:
+        rows = [(self.key(c), json.dumps(asdict(r))) for c, r in zip(conversations, replies) if not r.failed]
+        if rows:
+            with self._lock:
+                self._db.executemany("INSERT OR REPLACE INTO replies VALUES (?, ?)", rows)
+                self._db.commit()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM replies").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def model_identity(model: str, **sampling) -> dict:
+    """What a stored reply depends on: the model (a local directory: its weight and config files'
+    names, sizes and times; else the name or URL as given) and the sampling settings."""
+    path = Path(model)
+    files = []
+    if path.is_dir():
+        files = sorted(
+            (f.name, f.stat().st_size, int(f.stat().st_mtime))
+            for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".json", ".gguf") and f.is_file()
+        )
+    return {"model": str(model), "files": files, **sampling}

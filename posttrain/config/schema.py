@@ -221,6 +221,9 @@ class EnvLLMConfig:
     # the doctor's LLM patient, asked its held-out cases' yes/no findings before RL: a run whose patient
     # agrees on less than this share refuses to start (a patient that answers at random teaches nothing); null: no probe
     min_faithfulness: Optional[float] = 0.8
+    # a SQLite file of replies by (model, sampling, conversation): a conversation asked before gets its stored
+    # reply, so an evaluation replays exactly (agents/env_llm.py ReplyCache); null: every reply generated
+    reply_cache: Optional[str] = None
 
 
 @dataclass

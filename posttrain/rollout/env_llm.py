@@ -11,9 +11,18 @@ import os
 from collections.abc import Sequence
 
 from posttrain import keys
-from posttrain.agents.env_llm import EnvLLMClient, EnvLLMError, EnvLLMReply, Messages, OpenAIChatClient
+from posttrain.agents.env_llm import (
+    EnvLLMClient,
+    EnvLLMError,
+    EnvLLMReply,
+    Messages,
+    OpenAIChatClient,
+    ReplyCache,
+    model_identity,
+)
 from posttrain.agents.registry import load_env_class, wanted_resources
 from posttrain.config.schema import EnvLLMConfig, PosttrainConfig
+from posttrain.models import resolve_model
 from posttrain.protocol import Batch
 from posttrain.rollout.roles import ChatModel
 
@@ -53,7 +62,19 @@ class WorkerEnvLLM(EnvLLMClient):
 
 def open_env_llm(config: EnvLLMConfig, worker_group: ChatModel | None) -> EnvLLMClient:
     """A client of the server at ``config.url`` (checked with one request: a wrong URL, model name or
-    key fails here, with the fix), or of the run's Env-LLM worker group."""
+    key fails here, with the fix), or of the run's Env-LLM worker group; with ``config.reply_cache``,
+    replies asked before come from that file."""
+    client = _open_client(config, worker_group)
+    if config.reply_cache:
+        model = config.url or str(resolve_model(config.model_path))
+        client.cache = ReplyCache(config.reply_cache, model_identity(
+            model, api_model=config.api_model, temperature=config.temperature, top_p=config.top_p,
+            max_tokens=config.max_tokens, max_model_len=config.max_model_len,
+        ))
+    return client
+
+
+def _open_client(config: EnvLLMConfig, worker_group: ChatModel | None) -> EnvLLMClient:
     if config.url:
         client = OpenAIChatClient(
             config.url, config.api_model or config.model_path, temperature=config.temperature, top_p=config.top_p,

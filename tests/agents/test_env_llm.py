@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from posttrain.agents.env_llm import EnvLLMError, OpenAIChatClient
+from posttrain.agents.env_llm import EnvLLMError, OpenAIChatClient, ReplyCache, model_identity
 
 
 class Stub:
@@ -128,3 +128,63 @@ def test_a_run_refuses_a_dead_url_before_training(tmp_path):
 
     with pytest.raises(EnvLLMError, match="unset env.llm.url to serve the model in the cluster"):
         open_env_llm(EnvLLMConfig(url="http://127.0.0.1:9/v1", retries=0), None)
+
+
+# ---- the reply cache (env.llm.reply_cache) -------------------------------------------------------------
+
+
+def cached_client(url, path, **sampling):
+    client = OpenAIChatClient(url, "patient-model", backoff_s=0.01, retries=0)
+    client.cache = ReplyCache(path, model_identity("patient-model", **({"temperature": 0.0} | sampling)))
+    return client
+
+
+def test_a_conversation_asked_before_is_replayed_from_the_cache_without_a_request(stub, tmp_path):
+    path = tmp_path / "replies.sqlite"
+    first = cached_client(stub.url, path)
+    replies = first.chat([conversation("q1"), conversation("q2")])
+    first.close()
+    assert len(stub.requests) == 2
+    # A new client (a later evaluation) on the same file, the conversations in another order, one new.
+    stub.requests.clear()
+    second = cached_client(stub.url, path)
+    again = second.chat([conversation("q2"), conversation("q3"), conversation("q1")])
+    assert [r.text for r in again] == ["echo: q2", "echo: q3", "echo: q1"]
+    assert again[0] == replies[1] and again[2] == replies[0]
+    assert [r["body"]["messages"][-1]["content"] for r in stub.requests] == ["q3"]  # only the new one was generated
+    metrics = second.drain_metrics()
+    assert metrics["env_llm/cached_replies"] == 2 and metrics["env_llm/replies"] == 3
+    assert metrics["env_llm/completion_tokens"] == 3  # what the model generated: the one new reply
+    second.close()
+
+
+def test_other_sampling_settings_or_a_retrained_model_do_not_replay(stub, tmp_path):
+    path = tmp_path / "replies.sqlite"
+    client = cached_client(stub.url, path)
+    client.chat([conversation("q1")])
+    hotter = cached_client(stub.url, path, temperature=0.7)
+    hotter.chat([conversation("q1")])
+    assert len(stub.requests) == 2
+    model = tmp_path / "patient"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights one")
+    before = model_identity(str(model))
+    (model / "model.safetensors").write_bytes(b"weights, retrained")
+    assert model_identity(str(model)) != before
+
+
+def test_failed_replies_are_not_stored(stub, tmp_path):
+    path = tmp_path / "replies.sqlite"
+    stub.failures = [400]
+    client = cached_client(stub.url, path)
+    (failed,) = client.chat([conversation("q1")])
+    assert failed.failed and len(client.cache) == 0
+    (reply,) = client.chat([conversation("q1")])
+    assert reply.text == "echo: q1" and len(client.cache) == 1
+
+
+def test_a_file_that_is_not_a_cache_is_refused_by_its_key(tmp_path):
+    path = tmp_path / "replies.sqlite"
+    path.write_text("not a database")
+    with pytest.raises(ValueError, match="env.llm.reply_cache=.*is not a reply cache"):
+        ReplyCache(path, model_identity("m"))
