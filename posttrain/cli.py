@@ -137,7 +137,7 @@ def _serve_retriever_command(args: argparse.Namespace) -> int:
     try:
         limits = {name: getattr(args, name) for name in ("max_body_bytes", "max_queries", "max_query_chars")}
         serve(args.corpus, args.index, host=args.host, port=args.port, cache_dir=args.cache_dir,
-              token=args.token or os.environ.get(TOKEN_ENV) or None,
+              token=args.token or os.environ.get(TOKEN_ENV) or None, latency_ms=args.latency_ms,
               **{name: value for name, value in limits.items() if value is not None})
     except (CorpusError, ServeError) as err:
         print(f"posttrain: {err}", file=sys.stderr)
@@ -252,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     retriever.add_argument("--max-body-bytes", type=int, help="larger request bodies get 413 (default 8 MiB)")
     retriever.add_argument("--max-queries", type=int, help="more queries in one request get 422 (default 1024)")
     retriever.add_argument("--max-query-chars", type=int, help="a longer query gets 422 (default 1024)")
+    retriever.add_argument("--latency-ms", type=float, default=0.0,
+                           help="every search answers after this many ms, like a remote service (benchmarks); default 0")
     retriever.set_defaults(run=_serve_retriever_command)
 
     tools = commands.add_parser("tools", help="print tools' JSON schemas and the prompt a model sees with them")

@@ -84,3 +84,19 @@ def test_a_down_service_fails_fast_naming_the_url_and_the_fix():
     assert url in message and "could not connect" in message and "3 attempts" in message
     assert f"posttrain serve-retriever --corpus CORPUS.jsonl --index bm25 --port {port}" in message
     assert "env.retriever.url" in message
+
+
+def test_a_service_with_latency_answers_each_search_late_but_side_by_side(threaded_service):
+    from concurrent.futures import ThreadPoolExecutor
+
+    start, _ = threaded_service
+    url = start(FlakyIndex(), latency_ms=300)
+    with RetrieverClient(url) as client:
+        begin = time.perf_counter()
+        client.retrieve(["q"], 3)
+        alone = time.perf_counter() - begin
+        begin = time.perf_counter()
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda q: client.retrieve([q], 3), ["a", "b", "c", "d"]))
+        four = time.perf_counter() - begin
+    assert alone >= 0.3 and four < 4 * 0.3  # four requests waited at the same time, not one after another

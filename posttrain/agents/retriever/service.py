@@ -41,6 +41,7 @@ uvicorn until stopped.
 import hmac
 import ipaddress
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
@@ -71,10 +72,13 @@ class ServeError(ValueError):
 
 def create_app(index: SearchIndex, documents: Sequence[Document], *, token: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_queries: int = MAX_QUERIES,
-               max_query_chars: int = DEFAULT_MAX_QUERY_CHARS) -> FastAPI:
+               max_query_chars: int = DEFAULT_MAX_QUERY_CHARS, latency_ms: float = 0.0) -> FastAPI:
     """The FastAPI app serving ``index`` (built over ``documents``) at /retrieve and /health; with a
-    ``token``, only to requests that carry it."""
+    ``token``, only to requests that carry it. ``latency_ms``: every /retrieve answer waits this long
+    first (a remote service's round trip, for benchmarks); requests wait side by side."""
     check_limits(max_body_bytes, max_queries, max_query_chars)
+    if latency_ms < 0:
+        raise ServeError(f"--latency-ms {latency_ms:g} must be >= 0")
     app = FastAPI(title="posttrain retriever")
     health_report = {"status": "ok", "documents": len(documents), "index": index.kind}
 
@@ -108,6 +112,8 @@ def create_app(index: SearchIndex, documents: Sequence[Document], *, token: str 
     # A plain `def`: FastAPI runs it in its thread pool, so a slow search never blocks /health.
     @app.post("/retrieve")
     def retrieve(request: RetrieveRequest) -> JSONResponse:
+        if latency_ms:
+            time.sleep(latency_ms / 1000)  # in the thread pool: other requests go on meanwhile
         try:
             hits = index.search(request.queries, request.topk)
         except Exception as err:  # noqa: BLE001 - any index failure becomes a 500, the server lives on
@@ -212,7 +218,7 @@ def is_loopback(host: str) -> bool:
 def serve(corpus_path: str | Path, index_kind: str, host: str = "127.0.0.1", port: int = 8000,
           cache_dir: str | Path | None = None, *, token: str | None = None,
           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_queries: int = MAX_QUERIES,
-          max_query_chars: int = DEFAULT_MAX_QUERY_CHARS) -> None:
+          max_query_chars: int = DEFAULT_MAX_QUERY_CHARS, latency_ms: float = 0.0) -> None:
     """Check the host and the token, load the corpus, build the index and serve it with uvicorn
     until interrupted. ``ServeError`` before any loading when the host needs a token and has none."""
     import uvicorn
@@ -222,7 +228,7 @@ def serve(corpus_path: str | Path, index_kind: str, host: str = "127.0.0.1", por
     documents = load_corpus(corpus_path)
     index = build_index(index_kind, documents, cache_dir=cache_dir)
     app = create_app(index, documents, token=token, max_body_bytes=max_body_bytes, max_queries=max_queries,
-                     max_query_chars=max_query_chars)
+                     max_query_chars=max_query_chars, latency_ms=latency_ms)
     access = ("every request must carry `Authorization: Bearer <token>` (the token given by --token or "
               f"{TOKEN_ENV})" if token else "no token: only this machine can reach it")
     print(f"posttrain retriever: serving {len(documents)} documents ({index_kind}) on http://{host}:{port}; {access}; "
