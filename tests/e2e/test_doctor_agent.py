@@ -99,20 +99,3 @@ def test_doctor_grpo_async_reaches_the_env_llm_worker_from_its_generator(tmp_pat
         assert metrics["env_llm/replies"] == pytest.approx(metrics["env/questions"] * 8)
         assert math.isfinite(metrics["actor/pg_loss"]) and metrics["async/staleness/max"] <= 1
 
-
-def test_an_evaluation_with_a_reply_cache_replays_the_patient_exactly(tmp_path):
-    tiny = str(cached_tiny_model("llama"))
-    common = ["--preset", "doctor_grpo", f"actor_rollout_ref.model.path={tiny}", f"env.llm.model_path={tiny}",
-              *TINY_DOCTOR_RUN, f"env.llm.reply_cache={tmp_path / 'patient_replies.sqlite'}", "env.llm.temperature=1.0"]
-    reported = {}
-    for attempt in ("first", "replay"):
-        done = posttrain("eval", *common, f"trainer.default_local_dir={tmp_path / attempt}",
-                         "--dump-episodes", str(tmp_path / f"{attempt}.jsonl"))
-        reported[attempt] = {name: float(text.split()[0]) for name, text in
-                             (line.split(": ") for line in done.stdout.splitlines() if line.startswith("val/env_llm/"))}
-    first, replay = reported["first"], reported["replay"]
-    assert first["val/env_llm/replies"] > 0 and first["val/env_llm/cached_replies"] == 0
-    # The second evaluation asks the same conversations: every reply comes from the file, none from the patient.
-    assert replay["val/env_llm/cached_replies"] == replay["val/env_llm/replies"] == first["val/env_llm/replies"]
-    assert replay["val/env_llm/requests"] == 0
-    assert [e["messages"] for e in episodes(tmp_path / "replay.jsonl")] == [e["messages"] for e in episodes(tmp_path / "first.jsonl")]

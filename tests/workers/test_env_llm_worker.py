@@ -85,3 +85,33 @@ def test_hf_generate_fallback_in_local_mode():
     assert all(1 <= n <= 6 for n in reply[keys.ENV_LLM_COMPLETION_TOKENS])
     again = group.chat(Batch.from_dict(non_tensors={keys.ENV_LLM_MESSAGES: chats[:1]}))
     assert again[keys.ENV_LLM_REPLY][0] == reply[keys.ENV_LLM_REPLY][0]  # greedy
+
+
+def test_a_reply_cache_replays_the_workers_replies_in_any_batch_order(tmp_path):
+    """env.llm.reply_cache through open_env_llm: a second client (a later evaluation) on the same file gets
+    the stored replies, sampled at temperature 1, and asks the worker only for the conversation it lacks."""
+    from dataclasses import replace
+
+    from posttrain.config.schema import EnvLLMConfig
+    from posttrain.controller import WorkerSpec, spawn_local
+    from posttrain.workers.env_llm import EnvLLMWorker
+
+    config = EnvLLMConfig(model_path=str(cached_tiny_model("llama")), rollout="hf", max_tokens=6, max_model_len=128,
+                          temperature=1.0, reply_cache=str(tmp_path / "replies.sqlite"))
+    group = spawn_local({"env_llm": WorkerSpec(EnvLLMWorker, (config,))})["env_llm"]
+    chats = [[{"role": "user", "content": f"Do you have a fever, {name}?"}] for name in ("Ann", "Bo", "Cy", "Di")]
+    first = open_env_llm(config, group)
+    replies = first.chat(chats[:3])
+    assert first.drain_metrics()["env_llm/cached_replies"] == 0
+    first.close()
+    later = open_env_llm(config, group)
+    again = later.chat([chats[2], chats[3], chats[0], chats[1]])
+    assert [again[2], again[3], again[0]] == replies
+    metrics = later.drain_metrics()
+    assert metrics["env_llm/cached_replies"] == 3 and metrics["env_llm/replies"] == 4 and metrics["env_llm/requests"] == 1
+    later.close()
+    # Another sampling setting is another patient: nothing replays.
+    hotter = open_env_llm(replace(config, temperature=0.9), group)
+    hotter.chat(chats[:1])
+    assert hotter.drain_metrics()["env_llm/cached_replies"] == 0
+    hotter.close()
