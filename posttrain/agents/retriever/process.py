@@ -36,7 +36,7 @@ _LOG_TAIL_CHARS = 3000
 class RetrieverProcess:
     def __init__(self, corpus: str | Path, index_kind: str, *, port: int | None = None, host: str = "127.0.0.1",
                  cache_dir: str | Path | None = None, startup_timeout_s: float = 300,
-                 log_path: str | Path | None = None, token: str | None = None):
+                 log_path: str | Path | None = None, token: str | None = None, latency_ms: float = 0.0):
         self.port = port or free_port(host)  # 0, like None, means any free port
         self.url = f"http://{host}:{self.port}"
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="posttrain-retriever-")) / "retriever.log"
@@ -45,6 +45,8 @@ class RetrieverProcess:
                         "--index", index_kind, "--host", host, "--port", str(self.port)]
         if cache_dir is not None:
             self.command += ["--cache-dir", str(cache_dir)]
+        if latency_ms:
+            self.command += ["--latency-ms", str(latency_ms)]
         self._log = self.log_path.open("wb")
         self._token = token
         self._process: subprocess.Popen[bytes] | None = subprocess.Popen(
