@@ -77,11 +77,14 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
 
 
 def item_key(row: dict) -> str:
-    """What makes two episode rows the same item: the data source, the prompt (the messages before
-    the first answer) and the ground truth."""
+    """What makes two episode rows the same item: the data source, the dataset row (``extra_info.index``,
+    where the data has it: two held-out doctor cases can share a prompt and a diagnosis), the prompt
+    (the messages before the first answer) and the ground truth."""
     messages = row.get("messages") or []
     first_answer = next((i for i, message in enumerate(messages) if message.get("role") == "assistant"), len(messages))
-    return json.dumps([row.get("data_source"), messages[:first_answer], row.get("ground_truth")], sort_keys=True, ensure_ascii=False)
+    index = (row.get("extra_info") or {}).get("index")
+    return json.dumps([row.get("data_source"), index, messages[:first_answer], row.get("ground_truth")],
+                      sort_keys=True, ensure_ascii=False)
 
 
 def item_accuracies(path: Path) -> tuple[dict[str, float], dict[str, dict]]:

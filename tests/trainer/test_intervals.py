@@ -86,3 +86,19 @@ def test_posttrain_compare_refuses_files_without_common_items_or_rows(tmp_path, 
     assert compare_evaluations(a, tmp_path / "bad.jsonl") == 2
     assert "line 1 is not an episode row" in capsys.readouterr().err
     assert compare_evaluations(a, tmp_path / "missing.jsonl") == 2
+
+
+def test_two_items_with_the_same_prompt_and_answer_stay_two_when_their_rows_differ(tmp_path, capsys):
+    """Held-out doctor cases can share a self-report and a diagnosis; the dataset row keeps them apart."""
+    def write(path, successes):
+        with open(path, "w") as out:
+            for index, success in enumerate(successes):
+                messages = [{"role": "user", "content": "I've had a rash for four days."}, {"role": "assistant", "content": "x"}]
+                out.write(json.dumps({"data_source": "d", "ground_truth": "shingles", "messages": messages, "success": success,
+                                      "extra_info": {"index": index}}) + "\n")
+        return path
+
+    a, b = write(tmp_path / "a.jsonl", [True, True, False, False]), write(tmp_path / "b.jsonl", [True, False, True, True])
+    assert compare_evaluations(a, b) == 0
+    out = capsys.readouterr().out
+    assert "all (4 items)" in out and "B - A +0.250" in out
