@@ -73,11 +73,13 @@ def test_packed_update_equals_padded_update(small_lm, dtype):
         metrics = engine.train_mini_batch(batch, ppo_entropy_loss, micro_batch_size=4, with_entropy=True)
         results[pack] = (logprobs, entropy, metrics, parameters(engine))
     (lp, ent, metrics, weights), (lp_pad, ent_pad, metrics_pad, weights_pad) = results[True], results[False]
-    tolerance = 1e-4 if dtype == "float32" else 2e-2
+    # float32: the 1e-4. bf16: other matmul shapes round differently, so a looser bound.
+    tolerance, metric_tolerance = (1e-4, 1e-4) if dtype == "float32" else (2e-2, 1e-2)
     torch.testing.assert_close(lp, lp_pad, rtol=0, atol=tolerance)
     torch.testing.assert_close(ent, ent_pad, rtol=0, atol=tolerance)
-    assert abs(metrics["actor/loss"] - metrics_pad["actor/loss"]) < 1e-4
-    assert abs(metrics["actor/grad_norm"] - metrics_pad["actor/grad_norm"]) < 1e-4 * max(1.0, metrics_pad["actor/grad_norm"])
+    assert abs(metrics["actor/loss"] - metrics_pad["actor/loss"]) < metric_tolerance
+    grad_norm = metrics_pad["actor/grad_norm"]
+    assert abs(metrics["actor/grad_norm"] - grad_norm) < metric_tolerance * max(1.0, grad_norm)
     if dtype == "float32":
         assert max_difference(weights, weights_pad) < 1e-5
     padding = batch[keys.ATTENTION_MASK][:, -12:] == 0
