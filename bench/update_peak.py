@@ -17,27 +17,24 @@ Headline: update_over_matmul_peak = achieved FLOP/s / peak FLOP/s.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from bench.train import interleaved_medians, ppo_loss
-from bench.update import MICRO_BATCH, engine, main_task_batch, update_flops
+from bench.update import (
+    MICRO_BATCH,
+    engine,
+    main_task_batch,
+    matmul_peak_gflops,
+    update_flops,
+)
 from posttrain import keys
 from posttrain.models import resolve_model
 
 
-def matmul_peak(dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048, 4096), repeats: int = 3) -> tuple[float, int]:
+def matmul_peak(dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048, 4096)) -> tuple[float, int]:
     """(best GFLOP/s, its size) of square torch.mm products in ``dtype``, CPU seconds."""
-    best = (0.0, 0)
-    for size in sizes:
-        a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
-        torch.mm(a, b)
-        start = time.process_time()
-        for _ in range(repeats):
-            torch.mm(a, b)
-        best = max(best, (2 * size**3 * repeats / (time.process_time() - start) / 1e9, size))
-    return best
+    return max((matmul_peak_gflops(dtype, size, repeats=3), size) for size in sizes)
 
 
 def main() -> None:

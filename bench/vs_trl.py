@@ -237,6 +237,35 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def print_runs(args: argparse.Namespace, runs: list[Run], records: tuple[list[dict], list[dict]],
+               trl: tuple[dict, dict | None]) -> None:
+    """Each run's step times and phases, the response lengths and rewards, and a warning when the
+    runs kept different numbers of cores busy. ``runs``: posttrain HF, TRL HF, posttrain vLLM[, TRL vLLM]."""
+    ours_hf, theirs_hf, ours_vllm, *rest = runs
+    theirs_vllm = rest[0] if rest else None
+    (records_hf, records_vllm), (trl_hf, trl_vllm) = records, trl
+    print(f"steps 2..{args.steps}: seconds from the end of the step before, wall and CPU (all of the side's processes)")
+    for run in runs:
+        print(run.line())
+    print("phases (median over the same steps):")
+    print_phases(ours_hf.label, posttrain_phases(records_hf))
+    print_phases(theirs_hf.label, trl_phases(theirs_hf, trl_hf))
+    print_phases(ours_vllm.label, posttrain_phases(records_vllm))
+    if theirs_vllm:
+        print_phases(theirs_vllm.label, trl_phases(theirs_vllm, trl_vllm))
+    trl_logs = [log for log in trl_hf["logs"] if "completions/mean_length" in log]
+    print(f"mean response length: posttrain (HF) {mean([r['metrics']['response_length/mean'] for r in records_hf]):.1f}, "
+          f"posttrain (vLLM) {mean([r['metrics']['response_length/mean'] for r in records_vllm]):.1f}, "
+          f"TRL (HF) {mean([log['completions/mean_length'] for log in trl_logs]):.1f} tokens; "
+          f"mean reward: {mean([r['metrics']['critic/score/mean'] for r in records_hf]):.3f}, "
+          f"{mean([r['metrics']['critic/score/mean'] for r in records_vllm]):.3f}, {mean([log['reward'] for log in trl_logs]):.3f}; "
+          f"TRL's torch threads: {trl_hf['torch_threads']}")
+    cores = [run.cores() for run in runs]
+    if max(cores) - min(cores) > CORES_APART:
+        print(f"warning: the runs kept {', '.join(f'{c:.2f}' for c in cores)} cores busy: other work shared the machine "
+              "during some of them, so the ratios are not the frameworks' own; run again on a quiet machine")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trl-python", default=os.environ.get(TRL_PYTHON_ENV),
@@ -284,26 +313,7 @@ def main() -> None:
         if len(run.step_end_times) != args.steps or len(run.cpu_at_step_end) != args.steps:
             raise SystemExit(f"{run.label}: expected {args.steps} step ends, read {len(run.step_end_times)} times and "
                              f"{len(run.cpu_at_step_end)} CPU samples; see the logs in {out}")
-    print(f"steps 2..{args.steps}: seconds from the end of the step before, wall and CPU (all of the side's processes)")
-    for run in runs:
-        print(run.line())
-    print("phases (median over the same steps):")
-    print_phases(ours_hf.label, posttrain_phases(records_hf))
-    print_phases(theirs_hf.label, trl_phases(theirs_hf, trl_hf))
-    print_phases(ours_vllm.label, posttrain_phases(records_vllm))
-    if theirs_vllm:
-        print_phases(theirs_vllm.label, trl_phases(theirs_vllm, trl_vllm))
-    trl_logs = [log for log in trl_hf["logs"] if "completions/mean_length" in log]
-    print(f"mean response length: posttrain (HF) {mean([r['metrics']['response_length/mean'] for r in records_hf]):.1f}, "
-          f"posttrain (vLLM) {mean([r['metrics']['response_length/mean'] for r in records_vllm]):.1f}, "
-          f"TRL (HF) {mean([log['completions/mean_length'] for log in trl_logs]):.1f} tokens; "
-          f"mean reward: {mean([r['metrics']['critic/score/mean'] for r in records_hf]):.3f}, "
-          f"{mean([r['metrics']['critic/score/mean'] for r in records_vllm]):.3f}, {mean([log['reward'] for log in trl_logs]):.3f}; "
-          f"TRL's torch threads: {trl_hf['torch_threads']}")
-    cores = [run.cores() for run in runs]
-    if max(cores) - min(cores) > CORES_APART:
-        print(f"warning: the runs kept {', '.join(f'{c:.2f}' for c in cores)} cores busy: other work shared the machine "
-              "during some of them, so the ratios are not the frameworks' own; run again on a quiet machine")
+    print_runs(args, runs, (records_hf, records_vllm), (trl_hf, trl_vllm))
 
     def ratio(a: Run, b: Run) -> float:
         return statistics.median(step_times(a.step_end_times)) / statistics.median(step_times(b.step_end_times))
