@@ -12,8 +12,17 @@ from datetime import timedelta
 import pytest
 import torch
 
+from posttrain import keys
 from posttrain.engines.training import TrainingEngine
-from tests.engines.training.helpers import engine_config, make_batch, max_difference, parameters, ppo_loss
+from posttrain.engines.training.modeling import plain_head_weight
+from tests.engines.training.helpers import (
+    engine_config,
+    make_batch,
+    max_difference,
+    parameters,
+    ppo_entropy_loss,
+    ppo_loss,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
@@ -108,3 +117,28 @@ def test_export_of_sharded_weights_reloads_with_the_same_logprobs(small_lm, tmp_
     on_cpu, _ = TrainingEngine(engine_config(tmp_path)).compute_logprobs(batch)
     on_gpu, _ = engine.compute_logprobs(batch)
     torch.testing.assert_close(on_gpu, on_cpu, atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "none"])
+def test_packed_update_equals_padded_on_the_gpu(small_lm, strategy):
+    """Packed rows on CUDA (sdpa, each sample masked by its position ids) give the padded path's results.
+
+    Under FSDP2 the head's weight is sharded, so the model's own head scores the response columns; a
+    plain model on the GPU takes the fused head.
+    """
+    batch = make_batch(10, prompt_length=9, response_length=12, seed=9)
+    results = {}
+    for pack in (True, False):
+        engine = TrainingEngine(engine_config(small_lm, strategy=strategy, pack_sequences=pack, **EXACT))
+        assert (plain_head_weight(engine.module) is None) == (strategy == "fsdp")
+        logprobs, entropy = engine.compute_logprobs(batch, with_entropy=True, micro_batch_size=4)
+        metrics = engine.train_mini_batch(batch, ppo_entropy_loss, micro_batch_size=4, with_entropy=True)
+        results[pack] = (logprobs, entropy, metrics, parameters(engine))
+    (lp, ent, metrics, weights), (lp_pad, ent_pad, metrics_pad, weights_pad) = results[True], results[False]
+    torch.testing.assert_close(lp, lp_pad, rtol=0, atol=1e-4)
+    torch.testing.assert_close(ent, ent_pad, rtol=0, atol=1e-4)
+    assert abs(metrics["actor/loss"] - metrics_pad["actor/loss"]) < 1e-4
+    assert abs(metrics["actor/grad_norm"] - metrics_pad["actor/grad_norm"]) < 1e-4 * max(1.0, metrics_pad["actor/grad_norm"])
+    assert max_difference(weights, weights_pad) < 1e-5
+    padding = batch[keys.ATTENTION_MASK][:, -12:] == 0
+    assert padding.any() and (lp[padding] == 0).all()
