@@ -14,6 +14,7 @@ with ``pad_token_id``, so a pad token that equals eos does not hide the eos that
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -126,8 +127,21 @@ def resolve_dtype(setting: str | torch.dtype, device: torch.device | str | None 
     if device.type == "cuda":
         native = torch.cuda.is_bf16_supported(including_emulation=False)
     else:
-        native = bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+        native = cpu_computes_bf16()
     return torch.bfloat16 if native else torch.float32
+
+
+def cpu_computes_bf16() -> bool:
+    """The CPU has AVX-512 BF16 or AMX, and neither ATen (``ATEN_CPU_CAPABILITY``) nor oneDNN
+    (``ONEDNN_MAX_CPU_ISA``) is told to stay below them. With both capped at AVX2, an AVX-512 machine
+    computes bf16 as an AVX2-only CPU does (emulated, ~80x slower than natively), so ``auto`` takes
+    float32 there too: this is how docs/performance.md measures the AVX2 figures on such a machine."""
+    if not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
+        return False
+    onednn_cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL")).upper()
+    onednn_native = onednn_cap in ("", "ALL", "DEFAULT") or "BF16" in onednn_cap or "AMX" in onednn_cap or \
+        onednn_cap.startswith("AVX10") or "FP16" in onednn_cap
+    return onednn_native and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def _read_config_json(path: Path) -> dict:

@@ -92,3 +92,16 @@ def test_auto_dtype_is_bfloat16_only_where_the_hardware_has_it(small_lm):
     assert resolve_dtype("auto", cpu) == (torch.bfloat16 if native else torch.float32)
     assert resolve_dtype("bfloat16", cpu) == torch.bfloat16 and resolve_dtype("float32", cpu) == torch.float32
     assert TrainingEngine(engine_config(small_lm, dtype="auto")).compute_dtype == resolve_dtype("auto", cpu)
+
+
+def test_auto_dtype_is_float32_when_the_kernels_are_capped_at_avx2():
+    """ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2 make an AVX-512 machine compute as an AVX2
+    one (bf16 emulated), so auto takes float32 there, as on an AVX2-only CPU."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import torch; from posttrain.models import resolve_dtype; print(resolve_dtype('auto', torch.device('cpu')))"
+    capped = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    out = subprocess.run([sys.executable, "-c", code], env=capped, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "torch.float32"
