@@ -184,3 +184,29 @@ def test_eos_from_generation_config_stops_unless_ignored(extra_eos_engines, chat
         ignored = engine.generate([chat_prompts[0]], params)[0]
         assert ignored.response_token_ids[0] == eos
         assert (len(ignored.response_token_ids), ignored.finish_reason) == (6, "length")
+
+
+def test_hf_generate_takes_as_many_rows_a_call_as_its_scores_budget_allows(tiny_llama, chat_prompts, monkeypatch):
+    """HF generate only: one call per batch of rows, by default as many rows as keep the call's processed
+    scores (rows x max_new_tokens x vocab float32) under SCORES_BUDGET_BYTES; a prompt's n rows stay together."""
+    from posttrain.engines.rollout import hf_engine
+
+    engine = HFRolloutEngine(tiny_llama, device="cpu", max_model_len=TEST_MAX_MODEL_LEN)
+    calls = []
+    generate = engine.model.generate
+    monkeypatch.setattr(engine.model, "generate", lambda **kw: calls.append(kw["input_ids"].shape[0]) or generate(**kw))
+    params = GenerationParams(temperature=1.0, max_new_tokens=4, n=2, seed=0)
+    assert len(chat_prompts) >= 3
+    engine.generate(chat_prompts, params)
+    assert calls == [2 * len(chat_prompts)]
+    vocabulary = engine.model.get_output_embeddings().weight.shape[0]
+    monkeypatch.setattr(hf_engine, "SCORES_BUDGET_BYTES", 4 * vocabulary * 4 * 3)  # three rows of 4 steps
+    calls.clear()
+    engine.generate(chat_prompts, params)
+    assert calls == [2] * len(chat_prompts)  # 3 rows fit, a prompt's 2 rows go together: one prompt a call
+    explicit = HFRolloutEngine(tiny_llama, device="cpu", max_model_len=TEST_MAX_MODEL_LEN, max_batch_size=4)
+    generate_explicit = explicit.model.generate
+    monkeypatch.setattr(explicit.model, "generate", lambda **kw: calls.append(kw["input_ids"].shape[0]) or generate_explicit(**kw))
+    calls.clear()
+    explicit.generate(chat_prompts, params)
+    assert calls[0] == 4 and sum(calls) == 2 * len(chat_prompts)

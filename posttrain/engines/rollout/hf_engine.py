@@ -2,13 +2,16 @@
 
 Same contract as every rollout engine (see ``base``). How it is met here:
 - each prompt is repeated n times (prompt-major) and the rows are left-padded into batches of at
-  most ``max_batch_size`` sequences; repeating rows ourselves rather than asking ``generate`` for
-  ``num_return_sequences`` also serves greedy decoding, where ``generate`` refuses n > 1;
+  most ``max_batch_size`` sequences (by default as many as keep the processed scores that the
+  logprobs need, ``rows x max_new_tokens x vocab`` float32 values, under ``SCORES_BUDGET_BYTES``:
+  one big batch decodes much faster on a CPU than several small ones); repeating rows ourselves
+  rather than asking ``generate`` for ``num_return_sequences`` also serves greedy decoding, where
+  ``generate`` refuses n > 1;
 - the model's own generation defaults (repetition penalty, top-k, ...) are replaced at load time
   by bare eos/pad ids, so only :class:`GenerationParams` decides how to sample;
 - behaviour logprobs are the log-softmax of ``generate``'s processed scores (after temperature,
   top-k, top-p) gathered at the sampled tokens, as vLLM's ``processed_logprobs``. Holding those
-  scores costs ``max_new_tokens x rows x vocab`` floats per batch, which ``max_batch_size`` bounds;
+  scores costs ``max_new_tokens x rows x vocab`` floats per batch, which the batch size bounds;
 - after ``generate``, each row is cut at the first eos / stop token id (kept) or at the token that
   completes a stop string (kept), whichever comes first, or at its length budget
   ``min(max_new_tokens, max_model_len - prompt_len)``; the padding ``generate`` puts after a
@@ -90,6 +93,9 @@ def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
         yield
 
 
+SCORES_BUDGET_BYTES = 2**30  # the processed scores of one generate call, float32, by default
+
+
 class HFRolloutEngine(RolloutEngine):
     """Rollout with ``transformers`` ``generate`` on one device.
 
@@ -100,7 +106,8 @@ class HFRolloutEngine(RolloutEngine):
         device: ``"cuda"`` if available, else ``"cpu"``, when None.
         max_model_len: context length; the model's ``max_position_embeddings`` when None.
         max_batch_size: most sequences (prompts x n) sampled in one ``generate`` call; a
-            single prompt's n samples always go together, even when n is larger.
+            single prompt's n samples always go together, even when n is larger. None: as many
+            as keep the call's processed scores under ``SCORES_BUDGET_BYTES``.
     """
 
     def __init__(
@@ -110,7 +117,7 @@ class HFRolloutEngine(RolloutEngine):
         dtype: str | torch.dtype = "float32",
         device: str | torch.device | None = None,
         max_model_len: int | None = None,
-        max_batch_size: int = 16,
+        max_batch_size: int | None = None,
     ) -> None:
         super().__init__()
         from transformers import GenerationConfig
@@ -148,7 +155,7 @@ class HFRolloutEngine(RolloutEngine):
         self, prompt_token_ids: Sequence[Sequence[int]], params: GenerationParams
     ) -> list[Generation]:
         check_prompts_fit(prompt_token_ids, self._max_model_len)
-        prompts_per_batch = max(1, self._max_batch_size // params.n)
+        prompts_per_batch = max(1, self._rows_per_call(params) // params.n)
         generations = []
         for batch_index, start in enumerate(range(0, len(prompt_token_ids), prompts_per_batch)):
             batch = prompt_token_ids[start : start + prompts_per_batch]
@@ -156,6 +163,12 @@ class HFRolloutEngine(RolloutEngine):
             with _seeded(seed, self._device):
                 generations.extend(self._generate_batch(batch, start, params))
         return generations
+
+    def _rows_per_call(self, params: GenerationParams) -> int:
+        if self._max_batch_size is not None:
+            return self._max_batch_size
+        vocabulary = self._model.get_output_embeddings().weight.shape[0]
+        return SCORES_BUDGET_BYTES // (4 * vocabulary * max(1, params.max_new_tokens))
 
     def _stop_token_ids(self, params: GenerationParams) -> set[int]:
         eos_ids = set() if params.ignore_eos else self._eos_token_ids
