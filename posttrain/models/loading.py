@@ -131,6 +131,10 @@ def resolve_dtype(setting: str | torch.dtype, device: torch.device | str | None 
     return torch.bfloat16 if native else torch.float32
 
 
+# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) under which it has no bf16 instructions
+_ONEDNN_BELOW_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+
+
 def cpu_computes_bf16() -> bool:
     """The CPU has AVX-512 BF16 or AMX, and neither ATen (``ATEN_CPU_CAPABILITY``) nor oneDNN
     (``ONEDNN_MAX_CPU_ISA``) is told to stay below them. With both capped at AVX2, an AVX-512 machine
@@ -138,10 +142,8 @@ def cpu_computes_bf16() -> bool:
     float32 there too: this is how docs/performance.md measures the AVX2 figures on such a machine."""
     if not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
         return False
-    onednn_cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL")).upper()
-    onednn_native = onednn_cap in ("", "ALL", "DEFAULT") or "BF16" in onednn_cap or "AMX" in onednn_cap or \
-        onednn_cap.startswith("AVX10") or "FP16" in onednn_cap
-    return onednn_native and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    onednn_cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "")).upper()
+    return onednn_cap not in _ONEDNN_BELOW_BF16 and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def _read_config_json(path: Path) -> dict:

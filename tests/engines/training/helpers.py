@@ -9,7 +9,7 @@ from torch import Tensor
 
 from posttrain import keys
 from posttrain.algos import aggregate_loss, ppo_policy_loss, value_loss
-from posttrain.engines.training import ForwardOutputs, TrainingEngineConfig
+from posttrain.engines.training import ForwardOutputs, TrainingEngine, TrainingEngineConfig
 from posttrain.engines.training.inputs import random_model_inputs
 from posttrain.protocol import Batch
 
@@ -86,3 +86,15 @@ def parameters(engine) -> dict[str, Tensor]:
 def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def packed_and_padded(model_dir: Path, batch: Batch, **overrides) -> dict[bool, tuple]:
+    """For pack_sequences True and False: (logprobs, entropy, metrics of one update, weights after it),
+    micro-batches of 4 samples, with ppo_entropy_loss."""
+    results = {}
+    for pack in (True, False):
+        engine = TrainingEngine(engine_config(model_dir, pack_sequences=pack, **overrides))
+        logprobs, entropy = engine.compute_logprobs(batch, with_entropy=True, micro_batch_size=4)
+        metrics = engine.train_mini_batch(batch, ppo_entropy_loss, micro_batch_size=4, with_entropy=True)
+        results[pack] = (logprobs, entropy, metrics, parameters(engine))
+    return results

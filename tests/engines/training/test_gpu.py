@@ -19,8 +19,8 @@ from tests.engines.training.helpers import (
     engine_config,
     make_batch,
     max_difference,
+    packed_and_padded,
     parameters,
-    ppo_entropy_loss,
     ppo_loss,
 )
 
@@ -127,13 +127,9 @@ def test_packed_update_equals_padded_on_the_gpu(small_lm, strategy):
     plain model on the GPU takes the fused head.
     """
     batch = make_batch(10, prompt_length=9, response_length=12, seed=9)
-    results = {}
-    for pack in (True, False):
-        engine = TrainingEngine(engine_config(small_lm, strategy=strategy, pack_sequences=pack, **EXACT))
-        assert (plain_head_weight(engine.module) is None) == (strategy == "fsdp")
-        logprobs, entropy = engine.compute_logprobs(batch, with_entropy=True, micro_batch_size=4)
-        metrics = engine.train_mini_batch(batch, ppo_entropy_loss, micro_batch_size=4, with_entropy=True)
-        results[pack] = (logprobs, entropy, metrics, parameters(engine))
+    engine = TrainingEngine(engine_config(small_lm, strategy=strategy, **EXACT))
+    assert (plain_head_weight(engine.module) is None) == (strategy == "fsdp")
+    results = packed_and_padded(small_lm, batch, strategy=strategy, **EXACT)
     (lp, ent, metrics, weights), (lp_pad, ent_pad, metrics_pad, weights_pad) = results[True], results[False]
     torch.testing.assert_close(lp, lp_pad, rtol=0, atol=1e-4)
     torch.testing.assert_close(ent, ent_pad, rtol=0, atol=1e-4)

@@ -14,8 +14,7 @@ from tests.engines.training.helpers import (
     engine_config,
     make_batch,
     max_difference,
-    parameters,
-    ppo_entropy_loss,
+    packed_and_padded,
 )
 
 
@@ -66,12 +65,7 @@ def test_samples_that_cannot_be_packed_are_named():
 def test_packed_update_equals_padded_update(small_lm, dtype):
     """The issue's check: the packed path's loss and gradient norm equal the padded path's within 1e-4."""
     batch = make_batch(10, prompt_length=9, response_length=12, seed=5)
-    results = {}
-    for pack in (True, False):
-        engine = TrainingEngine(engine_config(small_lm, dtype=dtype, pack_sequences=pack))
-        logprobs, entropy = engine.compute_logprobs(batch, with_entropy=True, micro_batch_size=4)
-        metrics = engine.train_mini_batch(batch, ppo_entropy_loss, micro_batch_size=4, with_entropy=True)
-        results[pack] = (logprobs, entropy, metrics, parameters(engine))
+    results = packed_and_padded(small_lm, batch, dtype=dtype)
     (lp, ent, metrics, weights), (lp_pad, ent_pad, metrics_pad, weights_pad) = results[True], results[False]
     # float32: the issue's 1e-4. bf16: other matmul shapes round differently, so a looser bound.
     tolerance, metric_tolerance = (1e-4, 1e-4) if dtype == "float32" else (2e-2, 1e-2)
