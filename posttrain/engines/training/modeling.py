@@ -20,8 +20,11 @@ The policy's logits are made only there: the model runs with its own head on no 
 head's weight chunk by chunk, fused with the log-softmax and the entropy and recomputed in the
 backward pass (``posttrain.algos.head_logprobs``), so no (tokens x vocabulary) logits or logit
 gradient exist beyond a chunk. A head that is not a plain bias-free Linear, or whose logits the
-model scales or caps, or a weight sharded by FSDP2, takes the model's own logits instead
-(``plain_head_weight``). Values use the same alignment: the value of response token t is the
+model scales or caps, takes the model's own logits instead (``plain_head``). Under FSDP2 the
+head's weight lives in the root module, whose parameters stay gathered from its forward pass until
+its backward (FSDP2 does not reshard the root after forward): the fused head reads the gathered
+weight after the forward, its gradient accumulates there, and the root's post-backward
+reduce-scatters it with the rest. Values use the same alignment: the value of response token t is the
 critic's output at the position before it, the state before the token was generated. Outputs at
 response padding (attention mask 0) are exactly 0.
 """
@@ -145,7 +148,7 @@ def forward_micro_batch(
             values = model(**inputs, use_cache=False).logits[..., 0]
         return ForwardOutputs(values=place(values.reshape(-1)[scored]))
     labels = layout.labels.to(device)
-    head = plain_head_weight(model)
+    head = plain_head(model)
     if head is None:  # a head the fused path cannot take: the model's own logits, then the chunked softmax
         # The head runs on the columns that hold a scored position (the response columns when padded).
         columns = torch.unique(scored % layout.width)
@@ -161,7 +164,7 @@ def forward_micro_batch(
         hidden = outputs.hidden_states[-1]
         hidden = hidden.reshape(-1, hidden.shape[-1])[scored]
         logprobs, entropy = head_logprobs(
-            hidden, head, labels, temperature=temperature, with_entropy=with_entropy, compute_dtype=dtype
+            hidden, _gathered(head.weight), labels, temperature=temperature, with_entropy=with_entropy, compute_dtype=dtype
         )
     return ForwardOutputs(logprobs=place(logprobs), entropy=place(entropy) if with_entropy else None)
 
@@ -180,24 +183,34 @@ def _base_model(model: nn.Module) -> nn.Module:
     return model
 
 
-def plain_head_weight(model: nn.Module) -> Tensor | None:
-    """The LM head's (V, H) weight when the logits are exactly hidden @ weight.T, else None.
+def plain_head(model: nn.Module) -> nn.Linear | None:
+    """The LM head when the logits are exactly hidden @ head.weight.T, else None.
 
-    None for a head with a bias, a model that scales or caps its logits, and a weight that is
-    sharded (a DTensor under FSDP2 outside the forward pass).
+    None for a head with a bias and for a model that scales or caps its logits. Under FSDP2 the
+    weight is a sharded DTensor until the root's forward gathers it (module docstring).
     """
-    from torch.distributed.tensor import DTensor
-
     base = _base_model(model)
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     config = getattr(base, "config", None)
-    if not isinstance(head, nn.Linear) or head.bias is not None or isinstance(head.weight, DTensor):
+    if not isinstance(head, nn.Linear) or head.bias is not None:
         return None
     if any(getattr(config, name, None) is not None for name in _LOGIT_CAPS):
         return None
     if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_SCALES):
         return None
-    return head.weight
+    return head
+
+
+def _gathered(weight: Tensor) -> Tensor:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(weight, DTensor):
+        raise RuntimeError(
+            "the LM head's weight is still sharded after the model's forward pass; the fused head needs "
+            "FSDP2 to keep the root module gathered until backward (apply_fsdp2 leaves reshard_after_forward "
+            "at its default for the root)"
+        )
+    return weight
 
 
 def _flash_attention(model: nn.Module) -> bool:

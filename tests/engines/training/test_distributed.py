@@ -13,10 +13,10 @@ from tests.engines.training import distributed
 from tests.engines.training.helpers import engine_config, make_batch, max_difference, parameters, ppo_loss
 
 @pytest.fixture(scope="module")
-def ranks(small_lm, tmp_path_factory):
+def ranks(small_lm, small_lm_tied, tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("ranks")
     context = mp.start_processes(
-        distributed.run_rank, args=(str(small_lm), str(out_dir)), nprocs=distributed.WORLD_SIZE,
+        distributed.run_rank, args=(str(small_lm), str(small_lm_tied), str(out_dir)), nprocs=distributed.WORLD_SIZE,
         join=False, start_method="spawn",
     )
     while not context.join(timeout=300):
@@ -41,6 +41,18 @@ def test_two_ranks_equal_one_rank_with_gradient_accumulation(ranks, single_proce
         assert max_difference(rank_result[strategy]["params"], params) < 1e-7
         for name in ("actor/loss", "actor/grad_norm", "actor/pg_clipfrac"):
             assert rank_result[strategy]["metrics"][name] == pytest.approx(metrics[name], rel=1e-5)
+
+
+def test_fsdp2_takes_the_fused_head_and_reduces_its_gradient_with_tied_embeddings(ranks, small_lm_tied):
+    # The head's weight is sharded outside the forward pass; the fused head reads it gathered.
+    _, results = ranks
+    assert all(r["fused_head_calls"].get("fsdp", 0) > 0 for r in results)
+    torch.set_num_threads(1)
+    engine = TrainingEngine(engine_config(small_lm_tied, **distributed.EXACT))
+    metrics = engine.train_mini_batch(make_batch(8, seed=1), ppo_loss, micro_batch_size=4)
+    for rank_result in results:
+        assert max_difference(rank_result["fsdp_tied"]["params"], parameters(engine)) < 1e-7
+        assert rank_result["fsdp_tied"]["metrics"]["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-5)
 
 
 def test_fsdp_with_uneven_micro_batch_counts_equals_one_rank(ranks, single_process_step, small_lm):

@@ -14,7 +14,6 @@ import torch
 
 from posttrain import keys
 from posttrain.engines.training import TrainingEngine
-from posttrain.engines.training.modeling import plain_head_weight
 from tests.engines.training.helpers import (
     engine_config,
     make_batch,
@@ -120,16 +119,19 @@ def test_export_of_sharded_weights_reloads_with_the_same_logprobs(small_lm, tmp_
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "none"])
-def test_packed_update_equals_padded_on_the_gpu(small_lm, strategy):
+def test_packed_update_equals_padded_on_the_gpu(small_lm, strategy, monkeypatch):
     """Packed rows on CUDA (sdpa, each sample masked by its position ids) give the padded path's results.
 
-    Under FSDP2 the head's weight is sharded, so the model's own head scores the response columns; a
-    plain model on the GPU takes the fused head.
+    Both take the fused head: under FSDP2 it reads the head's weight gathered by the root's forward.
     """
+    from posttrain.engines.training import modeling
+
     batch = make_batch(10, prompt_length=9, response_length=12, seed=9)
-    engine = TrainingEngine(engine_config(small_lm, strategy=strategy, **EXACT))
-    assert (plain_head_weight(engine.module) is None) == (strategy == "fsdp")
+    fused_calls = []
+    fused = modeling.head_logprobs
+    monkeypatch.setattr(modeling, "head_logprobs", lambda *a, **k: fused_calls.append(1) or fused(*a, **k))
     results = packed_and_padded(small_lm, batch, strategy=strategy, **EXACT)
+    assert fused_calls, "the update did not take the fused head"
     (lp, ent, metrics, weights), (lp_pad, ent_pad, metrics_pad, weights_pad) = results[True], results[False]
     torch.testing.assert_close(lp, lp_pad, rtol=0, atol=1e-4)
     torch.testing.assert_close(ent, ent_pad, rtol=0, atol=1e-4)

@@ -6,7 +6,7 @@ import torch
 from posttrain import keys
 from posttrain.engines.training import TrainingEngine
 from posttrain.engines.training.inputs import build_model_inputs, lengths_to_mask
-from posttrain.engines.training.modeling import forward_micro_batch, plain_head_weight
+from posttrain.engines.training.modeling import forward_micro_batch, plain_head
 from posttrain.engines.training.packing import packed_layout, padded_layout
 from posttrain.protocol import Batch
 from tests.engines.training.helpers import (
@@ -119,7 +119,7 @@ def test_a_model_that_caps_its_logits_takes_its_own_head_with_the_same_results(s
     fused = TrainingEngine(engine_config(small_lm))
     own = TrainingEngine(engine_config(small_lm))
     own.module.config.final_logit_softcapping = 30.0  # llama ignores it; the engine must not
-    assert plain_head_weight(fused.module) is not None and plain_head_weight(own.module) is None
+    assert plain_head(fused.module) is not None and plain_head(own.module) is None
     for pack in (True, False):
         outputs = [
             forward_micro_batch(engine.module, batch, device=engine.device, dtype=torch.float32, value_head=False,
