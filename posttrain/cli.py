@@ -4,7 +4,7 @@
   posttrain sft [--preset NAME] [key=value ...]      supervised fine-tuning on chat transcripts, exported for train
   posttrain eval [--preset NAME] [--checkpoint DIR] [--dump-episodes F.jsonl] [--by KEY] [key=value ...]
                                                      validation only, from a checkpoint or the base model
-  posttrain recipe NAME|list [--dir DIR] [key=value ...] [STAGE:key=value ...]
+  posttrain recipe NAME|list [--dir DIR] [--use STAGE=PATH] [key=value ...] [STAGE:key=value ...]
                                                      a multi-stage recipe (prepare, sft, train, eval) as one
                                                      command, ending with base → SFT → RL and 95% intervals
   posttrain compare A.jsonl B.jsonl [--by KEY]      two evaluations' accuracies on the same items (95% intervals)
@@ -74,7 +74,7 @@ def _recipe_command(args: argparse.Namespace) -> int:
         if args.name == "list":
             print(list_recipes())
             return 0
-        return run_recipe(args.name, args.overrides, args.dir)
+        return run_recipe(args.name, args.overrides, args.dir, args.use)
     except RecipeError as err:
         print(f"posttrain: {err}", file=sys.stderr)
         return err.exit_code
@@ -185,6 +185,8 @@ def _add_recipe_commands(commands) -> None:
     recipe = commands.add_parser("recipe", help="run a multi-stage recipe (e.g. search, doctor) as one command; `list` shows them")
     recipe.add_argument("name", help="a built-in recipe (posttrain recipe list), the path of your own .yaml, or list")
     recipe.add_argument("--dir", type=Path, help="where its stages run (default runs/posttrain/<recipe>)")
+    recipe.add_argument("--use", action="append", default=[], metavar="STAGE=PATH",
+                        help="take PATH (e.g. a patient exported before) as that stage's output instead of running it; repeatable")
     recipe.add_argument("overrides", nargs="*", help="key=value for every stage, STAGE:key=value for one")
     recipe.set_defaults(run=_recipe_command)
 

@@ -30,7 +30,10 @@ the recipe runs again with the same command and the same stages before it (its `
 their fingerprint); a train or sft stage that was interrupted (a crash, or Ctrl-C: the stage stops at
 a clean point and the recipe with it) resumes from its checkpoint; a prepare or eval stage runs
 again; a stage whose command or earlier stages changed starts over (its old directory moved aside). ``key=value`` arguments go to every stage that takes a config, and
-``STAGE:key=value`` to that stage only. The recipe ends with a table — each row's accuracy with its
+``STAGE:key=value`` to that stage only. ``--use STAGE=PATH`` takes an output made elsewhere (an
+exported model, a run directory, a dataset) in place of running that stage, e.g. a patient trained
+before: later stages read PATH, and earlier stages that only the given ones need are not run either.
+The recipe ends with a table — each row's accuracy with its
 95 % Wilson interval, and the paired bootstrap interval of the compared rows' difference — printed
 and written to ``<recipe dir>/report.md`` with each stage's wall time.
 """
@@ -178,6 +181,53 @@ def split_overrides(recipe: Recipe, arguments: list[str]) -> tuple[list[str], di
     return common, per_stage
 
 
+def stage_references(stage: Stage) -> set[str]:
+    """The earlier stages whose output ``stage`` reads (inputs, checkpoint, ``{stage:NAME}``)."""
+    names = set(stage.inputs.values()) | ({stage.checkpoint} if stage.checkpoint else set())
+    for item in stage.overrides + stage.options:
+        names.update(re.findall(r"\{stage:([^}]*)\}", item))
+    return names
+
+
+def check_given(recipe: Recipe, given: dict[str, Path]) -> None:
+    """``--use STAGE=PATH``: the stage exists, has an output (not eval) and PATH exists."""
+    commands = {stage.name: stage.command for stage in recipe.stages}
+    problems = []
+    for name, path in given.items():
+        if name not in commands:
+            problems.append(f"--use {name}=...: the recipe {recipe.name} has no stage {name!r} ({', '.join(commands)})")
+        elif commands[name] == "eval":
+            problems.append(f"--use {name}=...: {name!r} is an eval stage, which has no output to take")
+        elif not path.exists():
+            problems.append(f"--use {name}={path}: no such file or directory")
+    if problems:
+        raise RecipeError("; ".join(problems))
+
+
+def parse_given(items: list[str]) -> dict[str, Path]:
+    given = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise RecipeError(f"--use {item!r}: write STAGE=PATH, e.g. --use patient=runs/old/patient/export")
+        given[name] = Path(path).expanduser().resolve()
+    return given
+
+
+def unneeded_stages(recipe: Recipe, given: dict[str, Path]) -> set[str]:
+    """Stages read only by given (or themselves unneeded) stages: with their readers given, they need not run."""
+    readers: dict[str, list[str]] = {stage.name: [] for stage in recipe.stages}
+    for stage in recipe.stages:
+        for name in stage_references(stage):
+            readers.setdefault(name, []).append(stage.name)
+    unneeded: set[str] = set()
+    for stage in reversed(recipe.stages):
+        users = readers[stage.name]
+        if stage.name not in given and users and all(user in given or user in unneeded for user in users):
+            unneeded.add(stage.name)
+    return unneeded
+
+
 def stage_argv(stage: Stage, directory: Path, dirs: dict[str, Path], overrides: list[str]) -> list[str]:
     """The ``posttrain`` command line of ``stage``, run in ``directory``; ``{stage:NAME}`` in its
     overrides and options is stage NAME's directory."""
@@ -204,20 +254,28 @@ def stage_output(directory: Path) -> Path:
     return directory / "export" if (directory / "export").is_dir() else directory
 
 
-def run_recipe(name: str, arguments: list[str], root: Path | None = None) -> int:
+def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: list[str] | None = None) -> int:
     from rich.console import Console
 
     console = Console(highlight=False)
     recipe = load_recipe(name)
     common, per_stage = split_overrides(recipe, arguments)
+    given = parse_given(use or [])
+    check_given(recipe, given)
+    unneeded = unneeded_stages(recipe, given)
     root = root or Path("runs") / "posttrain" / recipe.name
-    dirs = {stage.name: root / stage.name for stage in recipe.stages}
+    dirs = {stage.name: given.get(stage.name, root / stage.name) for stage in recipe.stages}
     seconds: dict[str, float] = {}
     again = shlex.join(["posttrain", "recipe", *sys.argv[2:]]) if sys.argv[1:2] == ["recipe"] else f"posttrain recipe {name}"
     console.print(f"[bold]posttrain recipe {recipe.name}[/]: {len(recipe.stages)} stages → {root}", soft_wrap=True)
     upstream = ""  # what the stages before produced: a change there runs every later stage again
     for number, stage in enumerate(recipe.stages, start=1):
         directory = dirs[stage.name]
+        if stage.name in given or stage.name in unneeded:
+            what = f"given, not run ({directory})" if stage.name in given else "not run: only given stages read it"
+            upstream = hashlib.sha256(f"{upstream}\n{stage.name}: {what}".encode()).hexdigest()[:16]
+            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: {what}", soft_wrap=True)
+            continue
         takes_config = stage.command != "prepare"
         argv = stage_argv(stage, directory, dirs, (recipe.overrides + common if takes_config else []) + per_stage[stage.name])
         command = shlex.join(["posttrain", *argv[3:]])
@@ -245,7 +303,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None) -> int
             raise RecipeError(f"stage {stage.name!r} failed (exit {code}); its output is in {directory / 'stage.log'}. Fix the cause "
                               f"and run the same recipe command again: finished stages are skipped, a train or sft stage resumes")
         done.write_text(json.dumps({"fingerprint": fingerprint, "command": command, "seconds": seconds[stage.name]}))
-    report = recipe_table(recipe, dirs, seconds)
+    report = recipe_table(recipe, dirs, seconds, given)
     console.print(report, soft_wrap=True, markup=False)
     (root / "report.md").write_text(f"# Recipe {recipe.name}\n\n{recipe.description}\n\n{report}\n", encoding="utf-8")
     console.print(f"report: {root / 'report.md'}", soft_wrap=True)
@@ -270,7 +328,7 @@ def run_stage(argv: list[str], log: Path) -> tuple[int, bool]:
         signal.signal(signal.SIGINT, previous)
 
 
-def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float]) -> str:
+def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float], given: dict[str, Path] | None = None) -> str:
     """The rows' accuracies with 95 % intervals (all items, and per ``by``), the compared rows'
     paired difference, and each stage's wall time, as Markdown."""
     from posttrain.trainer.evaluate import item_accuracies, item_groups
@@ -306,6 +364,7 @@ def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float
     lines += ["| stage | wall time |", "|---|---|"]
     lines += [f"| {name} | {value / 60:.1f} min |" for name, value in seconds.items()]
     lines.append(f"| all | {sum(seconds.values()) / 60:.1f} min |")
+    lines += [f"| {name} | given: {path} |" for name, path in (given or {}).items()]
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.models import cached_tiny_model
-from posttrain.recipes import RecipeError, builtin_names, load_recipe, split_overrides
+from posttrain.recipes import RecipeError, builtin_names, check_given, load_recipe, parse_given, split_overrides, unneeded_stages
 from tests.e2e.test_train_cli import TINY_RUN
 
 
@@ -53,6 +53,24 @@ def test_overrides_go_to_every_stage_or_to_the_one_named():
         split_overrides(recipe, ["rll:trainer.seed=1"])
     with pytest.raises(RecipeError, match="key=value"):
         split_overrides(recipe, ["trainer.seed"])
+
+
+def test_a_given_stage_is_checked_and_the_stages_only_it_reads_are_not_run(tmp_path):
+    doctor = load_recipe("doctor")
+    patient = tmp_path / "patient_export"
+    patient.mkdir()
+    given = parse_given([f"patient={patient}"])
+    check_given(doctor, given)
+    assert unneeded_stages(doctor, given) == {"patient_data"}  # only the patient's SFT reads the patient data
+    assert unneeded_stages(doctor, parse_given([f"sft={patient}"])) == set()  # sft reads no stage
+    # a given rl stage leaves nothing unneeded: the eval stages read only the patient and the rl run
+    assert unneeded_stages(doctor, parse_given([f"rl={patient}"])) == set()
+    with pytest.raises(RecipeError) as info:
+        check_given(doctor, parse_given(["sft_eval=" + str(patient), "nurse=" + str(patient), "sft=" + str(tmp_path / "missing")]))
+    for fragment in ("'sft_eval' is an eval stage", "has no stage 'nurse'", "missing: no such file or directory"):
+        assert fragment in str(info.value), fragment
+    with pytest.raises(RecipeError, match="write STAGE=PATH"):
+        parse_given(["patient"])
 
 
 TINY_RECIPE = """
@@ -98,3 +116,11 @@ def test_a_recipe_runs_its_stages_ends_with_its_table_and_skips_what_finished(tm
     assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
     assert changed.stdout.count("done before, skipped") == 1 and changed.stdout.count("the previous run moved to") == 2
     assert "resumed from" not in changed.stdout and len(list(runs.glob("rl.before-*"))) == 1
+
+    # a train stage's run given from elsewhere: not run; the eval stage reads its checkpoint
+    other = tmp_path / "runs_given"
+    given = subprocess.run(argv[:6] + [str(other), "--use", f"rl={runs / 'rl'}", *argv[7:]], capture_output=True, text=True, timeout=600)
+    assert given.returncode == 0, given.stdout[-3000:] + given.stderr[-3000:]
+    assert f"rl: given, not run ({runs / 'rl'})" in given.stdout and not (other / "rl").exists()
+    assert f"--checkpoint {runs / 'rl'}" in json.loads((other / "rl_eval" / "DONE").read_text())["command"]
+    assert f"| rl | given: {runs / 'rl'} |" in (other / "report.md").read_text()
