@@ -69,12 +69,12 @@ def engine(model_dir: str, *, before: bool = False, compile: bool = False) -> Tr
 @contextlib.contextmanager
 def models_own_head() -> Iterator[None]:
     """The model's own LM head on the response columns, then the chunked log-softmax (before issue 24)."""
-    saved = modeling.plain_head_weight
-    modeling.plain_head_weight = lambda model: None
+    saved = modeling.plain_head
+    modeling.plain_head = lambda model: None
     try:
         yield
     finally:
-        modeling.plain_head_weight = saved
+        modeling.plain_head = saved
 
 
 def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:

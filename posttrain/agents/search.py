@@ -21,9 +21,9 @@ environment reads its action:
 
   Reward 0, or ``search_hit_score`` the first time in an episode that the hits hold a gold answer
   (a per-turn reward for finding the evidence: without it a small model that never answers right
-  gets no signal at all; 0 turns it off), plus ``search_cost`` (a reward ``<= 0``, default 0) for
-  every search the retriever answered: a price on a search that finds nothing new, such as the same
-  query again. The episode goes on. An empty query, or an unparseable turn, is invalid: the
+  gets no signal at all; 0 turns it off), plus ``search_penalty`` (a reward ``<= 0``, default 0) for
+  every search the retriever answered, the one that finds the evidence included: a price on each
+  search, so that of two right answers the one with fewer searches scores higher. The episode goes on. An empty query, or an unparseable turn, is invalid: the
   observation says what a valid action looks like and the reward is ``invalid_action_penalty``.
 - **Sign convention.** Rewards are added as they are, so a penalty is a reward ``<= 0``
   (``invalid_action_penalty=-0.1`` costs 0.1 per invalid turn); a positive one is refused.
@@ -95,13 +95,11 @@ class SearchEnv(Environment):
         invalid_action_penalty: float = 0.0,
         format_score: float = 0.0,
         search_hit_score: float = 0.0,
-        search_cost: float = 0.0,
+        search_penalty: float = 0.0,
         max_query_chars: int = 300,
     ) -> None:
-        _check_options(topk, (search_tag, answer_tag, information_tag), invalid_action_penalty, format_score, max_query_chars)
-        if search_cost > 0:
-            raise ValueError(f"SearchEnv options: search_cost={search_cost} is a reward added per search, so it must be <= 0 (e.g. -0.01)")
-        self.search_cost = search_cost
+        _check_options(topk, (search_tag, answer_tag, information_tag), invalid_action_penalty, search_penalty, format_score, max_query_chars)
+        self.search_penalty = search_penalty
         if not 0 <= search_hit_score < 1:
             raise ValueError(f"SearchEnv options: search_hit_score={search_hit_score} must lie in [0, 1): it rewards finding the evidence below answering right")
         self.search_hit_score = search_hit_score
@@ -192,7 +190,7 @@ class SearchEnv(Environment):
             observation = f"\n<{self.information_tag}>The search failed. {self._how_to_act()}</{self.information_tag}>\n"
             return StepResult(observation, 0.0, False, StepInfo(valid=True, effective=False, counts={**counts, "retriever_errors": 1}))
         observation = format_hits(hits, self.information_tag)
-        reward = self.search_cost
+        reward = self.search_penalty
         if self._golds is not None and not self._found_evidence and _holds_answer(hits, self._golds):
             self._found_evidence = True  # paid once per episode, so repeating a search earns nothing
             reward += self.search_hit_score
@@ -233,14 +231,17 @@ def _as_search_env(env: Environment) -> SearchEnv:
     return env
 
 
-def _check_options(topk: int, tags: tuple[str, ...], penalty: float, format_score: float, max_query_chars: int) -> None:
+def _check_options(topk: int, tags: tuple[str, ...], penalty: float, search_penalty: float, format_score: float,
+                   max_query_chars: int) -> None:
     problems = []
     if not 1 <= topk <= MAX_TOPK:
         problems.append(f"topk={topk} must be 1 to {MAX_TOPK} (the retriever's limit)")
     if len(set(tags)) != len(tags) or not all(re.fullmatch(r"\w+", tag) for tag in tags):
         problems.append(f"the tags {tags} must be distinct words, e.g. ('search', 'answer', 'information')")
-    if penalty > 0:
+    if not penalty <= 0:
         problems.append(f"invalid_action_penalty={penalty} is a reward added per invalid turn, so it must be <= 0 (e.g. -0.1)")
+    if not search_penalty <= 0:
+        problems.append(f"search_penalty={search_penalty} is a reward added per search, so it must be <= 0 (e.g. -0.01)")
     if not 0 <= format_score < 1:
         problems.append(f"format_score={format_score} must lie in [0, 1): it rewards a well-formed wrong answer below a right one")
     if max_query_chars < 1:

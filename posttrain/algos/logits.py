@@ -191,7 +191,9 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
         temperature, with_entropy, rows, sub_rows, compute_dtype, softmax_dtype = ctx.settings
         hidden_dtype, weight_dtype = ctx.dtypes
         grad_hidden = torch.empty(h.shape, dtype=hidden_dtype, device=h.device)
-        grad_weight = None  # float32 sum over chunks
+        # float32 (float64 for float64) sum over chunks; none for a frozen head (LoRA)
+        wants_weight = ctx.needs_input_grad[1]
+        grad_weight = torch.zeros(w.shape, dtype=torch.promote_types(w.dtype, torch.float32), device=w.device) if wants_weight else None
         for part in _chunks(h.shape[0], rows):
             logits = h[part] @ w.T
             grad_logits = torch.empty_like(logits)
@@ -210,12 +212,9 @@ class _ChunkedHeadLogprob(torch.autograd.Function):
                     grad_z.sub_(log_probs.add_(entropy[rows_at].unsqueeze(-1)).mul_(probs).mul_(g))
                 grad_logits[sub] = grad_z.div_(temperature).to(compute_dtype)
             grad_hidden[part] = grad_logits @ w
-            chunk_grad = grad_logits.T @ h[part]
-            if grad_weight is None:
-                grad_weight = chunk_grad.to(torch.promote_types(chunk_grad.dtype, torch.float32))
-            else:
-                grad_weight += chunk_grad
-        return grad_hidden, grad_weight.to(weight_dtype), None, None, None, None, None, None
+            if wants_weight:
+                grad_weight += grad_logits.T @ h[part]
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight_dtype), None, None, None, None, None, None
 
 
 def head_logprobs(

@@ -32,7 +32,8 @@ a clean point and the recipe with it) resumes from its checkpoint; a prepare or 
 again; a stage whose command or earlier stages changed starts over (its old directory moved aside). ``key=value`` arguments go to every stage that takes a config, and
 ``STAGE:key=value`` to that stage only. ``--use STAGE=PATH`` takes an output made elsewhere (an
 exported model, a run directory, a dataset) in place of running that stage, e.g. a patient trained
-before: later stages read PATH, and earlier stages that only the given ones need are not run either.
+before: later stages read PATH (their fingerprints hold it and its modification time), and earlier
+stages that only the given ones need are not run either.
 The recipe ends with a table — each row's accuracy with its
 95 % Wilson interval, and the paired bootstrap interval of the compared rows' difference — printed
 and written to ``<recipe dir>/report.md`` with each stage's wall time.
@@ -142,10 +143,9 @@ def check_recipe(recipe: Recipe, path: Path) -> None:
             problems.append(f"{where}: command {stage.command!r} is not one of {', '.join(COMMANDS)}")
         if stage.command == "prepare" and not stage.dataset:
             problems.append(f"{where}: a prepare stage names its dataset (dataset: synthetic-search)")
-        for item in stage.overrides + stage.options:
-            for name in re.findall(r"\{stage:([^}]*)\}", item):
-                if name not in seen:
-                    problems.append(f"{where}: {item!r} names {{stage:{name}}}, which is not an earlier stage")
+        for name in stage_references(stage) - set(stage.inputs.values()) - {stage.checkpoint}:
+            if name not in seen:
+                problems.append(f"{where}: {{stage:{name}}} is not an earlier stage")
         for key, source in stage.inputs.items():
             if source not in seen:
                 problems.append(f"{where}: input {key} comes from {source!r}, which is not an earlier stage")
@@ -210,8 +210,17 @@ def parse_given(items: list[str]) -> dict[str, Path]:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise RecipeError(f"--use {item!r}: write STAGE=PATH, e.g. --use patient=runs/old/patient/export")
+        if name in given:
+            raise RecipeError(f"--use {name}=... is given twice ({given[name]} and {path}); give each stage once")
         given[name] = Path(path).expanduser().resolve()
     return given
+
+
+def given_stamp(path: Path) -> str:
+    """What a given output's fingerprint holds: its path and the latest change to it or to anything
+    directly in it, so that a model exported again to the same path runs the later stages again."""
+    times = [path.stat().st_mtime_ns, *(entry.stat().st_mtime_ns for entry in path.iterdir())] if path.is_dir() else [path.stat().st_mtime_ns]
+    return f"{path} @ {max(times)}"
 
 
 def unneeded_stages(recipe: Recipe, given: dict[str, Path]) -> set[str]:
@@ -263,6 +272,9 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
     given = parse_given(use or [])
     check_given(recipe, given)
     unneeded = unneeded_stages(recipe, given)
+    idle = sorted(name for name in set(given) | unneeded if per_stage[name])
+    if idle:
+        raise RecipeError(f"overrides for {', '.join(idle)}, which will not run (given with --use, or read only by given stages)")
     root = root or Path("runs") / "posttrain" / recipe.name
     dirs = {stage.name: given.get(stage.name, root / stage.name) for stage in recipe.stages}
     seconds: dict[str, float] = {}
@@ -273,7 +285,8 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
         directory = dirs[stage.name]
         if stage.name in given or stage.name in unneeded:
             what = f"given, not run ({directory})" if stage.name in given else "not run: only given stages read it"
-            upstream = hashlib.sha256(f"{upstream}\n{stage.name}: {what}".encode()).hexdigest()[:16]
+            stamp = given_stamp(directory) if stage.name in given else what
+            upstream = hashlib.sha256(f"{upstream}\n{stage.name}: {stamp}".encode()).hexdigest()[:16]
             console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: {what}", soft_wrap=True)
             continue
         takes_config = stage.command != "prepare"

@@ -174,20 +174,22 @@ def test_finding_the_evidence_is_rewarded_once_per_episode():
         SearchEnv(Encyclopedia(), search_hit_score=1)
 
 
-def test_each_answered_search_costs_search_cost_and_a_failed_one_does_not():
+def test_each_answered_search_costs_search_penalty_and_a_failed_one_does_not():
     class Encyclopedia:
         def retrieve(self, queries, topk):
             if "down" in queries[0]:
                 raise RetrieverError("retriever down")
             return [[Hit(Document("1", '"Rube"\nThe Dorfen River runs through Rube.'), 1.0)] if "Rube" in q else [] for q in queries]
 
-    env = SearchEnv(Encyclopedia(), search_hit_score=0.2, search_cost=-0.01)
+    env = SearchEnv(Encyclopedia(), search_hit_score=0.2, search_penalty=-0.01)
     env.reset(EpisodeSample([], {"target": ["Dorfen"]}))
     rewards = [env.step(f"<search> {query} </search>").reward for query in ("Lyon", "Rube", "Rube", "down")]
     assert rewards == pytest.approx([-0.01, 0.19, -0.01, 0.0])  # the retriever's failure is not the agent's
     assert env.step("<answer> Dorfen </answer>").reward == 1.0
-    with pytest.raises(ValueError, match="search_cost=0.1 .* must be <= 0"):
-        SearchEnv(Encyclopedia(), search_cost=0.1)
+    with pytest.raises(ValueError, match="search_penalty=0.1 .* must be <= 0"):
+        SearchEnv(Encyclopedia(), search_penalty=0.1)
+    with pytest.raises(ValueError, match="search_penalty=nan"):
+        SearchEnv(Encyclopedia(), search_penalty=float("nan"))
 
 
 def test_search_r1_parquet_rows_feed_the_environment(tmp_path):

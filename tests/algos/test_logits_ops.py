@@ -126,6 +126,21 @@ def test_head_logprobs_values_and_gradients_equal_full_logits(chunk_rows, temper
         torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
 
 
+def test_head_logprobs_backward_with_a_frozen_head_and_with_no_rows(gen):
+    hidden = torch.randn(5, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    frozen = torch.randn(13, 6, generator=gen, dtype=torch.float64)  # LoRA: the head does not train
+    labels = torch.randint(0, 13, (5,), generator=gen)
+    head_logprobs(hidden, frozen, labels)[0].sum().backward()
+    expected = torch.autograd.grad(_head_reference(hidden, frozen, labels, 1.0)[0].sum(), hidden)[0]
+    torch.testing.assert_close(hidden.grad, expected, rtol=0, atol=1e-10)
+    assert frozen.grad is None
+    # a micro-batch with no scored token (a padding micro-batch of a rank with fewer samples)
+    weight = frozen.clone().requires_grad_()
+    none = torch.zeros(0, 6, dtype=torch.float64, requires_grad=True)
+    head_logprobs(none, weight, labels[:0])[0].sum().backward()
+    assert weight.grad is not None and (weight.grad == 0).all() and none.grad.shape == (0, 6)
+
+
 def test_head_logprobs_keeps_no_logits_for_backward(gen):
     hidden = torch.randn(40, 8, generator=gen, requires_grad=True)
     weight = torch.randn(50, 8, generator=gen, requires_grad=True)

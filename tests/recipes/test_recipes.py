@@ -5,12 +5,23 @@ when run again and resumes the ones that were not."""
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from posttrain.models import cached_tiny_model
-from posttrain.recipes import RecipeError, builtin_names, check_given, load_recipe, parse_given, split_overrides, unneeded_stages
+from posttrain.recipes import (
+    RecipeError,
+    builtin_names,
+    check_given,
+    given_stamp,
+    load_recipe,
+    parse_given,
+    run_recipe,
+    split_overrides,
+    unneeded_stages,
+)
 from tests.e2e.test_train_cli import TINY_RUN
 
 
@@ -71,6 +82,17 @@ def test_a_given_stage_is_checked_and_the_stages_only_it_reads_are_not_run(tmp_p
         assert fragment in str(info.value), fragment
     with pytest.raises(RecipeError, match="write STAGE=PATH"):
         parse_given(["patient"])
+    with pytest.raises(RecipeError, match="given twice"):
+        parse_given([f"patient={patient}", f"patient={tmp_path}"])
+    # an override for a stage that will not run is refused before anything runs
+    with pytest.raises(RecipeError, match="overrides for patient_data, which will not run"):
+        run_recipe("doctor", ["patient_data:train_size=10"], tmp_path / "runs", [f"patient={patient}"])
+    assert not (tmp_path / "runs").exists()
+    # the fingerprint of a given output changes when it is written again
+    stamp = given_stamp(patient)
+    time.sleep(0.01)
+    (patient / "model.safetensors").write_bytes(b"new")
+    assert given_stamp(patient) != stamp
 
 
 TINY_RECIPE = """

@@ -164,7 +164,7 @@ def forward_micro_batch(
         hidden = outputs.hidden_states[-1]
         hidden = hidden.reshape(-1, hidden.shape[-1])[scored]
         logprobs, entropy = head_logprobs(
-            hidden, _gathered(head.weight), labels, temperature=temperature, with_entropy=with_entropy, compute_dtype=dtype
+            hidden, _unsharded_weight(head.weight), labels, temperature=temperature, with_entropy=with_entropy, compute_dtype=dtype
         )
     return ForwardOutputs(logprobs=place(logprobs), entropy=place(entropy) if with_entropy else None)
 
@@ -201,7 +201,7 @@ def plain_head(model: nn.Module) -> nn.Linear | None:
     return head
 
 
-def _gathered(weight: Tensor) -> Tensor:
+def _unsharded_weight(weight: Tensor) -> Tensor:
     from torch.distributed.tensor import DTensor
 
     if isinstance(weight, DTensor):

@@ -13,14 +13,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from posttrain.engines.training import TrainingEngine, modeling
-from tests.engines.training.helpers import engine_config, make_batch, parameters, ppo_loss
+from posttrain.engines.training import TrainingEngine
+from tests.engines.training.helpers import counting_fused_head, engine_config, make_batch, parameters, ppo_loss
 
 WORLD_SIZE = 2
 # eps = 1 keeps AdamW's first step nearly linear in the gradient; no clipping, so a gradient that
 # was averaged instead of summed over ranks would show as half the update.
 EXACT = {"eps": 1.0, "lr": 1e-2, "grad_clip": None}
 UNEVEN_ROWS = ([0], list(range(1, 8)))  # rank 0: 1 sample; rank 1: 7 samples
+TIED_MICRO_BATCH = 2  # each rank's 4 samples in 2 micro-batches
 UNEVEN_MAX_TOKENS = 16  # row 0 alone fills it: rank 1 needs several micro-batches, rank 0 pads
 
 
@@ -31,48 +32,30 @@ def even_rows(rank: int, batch_size: int = 8) -> list[int]:
 
 def run_rank(rank: int, model_dir: str, tied_model_dir: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    fused_calls = _count_fused_head_calls()
     # A file rendezvous: no port to pick, so no race with other processes for one.
     store = f"file://{Path(out_dir) / 'rendezvous'}"
     dist.init_process_group("gloo", init_method=store, rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=120))
     try:
         results = {strategy: _even_step(strategy, rank, Path(model_dir)) for strategy in ("ddp", "fsdp")}
-        results["fsdp_tied"] = _even_step("fsdp", rank, Path(tied_model_dir))
+        with counting_fused_head() as calls:  # tied embeddings, gradients accumulated over 2 micro-batches
+            results["fsdp_tied"] = _even_step("fsdp", rank, Path(tied_model_dir), micro_batch_size=TIED_MICRO_BATCH)
+        results["fsdp_tied"]["fused_head_calls"] = len(calls)
         results["uneven"] = _uneven_fsdp(rank, Path(model_dir), Path(out_dir))
-        results["fused_head_calls"] = fused_calls
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def _count_fused_head_calls() -> dict[str, int]:
-    """Counts the forward passes that took the fused head (by strategy), through a wrapper."""
-    calls: dict[str, int] = {}
-    fused = modeling.head_logprobs
-
-    def counting(*args, **kwargs):
-        calls[_STRATEGY[0]] = calls.get(_STRATEGY[0], 0) + 1
-        return fused(*args, **kwargs)
-
-    modeling.head_logprobs = counting
-    return calls
-
-
-_STRATEGY = ["none"]  # the strategy of the engine running now, for _count_fused_head_calls
-
-
-def _even_step(strategy: str, rank: int, model_dir: Path) -> dict:
-    """Each rank one micro-batch of half the mini-batch."""
-    _STRATEGY[0] = strategy
+def _even_step(strategy: str, rank: int, model_dir: Path, micro_batch_size: int = 4) -> dict:
+    """Each rank half the mini-batch (one micro-batch by default)."""
     engine = TrainingEngine(engine_config(model_dir, strategy=strategy, **EXACT))
     assert engine.strategy == strategy
-    metrics = engine.train_mini_batch(make_batch(8, seed=1).index(even_rows(rank)), ppo_loss, micro_batch_size=4)
+    metrics = engine.train_mini_batch(make_batch(8, seed=1).index(even_rows(rank)), ppo_loss, micro_batch_size=micro_batch_size)
     return {"metrics": metrics, "params": parameters(engine)}
 
 
 def _uneven_fsdp(rank: int, model_dir: Path, out_dir: Path) -> dict:
     """FSDP with different micro-batch counts per rank, then a checkpoint, a second step and an export."""
-    _STRATEGY[0] = "fsdp"
     engine = TrainingEngine(engine_config(model_dir, strategy="fsdp", warmup_steps=2, **EXACT))
     rows = UNEVEN_ROWS[rank]
     batch = make_batch(8, seed=1)

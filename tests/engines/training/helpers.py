@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -9,7 +11,7 @@ from torch import Tensor
 
 from posttrain import keys
 from posttrain.algos import aggregate_loss, ppo_policy_loss, value_loss
-from posttrain.engines.training import ForwardOutputs, TrainingEngine, TrainingEngineConfig
+from posttrain.engines.training import ForwardOutputs, TrainingEngine, TrainingEngineConfig, modeling
 from posttrain.engines.training.inputs import random_model_inputs
 from posttrain.protocol import Batch
 
@@ -98,3 +100,20 @@ def packed_and_padded(model_dir: Path, batch: Batch, **overrides) -> dict[bool, 
         metrics = engine.train_mini_batch(batch, ppo_entropy_loss, micro_batch_size=4, with_entropy=True)
         results[pack] = (logprobs, entropy, metrics, parameters(engine))
     return results
+
+
+@contextlib.contextmanager
+def counting_fused_head() -> Iterator[list[int]]:
+    """A list that gets one entry for each forward pass that takes the fused LM head (``head_logprobs``)."""
+    calls: list[int] = []
+    fused = modeling.head_logprobs
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return fused(*args, **kwargs)
+
+    modeling.head_logprobs = counting
+    try:
+        yield calls
+    finally:
+        modeling.head_logprobs = fused

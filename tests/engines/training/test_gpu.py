@@ -15,6 +15,7 @@ import torch
 from posttrain import keys
 from posttrain.engines.training import TrainingEngine
 from tests.engines.training.helpers import (
+    counting_fused_head,
     engine_config,
     make_batch,
     max_difference,
@@ -119,18 +120,14 @@ def test_export_of_sharded_weights_reloads_with_the_same_logprobs(small_lm, tmp_
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "none"])
-def test_packed_update_equals_padded_on_the_gpu(small_lm, strategy, monkeypatch):
+def test_packed_update_equals_padded_on_the_gpu(small_lm, strategy):
     """Packed rows on CUDA (sdpa, each sample masked by its position ids) give the padded path's results.
 
     Both take the fused head: under FSDP2 it reads the head's weight gathered by the root's forward.
     """
-    from posttrain.engines.training import modeling
-
     batch = make_batch(10, prompt_length=9, response_length=12, seed=9)
-    fused_calls = []
-    fused = modeling.head_logprobs
-    monkeypatch.setattr(modeling, "head_logprobs", lambda *a, **k: fused_calls.append(1) or fused(*a, **k))
-    results = packed_and_padded(small_lm, batch, strategy=strategy, **EXACT)
+    with counting_fused_head() as fused_calls:
+        results = packed_and_padded(small_lm, batch, strategy=strategy, **EXACT)
     assert fused_calls, "the update did not take the fused head"
     (lp, ent, metrics, weights), (lp_pad, ent_pad, metrics_pad, weights_pad) = results[True], results[False]
     torch.testing.assert_close(lp, lp_pad, rtol=0, atol=1e-4)
