@@ -9,11 +9,10 @@ memory do not depend on their values), each sample a ``--prompt``-token prompt a
          ``posttrain.algos.head_logprobs`` chunk by chunk (no (tokens x vocabulary) logits);
   plain: the same engine with the fused head turned off (``modeling.plain_head`` returns None), so
          the model's own head makes the logits of the scored columns, as FSDP2 did before.
-Both engines run in this process one after the other (plain first; the first is freed, and checked
-to be, before the second is built), a warm-up update first; medians of ``--repeats`` updates. Printed:
-each one's peak GPU memory (``torch.cuda.max_memory_allocated`` during one update), the peak above
-what was allocated before the update (the update's own memory: activations, logits, gradients), and
-its time.
+Both engines live in this process and update in turns, the order alternating each round, after a
+warm-up update each; medians of ``--repeats`` updates. Printed: each one's time and its peak GPU
+memory above what was allocated before the update (``torch.cuda.max_memory_allocated``: the update's
+own memory, its activations, logits and gradients, beside both engines' weights and optimizer state).
 Needs an NVIDIA GPU. Headline: fsdp_update_memory_fused_over_plain, the update's own memory (the peak
 above what was allocated before it), fused over plain (lower is better).
 """
@@ -22,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import statistics
 import tempfile
 import time
@@ -49,22 +47,16 @@ def smollm2_shaped_model(out_dir: Path) -> Path:
     return out_dir
 
 
-def measure(engine: TrainingEngine, batch, micro_batch: int, repeats: int, plain: bool) -> tuple[float, float, float]:
-    """(median seconds, peak GiB, peak GiB above what was allocated before the update) of one update, after a warm-up."""
-    times, peaks, rises = [], [], []
-    for round_index in range(repeats + 1):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        start = time.perf_counter()
-        with models_own_head() if plain else contextlib.nullcontext():
-            engine.train_mini_batch(batch, ppo_loss, micro_batch_size=micro_batch)
-        torch.cuda.synchronize()
-        if round_index:
-            times.append(time.perf_counter() - start)
-            peaks.append(torch.cuda.max_memory_allocated() / 2**30)
-            rises.append((torch.cuda.max_memory_allocated() - before) / 2**30)
-    return statistics.median(times), max(peaks), max(rises)
+def one_update(engine: TrainingEngine, batch, micro_batch: int, plain: bool) -> tuple[float, float]:
+    """(seconds, GiB above what was allocated before) of one update."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    with models_own_head() if plain else contextlib.nullcontext():
+        engine.train_mini_batch(batch, ppo_loss, micro_batch_size=micro_batch)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start, (torch.cuda.max_memory_allocated() - before) / 2**30
 
 
 def main() -> None:
@@ -73,7 +65,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--response", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=6)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/fsdp_head.py needs an NVIDIA GPU (FSDP2 over NCCL)")
@@ -88,26 +80,26 @@ def main() -> None:
             batch = make_batch(args.samples, args.prompt, args.response, vocab=49152, ragged=False)
             config = TrainingEngineConfig(model_path=str(model_dir), dtype="bfloat16", device="cuda", strategy="fsdp",
                                           attn_implementation="sdpa", lr=1e-6)
-            results, baseline = {}, torch.cuda.memory_allocated()
-            for name in ("plain", "fused"):
-                engine = TrainingEngine(config)
-                results[name] = measure(engine, batch, args.micro_batch, args.repeats, plain=name == "plain")
-                del engine
-                gc.collect()  # FSDP2's hooks hold the module in reference cycles
-                torch.cuda.empty_cache()
-                left = (torch.cuda.memory_allocated() - baseline) / 2**30
-                if left > 0.01:
-                    print(f"note: {left:.2f} GiB of the {name} engine stayed allocated; the next engine's peak counts it, its rise does not")
+            engines = {name: TrainingEngine(config) for name in ("plain", "fused")}
+            for name, engine in engines.items():  # warm-up
+                one_update(engine, batch, args.micro_batch, plain=name == "plain")
+            seconds, rises = {name: [] for name in engines}, {name: [] for name in engines}
+            for round_index in range(args.repeats):
+                for name in list(engines)[:: 1 if round_index % 2 == 0 else -1]:
+                    took, rise = one_update(engines[name], batch, args.micro_batch, plain=name == "plain")
+                    seconds[name].append(took)
+                    rises[name].append(rise)
         finally:
             dist.destroy_process_group()
     tokens = args.samples * (args.prompt + args.response)
     print(f"{torch.cuda.get_device_name()}; {args.samples} samples x ({args.prompt} + {args.response}) tokens "
           f"({tokens} tokens), micro-batches of {args.micro_batch}, bf16, FSDP2 (1 rank)")
-    for name, (seconds, peak, rise) in results.items():
-        print(f"{name}: {seconds:.3f} s an update, peak {peak:.2f} GiB ({rise:.2f} GiB above the weights and optimizer state)")
-    print(f"time fused/plain: {results['fused'][0] / results['plain'][0]:.3f}")
-    print(f"peak fused/plain: {results['fused'][1] / results['plain'][1]:.3f}")
-    print(f"fsdp_update_memory_fused_over_plain: {results['fused'][2] / results['plain'][2]:.3f}")
+    time_of = {name: statistics.median(values) for name, values in seconds.items()}
+    memory_of = {name: max(values) for name, values in rises.items()}
+    for name in ("plain", "fused"):
+        print(f"{name}: {time_of[name]:.3f} s an update, peak {memory_of[name]:.2f} GiB above the weights and optimizer state")
+    print(f"time fused/plain: {time_of['fused'] / time_of['plain']:.3f}")
+    print(f"fsdp_update_memory_fused_over_plain: {memory_of['fused'] / memory_of['plain']:.3f}")
 
 
 if __name__ == "__main__":
