@@ -143,7 +143,7 @@ def check_recipe(recipe: Recipe, path: Path) -> None:
             problems.append(f"{where}: command {stage.command!r} is not one of {', '.join(COMMANDS)}")
         if stage.command == "prepare" and not stage.dataset:
             problems.append(f"{where}: a prepare stage names its dataset (dataset: synthetic-search)")
-        for name in stage_references(stage) - set(stage.inputs.values()) - {stage.checkpoint}:
+        for name in _placeholders(stage):
             if name not in seen:
                 problems.append(f"{where}: {{stage:{name}}} is not an earlier stage")
         for key, source in stage.inputs.items():
@@ -181,12 +181,14 @@ def split_overrides(recipe: Recipe, arguments: list[str]) -> tuple[list[str], di
     return common, per_stage
 
 
+def _placeholders(stage: Stage) -> set[str]:
+    """The stages named by ``{stage:NAME}`` in ``stage``'s overrides and options."""
+    return {name for item in stage.overrides + stage.options for name in re.findall(r"\{stage:([^}]*)\}", item)}
+
+
 def stage_references(stage: Stage) -> set[str]:
     """The earlier stages whose output ``stage`` reads (inputs, checkpoint, ``{stage:NAME}``)."""
-    names = set(stage.inputs.values()) | ({stage.checkpoint} if stage.checkpoint else set())
-    for item in stage.overrides + stage.options:
-        names.update(re.findall(r"\{stage:([^}]*)\}", item))
-    return names
+    return set(stage.inputs.values()) | ({stage.checkpoint} if stage.checkpoint else set()) | _placeholders(stage)
 
 
 def check_given(recipe: Recipe, given: dict[str, Path]) -> None:
@@ -221,6 +223,18 @@ def given_stamp(path: Path) -> str:
     directly in it, so that a model exported again to the same path runs the later stages again."""
     times = [path.stat().st_mtime_ns, *(entry.stat().st_mtime_ns for entry in path.iterdir())] if path.is_dir() else [path.stat().st_mtime_ns]
     return f"{path} @ {max(times)}"
+
+
+def plan_given(recipe: Recipe, use: list[str], per_stage: dict[str, list[str]]) -> tuple[dict[str, Path], set[str]]:
+    """``--use`` arguments checked: (stage → given path, stages that need not run); an override for
+    a stage that will not run is refused."""
+    given = parse_given(use)
+    check_given(recipe, given)
+    unneeded = unneeded_stages(recipe, given)
+    idle = sorted(name for name in set(given) | unneeded if per_stage[name])
+    if idle:
+        raise RecipeError(f"overrides for {', '.join(idle)}, which will not run (given with --use, or read only by given stages)")
+    return given, unneeded
 
 
 def unneeded_stages(recipe: Recipe, given: dict[str, Path]) -> set[str]:
@@ -269,12 +283,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
     console = Console(highlight=False)
     recipe = load_recipe(name)
     common, per_stage = split_overrides(recipe, arguments)
-    given = parse_given(use or [])
-    check_given(recipe, given)
-    unneeded = unneeded_stages(recipe, given)
-    idle = sorted(name for name in set(given) | unneeded if per_stage[name])
-    if idle:
-        raise RecipeError(f"overrides for {', '.join(idle)}, which will not run (given with --use, or read only by given stages)")
+    given, unneeded = plan_given(recipe, use or [], per_stage)
     root = root or Path("runs") / "posttrain" / recipe.name
     dirs = {stage.name: given.get(stage.name, root / stage.name) for stage in recipe.stages}
     seconds: dict[str, float] = {}
