@@ -23,7 +23,10 @@ environment reads its action:
   (a per-turn reward for finding the evidence: without it a small model that never answers right
   gets no signal at all; 0 turns it off), plus ``search_penalty`` (a reward ``<= 0``, default 0) for
   every search the retriever answered, the one that finds the evidence included: a price on each
-  search, so that of two right answers the one with fewer searches scores higher. The episode goes on. An empty query, or an unparseable turn, is invalid: the
+  search, so that of two right answers the one with fewer searches scores higher; and
+  ``repeated_search_penalty`` (a reward ``<= 0``, default 0) for a search whose query, normalised as
+  answers are, equals one the retriever already answered in this episode: the same results again,
+  a wasted turn (it prices that waste without pricing the searches a question needs). The episode goes on. An empty query, or an unparseable turn, is invalid: the
   observation says what a valid action looks like and the reward is ``invalid_action_penalty``.
 - **Sign convention.** Rewards are added as they are, so a penalty is a reward ``<= 0``
   (``invalid_action_penalty=-0.1`` costs 0.1 per invalid turn); a positive one is refused.
@@ -36,7 +39,7 @@ environment reads its action:
 episodes' queries in episode order, at the largest ``topk`` among them, each episode keeping its
 own ``topk`` best); each result is built by the same code as :meth:`SearchEnv.step`.
 
-Counters (``info.counts``): ``answers``, ``searches``, ``evidence_found``, ``invalid``,
+Counters (``info.counts``): ``answers``, ``searches``, ``repeated_searches``, ``evidence_found``, ``invalid``,
 ``empty_queries``, ``truncated_queries``, ``retriever_errors``.
 """
 
@@ -81,7 +84,7 @@ class SearchEnv(Environment):
 
     name: ClassVar[str] = "search"
     counters: ClassVar[tuple[str, ...]] = (
-        "answers", "searches", "evidence_found", "invalid", "empty_queries", "truncated_queries", "retriever_errors",
+        "answers", "searches", "repeated_searches", "evidence_found", "invalid", "empty_queries", "truncated_queries", "retriever_errors",
     )
 
     def __init__(
@@ -96,10 +99,14 @@ class SearchEnv(Environment):
         format_score: float = 0.0,
         search_hit_score: float = 0.0,
         search_penalty: float = 0.0,
+        repeated_search_penalty: float = 0.0,
         max_query_chars: int = 300,
     ) -> None:
-        _check_options(topk, (search_tag, answer_tag, information_tag), invalid_action_penalty, search_penalty, format_score, max_query_chars)
+        _check_options(topk, (search_tag, answer_tag, information_tag), invalid_action_penalty,
+                       {"search_penalty": search_penalty, "repeated_search_penalty": repeated_search_penalty}, format_score, max_query_chars)
         self.search_penalty = search_penalty
+        self.repeated_search_penalty = repeated_search_penalty
+        self._answered_queries: set[str] = set()
         if not 0 <= search_hit_score < 1:
             raise ValueError(f"SearchEnv options: search_hit_score={search_hit_score} must lie in [0, 1): it rewards finding the evidence below answering right")
         self.search_hit_score = search_hit_score
@@ -121,6 +128,7 @@ class SearchEnv(Environment):
     def reset(self, sample: EpisodeSample) -> str:
         self._golds = gold_answers(sample.ground_truth)
         self._found_evidence = False
+        self._answered_queries = set()
         return ""
 
     def final_turn_instruction(self) -> str:
@@ -191,6 +199,11 @@ class SearchEnv(Environment):
             return StepResult(observation, 0.0, False, StepInfo(valid=True, effective=False, counts={**counts, "retriever_errors": 1}))
         observation = format_hits(hits, self.information_tag)
         reward = self.search_penalty
+        query = normalize_answer(search.query)
+        if query in self._answered_queries:
+            reward += self.repeated_search_penalty
+            counts["repeated_searches"] = 1
+        self._answered_queries.add(query)
         if self._golds is not None and not self._found_evidence and _holds_answer(hits, self._golds):
             self._found_evidence = True  # paid once per episode, so repeating a search earns nothing
             reward += self.search_hit_score
@@ -231,7 +244,7 @@ def _as_search_env(env: Environment) -> SearchEnv:
     return env
 
 
-def _check_options(topk: int, tags: tuple[str, ...], penalty: float, search_penalty: float, format_score: float,
+def _check_options(topk: int, tags: tuple[str, ...], penalty: float, search_penalties: dict[str, float], format_score: float,
                    max_query_chars: int) -> None:
     problems = []
     if not 1 <= topk <= MAX_TOPK:
@@ -240,8 +253,8 @@ def _check_options(topk: int, tags: tuple[str, ...], penalty: float, search_pena
         problems.append(f"the tags {tags} must be distinct words, e.g. ('search', 'answer', 'information')")
     if not penalty <= 0:
         problems.append(f"invalid_action_penalty={penalty} is a reward added per invalid turn, so it must be <= 0 (e.g. -0.1)")
-    if not search_penalty <= 0:
-        problems.append(f"search_penalty={search_penalty} is a reward added per search, so it must be <= 0 (e.g. -0.01)")
+    problems += [f"{name}={value} is a reward added per search, so it must be <= 0 (e.g. -0.01)"
+                 for name, value in search_penalties.items() if not value <= 0]
     if not 0 <= format_score < 1:
         problems.append(f"format_score={format_score} must lie in [0, 1): it rewards a well-formed wrong answer below a right one")
     if max_query_chars < 1:

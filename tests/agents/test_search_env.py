@@ -192,6 +192,34 @@ def test_each_answered_search_costs_search_penalty_and_a_failed_one_does_not():
         SearchEnv(Encyclopedia(), search_penalty=float("nan"))
 
 
+def test_a_search_repeating_an_answered_query_costs_repeated_search_penalty():
+    class Encyclopedia:
+        def __init__(self):
+            self.down = False
+
+        def retrieve(self, queries, topk):
+            if self.down:
+                raise RetrieverError("retriever down")
+            return [[Hit(Document("1", '"Rube"\nThe Dorfen River runs through Rube.'), 1.0)] if "Rube" in q else [] for q in queries]
+
+    encyclopedia = Encyclopedia()
+    env = SearchEnv(encyclopedia, search_hit_score=0.2, search_penalty=-0.01, repeated_search_penalty=-0.1)
+    env.reset(EpisodeSample([], {"target": ["Dorfen"]}))
+    encyclopedia.down = True
+    failed = env.step("<search> Lyon </search>")  # not answered: retrying it is no repeat
+    encyclopedia.down = False
+    steps = [env.step(f"<search>{query}</search>") for query in ("Lyon", "Rube", " rube. ", "Lyon", "the Rube")]
+    assert failed.reward == 0.0
+    # normalised as answers are: case, punctuation, articles and spaces do not make a new query
+    assert [step.reward for step in steps] == pytest.approx([-0.01, 0.19, -0.11, -0.11, -0.11])
+    assert [step.info.counts.get("repeated_searches", 0) for step in steps] == [0, 0, 1, 1, 1]
+    assert all(step.info.counts["searches"] == 1 for step in steps)
+    env.reset(EpisodeSample([], {"target": ["Dorfen"]}))  # a new episode remembers nothing
+    assert env.step("<search> Rube </search>").reward == pytest.approx(0.19)
+    with pytest.raises(ValueError, match="repeated_search_penalty=0.1 .* must be <= 0"):
+        SearchEnv(encyclopedia, repeated_search_penalty=0.1)
+
+
 def test_search_r1_parquet_rows_feed_the_environment(tmp_path):
     """A row as Search-R1's NQ/HotpotQA files hold it (extra top-level columns included)."""
     import pyarrow as pa
