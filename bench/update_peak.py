@@ -43,21 +43,28 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, for the update and the peak alike")
+    parser.add_argument("--max-tokens", type=int, default=0,
+                        help="micro-batches by this token budget (use_dynamic_bsz) instead of 16 samples")
+    parser.add_argument("--compile", action="store_true", help="a torch.compile'd engine (the first update, compiling, is not timed)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    target = engine(str(resolve_model(args.model)))
+    target = engine(str(resolve_model(args.model)), compile=args.compile)
     batch = main_task_batch(args.samples, target.module.config.vocab_size)
     dtype = target.compute_dtype
     flops = update_flops(target.module, batch)
+    micro = {"max_tokens": args.max_tokens} if args.max_tokens else {"micro_batch_size": MICRO_BATCH}
+    if args.compile:
+        target.train_mini_batch(batch, ppo_loss, with_entropy=True, **micro)
     ((wall, cpu),) = interleaved_medians(
-        [lambda: target.train_mini_batch(batch, ppo_loss, micro_batch_size=MICRO_BATCH, with_entropy=True)], args.repeats
+        [lambda: target.train_mini_batch(batch, ppo_loss, with_entropy=True, **micro)], args.repeats
     )
     achieved = sum(flops.values()) / cpu / 1e9
     peak, size = matmul_peak(dtype)
     tokens = int(batch[keys.ATTENTION_MASK].sum())
     shares = ", ".join(f"{name} {value / sum(flops.values()):.0%}" for name, value in flops.items())
-    print(f"model {args.model}, {dtype}, {args.threads} thread(s); {args.samples} sequences, {tokens} real tokens")
+    print(f"model {args.model}, {dtype}, {args.threads} thread(s); {args.samples} sequences, {tokens} real tokens; "
+          f"micro-batches {micro}{', compiled' if args.compile else ''}")
     print(f"update: {cpu:.2f} CPU s ({wall:.2f} s wall), {sum(flops.values()) / 1e12:.3f} TFLOP fwd+bwd ({shares}): "
           f"{achieved:.1f} GFLOP/s")
     print(f"matmul peak: {peak:.1f} GFLOP/s ({dtype} torch.mm {size}x{size})")
