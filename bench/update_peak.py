@@ -1,8 +1,9 @@
 """How close the policy update comes to this machine's matmul peak, in the update's own dtype.
 
 The update: the main job's (bench/update.py's batch: SmolLM2-135M-Instruct, 64 sequences, prompts
-40-60 tokens, responses 8-64; PPO's clipped loss with entropy, micro-batches of 16, one AdamW
-step), as TrainingEngine.train_mini_batch runs it with today's defaults, median of ``--repeats``.
+40-60 tokens, responses 8-64; PPO's clipped loss with entropy, micro-batches of up to 2,048 real
+tokens as the main job's preset has them (``--max-tokens 0``: 16 samples), one AdamW step), as
+TrainingEngine.train_mini_batch runs it with today's defaults, median of ``--repeats``.
 Its work is counted from the model's shapes and the batch's real tokens, forward + backward
 (``bench.update.update_flops``: the decoder's dense layers, attention scores, and the LM head on
 response tokens); padding, filler and the optimizer count nothing, though their time is in the
@@ -43,8 +44,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, for the update and the peak alike")
-    parser.add_argument("--max-tokens", type=int, default=0,
-                        help="micro-batches by this token budget (use_dynamic_bsz) instead of 16 samples")
+    parser.add_argument("--max-tokens", type=int, default=2048,
+                        help="micro-batches by this token budget, as the main job's preset (use_dynamic_bsz); 0: 16 samples")
     parser.add_argument("--compile", action="store_true", help="a torch.compile'd engine (the first update, compiling, is not timed)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
