@@ -26,8 +26,9 @@ environment reads its action:
   search, so that of two right answers the one with fewer searches scores higher; and
   ``repeated_search_penalty`` (a reward ``<= 0``, default 0) for a search whose query, normalised as
   answers are, equals one the retriever already answered in this episode: the same results again,
-  a wasted turn (it prices that waste without pricing the searches a question needs). The episode goes on. An empty query, or an unparseable turn, is invalid: the
-  observation says what a valid action looks like and the reward is ``invalid_action_penalty``.
+  a wasted turn (it prices that waste without pricing the searches a question needs). The episode
+  goes on. An empty query, or an unparseable turn, is invalid: the observation says what a valid
+  action looks like and the reward is ``invalid_action_penalty``.
 - **Sign convention.** Rewards are added as they are, so a penalty is a reward ``<= 0``
   (``invalid_action_penalty=-0.1`` costs 0.1 per invalid turn); a positive one is refused.
 - **Retriever failures** never raise: the step says the search failed (try again or answer), is
