@@ -90,7 +90,7 @@ def search_runs(args: argparse.Namespace, out: Path) -> dict[str, Throughput]:
                 f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
                 f"actor_rollout_ref.rollout.n={args.n}", f"trainer.total_training_steps={args.steps}", "trainer.total_epochs=100",
                 "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
-                *async_overrides(args, mode),
+                f"actor_rollout_ref.rollout.cpu_kv_cache_gb={args.kv_cache_gb}", *async_overrides(args, mode),
             ]
             results[mode] = run_cli(overrides, out / f"search-{mode}", args.prompts * args.n, f"search agent, {mode}")
     return results
@@ -139,6 +139,8 @@ def main() -> None:
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--generators", type=int, default=2)
     parser.add_argument("--generator-cpus", type=float, default=0.5)
+    parser.add_argument("--kv-cache-gb", type=float, default=2.0,
+                        help="each vLLM engine's KV cache on CPU (actor_rollout_ref.rollout.cpu_kv_cache_gb), both modes")
     parser.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=True, help="also the tiny-model line")
     parser.add_argument("--tiny-steps", type=int, default=12)
     args = parser.parse_args()
