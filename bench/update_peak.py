@@ -61,9 +61,10 @@ def main() -> None:
     dtype = target.compute_dtype
     flops = update_flops(target.module, batch)
     micro = {"max_tokens": args.max_tokens} if args.max_tokens else {"micro_batch_size": MICRO_BATCH}
-    if args.compile:
-        target.train_mini_batch(batch, ppo_loss, with_entropy=True, **micro)
     settings = [micro] + ([{"micro_batch_size": MICRO_BATCH}] if args.against_samples and args.max_tokens else [])
+    if args.compile:  # each setting's micro-batch shapes compile once, untimed
+        for setting in settings:
+            target.train_mini_batch(batch, ppo_loss, with_entropy=True, **setting)
     timed = interleaved_medians(
         [lambda m=m: target.train_mini_batch(batch, ppo_loss, with_entropy=True, **m) for m in settings], args.repeats
     )
