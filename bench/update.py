@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator
 
 import torch
+import torch._inductor.config
 
 from bench.train import fresh_memory, interleaved_medians, ppo_loss
 from posttrain import keys
@@ -178,6 +179,7 @@ def main() -> None:
             f"{next(iter(s))}={next(iter(s.values()))}: {tokens / cpu:.0f}" for s, (_, cpu) in zip(settings, timed)))
 
     if args.compile:
+        torch._inductor.config.force_disable_caches = True  # the compile time is this run's, not a cache hit's
         compiled = engine(model_dir, compile=True)
         start = time.perf_counter()
         update(compiled)

@@ -75,7 +75,8 @@ def wrap_ddp(module: nn.Module, device: torch.device) -> nn.Module:
     )
 
 
-def _decoder_layers(module: nn.Module) -> list[nn.Module]:
+def decoder_layers(module: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks (FSDP2 shards them one by one; ``compile`` compiles each)."""
     # HF models name their repeated block classes in _no_split_modules; a peft wrapper hides them
     # one level down, so look through every submodule.
     names: set[str] = set()
@@ -95,7 +96,7 @@ def apply_fsdp2(module: nn.Module, device: torch.device, dtype: torch.dtype, cpu
         "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32),
         "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
     }
-    layers = _decoder_layers(module)
+    layers = decoder_layers(module)
     if not layers:
         raise ValueError(
             f"{type(module).__name__} names no decoder-layer classes in _no_split_modules, so FSDP2 "
