@@ -44,11 +44,12 @@ class TrainingEngineConfig:
     pack_sequences: run the model on each sample's real tokens only, several samples to a row, each
                    attending only to itself (``packing``; verl's ``use_remove_padding``), instead of
                    on padded rows. The results agree to rounding; off only to compare the two.
-    compile:       ``torch.compile`` the model (inductor). On CPU the main job's update (SmolLM2-135M,
-                   64 sequences) ran 1.17x faster once compiled, but its first update took 344 s
-                   instead of ~19 s (micro-batch shapes compile again, the forward-only pass too): it
-                   pays back after ~130 updates, which a run of tens of steps is not
-                   (``bench/update.py --compile``); so off by default.
+    compile:       ``torch.compile`` each decoder layer (inductor; regional compilation: one layer's
+                   graphs serve every layer). On CPU the main job's update (SmolLM2-135M, 64
+                   sequences) ran ~1.09x faster once compiled; the first update compiles for ~40 s
+                   (the whole model took ~320 s for the same speed), and a second micro-batch shape
+                   compiles once more with dynamic shapes. It pays back after some tens of updates
+                   (``bench/update_peak.py --compile``); off by default.
     lora_rank:     0 trains every weight; > 0 trains LoRA adapters (``peft``) of this rank on
                    ``lora_target_modules`` with scale ``lora_alpha / lora_rank``.
     strategy:      ``auto`` (world size 1: none; CPU: ddp; CUDA: fsdp), ``none``, ``ddp``, ``fsdp``.
