@@ -279,6 +279,7 @@ def stage_output(directory: Path) -> Path:
 
 def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: list[str] | None = None) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console(highlight=False)
     recipe = load_recipe(name)
@@ -288,7 +289,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
     dirs = {stage.name: given.get(stage.name, root / stage.name) for stage in recipe.stages}
     seconds: dict[str, float] = {}
     again = shlex.join(["posttrain", "recipe", *sys.argv[2:]]) if sys.argv[1:2] == ["recipe"] else f"posttrain recipe {name}"
-    console.print(f"[bold]posttrain recipe {recipe.name}[/]: {len(recipe.stages)} stages → {root}", soft_wrap=True)
+    console.print(f"[bold]posttrain recipe {recipe.name}[/]: {len(recipe.stages)} stages → {escape(str(root))}", soft_wrap=True)
     upstream = ""  # what the stages before produced: a change there runs every later stage again
     for number, stage in enumerate(recipe.stages, start=1):
         directory = dirs[stage.name]
@@ -296,7 +297,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
             what = f"given, not run ({directory})" if stage.name in given else "not run: only given stages read it"
             stamp = given_stamp(directory) if stage.name in given else what
             upstream = hashlib.sha256(f"{upstream}\n{stage.name}: {stamp}".encode()).hexdigest()[:16]
-            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: {what}", soft_wrap=True)
+            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: {escape(what)}", soft_wrap=True)
             continue
         takes_config = stage.command != "prepare"
         argv = stage_argv(stage, directory, dirs, (recipe.overrides + common if takes_config else []) + per_stage[stage.name])
@@ -305,21 +306,22 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
         started, done = directory / STARTED, directory / DONE
         if done.is_file() and json.loads(done.read_text()).get("fingerprint") == fingerprint:
             seconds[stage.name] = json.loads(done.read_text()).get("seconds", 0.0)
-            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: done before, skipped ({directory})", soft_wrap=True)
+            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: done before, skipped ({escape(str(directory))})", soft_wrap=True)
             continue
         if started.is_file() and json.loads(started.read_text()).get("fingerprint") != fingerprint:
             aside = directory.with_name(f"{directory.name}.before-{time.strftime('%Y%m%d-%H%M%S')}")
             directory.rename(aside)  # another command (or an earlier stage changed): start over, keep the old run
-            console.print(f"stage {stage.name}: its command or an earlier stage changed; the previous run moved to {aside}",
+            console.print(f"stage {stage.name}: its command or an earlier stage changed; the previous run moved to {escape(str(aside))}",
                           soft_wrap=True)
-        console.print(f"stage {number}/{len(recipe.stages)} [bold]{stage.name}[/]: {command}", soft_wrap=True)
+        # escaped: a command's list overrides ([a,b]) are not rich markup
+        console.print(f"stage {number}/{len(recipe.stages)} [bold]{stage.name}[/]: {escape(command)}", soft_wrap=True)
         directory.mkdir(parents=True, exist_ok=True)
         started.write_text(json.dumps({"fingerprint": fingerprint, "command": command}))
         start = time.perf_counter()
         code, stopped = run_stage(argv, directory / "stage.log")
         seconds[stage.name] = time.perf_counter() - start
         if stopped or code == 130:
-            console.print(f"posttrain: the recipe stopped in stage {stage.name!r}. To continue: {again}", soft_wrap=True)
+            console.print(f"posttrain: the recipe stopped in stage {stage.name!r}. To continue: {escape(again)}", soft_wrap=True)
             return 0 if code == 0 else code
         if code != 0:
             raise RecipeError(f"stage {stage.name!r} failed (exit {code}); its output is in {directory / 'stage.log'}. Fix the cause "
@@ -328,7 +330,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
     report = recipe_table(recipe, dirs, seconds, given)
     console.print(report, soft_wrap=True, markup=False)
     (root / "report.md").write_text(f"# Recipe {recipe.name}\n\n{recipe.description}\n\n{report}\n", encoding="utf-8")
-    console.print(f"report: {root / 'report.md'}", soft_wrap=True)
+    console.print(f"report: {escape(str(root / 'report.md'))}", soft_wrap=True)
     return 0
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from ray.actor import ActorHandle
 from ray.exceptions import RayTaskError
 from rich.console import Console
+from rich.markup import escape
 
 from posttrain.config.schema import PosttrainConfig
 from posttrain.controller import ResourcePool, WorkerDiedError, WorkerGroup, WorkerSpec
@@ -174,7 +175,7 @@ class Generators:
         if self.restarts_of[i] > MAX_RESTARTS:
             self.scheduler.close(GeneratorFailure(f"generator {i} died {self.restarts_of[i]} times; the last: {err}"))
             return False
-        self.console.print(f"[yellow]posttrain: generator {i} died ({err}); starting a new one, its unit goes back in line[/]")
+        self.console.print(f"[yellow]posttrain: generator {i} died ({escape(str(err))}); starting a new one, its unit goes back in line[/]")
         kill_group(dead)
         replacement = self._spawn(i)
         with self._lock:
