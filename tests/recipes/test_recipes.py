@@ -121,7 +121,7 @@ def test_a_recipe_runs_its_stages_ends_with_its_table_and_skips_what_finished(tm
     runs = tmp_path / "runs"
     for stage in ("base_eval", "rl", "rl_eval"):
         command = json.loads((runs / stage / "DONE").read_text())["command"]
-        assert command.startswith("posttrain ") and "trainer.logger='[console,jsonl]'" in command
+        assert command.startswith("posttrain ") and "'trainer.logger=[console,jsonl]'" in command
         assert command in done.stdout  # printed as run: a list override is not taken for rich markup
     assert (runs / "rl" / "checkpoints" / "global_step_2").is_dir()  # the stage override reached the train stage only
     rows = [json.loads(line) for line in (runs / "rl_eval" / "episodes.jsonl").read_text().splitlines()]
