@@ -99,7 +99,7 @@ class TrainingEngine:
         # Each decoder layer on its own (regional compilation): the layers share one code object and
         # torch.compile treats their weights as inputs, so one layer's graphs serve them all. On CPU
         # that compiled in ~40 s against ~320 s for the whole model, with the same speed after
-        # (bench/update.py --compile). In place, so the DDP wrapper and weight loading see the same
+        # (bench/update_peak.py --compile). In place, so the DDP wrapper and weight loading see the same
         # modules and parameter names.
         layers = parallel.decoder_layers(self.module)
         for layer in layers or [self.module]:
