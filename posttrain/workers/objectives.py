@@ -61,6 +61,18 @@ class PolicyObjective:
             actor.kl_loss_coef if actor.use_kl_loss else None, actor.kl_loss_type, importance_cap,
         )
 
+    def rows_without_gradient(self, batch: Batch) -> Tensor | None:
+        """Rows whose advantage is exactly 0 at every response token (bool (B,)), or None.
+
+        Every policy loss here is the advantage times a function of the ratio, so such a row's loss
+        and gradient are exactly 0 — unless an entropy bonus or a KL loss adds terms of their own
+        (then None: every row has a gradient). Under GRPO these are the groups whose samples all
+        scored the same."""
+        if self.entropy_coeff or self.kl_loss_coef is not None:
+            return None
+        nonzero = (batch[keys.ADVANTAGES] != 0) & batch[keys.RESPONSE_MASK].bool()
+        return ~nonzero.any(dim=1)
+
     def __call__(self, outputs: ForwardOutputs, batch: Batch, normalizer: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         mask = batch[keys.RESPONSE_MASK]
         policy_loss = get_policy_loss(self.loss_name, **self.loss_options)

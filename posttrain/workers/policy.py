@@ -77,16 +77,16 @@ class PolicyWorker(Sampling, Worker):
             )
         micro = {"max_tokens": self.actor.ppo_max_token_len_per_gpu} if self.actor.use_dynamic_bsz else {
             "micro_batch_size": self.actor.ppo_micro_batch_size_per_gpu}
-        steps = [
-            self.engine.train_mini_batch(
+        steps = []
+        for mini_batch in batch.minibatches(
+            min(per_rank, len(batch)), epochs=self.actor.ppo_epochs, shuffle=self.actor.shuffle,
+            seed=self.seed + self.engine.global_step,  # optimizer steps so far: restored on resume
+        ):
+            skip = self.objective.rows_without_gradient(mini_batch) if self.actor.skip_zero_advantage else None
+            steps.append(self.engine.train_mini_batch(
                 mini_batch, self.objective, loss_agg_mode=self.actor.loss_agg_mode,
-                temperature=self.rollout_config.temperature, with_entropy=True, **micro,
-            )
-            for mini_batch in batch.minibatches(
-                min(per_rank, len(batch)), epochs=self.actor.ppo_epochs, shuffle=self.actor.shuffle,
-                seed=self.seed + self.engine.global_step,  # optimizer steps so far: restored on resume
-            )
-        ]
+                temperature=self.rollout_config.temperature, with_entropy=True, skip_rows=skip, **micro,
+            ))
         return Batch().with_metrics(mean_metrics(steps))
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO)

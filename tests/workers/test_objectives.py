@@ -86,3 +86,48 @@ def test_actor_ppo_kl_is_the_mean_of_old_minus_new_logprobs():
     _, metrics = _objective_loss(PolicyObjective.from_config(ActorConfig(), 8), batch, new)
     assert metrics["ppo_kl"].item() == pytest.approx(0.25)
     assert metrics["ppo_kl_k3"].item() == pytest.approx(math.exp(-0.25) - 1 + 0.25)  # e^x - 1 - x, x = -0.25
+
+
+def _zero_advantages(batch: Batch, rows: list[int]) -> Batch:
+    advantages = batch[keys.ADVANTAGES].clone()
+    advantages[rows] = 0.0
+    return Batch(batch.tensors | {keys.ADVANTAGES: advantages}, batch.non_tensors, batch.meta)
+
+
+@pytest.mark.parametrize(("policy_loss", "loss_agg_mode"), [
+    ("vanilla", "token-mean"), ("vanilla", "seq-mean-token-mean"), ("gspo", "seq-mean-token-mean"), ("cispo", "token-mean"),
+])
+def test_skipping_rows_without_gradient_gives_the_same_update(small_lm, policy_loss, loss_agg_mode):  # noqa: F811
+    # the update of every policy loss, with the rows of zero advantage run and not run: the same weights
+    batch = _zero_advantages(make_batch(8, seed=7), [1, 2, 5])
+    objective = PolicyObjective.from_config(ActorConfig(policy_loss=policy_loss, loss_agg_mode=loss_agg_mode), 8)
+    skip = objective.rows_without_gradient(batch)
+    assert skip.tolist() == [False, True, True, False, False, True, False, False]
+    initial = TrainingEngine(engine_config(small_lm, eps=1.0, lr=1e-2))
+    results = []
+    for rows in (None, skip):
+        engine = TrainingEngine(engine_config(small_lm, eps=1.0, lr=1e-2))
+        metrics = engine.train_mini_batch(batch, objective, micro_batch_size=3, loss_agg_mode=loss_agg_mode, skip_rows=rows)
+        results.append((metrics, dict(engine.module.named_parameters())))
+    (full, full_params), (skipped, skipped_params) = results
+    assert skipped["actor/rows_skipped"] == 3 / 8 and skipped["actor/micro_batches"] == 2 < full["actor/micro_batches"]
+    assert full["actor/loss"] == pytest.approx(skipped["actor/loss"], rel=1e-5)
+    assert full["actor/grad_norm"] == pytest.approx(skipped["actor/grad_norm"], rel=1e-5)
+    moved = max((full_params[n] - p).abs().max().item() for n, p in initial.module.named_parameters())
+    assert moved > 1e-4
+    for name, param in full_params.items():
+        torch.testing.assert_close(skipped_params[name], param, rtol=0, atol=1e-7)
+
+
+def test_rows_without_gradient_need_the_advantage_zero_at_every_response_token():
+    batch = make_batch(4, seed=8)
+    advantages, mask = batch[keys.ADVANTAGES].clone(), batch[keys.RESPONSE_MASK]
+    advantages[0] = 0.0
+    advantages[1] = torch.where(mask[1].bool(), 0.0, 5.0)  # nonzero only under padding: no gradient either
+    advantages[2, 1:] = 0.0  # one real token left with an advantage
+    batch = Batch(batch.tensors | {keys.ADVANTAGES: advantages}, batch.non_tensors, batch.meta)
+    plain = PolicyObjective.from_config(ActorConfig(), 8)
+    assert plain.rows_without_gradient(batch).tolist() == [True, True, False, False]
+    # an entropy bonus or a KL loss gives every row a gradient of its own
+    assert PolicyObjective.from_config(ActorConfig(entropy_coeff=0.01), 8).rows_without_gradient(batch) is None
+    assert PolicyObjective.from_config(ActorConfig(use_kl_loss=True), 8).rows_without_gradient(batch) is None

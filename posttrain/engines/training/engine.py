@@ -10,7 +10,7 @@ worker passes the loss in. One engine per rank; with a process group of several 
 
 One optimizer step per mini-batch (:meth:`train_mini_batch`):
   1. split the mini-batch into micro-batches, by count or by a token budget, the same number on
-     every rank (``micro_batches``);
+     every rank (``micro_batches``), leaving out rows the caller marks as without gradient;
   2. N = the global loss normaliser, ``loss_normalizer(mask, loss_agg_mode)`` summed over the
      whole mini-batch on all ranks (``posttrain.algos.aggregation``);
   3. per micro-batch: forward (logprobs and entropy, or values), ``loss_fn(outputs, micro_batch,
@@ -30,7 +30,8 @@ a clip fraction over tokens under token-mean).
 
 Reported metrics (prefix ``config.metric_prefix``): ``loss`` (mini-batch loss, summed over
 micro-batches and ranks), ``grad_norm`` (before clipping; inf/nan when skipped), ``lr`` (of this
-update), ``skipped`` (1 if skipped), ``skipped_total``, ``micro_batches`` (on this rank).
+update), ``skipped`` (1 if skipped), ``skipped_total``, ``micro_batches`` (on this rank), and with
+``skip_rows`` given ``rows_skipped`` (the share of this rank's rows not run).
 """
 
 from __future__ import annotations
@@ -182,15 +183,21 @@ class TrainingEngine:
             temperature=temperature, with_entropy=with_entropy, pack=self.config.pack_sequences,
         )
 
-    def _micro_batch_groups(self, batch: Batch, micro_batch_size: int | None, max_tokens: int | None) -> list[list[int]]:
+    def _micro_batch_groups(
+        self, batch: Batch, micro_batch_size: int | None, max_tokens: int | None, rows: list[int] | None = None
+    ) -> list[list[int]]:
+        """Micro-batches of ``rows`` (default: all) as lists of row indices; [] is a padding micro-batch."""
         if len(batch) == 0:
             raise ValueError("the engine got an empty Batch; every rank needs at least one sample")
         if micro_batch_size is not None and max_tokens is not None:
             raise ValueError("pass micro_batch_size or max_tokens, not both")
+        rows = list(range(len(batch))) if rows is None else rows
         if max_tokens is not None:
-            groups = split_by_token_budget(real_token_counts(batch), max_tokens)
+            local = split_by_token_budget(real_token_counts(batch)[rows], max_tokens)
         else:
-            groups = split_by_count(len(batch), micro_batch_size)
+            local = split_by_count(len(rows), micro_batch_size)
+        # with no rows to run, one padding micro-batch still gives every parameter a (zero) gradient
+        groups = [[rows[i] for i in group] for group in local] or [[]]
         if self.world_size > 1:
             # Every rank runs the same number of forward passes (FSDP gathers in each one).
             groups = equalize_group_count(groups, parallel.max_over_ranks(len(groups)))
@@ -209,14 +216,19 @@ class TrainingEngine:
         mask_key: str = keys.RESPONSE_MASK,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        skip_rows: Tensor | None = None,
     ) -> dict[str, float]:
         """One optimizer step on ``mini_batch`` (this rank's share); returns the metrics (module docstring).
 
         ``mask_key`` names the (B, T) mask the global normaliser counts under ``loss_agg_mode``.
+        ``skip_rows`` (bool (B,)) marks rows whose loss is exactly 0 with a zero gradient: they count in
+        the normaliser but are not run, which leaves the update as it would be and saves their forward
+        and backward passes. ``loss_fn``'s metrics then cover the rows that ran.
         """
         check_batch(mini_batch, (*MODEL_INPUT_KEYS, mask_key), "train_mini_batch")
         _check_temperature(temperature)
-        groups = self._micro_batch_groups(mini_batch, micro_batch_size, max_tokens)
+        rows = None if skip_rows is None else _rows_to_run(skip_rows, len(mini_batch))
+        groups = self._micro_batch_groups(mini_batch, micro_batch_size, max_tokens, rows)
         normalizer = parallel.all_reduce(loss_normalizer(mini_batch[mask_key], loss_agg_mode).to(self.device))
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -228,12 +240,16 @@ class TrainingEngine:
                 outputs = self._forward(self.model, micro_batch, temperature, with_entropy)
                 loss, metrics = loss_fn(outputs, micro_batch, normalizer)
                 _check_loss(loss)
-                weight = 1.0 if group else 0.0  # a padding micro-batch only keeps FSDP's collectives in step
+                weight = 1.0 if group else 0.0  # a padding micro-batch: FSDP's collectives in step, zero gradients
                 (loss * (weight * self.world_size)).backward()
             if group:
                 totals.add(loss, metrics, loss_normalizer(micro_batch[mask_key], loss_agg_mode).to(self.device))
+            else:
+                totals.declare(metrics)  # a rank that ran padding only must still reduce the same metrics
         step_metrics = self._optimizer_step()
         step_metrics[self._name("micro_batches")] = float(len(groups))
+        if rows is not None:
+            step_metrics[self._name("rows_skipped")] = 1.0 - len(rows) / len(mini_batch)
         return {**totals.reduce(self.config.metric_prefix), **step_metrics}
 
     def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
@@ -327,6 +343,10 @@ class _MetricTotals:
             value = torch.as_tensor(value, dtype=torch.float32, device=self.device).detach()
             self.weighted[name] = self.weighted.get(name, torch.zeros((), device=self.device)) + value * weight
 
+    def declare(self, metrics: dict[str, Any]) -> None:
+        for name in metrics:
+            self.weighted.setdefault(name, torch.zeros((), device=self.device))
+
     def reduce(self, prefix: str) -> dict[str, float]:
         names = sorted(self.weighted)
         packed = torch.stack([self.loss, self.weight, *(self.weighted[n] for n in names)])
@@ -339,6 +359,15 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
     if device.type == "cpu":
         return batch
     return Batch({k: v.to(device, non_blocking=True) for k, v in batch.tensors.items()}, batch.non_tensors, batch.meta)
+
+
+def _rows_to_run(skip_rows: Tensor, num_rows: int) -> list[int]:
+    if skip_rows.dtype != torch.bool or tuple(skip_rows.shape) != (num_rows,):
+        raise ValueError(
+            f"skip_rows must be a bool tensor of shape ({num_rows},), one flag per row of the mini-batch; "
+            f"got {skip_rows.dtype} {tuple(skip_rows.shape)}"
+        )
+    return (~skip_rows).nonzero().flatten().tolist()
 
 
 def _padding_micro_batch(mini_batch: Batch, mask_key: str) -> Batch:

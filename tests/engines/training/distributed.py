@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from posttrain import keys
 from posttrain.engines.training import TrainingEngine
 from tests.engines.training.helpers import counting_fused_head, engine_config, make_batch, parameters, ppo_loss
 
@@ -23,6 +24,7 @@ EXACT = {"eps": 1.0, "lr": 1e-2, "grad_clip": None}
 UNEVEN_ROWS = ([0], list(range(1, 8)))  # rank 0: 1 sample; rank 1: 7 samples
 TIED_MICRO_BATCH = 2  # each rank's 4 samples in 2 micro-batches
 UNEVEN_MAX_TOKENS = 16  # row 0 alone fills it: rank 1 needs several micro-batches, rank 0 pads
+SKIPPED_ROWS = [0, 1, 2, 3, 5]
 
 
 def even_rows(rank: int, batch_size: int = 8) -> list[int]:
@@ -41,6 +43,7 @@ def run_rank(rank: int, model_dir: str, tied_model_dir: str, out_dir: str) -> No
             results["fsdp_tied"] = _even_step("fsdp", rank, Path(tied_model_dir), micro_batch_size=TIED_MICRO_BATCH)
         results["fsdp_tied"]["fused_head_calls"] = len(calls)
         results["uneven"] = _uneven_fsdp(rank, Path(model_dir), Path(out_dir))
+        results["skipping"] = _skipping_fsdp(rank, Path(model_dir))
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -51,6 +54,22 @@ def _even_step(strategy: str, rank: int, model_dir: Path, micro_batch_size: int 
     engine = TrainingEngine(engine_config(model_dir, strategy=strategy, **EXACT))
     assert engine.strategy == strategy
     metrics = engine.train_mini_batch(make_batch(8, seed=1).index(even_rows(rank)), ppo_loss, micro_batch_size=micro_batch_size)
+    return {"metrics": metrics, "params": parameters(engine)}
+
+
+def skipping_batch():
+    """Rows 0-3 (all of rank 0's) and 5 with advantage 0: rank 0 runs nothing, rank 1 three rows."""
+    batch = make_batch(8, seed=3)
+    advantages = batch[keys.ADVANTAGES].clone()
+    advantages[SKIPPED_ROWS] = 0.0
+    return type(batch)(batch.tensors | {keys.ADVANTAGES: advantages}, batch.non_tensors, batch.meta)
+
+
+def _skipping_fsdp(rank: int, model_dir: Path) -> dict:
+    engine = TrainingEngine(engine_config(model_dir, strategy="fsdp", **EXACT))
+    share = skipping_batch().index(even_rows(rank))
+    skip = (share[keys.ADVANTAGES] == 0).all(dim=1)
+    metrics = engine.train_mini_batch(share, ppo_loss, micro_batch_size=1, skip_rows=skip)
     return {"metrics": metrics, "params": parameters(engine)}
 
 

@@ -91,3 +91,16 @@ def test_the_fsdp_export_holds_the_gathered_weights(ranks):
     exported = AutoModelForCausalLM.from_pretrained(out_dir / "fsdp_export", dtype=torch.float32)
     assert max_difference(dict(exported.state_dict()), results[0]["uneven"]["params"]) == 0
     assert max_difference(results[0]["uneven"]["params"], results[1]["uneven"]["params"]) == 0
+
+
+def test_fsdp_with_a_rank_whose_rows_are_all_skipped_equals_one_rank_running_them(ranks, small_lm):
+    # rank 0 runs padding micro-batches only, in step with rank 1's three; the update is the full one
+    _, results = ranks
+    engine = TrainingEngine(engine_config(small_lm, **distributed.EXACT))
+    metrics = engine.train_mini_batch(distributed.skipping_batch(), ppo_loss, micro_batch_size=1)
+    assert [r["skipping"]["metrics"]["actor/rows_skipped"] for r in results] == [1.0, 0.25]
+    assert [r["skipping"]["metrics"]["actor/micro_batches"] for r in results] == [3.0, 3.0]
+    for rank_result in results:
+        assert max_difference(rank_result["skipping"]["params"], parameters(engine)) < 1e-7
+        for name in ("actor/loss", "actor/grad_norm"):
+            assert rank_result["skipping"]["metrics"][name] == pytest.approx(metrics[name], rel=1e-5)

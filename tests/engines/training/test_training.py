@@ -128,3 +128,50 @@ def test_bad_inputs_say_what_to_fix(small_lm, tmp_path):
         engine.train_mini_batch(batch, lambda outputs, micro_batch, n: (outputs.logprobs, {}))
     with pytest.raises(ValueError, match="max_tokens=5"):
         engine.train_mini_batch(batch, ppo_loss, max_tokens=5)
+
+
+def _zero_advantages(batch, rows):
+    advantages = batch[keys.ADVANTAGES].clone()
+    advantages[rows] = 0.0
+    return type(batch)(batch.tensors | {keys.ADVANTAGES: advantages}, batch.non_tensors, batch.meta)
+
+
+def test_skipped_rows_count_in_the_normaliser_and_are_not_run(small_lm):
+    batch = _zero_advantages(make_batch(8, seed=4), [0, 3, 6])
+    skip = torch.zeros(8, dtype=torch.bool)
+    skip[[0, 3, 6]] = True
+    seen = []
+
+    def counting_loss(outputs, micro_batch, normalizer):
+        seen.append((len(micro_batch), float(normalizer)))
+        return ppo_loss(outputs, micro_batch, normalizer)
+
+    plain, skipping = TrainingEngine(engine_config(small_lm, **EXACT)), TrainingEngine(engine_config(small_lm, **EXACT))
+    expected = plain.train_mini_batch(batch, ppo_loss, max_tokens=30)
+    metrics = skipping.train_mini_batch(batch, counting_loss, max_tokens=30, skip_rows=skip)
+    assert sum(rows for rows, _ in seen) == 5
+    assert {normalizer for _, normalizer in seen} == {float(batch[keys.RESPONSE_MASK].sum())}  # all 8 rows' tokens
+    assert metrics["actor/rows_skipped"] == pytest.approx(3 / 8)
+    assert metrics["actor/loss"] == pytest.approx(expected["actor/loss"], rel=1e-5)
+    assert max_difference(parameters(skipping), parameters(plain)) < 1e-7
+
+
+def test_a_mini_batch_with_every_row_skipped_still_steps_adam(small_lm):
+    # zero gradients, not none: AdamW's momentum and weight decay move the weights as without skipping
+    first, idle = make_batch(4, seed=5), _zero_advantages(make_batch(4, seed=6), [0, 1, 2, 3])
+    plain, skipping = TrainingEngine(engine_config(small_lm, **EXACT)), TrainingEngine(engine_config(small_lm, **EXACT))
+    for engine in (plain, skipping):
+        engine.train_mini_batch(first, ppo_loss, micro_batch_size=2)
+    after_first = parameters(plain)
+    plain.train_mini_batch(idle, ppo_loss, micro_batch_size=2)
+    metrics = skipping.train_mini_batch(idle, ppo_loss, micro_batch_size=2, skip_rows=torch.ones(4, dtype=torch.bool))
+    assert metrics["actor/rows_skipped"] == 1.0 and metrics["actor/micro_batches"] == 1.0
+    assert metrics["actor/grad_norm"] == 0.0
+    assert max_difference(parameters(plain), after_first) > 1e-5
+    assert max_difference(parameters(skipping), parameters(plain)) < 1e-7
+
+
+def test_skip_rows_must_flag_each_row(small_lm):
+    engine = TrainingEngine(engine_config(small_lm))
+    with pytest.raises(ValueError, match=r"skip_rows must be a bool tensor of shape \(4,\)"):
+        engine.train_mini_batch(make_batch(4), ppo_loss, skip_rows=torch.zeros(3, dtype=torch.bool))
