@@ -7,6 +7,7 @@ alone, in this process, on the same prompts and the tokens the step produced:
   a plain PyTorch no-grad forward (PPO's old logprobs) only if the step ran one (the main job's
   single optimizer step takes π_old from the update's own forward pass, so it runs none), and a
   forward/backward/AdamW step of those tokens (bench.train's hand-written loop).
+The step trains every sample (``skip_zero_advantage=false``), as the baseline does.
 Headline: step time / baseline time (target <= 1.15). Each phase's share of the step is printed.
 """
 
@@ -38,7 +39,10 @@ from posttrain.workers.engines import generation_params  # noqa: E402
 def main() -> None:
     import ray
 
-    config = load_config([preset_path("arithmetic_grpo")], ["trainer.logger=[]", "trainer.default_local_dir=/tmp/posttrain-bench-step"])
+    # every sample trained, as the baseline trains them all (the step's default leaves out zero-advantage samples)
+    overrides = ["trainer.logger=[]", "trainer.default_local_dir=/tmp/posttrain-bench-step",
+                 "actor_rollout_ref.actor.skip_zero_advantage=false"]
+    config = load_config([preset_path("arithmetic_grpo")], overrides)
     setup = rollout_setup(config)
     parts = sync_parts(setup)
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)

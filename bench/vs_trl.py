@@ -3,7 +3,7 @@
 Task: SmolLM2-135M-Instruct (``--model``), two-digit addition from posttrain's ``arithmetic``
 preparer (written once here, read by both), 16 prompts x 4 samples per step, <= 64 new tokens,
 temperature 1, no KL (posttrain: ``actor.use_kl_loss=false``, ``algorithm.use_kl_in_reward=false``;
-TRL: ``beta=0``), one optimizer step per step in micro-batches of 16 samples, lr 1e-5 constant,
+TRL: ``beta=0``), one optimizer step per step, lr 1e-5 constant,
 AdamW with weight decay 0.01, gradient clipping at 1.0, clip ratio 0.2, token-mean loss, group-std
 advantages, the prompts unshuffled (both see the same prompts in the same order, through the same
 chat template), and posttrain's arithmetic score as the reward of both. Like with like:
@@ -19,6 +19,12 @@ chat template), and posttrain's arithmetic score as the reward of both. Like wit
                  (``use_vllm=True, vllm_mode="colocate"``), when TRL's colocate mode runs with this
                  vLLM; if it does not, the script says what failed and compares posttrain's vLLM
                  run with TRL's default instead.
+Micro-batches: TRL's of ``--micro-batch`` samples (16); posttrain's as its preset's default, a budget of
+2,048 real tokens (``use_dynamic_bsz``), or ``--micro-batch`` samples with ``--posttrain-micro-batch
+samples``. posttrain's update also leaves out the samples whose advantage is 0 (groups that all scored
+the same; ``actor.skip_zero_advantage``, exact), which TRL runs; their share is printed, and
+``--no-skip`` runs them (the update's work then equals TRL's).
+``--engines hf`` runs the HF generate pair only, and then ends on the update-phase ratio.
 The TRL Python is ``--trl-python`` or ``$POSTTRAIN_TRL_PYTHON``; this script installs nothing.
 It must have the same torch and transformers as this one (docs/performance.md, "Comparing with
 TRL", says how to make it). The runs go one after the other.
@@ -177,6 +183,10 @@ def run_posttrain(args: argparse.Namespace, model: str, data: Path, out: Path, e
         "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[jsonl]", f"trainer.default_local_dir={run_dir}",
         "trainer.resume_mode=disable",
     ]
+    if args.posttrain_micro_batch == "samples":
+        overrides.append("actor_rollout_ref.actor.use_dynamic_bsz=false")
+    if args.no_skip:
+        overrides.append("actor_rollout_ref.actor.skip_zero_advantage=false")
     command = [sys.executable, "-m", "posttrain.cli", "train", "--preset", "arithmetic_grpo", *overrides]
     metrics_file = run_dir / "metrics.jsonl"
     cpu = run_watched(command, out / f"posttrain-{engine}.log", os.environ | {"PYTHONUNBUFFERED": "1"}, "posttrain train",
@@ -237,12 +247,12 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def print_runs(args: argparse.Namespace, runs: list[Run], records: tuple[list[dict], list[dict]],
+def print_runs(args: argparse.Namespace, runs: list[Run], records: tuple[list[dict], list[dict] | None],
                trl: tuple[dict, dict | None]) -> None:
     """Each run's step times and phases, the response lengths and rewards, and a warning when the
-    runs kept different numbers of cores busy. ``runs``: posttrain HF, TRL HF, posttrain vLLM[, TRL vLLM]."""
-    ours_hf, theirs_hf, ours_vllm, *rest = runs
-    theirs_vllm = rest[0] if rest else None
+    runs kept different numbers of cores busy. ``runs``: posttrain HF, TRL HF[, posttrain vLLM[, TRL vLLM]]."""
+    ours_hf, theirs_hf, *rest = runs
+    ours_vllm, theirs_vllm = (rest + [None, None])[:2]
     (records_hf, records_vllm), (trl_hf, trl_vllm) = records, trl
     print(f"steps 2..{args.steps}: seconds from the end of the step before, wall and CPU (all of the side's processes)")
     for run in runs:
@@ -250,16 +260,18 @@ def print_runs(args: argparse.Namespace, runs: list[Run], records: tuple[list[di
     print("phases (median over the same steps):")
     print_phases(ours_hf.label, posttrain_phases(records_hf))
     print_phases(theirs_hf.label, trl_phases(theirs_hf, trl_hf))
-    print_phases(ours_vllm.label, posttrain_phases(records_vllm))
+    if ours_vllm:
+        print_phases(ours_vllm.label, posttrain_phases(records_vllm))
     if theirs_vllm:
         print_phases(theirs_vllm.label, trl_phases(theirs_vllm, trl_vllm))
+    ours = [("HF", records_hf)] + ([("vLLM", records_vllm)] if records_vllm else [])
     trl_logs = [log for log in trl_hf["logs"] if "completions/mean_length" in log]
-    print(f"mean response length: posttrain (HF) {mean([r['metrics']['response_length/mean'] for r in records_hf]):.1f}, "
-          f"posttrain (vLLM) {mean([r['metrics']['response_length/mean'] for r in records_vllm]):.1f}, "
-          f"TRL (HF) {mean([log['completions/mean_length'] for log in trl_logs]):.1f} tokens; "
-          f"mean reward: {mean([r['metrics']['critic/score/mean'] for r in records_hf]):.3f}, "
-          f"{mean([r['metrics']['critic/score/mean'] for r in records_vllm]):.3f}, {mean([log['reward'] for log in trl_logs]):.3f}; "
-          f"TRL's torch threads: {trl_hf['torch_threads']}")
+    lengths = ", ".join(f"posttrain ({name}) {mean([r['metrics']['response_length/mean'] for r in rs]):.1f}" for name, rs in ours)
+    rewards = ", ".join(f"{mean([r['metrics']['critic/score/mean'] for r in rs]):.3f}" for _, rs in ours)
+    skipped = ", ".join(f"({name}) {mean([r['metrics'].get('actor/rows_skipped', 0.0) for r in rs]):.2f}" for name, rs in ours)
+    print(f"mean response length: {lengths}, TRL (HF) {mean([log['completions/mean_length'] for log in trl_logs]):.1f} tokens; "
+          f"mean reward: {rewards}, {mean([log['reward'] for log in trl_logs]):.3f}; TRL's torch threads: {trl_hf['torch_threads']}")
+    print(f"share of samples posttrain's update left out (advantage 0, exact): {skipped}")
     cores = [run.cores() for run in runs]
     if max(cores) - min(cores) > CORES_APART:
         print(f"warning: the runs kept {', '.join(f'{c:.2f}' for c in cores)} cores busy: other work shared the machine "
@@ -279,6 +291,10 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                         help="the training compute dtype, both sides (auto: bfloat16 autocast where the CPU has it natively)")
     parser.add_argument("--attn", choices=["eager", "sdpa"], default="eager", help="the trained model's attention, both sides")
+    parser.add_argument("--posttrain-micro-batch", choices=["preset", "samples"], default="preset",
+                        help="posttrain's micro-batches: its preset's token budget (default) or --micro-batch samples as TRL")
+    parser.add_argument("--no-skip", action="store_true", help="posttrain runs the samples of zero advantage too, as TRL")
+    parser.add_argument("--engines", choices=["both", "hf"], default="both", help="both pairs, or the HF generate pair only")
     args = parser.parse_args()
     if args.steps < 3:
         raise SystemExit(f"--steps {args.steps}: use at least 3 (step 1 is warm-up; the median needs steps 2..N)")
@@ -296,19 +312,22 @@ def main() -> None:
     prepare_arithmetic(data, train_size=args.prompts * args.steps, val_size=args.prompts, digits=2, num_operands=2,
                        operators="+", seed=0)
     print(f"{model}: two-digit addition, {args.prompts} prompts x {args.n}, <= {args.max_new_tokens} new tokens, T=1, no KL, "
-          f"{args.steps} steps, micro-batch {args.micro_batch}, {args.dtype}, {args.attn} attention; logs in {out}", flush=True)
+          f"{args.steps} steps, TRL's micro-batch {args.micro_batch} samples, posttrain's "
+          f"{'its preset token budget' if args.posttrain_micro_batch == 'preset' else 'the same'}"
+          f"{', every sample run' if args.no_skip else ''}, {args.dtype}, {args.attn} attention; logs in {out}", flush=True)
 
     ours_hf, records_hf = run_posttrain(args, model, data, out, "hf")
     theirs_hf, trl_hf = run_trl(args, python, model, data, out, vllm=False)
-    ours_vllm, records_vllm = run_posttrain(args, model, data, out, "vllm")
-    try:
-        theirs_vllm, trl_vllm = run_trl(args, python, model, data, out, vllm=True)
-    except SystemExit as failure:
-        errors = [line.strip() for line in str(failure).splitlines() if re.search(r"\w+(Error|Exception): ", line)]
-        print(f"TRL with vLLM in colocate mode did not run here: {errors[-1] if errors else str(failure).splitlines()[0]} "
-              f"(log: {out / 'trl-vllm.log'})")
-        theirs_vllm = trl_vllm = None
-    runs = [ours_hf, theirs_hf, ours_vllm] + ([theirs_vllm] if theirs_vllm else [])
+    ours_vllm = records_vllm = theirs_vllm = trl_vllm = None
+    if args.engines == "both":
+        ours_vllm, records_vllm = run_posttrain(args, model, data, out, "vllm")
+        try:
+            theirs_vllm, trl_vllm = run_trl(args, python, model, data, out, vllm=True)
+        except SystemExit as failure:
+            errors = [line.strip() for line in str(failure).splitlines() if re.search(r"\w+(Error|Exception): ", line)]
+            print(f"TRL with vLLM in colocate mode did not run here: {errors[-1] if errors else str(failure).splitlines()[0]} "
+                  f"(log: {out / 'trl-vllm.log'})")
+    runs = [run for run in (ours_hf, theirs_hf, ours_vllm, theirs_vllm) if run is not None]
     for run in runs:
         if len(run.step_end_times) != args.steps or len(run.cpu_at_step_end) != args.steps:
             raise SystemExit(f"{run.label}: expected {args.steps} step ends, read {len(run.step_end_times)} times and "
@@ -322,7 +341,10 @@ def main() -> None:
     print(f"same engine (HF generate): posttrain over TRL, step {ratio(ours_hf, theirs_hf):.3f}, update phase {update_ratio:.3f}")
     if theirs_vllm:
         print(f"same engine (vLLM): posttrain over TRL, step {ratio(ours_vllm, theirs_vllm):.3f}")
-    print(f"posttrain_over_trl_step: {ratio(ours_vllm, theirs_hf):.3f}")
+    if ours_vllm:
+        print(f"posttrain_over_trl_step: {ratio(ours_vllm, theirs_hf):.3f}")
+    else:
+        print(f"posttrain_over_trl_update: {update_ratio:.3f}")
 
 
 if __name__ == "__main__":
