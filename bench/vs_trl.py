@@ -312,8 +312,8 @@ def main() -> None:
     prepare_arithmetic(data, train_size=args.prompts * args.steps, val_size=args.prompts, digits=2, num_operands=2,
                        operators="+", seed=0)
     print(f"{model}: two-digit addition, {args.prompts} prompts x {args.n}, <= {args.max_new_tokens} new tokens, T=1, no KL, "
-          f"{args.steps} steps, TRL's micro-batch {args.micro_batch} samples, posttrain's "
-          f"{'its preset token budget' if args.posttrain_micro_batch == 'preset' else 'the same'}"
+          f"{args.steps} steps, micro-batches: TRL's {args.micro_batch} samples, posttrain's "
+          f"{'its preset token budget' if args.posttrain_micro_batch == 'preset' else 'as many'}"
           f"{', every sample run' if args.no_skip else ''}, {args.dtype}, {args.attn} attention; logs in {out}", flush=True)
 
     ours_hf, records_hf = run_posttrain(args, model, data, out, "hf")
