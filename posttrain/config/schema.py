@@ -71,7 +71,7 @@ class ActorConfig:
     grad_clip: Optional[float] = 1.0  # max gradient norm; null: measured, never clipped
     dtype: str = "auto"  # autocast dtype: auto (bfloat16 where native: CUDA, AVX-512 BF16/AMX CPUs; else float32) | bfloat16 | float32
     attn_implementation: str = "auto"  # auto (sdpa on CUDA, eager on CPU: 1.3x faster update there) | eager | sdpa
-    compile: bool = False  # torch.compile each decoder layer: ~1.09x faster updates on CPU after ~40 s compiling
+    compile: bool = False  # torch.compile each decoder layer: 1.09-1.29x faster CPU updates after 1-2 min compiling
     # rows whose advantage is 0 at every token (GRPO: groups that all scored the same) are not run: their
     # loss and gradient are exactly 0 (not with entropy_coeff or use_kl_loss, where they are run anyway)
     skip_zero_advantage: bool = True

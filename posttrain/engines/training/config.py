@@ -46,10 +46,10 @@ class TrainingEngineConfig:
                    on padded rows. The results agree to rounding; off only to compare the two.
     compile:       ``torch.compile`` each decoder layer (inductor; regional compilation: one layer's
                    graphs serve every layer). On CPU the main job's update (SmolLM2-135M, 64
-                   sequences) ran ~1.09x faster once compiled; the first update compiles for ~40 s
-                   (the whole model took ~320 s for the same speed), and a second micro-batch shape
-                   compiles once more with dynamic shapes. It pays back after some tens of updates
-                   (``bench/update_peak.py --compile``); off by default.
+                   sequences) ran 1.09-1.29x faster once compiled; the first update compiles for
+                   40-100 s (the whole model took ~320 s for the same speed), and a second
+                   micro-batch shape compiles once more with dynamic shapes. It pays back after
+                   8-30 updates (``bench/update_peak.py --compile``); off by default.
     lora_rank:     0 trains every weight; > 0 trains LoRA adapters (``peft``) of this rank on
                    ``lora_target_modules`` with scale ``lora_alpha / lora_rank``.
     strategy:      ``auto`` (world size 1: none; CPU: ddp; CUDA: fsdp), ``none``, ``ddp``, ``fsdp``.
