@@ -338,7 +338,9 @@ def main() -> None:
         return statistics.median(step_times(a.step_end_times)) / statistics.median(step_times(b.step_end_times))
 
     update_ratio = posttrain_phases(records_hf)["update_actor"] / trl_phases(theirs_hf, trl_hf)["update"]
-    print(f"same engine (HF generate): posttrain over TRL, step {ratio(ours_hf, theirs_hf):.3f}, update phase {update_ratio:.3f}")
+    left_out = mean([r["metrics"].get("actor/rows_skipped", 0.0) for r in records_hf])
+    work = f" (posttrain's update left out {left_out:.2f} of the samples, TRL's none)" if left_out else " (the same samples)"
+    print(f"same engine (HF generate): posttrain over TRL, step {ratio(ours_hf, theirs_hf):.3f}, update phase {update_ratio:.3f}{work}")
     if theirs_vllm:
         print(f"same engine (vLLM): posttrain over TRL, step {ratio(ours_vllm, theirs_vllm):.3f}")
     if ours_vllm:

@@ -134,7 +134,9 @@ class Learner:
                 metrics |= mean_of_ranks(roles.critic.update(batch).metrics)
         if step > self.critic_warmup:
             with timed(timings, "update_actor"):
-                metrics |= mean_of_ranks(roles.actor.update(batch).metrics)
+                updated = mean_of_ranks(roles.actor.update(batch).metrics)
+                # the old-logprob pass's entropy covers every sample; the update's only those it ran
+                metrics = updated | metrics
         self.breakers.check_update(metrics, step)
         return batch, metrics
 

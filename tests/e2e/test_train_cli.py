@@ -22,6 +22,9 @@ TINY_RUN = [
     "data.max_response_length=16", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=2",
     "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.0625", "trainer.logger=[console,jsonl]", "trainer.test_freq=2",
+    # a tiny random model scores about 0 on every sample, so every group ties and the update would run
+    # no sample (actor.skip_zero_advantage); run them all, so the update and its metrics are exercised
+    "actor_rollout_ref.actor.skip_zero_advantage=false",
 ]
 
 

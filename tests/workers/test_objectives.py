@@ -94,13 +94,19 @@ def _zero_advantages(batch: Batch, rows: list[int]) -> Batch:
     return Batch(batch.tensors | {keys.ADVANTAGES: advantages}, batch.non_tensors, batch.meta)
 
 
-@pytest.mark.parametrize(("policy_loss", "loss_agg_mode"), [
-    ("vanilla", "token-mean"), ("vanilla", "seq-mean-token-mean"), ("gspo", "seq-mean-token-mean"), ("cispo", "token-mean"),
+@pytest.mark.parametrize(("policy_loss", "loss_agg_mode", "importance_cap"), [
+    ("vanilla", "token-mean", None), ("vanilla", "seq-mean-token-mean", None), ("vanilla", "seq-mean-token-sum", None),
+    ("vanilla", "seq-mean-token-sum-norm", None), ("gspo", "seq-mean-token-mean", None), ("cispo", "token-mean", None),
+    ("vanilla", "token-mean", 2.0),
 ])
-def test_skipping_rows_without_gradient_gives_the_same_update(small_lm, policy_loss, loss_agg_mode):  # noqa: F811
-    # the update of every policy loss, with the rows of zero advantage run and not run: the same weights
+def test_skipping_rows_without_gradient_gives_the_same_update(small_lm, policy_loss, loss_agg_mode, importance_cap):  # noqa: F811
+    # the update of every policy loss and aggregation (and with the behaviour correction of async
+    # training), with the rows of zero advantage run and not run: the same weights
     batch = _zero_advantages(make_batch(8, seed=7), [1, 2, 5])
-    objective = PolicyObjective.from_config(ActorConfig(policy_loss=policy_loss, loss_agg_mode=loss_agg_mode), 8)
+    behaviour = batch[keys.OLD_LOGPROBS] + 0.3 * torch.randn(batch[keys.OLD_LOGPROBS].shape, generator=torch.Generator().manual_seed(1))
+    batch = batch.union(Batch.from_dict({keys.BEHAVIOUR_LOGPROBS: behaviour}))
+    actor = ActorConfig(policy_loss=policy_loss, loss_agg_mode=loss_agg_mode)
+    objective = PolicyObjective.from_config(actor, 8, importance_cap=importance_cap)
     skip = objective.rows_without_gradient(batch)
     assert skip.tolist() == [False, True, True, False, False, True, False, False]
     initial = TrainingEngine(engine_config(small_lm, eps=1.0, lr=1e-2))

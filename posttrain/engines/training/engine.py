@@ -26,7 +26,7 @@ metrics)``: ``loss`` is a scalar normalised by ``global_normalizer``; ``metrics`
 (without the prefix: ``pg_clipfrac``) to scalars that are *means over this micro-batch*. The engine
 reports each as ``<metric_prefix>/<name>``, the mean over the mini-batch on all ranks, weighting
 micro-batches by their share of the normaliser (exact for a mean over the normaliser's units, e.g.
-a clip fraction over tokens under token-mean).
+a clip fraction over tokens under token-mean); over the rows that ran, and absent when none did.
 
 Reported metrics (prefix ``config.metric_prefix``): ``loss`` (mini-batch loss, summed over
 micro-batches and ranks), ``grad_norm`` (before clipping; inf/nan when skipped), ``lr`` (of this
@@ -351,7 +351,8 @@ class _MetricTotals:
         names = sorted(self.weighted)
         packed = torch.stack([self.loss, self.weight, *(self.weighted[n] for n in names)])
         loss, weight, *sums = parallel.all_reduce(packed).tolist()
-        means = {f"{prefix}/{name}": (total / weight if weight > 0 else 0.0) for name, total in zip(names, sums)}
+        # no row ran on any rank (all skipped): no mean to report, rather than a made-up 0
+        means = {f"{prefix}/{name}": total / weight for name, total in zip(names, sums)} if weight > 0 else {}
         return {f"{prefix}/loss": loss, **means}
 
 
