@@ -24,6 +24,7 @@ TINY_DOCTOR_RUN = [
     "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.0625",
     "trainer.logger=[console,jsonl]", "trainer.test_freq=2", "trainer.total_training_steps=2",
     "env.llm.min_faithfulness=null",  # the tiny random patient answers at random: the probe's refusal has a test of its own
+    "actor_rollout_ref.actor.skip_zero_advantage=false",  # the tiny doctor's groups tie at 0: run them, so the update is exercised
 ]
 
 
