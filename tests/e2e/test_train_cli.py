@@ -56,6 +56,20 @@ def finite(record: dict, name: str) -> float:
 
 
 @pytest.mark.own_ray
+def test_grpo_by_default_leaves_out_the_samples_of_tied_groups(tmp_path):
+    # the default (TINY_RUN turns it off): samples whose advantage is 0 everywhere are not run; a tiny
+    # random model's groups mostly all score 0, and a mean over no samples is not reported
+    records = train(tmp_path, "trainer.total_training_steps=1", "trainer.val_before_train=false",
+                    "actor_rollout_ref.actor.skip_zero_advantage=true")
+    metrics = records[-1]["metrics"]
+    left_out = finite(records[-1], "actor/rows_skipped")
+    assert left_out > 0
+    assert ("actor/pg_loss" in metrics) == (left_out < 1.0)
+    if left_out == 1.0:
+        assert metrics["actor/grad_norm"] == 0.0 and metrics["critic/advantages/max"] == metrics["critic/advantages/min"] == 0.0
+
+
+@pytest.mark.own_ray
 def test_grpo_two_steps(tmp_path):
     records = train(tmp_path, "trainer.total_training_steps=2", "trainer.save_freq=2")
     assert [r["step"] for r in records] == [0, 1, 2]
