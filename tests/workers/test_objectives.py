@@ -13,7 +13,7 @@ from posttrain.engines.training.modeling import ForwardOutputs
 from posttrain.protocol import Batch
 from posttrain.workers.objectives import PolicyObjective
 from tests.engines.training.conftest import small_lm  # noqa: F401  (fixture)
-from tests.engines.training.helpers import engine_config, make_batch
+from tests.engines.training.helpers import engine_config, make_batch, with_zero_advantages
 
 
 def _updated_weights(model_dir, batch: Batch) -> dict[str, torch.Tensor]:
@@ -88,12 +88,6 @@ def test_actor_ppo_kl_is_the_mean_of_old_minus_new_logprobs():
     assert metrics["ppo_kl_k3"].item() == pytest.approx(math.exp(-0.25) - 1 + 0.25)  # e^x - 1 - x, x = -0.25
 
 
-def _zero_advantages(batch: Batch, rows: list[int]) -> Batch:
-    advantages = batch[keys.ADVANTAGES].clone()
-    advantages[rows] = 0.0
-    return Batch(batch.tensors | {keys.ADVANTAGES: advantages}, batch.non_tensors, batch.meta)
-
-
 @pytest.mark.parametrize(("policy_loss", "loss_agg_mode", "importance_cap"), [
     ("vanilla", "token-mean", None), ("vanilla", "seq-mean-token-mean", None), ("vanilla", "seq-mean-token-sum", None),
     ("vanilla", "seq-mean-token-sum-norm", None), ("gspo", "seq-mean-token-mean", None), ("cispo", "token-mean", None),
@@ -102,7 +96,7 @@ def _zero_advantages(batch: Batch, rows: list[int]) -> Batch:
 def test_skipping_rows_without_gradient_gives_the_same_update(small_lm, policy_loss, loss_agg_mode, importance_cap):  # noqa: F811
     # the update of every policy loss and aggregation (and with the behaviour correction of async
     # training), with the rows of zero advantage run and not run: the same weights
-    batch = _zero_advantages(make_batch(8, seed=7), [1, 2, 5])
+    batch = with_zero_advantages(make_batch(8, seed=7), [1, 2, 5])
     behaviour = batch[keys.OLD_LOGPROBS] + 0.3 * torch.randn(batch[keys.OLD_LOGPROBS].shape, generator=torch.Generator().manual_seed(1))
     batch = batch.union(Batch.from_dict({keys.BEHAVIOUR_LOGPROBS: behaviour}))
     actor = ActorConfig(policy_loss=policy_loss, loss_agg_mode=loss_agg_mode)

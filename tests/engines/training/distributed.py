@@ -15,7 +15,14 @@ import torch.distributed as dist
 
 from posttrain import keys
 from posttrain.engines.training import TrainingEngine
-from tests.engines.training.helpers import counting_fused_head, engine_config, make_batch, parameters, ppo_loss
+from tests.engines.training.helpers import (
+    counting_fused_head,
+    engine_config,
+    make_batch,
+    parameters,
+    ppo_loss,
+    with_zero_advantages,
+)
 
 WORLD_SIZE = 2
 # eps = 1 keeps AdamW's first step nearly linear in the gradient; no clipping, so a gradient that
@@ -59,10 +66,7 @@ def _even_step(strategy: str, rank: int, model_dir: Path, micro_batch_size: int 
 
 def skipping_batch():
     """Rows 0-3 (all of rank 0's) and 5 with advantage 0: rank 0 runs nothing, rank 1 three rows."""
-    batch = make_batch(8, seed=3)
-    advantages = batch[keys.ADVANTAGES].clone()
-    advantages[SKIPPED_ROWS] = 0.0
-    return type(batch)(batch.tensors | {keys.ADVANTAGES: advantages}, batch.non_tensors, batch.meta)
+    return with_zero_advantages(make_batch(8, seed=3), SKIPPED_ROWS)
 
 
 def _skipping_fsdp(rank: int, model_dir: Path) -> dict:

@@ -58,6 +58,13 @@ def make_batch(batch_size: int, *, prompt_length: int = 8, response_length: int 
     return Batch.from_dict(tensors)
 
 
+def with_zero_advantages(batch: Batch, rows: list[int]) -> Batch:
+    """``batch`` with the advantage 0 at every token of ``rows`` (rows an update may leave out)."""
+    advantages = batch[keys.ADVANTAGES].clone()
+    advantages[rows] = 0.0
+    return Batch(batch.tensors | {keys.ADVANTAGES: advantages}, batch.non_tensors, batch.meta)
+
+
 def ppo_loss(outputs: ForwardOutputs, micro_batch: Batch, global_normalizer: Tensor) -> tuple[Tensor, dict]:
     """PPO's clipped surrogate under token-mean with the global normaliser, as an actor worker would."""
     result = ppo_policy_loss(

@@ -22,6 +22,7 @@ from tests.engines.training.helpers import (
     parameters,
     ppo_entropy_loss,
     ppo_loss,
+    with_zero_advantages,
 )
 
 EXACT = {"eps": 1.0, "lr": 1e-2}
@@ -130,14 +131,8 @@ def test_bad_inputs_say_what_to_fix(small_lm, tmp_path):
         engine.train_mini_batch(batch, ppo_loss, max_tokens=5)
 
 
-def _zero_advantages(batch, rows):
-    advantages = batch[keys.ADVANTAGES].clone()
-    advantages[rows] = 0.0
-    return type(batch)(batch.tensors | {keys.ADVANTAGES: advantages}, batch.non_tensors, batch.meta)
-
-
 def test_skipped_rows_count_in_the_normaliser_and_are_not_run(small_lm):
-    batch = _zero_advantages(make_batch(8, seed=4), [0, 3, 6])
+    batch = with_zero_advantages(make_batch(8, seed=4), [0, 3, 6])
     skip = torch.zeros(8, dtype=torch.bool)
     skip[[0, 3, 6]] = True
     seen = []
@@ -158,7 +153,7 @@ def test_skipped_rows_count_in_the_normaliser_and_are_not_run(small_lm):
 
 def test_a_mini_batch_with_every_row_skipped_still_steps_adam(small_lm):
     # zero gradients, not none: AdamW's momentum and weight decay move the weights as without skipping
-    first, idle = make_batch(4, seed=5), _zero_advantages(make_batch(4, seed=6), [0, 1, 2, 3])
+    first, idle = make_batch(4, seed=5), with_zero_advantages(make_batch(4, seed=6), [0, 1, 2, 3])
     plain, skipping = TrainingEngine(engine_config(small_lm, **EXACT)), TrainingEngine(engine_config(small_lm, **EXACT))
     for engine in (plain, skipping):
         engine.train_mini_batch(first, ppo_loss, micro_batch_size=2)
