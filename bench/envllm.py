@@ -90,7 +90,7 @@ def in_run(config, chats, repeats: int) -> float:
 def step_share(config, steps: int) -> list[float]:
     from dataclasses import replace
 
-    from posttrain.trainer.run import training_run
+    from posttrain.trainer.modes import training_run
 
     run_dir = tempfile.mkdtemp(prefix="envllm-bench-run-")
     trainer_config = replace(config.trainer, total_training_steps=steps, val_before_train=False, test_freq=-1, save_freq=-1,

@@ -108,7 +108,8 @@ def soak(mode: str, steps: int, model: str, out: Path) -> dict[str, float]:
     import ray
 
     from posttrain.config import load_config, preset_path
-    from posttrain.trainer.run import start_ray, training_run
+    from posttrain.cli.train import start_ray
+    from posttrain.trainer.modes import training_run
 
     config = load_config([preset_path("arithmetic_grpo")], [
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=hf", f"trainer.default_local_dir={out / mode}",

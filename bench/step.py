@@ -31,7 +31,7 @@ from posttrain.models import resolve_dtype, resolve_model  # noqa: E402
 from posttrain.protocol import Batch  # noqa: E402
 from posttrain.rollout.batching import prompt_token_lists, repeat_for_groups, sequences_to_batch  # noqa: E402
 from posttrain.trainer.setup import RolloutService, rollout_setup  # noqa: E402
-from posttrain.trainer.skeleton import workers_up  # noqa: E402
+from posttrain.trainer.run import workers_up  # noqa: E402
 from posttrain.trainer.sync import sync_parts  # noqa: E402
 from posttrain.workers.engines import generation_params  # noqa: E402
 

@@ -9,7 +9,7 @@ message names what resumes it). A new kind of error that meets that bar subclass
 
 Settings are judged where they are used, and every problem is reported at once, as data: an engine
 refuses its settings with :class:`InvalidSettings` naming its own fields (``lr``); the config's checks
-(``config/validate.py``, ``trainer/preflight.py``) name config keys (``actor_rollout_ref.actor.optim.lr``),
+(``config/validate.py``, ``cli/preflight.py``) name config keys (``actor_rollout_ref.actor.optim.lr``),
 and the config loader raises :class:`ConfigError`, each problem labelled with where its key was set.
 This module imports only the standard library, so that every layer may import it.
 """
@@ -26,7 +26,7 @@ class PosttrainError(RuntimeError):
 
     ``restartable``: a process of the run died or hung (a worker, a generator, a service the run
     started); with ``trainer.max_restarts`` the run starts its workers again from the last checkpoint
-    instead of stopping (trainer/run.py)."""
+    instead of stopping (trainer/run.py's fit_with_restarts)."""
 
     exit_code = 1
     restartable = False

@@ -3,7 +3,7 @@
 Every problem — an unknown key, a value of the wrong type, a rule broken — is collected and reported
 together in one :class:`~posttrain.errors.ConfigError`, each with the key, the value, where it came
 from and what to do. The rules are :mod:`validate`'s (the config's own) unless the caller passes
-others: ``trainer/preflight.py`` passes every rule of the command that will run.
+others: ``cli/preflight.py`` passes every rule of the command that will run.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def load_config(
 ) -> PosttrainConfig:
     """Defaults, then each YAML file, then dotted ``key=value`` overrides; all problems at once: the
     loader's own (files, unknown keys, types) and those ``checks`` finds in the result (None: none).
-    A command's whole set of checks is ``trainer.preflight.check_config``.
+    A command's whole set of checks is ``cli.preflight.check_config``.
 
     A value of the wrong type keeps the key's earlier value, and the checks still run, so a type
     error never hides a value error elsewhere. Each problem says where its key was last set: a file,

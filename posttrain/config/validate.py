@@ -50,7 +50,7 @@ def get(config: object, key: str) -> object:
 def validate_config(config: PosttrainConfig, command: str = "train") -> list[Problem]:
     """The config's own rules for ``command`` (train, eval, sft): choices, ranges, batch arithmetic,
     settings that cannot work together. The rules that ask the pieces a run builds — engine settings,
-    registries, files — are ``trainer/preflight.py``'s; its ``check_config`` runs both sets."""
+    registries, files — are ``cli/preflight.py``'s; its ``check_config`` runs both sets."""
     problems = _check_choices(config) + _check_positive(config) + check_ranges(config)
     if not any(p.key in POSITIVE for p in problems):
         problems += check_batch_arithmetic(config)

@@ -355,7 +355,7 @@ def run_stage(argv: list[str], log: Path) -> tuple[int, bool]:
 def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float], given: dict[str, Path] | None = None) -> str:
     """The rows' accuracies with 95 % intervals (all items, and per ``by``), the compared rows'
     paired difference, and each stage's wall time, as Markdown."""
-    from posttrain.trainer.evaluate import item_accuracies, item_groups
+    from posttrain.trainer.validation import item_accuracies, item_groups
     from posttrain.trainer.intervals import paired_difference, wilson
 
     lines = []

@@ -291,3 +291,14 @@ def load_rng_state(directory: Path) -> None:
     state = torch.load(directory / "rng.pt", weights_only=False)
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
+
+
+def checkpoint_dir(path: str | Path) -> Path:
+    """A ``global_step_N`` directory, or a run directory (its latest checkpoint)."""
+    path = Path(path)
+    if (path / "actor").is_dir():
+        return checked_by_name(path, "the checkpoint given")
+    latest = CheckpointManager(path / "checkpoints").latest() or CheckpointManager(path).latest()
+    if latest is None:
+        raise FileNotFoundError(f"{path}: neither a global_step_N checkpoint nor a run directory with checkpoints")
+    return latest

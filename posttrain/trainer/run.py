@@ -1,153 +1,362 @@
-"""``posttrain train``: start Ray, run the trainer, say what happened.
+"""The run skeleton: what every training mode does around its step, written once.
 
-A run that fails with an error whose message is complete (a :class:`~posttrain.errors.PosttrainError`,
-or one of :data:`REFUSED`) ends with that message as one line on stderr and exit
-code 2 (fix something, then run again) or 1 (the run broke off; the message names what resumes it).
-Its traceback, and every record of posttrain's loggers while the run lasted, are in
-``<run dir>/posttrain.log``; any other error is a bug and shows its traceback on the console as well.
-``posttrain sft`` does the same. A person's stop (Ctrl-C, SIGTERM, ``<run dir>/STOP``) ends as a
-line saying where the run is and the exact command that continues it (trainer/skeleton.py).
+    start        the run directory (config.yaml), the seed, the workers (roles), the checkpoint to
+                 continue from, the services the mode needs (its rollout's retriever and Env-LLM,
+                 an asynchronous run's generators), tracking with its progress line
+    validate     before training (``trainer.val_before_train``), then when the mode's validation is due
+    each step    the next item of the mode's batch source → the mode's step → metrics logged once
+    checkpoint   every ``trainer.save_freq`` steps and at the last: the policy (and critic), the data
+                 position, the mode's own state, the random number generators
+    end          the mode's finish (SFT: the export), the report; workers and services stopped
+                 whatever ended the run
+
+A mode is a :class:`RunParts`: strategies (a batch source, a step, a validation, services, state to
+checkpoint), not a subclass with hooks. ``trainer/sync.py``, ``trainer/async_/`` and
+``trainer/sft.py`` build one each; ``posttrain eval`` uses the same start and stop
+(:func:`workers_up`) around a single validation. The mode is picked in one place,
+``trainer/modes.py``; the ``posttrain`` command's glue around a run (Ray, the closing lines) is
+``cli/train.py``.
+
+Stopping. The first Ctrl-C (or SIGTERM, or a ``<run dir>/STOP`` file) stops at the next clean point:
+after the step in progress, or at once during a validation (which changes nothing); a checkpoint is
+written and the command that resumes is printed. A second Ctrl-C stops at once, with no checkpoint.
+Either way no traceback is shown (:class:`Stopped`; the signal and the exceptions that end a loop:
+``trainer/stopping.py``). A worker that dies or hangs ends the run; the
+error names the last checkpoint unless a restart will follow (``trainer.max_restarts``: the next
+attempt is a new :class:`Run`, :func:`fit_with_restarts`); an error that asks for a
+checkpoint first (:class:`CheckpointThenStop`, e.g. the async generators failing) gets it.
+Each step's prompt ids go to ``trained_prompts.jsonl``, cut back on a resume as ``metrics.jsonl`` is.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import os
-import shlex
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
+import torch
 from rich.console import Console
 
-from posttrain.agents.env_llm import EnvLLMError
-from posttrain.agents.retriever.types import RetrieverError
-from posttrain.config.schema import PosttrainConfig, TrainerConfig
+from posttrain.config import to_yaml
+from posttrain.config.schema import PosttrainConfig
+from posttrain.data import PromptDataLoader
 from posttrain.errors import PosttrainError
-from posttrain.trainer.checkpoint import CheckpointError, step_of
-from posttrain.trainer.skeleton import Run, StopSignal, Stopped
+from posttrain.trainer.checkpoint import ASYNC_STATE, CheckpointError, CheckpointManager, load_rng_state, save_rng_state, step_of
+from posttrain.trainer.report import FIRST_SAMPLES, Sample, load_samples, save_samples, write_report
+from posttrain.trainer.roles import Roles, start_roles
+from posttrain.trainer.stopping import CheckpointThenStop, DataRanOut, StopSignal, Stopped
+from posttrain.trainer.tracking import Tracking, run_tracking, truncate_jsonl
 
-RUN_LOG = "posttrain.log"
-# Errors of other modules whose message says what to do, beside PosttrainError's subclasses.
-REFUSED = (RetrieverError, EnvLLMError, CheckpointError)  # exit 2: a setting, an input or a service to fix
+STATE_FILE = "trainer_state.json"
+TRAINED_PROMPTS = "trained_prompts.jsonl"  # {"step", "prompts"}: which prompts (``"<epoch>:<row>"``) each step trained
+Item = TypeVar("Item")
 
 
-def exit_code_of(err: BaseException) -> int | None:
-    """2 or 1 for an error shown as one line (see the module's docstring); None for any other (a bug)."""
-    if isinstance(err, PosttrainError):
-        return err.exit_code
-    return 2 if isinstance(err, REFUSED) else None
+# ---- the strategies a mode supplies ----------------------------------------------------------
+
+
+class Checkpointed(Protocol):
+    """State saved in ``trainer_state.json`` (JSON-ready) and restored on resume."""
+
+    def state_dict(self) -> Mapping[str, object]: ...
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None: ...
+
+
+class CheckpointFile(Protocol):
+    """State that keeps a file of its own in each checkpoint (e.g. an asynchronous run's buffer)."""
+
+    def save(self, path: Path) -> None: ...
+
+    def load(self, path: Path) -> None: ...
+
+
+class Service(Protocol):
+    """Something the run opens once its workers are up (and restored), and closes before they stop."""
+
+    def open(self, roles: Roles, resumed: Path | None) -> None: ...
+
+    def close(self) -> None:
+        """Idempotent: a stop closes services before its checkpoint, and the end closes them again."""
+        ...
+
+
+class Validation(Protocol):
+    before_training: bool           # validate at step 0 (not on resume)
+    history: list[dict[str, float]]  # every validation's metrics, in order
+    first_samples: list[Sample]     # for the report
+    last_samples: list[Sample]
+
+    def due(self, step: int, total_steps: int) -> bool: ...
+
+    def __call__(self, roles: Roles, step: int) -> dict[str, float]: ...
+
+
+class Step(Protocol[Item]):
+    def __call__(self, roles: Roles, item: Item, step: int) -> dict[str, float]:
+        """Train step ``step`` (1-based) on ``item``; returns its metrics."""
+        ...
+
+
+@dataclass
+class RunParts(Generic[Item]):
+    """Everything that differs between modes."""
+
+    label: str                                   # the command, for messages: "train", "sft"
+    headline: str                                # what the run is, printed as it starts (rich markup)
+    config: PosttrainConfig                      # what the workers are built from
+    total_steps: int
+    batches: Callable[[], Iterator[tuple[int | None, Item]]]  # (epoch or None, item), from the restored position
+    step: Step[Item]
+    validation: Validation | None = None
+    services: Sequence[Service] = ()             # opened in order after the resume, closed in reverse
+    state: Mapping[str, Checkpointed] = field(default_factory=dict)      # in trainer_state.json, by name
+    files: Mapping[str, CheckpointFile] = field(default_factory=dict)    # files of their own, by file name
+    finish: Callable[[Roles], Path] | None = None  # after the last step, workers still up (SFT: the export)
+    trained_prompts: Callable[[], Sequence[str]] | None = None  # the last step's prompt ids, for trained_prompts.jsonl
+
+
+def epoch_batches(loader: PromptDataLoader, total_epochs: int) -> Iterator[tuple[int, object]]:
+    """(epoch, batch) until ``total_epochs`` are read, from the loader's position (a run resumed at
+    an epoch's end starts the next one)."""
+    while loader.epoch < total_epochs:
+        epoch = loader.epoch
+        for batch in loader:
+            yield epoch, batch
+
+
+# ---- the skeleton ------------------------------------------------------------------------------
 
 
 @contextmanager
-def run_log(run_dir: Path) -> Iterator[Callable[[], None]]:
-    """``<run dir>/posttrain.log`` receives posttrain's log records (INFO and up) while the run lasts;
-    the console keeps WARNING and up, as Python shows them without any logging set up. Yields what
-    writes the exception being handled, with its traceback, to that file alone."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    logger = logging.getLogger("posttrain")
-    to_file = logging.FileHandler(run_dir / RUN_LOG)
-    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    to_console = logging.StreamHandler()
-    to_console.setLevel(logging.WARNING)
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(to_file)
-    logger.addHandler(to_console)
-
-    def keep_traceback() -> None:
-        to_file.handle(logging.LogRecord(logger.name, logging.ERROR, __file__, 0, "the run stopped", None, sys.exc_info()))
-
+def workers_up(config: PosttrainConfig, total_steps: int, services: Sequence[Service],
+               before_services: Callable[[Roles], Path | None] = lambda roles: None) -> Iterator[Roles]:
+    """The roles started, ``before_services`` run (the resume), the services opened; on the way out,
+    whatever happened, the services closed (in reverse) and every worker stopped."""
+    roles = start_roles(config, total_steps)  # a failed start stops what it had started
+    opened: list[Service] = []
     try:
-        yield keep_traceback
+        resumed = before_services(roles)
+        for service in services:
+            opened.append(service)  # closed even if it fails half-open (close is idempotent)
+            service.open(roles, resumed)
+        yield roles
     finally:
-        for handler in (to_file, to_console):
-            logger.removeHandler(handler)
-        to_file.close()
-        logger.setLevel(level)
+        for service in reversed(opened):
+            service.close()
+        roles.release()
 
 
-def _report(err: Exception, run_dir: Path) -> int | None:
-    """``err`` as one line on stderr, if its message is complete; its exit code (None: a bug, re-raise it)."""
-    code = exit_code_of(err)
-    if code is not None:
-        print(f"posttrain: {err} [traceback: {run_dir / RUN_LOG}]", file=sys.stderr)
-    return code
+class Run(Generic[Item]):
+    def __init__(self, parts: RunParts[Item], stop: StopSignal | None = None) -> None:
+        self.parts, self.config = parts, parts.config
+        self.run_dir = Path(self.config.trainer.default_local_dir)
+        self.total_steps = parts.total_steps
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", keep=self.config.trainer.max_ckpt_to_keep)
+        self.stop = stop or StopSignal(self.run_dir)
+        self.step = 0
+        self.saved_step: int | None = None
+        self.roles: Roles | None = None
+        self.result: Path | None = None  # what ``finish`` returned
+        self.restarts = 0  # the attempts before this one (fit_with_restarts restarts a run as a new Run), logged as run/restarts
 
+    @cached_property
+    def resume_from(self) -> Path | None:
+        """The checkpoint this run continues from (``trainer.resume_mode``), found once."""
+        return self.checkpoints.resolve_resume(self.config.trainer.resume_mode)
 
-def training_run(config: PosttrainConfig, stop: StopSignal | None = None) -> Run:
-    """The sync or async mode (``trainer.mode``) on the run skeleton, every check that needs no worker done."""
-    from posttrain.trainer.async_.mode import async_parts
-    from posttrain.trainer.setup import rollout_setup
-    from posttrain.trainer.sync import sync_parts
+    def finished(self) -> bool:
+        """The checkpoint to continue from already holds the last step: there is nothing to train."""
+        return self.resume_from is not None and step_of(self.resume_from) >= self.total_steps
 
-    stop = stop or StopSignal(Path(config.trainer.default_local_dir))
-    setup = rollout_setup(config)
-    return Run(async_parts(setup, stop) if config.trainer.mode == "async" else sync_parts(setup), stop)
+    @property
+    def max_restarts(self) -> int:
+        """``trainer.max_restarts``; unset: 2 when checkpoints are written during the run (``trainer.save_freq``), else 0."""
+        trainer = self.config.trainer
+        return trainer.max_restarts if trainer.max_restarts is not None else (2 if trainer.save_freq >= 1 else 0)
 
+    def will_restart(self, err: BaseException) -> bool:
+        """``err`` is a process that died or hung, and restarts are left."""
+        return isinstance(err, PosttrainError) and err.restartable and self.restarts < self.max_restarts
 
-def run_training(config: PosttrainConfig) -> int:
-    """``posttrain train``."""
-    def summary(console: Console, run: Run, seconds: float) -> None:
-        _summary(console, run.val_history, run.run_dir, seconds)
-        _export_hint(console, run.checkpoints.latest(), run.run_dir)
+    def restart_point(self) -> Path | None:
+        """The last complete checkpoint of this attempt (the one it resumed from, or saved since); None: from scratch."""
+        return self.checkpoints.step_dir(self.saved_step) if self.saved_step is not None else self.resume_from
 
-    return _run(config, lambda stop: training_run(config, stop), summary)
+    @property
+    def val_history(self) -> list[dict[str, float]]:
+        return self.parts.validation.history if self.parts.validation else []
 
+    def fit(self) -> dict[str, float]:
+        """Train to ``total_steps``; returns the last validation metrics. Raises :class:`Stopped`
+        when a person stopped the run (its checkpoint, if any, named)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(to_yaml(self.config))
+        if self.restarts == 0:  # a restarted attempt keeps a STOP written before it: it stops at once
+            self.stop.stop_file.unlink(missing_ok=True)
+        torch.manual_seed(self.config.trainer.seed)
+        with self.stop.installed():
+            try:
+                with workers_up(self.config, self.total_steps, self.parts.services, self._started) as roles:
+                    self.roles = roles
+                    self._train(roles)
+            except PosttrainError as err:  # a dead or hung process: no checkpoint (it holds the state); say which one resumes
+                if err.restartable and not isinstance(err, CheckpointThenStop) and not self.will_restart(err):
+                    self.checkpoints.name_the_resume(err, self.step + 1)
+                raise
+            finally:
+                self.stop.finishing = True
+        validation = self.parts.validation
+        write_report(self.run_dir, *((validation.first_samples, validation.last_samples) if validation else ()))
+        return self.val_history[-1] if self.val_history else {}
 
-def run_sft(config: PosttrainConfig) -> int:
-    """``posttrain sft``: supervised fine-tuning, then the policy exported for ``posttrain train``."""
-    from posttrain.trainer.sft import sft_parts
-
-    def summary(console: Console, run: Run, seconds: float) -> None:
-        from posttrain.trainer.tracking import read_jsonl
-
-        # the whole run's, from its metrics file (a resumed run's own validations start at the resume)
-        metrics_file = run.run_dir / "metrics.jsonl"
-        losses = ([r["metrics"]["val/sft_loss"] for r in read_jsonl(metrics_file) if "val/sft_loss" in r["metrics"]]
-                  if metrics_file.exists() else run.parts.validation.loss_history)
-        if len(losses) >= 2:
-            console.print(f"val/sft_loss: {losses[0]:.3f} → {losses[-1]:.3f}")
-        _summary(console, run.val_history, run.run_dir, seconds)
-        console.print(f"policy: {run.result}  (RL from it: posttrain train actor_rollout_ref.model.path={run.result})")
-
-    return _run(config, lambda stop: Run(sft_parts(config), stop), summary)
-
-
-def _run(config: PosttrainConfig, build: Callable[[StopSignal | None], Run], summary: Callable[[Console, Run, float], None]) -> int:
-    """Build the mode's run (every check that needs no worker), then fit it with Ray up, restarting
-    it after a process that died or hung while ``trainer.max_restarts`` allows."""
-    console = Console()
-    start = time.perf_counter()
-    try:
-        run = build(None)
-        finished = run.finished()
-    except (ValueError, FileNotFoundError, CheckpointError) as err:  # refused before any worker starts: say why, no traceback
-        print(f"posttrain: {err}", file=sys.stderr)
-        return 2
-    except PosttrainError as err:
-        print(f"posttrain: {err}", file=sys.stderr)
-        return err.exit_code
-    if finished:  # nothing to train: no Ray, no workers
-        more = "sft.total_training_steps (or sft.total_epochs)" if run.parts.label == "sft" else "trainer.total_training_steps (or trainer.total_epochs)"
-        console.print(f"posttrain: this run is finished: {run.resume_from} holds its last step ({run.total_steps}). To train "
-                      f"further raise {more}; to start over, trainer.resume_mode=disable", soft_wrap=True, highlight=False)
-        _export_hint(console, run.resume_from, run.run_dir)
-        return 0
-
-    def body() -> int:
-        console.print(run.parts.headline)
+    def _train(self, roles: Roles) -> None:
+        """The loop and the mode's finish, tracked; a person's stop, or an error that asks for one,
+        gets its checkpoint here, while the workers are still up."""
+        purge_step = self.step + 1 if self.resume_from is not None and self.step > 0 else 0  # from step 0: all again
+        tracking = run_tracking(self.config, self.run_dir, self.total_steps, purge_step=purge_step)
+        if (self.run_dir / TRAINED_PROMPTS).exists():
+            truncate_jsonl(self.run_dir / TRAINED_PROMPTS, purge_step)  # as metrics.jsonl: each step once
         try:
-            finished = fit_with_restarts(run, build, console)
-        except Stopped as stopped:  # the attempts share the run directory, its checkpoints and the stop signal
-            return _stopped(console, stopped, run)
-        summary(console, finished, time.perf_counter() - start)
-        return 0
+            self._loop(roles, tracking)
+            if self.parts.finish is not None:
+                self.result = self.parts.finish(roles)
+        except Stopped as stopped:
+            raise self._stopped(stopped) from None
+        except CheckpointThenStop as err:
+            raise err.with_checkpoint(self._checkpoint_after_closing()) from err
+        finally:
+            tracking.close()
 
-    with run.stop.installed():  # also while Ray shuts down: a late Ctrl-C is not a traceback
-        return _with_ray(config.trainer, run.run_dir, body)
+    def _loop(self, roles: Roles, tracking: Tracking) -> None:
+        validation = self.parts.validation
+        if validation is not None and validation.before_training and self.step == 0:
+            tracking.log(self._validate(roles), 0)
+        batches = self.parts.batches()
+        while self.step < self.total_steps:
+            self.stop.check(self.step)  # before the next batch is read: a checkpoint's data position is the next step's
+            try:
+                epoch, item = next(batches)
+            except StopIteration:  # the data ran out (total_epochs) before total_steps
+                self._ran_out()
+                return
+            try:
+                metrics = self.parts.step(roles, item, self.step + 1)
+            except DataRanOut:
+                self._ran_out()
+                return
+            self.step += 1
+            metrics["run/restarts"] = float(self.restarts)
+            if epoch is not None:
+                metrics["training/epoch"] = float(epoch)
+            self._record_prompts()
+            if validation is not None and validation.due(self.step, self.total_steps):
+                try:
+                    metrics |= self._validate(roles)
+                except Stopped:
+                    tracking.log(metrics, self.step)  # the step trained: its metrics are kept
+                    raise
+            tracking.log(metrics, self.step)
+            if self._due(self.config.trainer.save_freq) or self.step == self.total_steps:  # the last: the run's policy
+                self.save_checkpoint()
+
+    def _ran_out(self) -> None:
+        """The data ended before ``total_steps`` (DAPO's dynamic sampling reads it faster than one
+        batch a step): the last step trained is checkpointed, as the last step always is."""
+        if self.step == 0 or self.saved_step == self.step:
+            return
+        print(f"posttrain: the data ran out after step {self.step} of {self.total_steps} (trainer.total_epochs); "
+              "checkpointing it as the run's last")
+        self.save_checkpoint()
+
+    def _record_prompts(self) -> None:
+        if self.parts.trained_prompts is not None:
+            with open(self.run_dir / TRAINED_PROMPTS, "a", encoding="utf-8") as out:
+                out.write(json.dumps({"step": self.step, "prompts": list(self.parts.trained_prompts())}) + "\n")
+
+    def _due(self, freq: int) -> bool:
+        return freq > 0 and (self.step % freq == 0 or self.step == self.total_steps)
+
+    def _validate(self, roles: Roles) -> dict[str, float]:
+        validation = self.parts.validation
+        with self.stop.interruptible():
+            metrics = validation(roles, self.step)
+        first_samples = self.run_dir / "report" / FIRST_SAMPLES
+        if len(validation.history) == 1 and (self.resume_from is None or not first_samples.exists()):
+            save_samples(first_samples, validation.first_samples)  # the run's first validation, for its report
+        return metrics
+
+    # ---- stopping ----------------------------------------------------------------------------
+
+    def _stopped(self, stopped: Stopped) -> Stopped:
+        """A person's stop, with the checkpoint it leaves (none for a second Ctrl-C or before step 1)."""
+        checkpoint = None
+        if not stopped.at_once and self.step > 0:
+            checkpoint = self.checkpoints.step_dir(self.step) if self.saved_step == self.step else self._checkpoint_after_closing()
+        return Stopped(stopped.reason, self.step, checkpoint, stopped.at_once)
+
+    def _checkpoint_after_closing(self) -> Path:
+        """Services stopped first (nothing new starts, e.g. no generator takes a unit), then the checkpoint."""
+        for service in reversed(self.parts.services):
+            service.close()
+        return self.save_checkpoint()
+
+    # ---- checkpoints -------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        directory = self.checkpoints.begin(self.step)
+        self.roles.actor.save_checkpoint(str(directory / "actor"))
+        if self.roles.critic is not None:
+            self.roles.critic.save_checkpoint(str(directory / "critic"))
+        state = {"step": self.step} | {name: part.state_dict() for name, part in self.parts.state.items()}
+        (directory / STATE_FILE).write_text(json.dumps(state))
+        (directory / "config.yaml").write_text(to_yaml(self.config))
+        save_rng_state(directory)
+        for name, part in self.parts.files.items():
+            part.save(directory / name)
+        self.saved_step = self.step
+        return self.checkpoints.commit(self.step)
+
+    def _started(self, roles: Roles) -> Path | None:
+        """The workers are up: say which process is which (to find, or stop, one from outside), then resume."""
+        actor = roles.actor
+        (self.run_dir / "processes.json").write_text(json.dumps({"actor": actor.pid(), "actor_nodes": actor.node_id()}))
+        return self._resume(roles)
+
+    def _resume(self, roles: Roles) -> Path | None:
+        """Restore the checkpoint to continue from (``trainer.resume_mode``); returns its directory, or
+        None. Checkpoints after it (an earlier attempt that went further) are moved aside."""
+        directory = self.resume_from
+        if directory is not None and (directory / ASYNC_STATE).exists() and ASYNC_STATE not in self.parts.files:
+            raise CheckpointError(
+                f"{directory} was written by an asynchronous run: the prompts it had read ahead are in {ASYNC_STATE}, "
+                "which only trainer.mode=async resumes (or start over: trainer.resume_mode=disable)"
+            )
+        self.step = self.checkpoints.continue_from(directory)
+        if directory is None:
+            return None
+        state = json.loads((directory / STATE_FILE).read_text())
+        for name, part in self.parts.state.items():
+            part.load_state_dict(state[name])
+        load_rng_state(directory)
+        roles.actor.load_checkpoint(str(directory / "actor"), self.step)
+        if roles.critic is not None:
+            roles.critic.load_checkpoint(str(directory / "critic"))
+        for name, part in self.parts.files.items():
+            part.load(directory / name)
+        if self.parts.validation is not None:
+            self.parts.validation.first_samples = load_samples(self.run_dir / "report" / FIRST_SAMPLES)
+        self.saved_step = self.step
+        print(f"posttrain: resumed from {directory} (step {self.step})")
+        return directory
+
+
+# ---- restarts ----------------------------------------------------------------------------------
 
 
 def fit_with_restarts(run: Run, build: Callable[[StopSignal | None], Run], console: Console) -> Run:
@@ -189,97 +398,3 @@ def _restarted(run: Run, err: PosttrainError, build: Callable[[StopSignal | None
     fresh.resume_from = point  # not trainer.resume_mode: this attempt's own last checkpoint
     fresh.restarts = attempt
     return fresh
-
-
-def _stopped(console: Console, stopped: Stopped, run: Run) -> int:
-    """Where a person's stop left the run, and the exact command that continues it. Exit 0 when it
-    stopped at a clean point (a checkpoint holds everything trained), 130 when it stopped at once."""
-    command = shlex.join(["posttrain", *sys.argv[1:]])
-    if stopped.at_once:
-        latest = run.checkpoints.latest()
-        where = f"the last complete checkpoint is {latest}" if latest else "no checkpoint was written"
-        console.print(f"posttrain: stopped at once ({stopped.reason}) after step {stopped.step} of {run.total_steps}; {where}. "
-                      f"To continue: {command}", soft_wrap=True, highlight=False, markup=False)
-        return 130
-    if stopped.checkpoint is None:
-        console.print(f"posttrain: stopped ({stopped.reason}) before the first step; nothing was trained. To start: {command}",
-                      soft_wrap=True, highlight=False, markup=False)
-        return 0
-    console.print(f"posttrain: stopped ({stopped.reason}) after step {stopped.step} of {run.total_steps}; checkpoint "
-                  f"{stopped.checkpoint}. To continue: {command}", soft_wrap=True, highlight=False, markup=False)
-    return 0
-
-
-def _with_ray(trainer_config: TrainerConfig, run_dir: Path, body: Callable[[], int]) -> int:
-    """``body`` with Ray up and the run's log file open: a known error ends it as one line and its exit
-    code (the traceback in the log file); a bug keeps its traceback. Ray is shut down either way."""
-    import ray
-
-    start_ray(trainer_config, run_dir)
-    with run_log(run_dir) as keep_traceback:
-        try:
-            return body()
-        except Exception as err:
-            keep_traceback()
-            if (code := _report(err, run_dir)) is None:
-                raise
-            return code
-        finally:
-            ray.shutdown()
-
-
-def _export_hint(console: Console, checkpoint: Path | None, run_dir: Path) -> None:
-    """The trained policy's checkpoint and the command that makes it a Hugging Face model."""
-    if checkpoint is not None:
-        console.print(f"policy: {checkpoint}  (as a Hugging Face model: posttrain export {checkpoint} --out {run_dir / 'hf_model'})",
-                      soft_wrap=True, highlight=False)
-
-
-def start_ray(trainer: TrainerConfig, run_dir: Path | None) -> None:
-    """Join ``trainer.ray_address`` (``auto``: the running cluster), else the cluster Ray's own
-    ``RAY_ADDRESS`` variable names, else start a local Ray with this machine's CPUs; with
-    ``trainer.ray_dashboard``, start Ray's dashboard and print where it is.
-    ``<run_dir>/ray_logs`` links to this Ray session's logs (each worker's stdout and stderr)."""
-    import ray
-
-    address = trainer.ray_address or os.environ.get("RAY_ADDRESS") or None
-    # no address: a new local Ray ("local"), never the last cluster a `ray start` on this machine recorded,
-    # which ray.init(address=None) would join (and then refuse num_cpus)
-    context = ray.init(address=address or "local", include_dashboard=trainer.ray_dashboard, log_to_driver=False,
-                       **({} if address else {"num_cpus": os.cpu_count()}))
-    if run_dir is not None:
-        _link_ray_logs(context.address_info.get("session_dir"), run_dir)
-    if trainer.ray_dashboard:
-        url = context.dashboard_url
-        print(f"posttrain: Ray dashboard at http://{url}" if url else "posttrain: Ray dashboard did not start (is ray[default] installed?)")
-
-
-def _link_ray_logs(session_dir: str | None, run_dir: Path) -> None:
-    logs = Path(session_dir or "") / "logs"
-    if not session_dir or not logs.is_dir():
-        return  # a cluster whose head is another machine: its logs are there
-    run_dir.mkdir(parents=True, exist_ok=True)
-    link = run_dir / "ray_logs"
-    if link.is_symlink():
-        link.unlink()
-    if not link.exists():
-        link.symlink_to(logs, target_is_directory=True)
-
-
-def _summary(console: Console, history: list[dict[str, float]], run_dir, seconds: float) -> None:
-    """Each validation accuracy with its 95 % interval, first → last: the run's first from metrics.jsonl (a resumed run's
-    own ``history`` starts at the resume), else this process's."""
-    from posttrain.trainer.report import first_and_last_validation
-    from posttrain.trainer.tracking import read_jsonl
-
-    from posttrain.trainer.intervals import with_interval
-
-    metrics_file = Path(run_dir) / "metrics.jsonl"
-    if metrics_file.exists():
-        endpoints = {name: (first, last) for name, ((_, first), (_, last)) in first_and_last_validation(read_jsonl(metrics_file)).items()}
-    else:
-        endpoints = {name: (with_interval(history[0], name) if name in history[0] else "nan", with_interval(history[-1], name))
-                     for name in (history[-1] if history else {}) if "/acc/" in name}
-    for name, (first, last) in sorted(endpoints.items()):
-        console.print(f"{name}: {first} → {last}", highlight=False)
-    console.print(f"wall time {seconds / 60:.1f} min · report: {run_dir / 'report' / 'report.md'}")

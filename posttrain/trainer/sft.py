@@ -10,7 +10,7 @@
                 a Hugging Face directory, ``<run dir>/export``, which ``posttrain train
                 actor_rollout_ref.model.path=<run dir>/export`` starts RL from.
 
-The loop, checkpoints, resume, tracking and stopping are the run skeleton's (trainer/skeleton.py);
+The loop, checkpoints, resume, tracking and stopping are the run skeleton's (trainer/run.py);
 this file supplies the step, the validation and the export.
 
 Transcripts are tokenised exactly as the agent loop lays out an episode (``agents/transcript.py``),
@@ -42,7 +42,7 @@ from posttrain.trainer.metrics import mean_of_ranks
 from posttrain.trainer.report import Sample
 from posttrain.trainer.roles import Roles
 from posttrain.trainer.setup import RolloutService
-from posttrain.trainer.skeleton import RunParts, epoch_batches
+from posttrain.trainer.run import RunParts, epoch_batches
 from posttrain.trainer.validation import Validator
 
 SFT_FILE, SFT_VAL_FILE = "sft.parquet", "sft_val.parquet"

@@ -1,6 +1,6 @@
 """The synchronous mode: PPO / GRPO, generating and training in turns on the same workers.
 
-    for each batch of prompts (trainer/skeleton.py runs the loop, validation and checkpoints):
+    for each batch of prompts (trainer/run.py runs the loop, validation and checkpoints):
         rollout      repeat each prompt n times (a group), generate with the current weights, score;
                      with ``algorithm.filter_groups`` (DAPO's dynamic sampling) drop the groups whose
                      rewards are all equal and generate the next prompts until the batch is full
@@ -27,7 +27,7 @@ from posttrain.trainer.learn import Learner
 from posttrain.trainer.metrics import data_metrics, timing_metrics
 from posttrain.trainer.roles import Roles
 from posttrain.trainer.setup import PatientProbe, RolloutService, RolloutSetup
-from posttrain.trainer.skeleton import RunParts, epoch_batches
+from posttrain.trainer.run import RunParts, epoch_batches
 from posttrain.trainer.validation import RLValidation
 
 # a phase between the rollout and learning: (roles, the step's prompts, the scored batch, timings) → batch

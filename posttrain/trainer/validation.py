@@ -228,3 +228,47 @@ def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
                 trials = sample_successes[source] if name == "mean" else numbers
                 metrics |= interval_metrics(label, sum(trials), len(trials))
     return metrics
+
+
+# ---- reading episode files back (posttrain compare, recipes' tables) ------------------------------
+
+
+def item_key(row: dict) -> str:
+    """What makes two episode rows the same item: the data source, the dataset row (``extra_info.index``,
+    where the data has it: two held-out doctor cases can share a prompt and a diagnosis), the prompt
+    (the messages before the first answer) and the ground truth."""
+    messages = row.get("messages") or []
+    first_answer = next((i for i, message in enumerate(messages) if message.get("role") == "assistant"), len(messages))
+    index = (row.get("extra_info") or {}).get("index")
+    return json.dumps([row.get("data_source"), index, messages[:first_answer], row.get("ground_truth")],
+                      sort_keys=True, ensure_ascii=False)
+
+
+def item_accuracies(path: Path) -> tuple[dict[str, float], dict[str, dict]]:
+    """Each item's accuracy in an episodes file (the mean over its samples), and one of its rows."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (write one with `posttrain eval --dump-episodes FILE.jsonl`, or use "
+                                "a run's validation/step_N.jsonl)")
+    successes: dict[str, list[float]] = {}
+    rows: dict[str, dict] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            success = float(bool(row["success"]))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{path} line {number} is not an episode row with a 'success' field ({err})") from err
+        key = item_key(row)
+        successes.setdefault(key, []).append(success)
+        rows.setdefault(key, row)
+    return {key: sum(values) / len(values) for key, values in successes.items()}, rows
+
+
+def item_groups(keys: list[str], rows: dict[str, dict], by: str | None) -> dict[str, list[str]]:
+    """``keys`` under ``"all"`` and, with ``by``, under ``"<by>=<value>"`` per value of the row's ``extra_info[by]``."""
+    groups = {"all": list(keys)}
+    if by is not None:
+        for key in keys:
+            groups.setdefault(f"{by}={(rows[key].get('extra_info') or {}).get(by)}", []).append(key)
+    return groups

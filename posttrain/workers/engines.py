@@ -25,7 +25,7 @@ def training_engine_config(
     attn_implementation: str = "auto", compile: bool = False,
 ) -> TrainingEngineConfig:
     """The engine's settings from config sections; raises ``InvalidSettings`` naming engine fields
-    (``trainer/preflight.py`` maps them back to config keys with :data:`ENGINE_FIELD_KEYS`)."""
+    (``cli/preflight.py`` maps them back to config keys with :data:`ENGINE_FIELD_KEYS`)."""
     return TrainingEngineConfig(
         model_path=model_path, value_head=value_head, dtype=dtype, lr=optim.lr, betas=tuple(optim.betas),
         weight_decay=optim.weight_decay, lr_scheduler=optim.lr_scheduler, warmup_steps=optim.warmup_steps,

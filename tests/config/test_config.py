@@ -110,7 +110,7 @@ def test_multi_turn_settings_that_cannot_work_together_are_named():
 
 
 def test_env_llm_settings_are_checked_before_any_worker():
-    from posttrain.trainer.preflight import load_run_config
+    from posttrain.cli.preflight import load_run_config
 
     with pytest.raises(ConfigError) as info:
         load_run_config([], [

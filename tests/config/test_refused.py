@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 import posttrain.config
 from posttrain.config import ConfigError, load_config, preset_names, preset_path, to_yaml
-from posttrain.trainer.preflight import implied_command, load_run_config
+from posttrain.cli.preflight import implied_command, load_run_config
 
 # (overrides, the key the problem names, a fragment of its message)
 WRONG = [

@@ -107,7 +107,7 @@ def test_the_preparers_rows_pass_the_load_checks(tmp_path, name):
 
 
 def test_posttrain_train_refuses_unscorable_rows_before_starting_ray(tmp_path, capsys, monkeypatch):
-    import posttrain.trainer.run as run
+    import posttrain.cli.train as run
 
     started = []
     monkeypatch.setattr(run, "start_ray", lambda *args: started.append(args))  # other tests may have Ray up in this process

@@ -15,7 +15,7 @@ import pytest
 
 from posttrain.controller.faults import FAULT_DIR, KILL_AT
 from posttrain.models import cached_tiny_model
-from posttrain.trainer.skeleton import TRAINED_PROMPTS
+from posttrain.trainer.run import TRAINED_PROMPTS
 from scripts.compare_metrics import differences
 from tests.e2e.cli_runs import records, run, when
 from tests.e2e.test_resume import VOWEL_REWARD
@@ -109,8 +109,10 @@ def test_after_a_restarted_run_and_a_failed_one_no_ray_actor_object_or_child_pro
     from bench.soak import children_left, ray_leftovers
     from posttrain.config import preset_path
     from posttrain.controller import WorkerDiedError
-    from posttrain.trainer.preflight import load_run_config
-    from posttrain.trainer.run import fit_with_restarts, start_ray, training_run
+    from posttrain.cli.preflight import load_run_config
+    from posttrain.cli.train import start_ray
+    from posttrain.trainer.modes import training_run
+    from posttrain.trainer.run import fit_with_restarts
 
     if ray.is_initialized():  # an earlier test file in this process left its local Ray up (tests/conftest.py's ray_local)
         ray.shutdown()

@@ -228,7 +228,7 @@ def test_a_dynamic_sampling_round_goes_first_is_returned_on_a_failure_and_is_nev
 
 
 def test_when_dynamic_sampling_has_read_the_data_the_next_batch_ends_the_run():
-    from posttrain.trainer.skeleton import DataRanOut
+    from posttrain.trainer.stopping import DataRanOut
 
     s = scheduler(staleness=0, batches=2, data=prompt_batches(2))
     for _ in range(2):

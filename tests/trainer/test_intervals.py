@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from posttrain.trainer.evaluate import compare_evaluations
+from posttrain.cli.compare import compare_evaluations
 from posttrain.trainer.intervals import interval_names, paired_difference, wilson, with_interval
 
 

@@ -8,8 +8,8 @@ from rich.console import Console
 
 from posttrain.controller import WorkerDiedError
 from posttrain.errors import PosttrainError
-from posttrain.trainer.run import fit_with_restarts
-from posttrain.trainer.skeleton import Run, StopSignal, Stopped
+from posttrain.trainer.run import Run, fit_with_restarts
+from posttrain.trainer.stopping import StopSignal, Stopped
 
 
 class StandInRun:
@@ -79,7 +79,7 @@ def test_without_an_address_a_new_local_ray_starts_even_beside_a_ray_start_clust
     import ray
 
     from posttrain.config.schema import TrainerConfig
-    from posttrain.trainer.run import start_ray
+    from posttrain.cli.train import start_ray
 
     calls = []
 

@@ -8,7 +8,7 @@ from posttrain.errors import ConfigError, InvalidSettings, PosttrainError, Probl
 from posttrain.trainer.async_.mode import GeneratorsFailed
 from posttrain.trainer.breakers import CircuitBreakerError
 from posttrain.trainer.checkpoint import CheckpointError
-from posttrain.trainer.run import RUN_LOG, exit_code_of, run_log
+from posttrain.cli.train import RUN_LOG, exit_code_of, run_log
 
 
 def test_known_errors_get_one_line_and_an_exit_code_and_a_bug_keeps_its_traceback():

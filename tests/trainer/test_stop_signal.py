@@ -1,11 +1,11 @@
-"""How a run hears a person's stop (trainer/skeleton.py's StopSignal), on real signals to this process."""
+"""How a run hears a person's stop (trainer/stopping.py's StopSignal), on real signals to this process."""
 
 import os
 import signal
 
 import pytest
 
-from posttrain.trainer.skeleton import StopSignal, Stopped
+from posttrain.trainer.stopping import StopSignal, Stopped
 
 
 def test_the_first_ctrl_c_is_noticed_at_the_next_clean_point_and_a_second_stops_at_once(tmp_path):

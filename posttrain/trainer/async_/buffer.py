@@ -31,7 +31,7 @@ from typing import Any
 
 from posttrain.protocol import Batch
 from posttrain.rollout.generator import GeneratedUnit
-from posttrain.trainer.skeleton import DataRanOut
+from posttrain.trainer.stopping import DataRanOut
 
 WAIT_S = 0.2  # how often a blocked call re-checks for a stop
 

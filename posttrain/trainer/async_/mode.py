@@ -16,7 +16,7 @@
     stopping      the skeleton's: a stop (also while waiting for a batch) closes the feed — the
                   in-flight units are abandoned, their prompts are in the checkpoint — then checkpoints
 
-The loop, validation, checkpoints, tracking and stopping are the run skeleton's (trainer/skeleton.py)
+The loop, validation, checkpoints, tracking and stopping are the run skeleton's (trainer/run.py)
 and learning is the sync mode's (trainer/learn.py); this file holds where the batch comes from and
 how the weights travel. Each step's generator and trainer intervals go to ``<run dir>/timeline.jsonl``,
 which shows whether generation and training overlapped.
@@ -46,7 +46,8 @@ from posttrain.trainer.checkpoint import ASYNC_STATE, step_of
 from posttrain.trainer.learn import Learner
 from posttrain.trainer.roles import WORKER_ENV, Roles, _use_gpu, generator_roles
 from posttrain.trainer.setup import PatientProbe, RolloutService, RolloutSetup
-from posttrain.trainer.skeleton import CheckpointThenStop, RunParts, StopSignal, epoch_batches
+from posttrain.trainer.run import RunParts, epoch_batches
+from posttrain.trainer.stopping import CheckpointThenStop, StopSignal
 from posttrain.trainer.sync import batch_metrics, train_headline
 from posttrain.trainer.validation import RLValidation
 

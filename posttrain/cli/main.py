@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from posttrain.config import ConfigError, preset_names, preset_path, to_yaml
-from posttrain.trainer.preflight import COMMANDS, load_run_config
+from posttrain.cli.preflight import COMMANDS, load_run_config
 
 
 DEFAULT_PRESET = "arithmetic_grpo"
@@ -50,19 +50,19 @@ def _config_command(args: argparse.Namespace) -> int:
 
 
 def _train_command(args: argparse.Namespace) -> int:
-    from posttrain.trainer.run import run_training
+    from posttrain.cli.train import run_training
 
     return run_training(_resolved_config(args))
 
 
 def _sft_command(args: argparse.Namespace) -> int:
-    from posttrain.trainer.run import run_sft
+    from posttrain.cli.train import run_sft
 
     return run_sft(_resolved_config(args))
 
 
 def _eval_command(args: argparse.Namespace) -> int:
-    from posttrain.trainer.evaluate import run_evaluation
+    from posttrain.cli.evaluate import run_evaluation
 
     return run_evaluation(_resolved_config(args), args.checkpoint, args.dump_episodes, args.by)
 
@@ -81,14 +81,14 @@ def _recipe_command(args: argparse.Namespace) -> int:
 
 
 def _compare_command(args: argparse.Namespace) -> int:
-    from posttrain.trainer.evaluate import compare_evaluations
+    from posttrain.cli.compare import compare_evaluations
 
     return compare_evaluations(args.first, args.second, args.by)
 
 
 def _export_command(args: argparse.Namespace) -> int:
     from posttrain.trainer.checkpoint import CheckpointError
-    from posttrain.trainer.export import export_checkpoint
+    from posttrain.cli.export import export_checkpoint
 
     try:
         print(export_checkpoint(args.checkpoint, args.out))

@@ -6,19 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from posttrain.config import load_config
-from posttrain.trainer.checkpoint import CheckpointManager, checked_by_name
+from posttrain.trainer.checkpoint import checkpoint_dir
 from posttrain.workers.engines import training_engine
-
-
-def checkpoint_dir(path: str | Path) -> Path:
-    """A ``global_step_N`` directory, or a run directory (its latest checkpoint)."""
-    path = Path(path)
-    if (path / "actor").is_dir():
-        return checked_by_name(path, "the checkpoint given")
-    latest = CheckpointManager(path / "checkpoints").latest() or CheckpointManager(path).latest()
-    if latest is None:
-        raise FileNotFoundError(f"{path}: neither a global_step_N checkpoint nor a run directory with checkpoints")
-    return latest
 
 
 def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
