@@ -6,7 +6,10 @@
 of the episode-reward spread inside a group: near 0 means the group teaches nothing);
 ``env/<count>`` the per-episode mean of each counter the environment reports (``env/searches``), and
 ``env/<ratio>`` for each ratio of counters it declares (``env/relevant_question_ratio``). A counter or
-ratio whose name already has a namespace (``tool/calls``) is reported under that name.
+ratio whose name already has a namespace (``tool/calls``) is reported under that name; and
+``episodes_total/<counter>``, each counter summed over the episodes (a count: the circuit breakers
+read these, not a per-episode mean multiplied back). Each metric is typed with its merge rule
+(:mod:`posttrain.metrics`): episodes and totals add up, means weigh by their episodes (turns, groups).
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from posttrain.agents.loop import Episode
+from posttrain.metrics import Metrics, maximum, mean, minimum, total
+
+COUNTER_TOTALS = "episodes_total"  # episodes_total/<counter>: a counter summed over the episodes (what the breakers count)
 
 
 def episode_metrics(
     episodes: Sequence[Episode], group_ids: Sequence[int] | None = None, counters: Sequence[str] = (),
     ratios: Mapping[str, tuple[str, str]] | None = None,
-) -> dict[str, float]:
+) -> Metrics:
     """``counters``: counter names to report even when no episode saw them (stable metric names);
     ``ratios``: ``env/<name>`` = a counter's total over another's, across the episodes (0 when the
     denominator is 0), e.g. relevant questions over all questions."""
@@ -30,26 +36,28 @@ def episode_metrics(
         return {}
     turns = np.array([e.num_turns for e in episodes], dtype=float)
     total_turns = max(turns.sum(), 1.0)
+    n = len(episodes)
     metrics = {
-        "agent/episodes": float(len(episodes)),
-        "num_turns/mean": float(turns.mean()), "num_turns/max": float(turns.max()), "num_turns/min": float(turns.min()),
-        "agent/valid_action_ratio": sum(e.valid_actions for e in episodes) / total_turns,
-        "agent/effective_action_ratio": sum(e.effective_actions for e in episodes) / total_turns,
-        "agent/success_rate": float(np.mean([e.success for e in episodes])),
-        "agent/forced_final_ratio": float(np.mean([e.forced_final for e in episodes])),
-        "agent/out_of_tokens_ratio": float(np.mean([e.out_of_tokens for e in episodes])),
-        "agent/observations_truncated": float(np.mean([e.observations_truncated for e in episodes])),
+        "agent/episodes": total(n),
+        "num_turns/mean": mean(float(turns.mean()), n), "num_turns/max": maximum(float(turns.max())), "num_turns/min": minimum(float(turns.min())),
+        "agent/valid_action_ratio": mean(sum(e.valid_actions for e in episodes) / total_turns, total_turns),
+        "agent/effective_action_ratio": mean(sum(e.effective_actions for e in episodes) / total_turns, total_turns),
+        "agent/success_rate": mean(float(np.mean([e.success for e in episodes])), n),
+        "agent/forced_final_ratio": mean(float(np.mean([e.forced_final for e in episodes])), n),
+        "agent/out_of_tokens_ratio": mean(float(np.mean([e.out_of_tokens for e in episodes])), n),
+        "agent/observations_truncated": mean(float(np.mean([e.observations_truncated for e in episodes])), n),
     }
     names = sorted({name for e in episodes for name in e.counts} | set(counters))
-    metrics |= {_metric_name(name): float(np.mean([e.counts.get(name, 0.0) for e in episodes])) for name in names}
+    metrics |= {_metric_name(name): mean(float(np.mean([e.counts.get(name, 0.0) for e in episodes])), n) for name in names}
+    metrics |= {f"{COUNTER_TOTALS}/{name}": total(sum(e.counts.get(name, 0.0) for e in episodes)) for name in names}
     for name, (numerator, denominator) in (ratios or {}).items():
         below = sum(e.counts.get(denominator, 0.0) for e in episodes)
-        metrics[_metric_name(name)] = sum(e.counts.get(numerator, 0.0) for e in episodes) / below if below else 0.0
+        metrics[_metric_name(name)] = mean(sum(e.counts.get(numerator, 0.0) for e in episodes) / below if below else 0.0, below)
     if group_ids is not None:
         groups: dict[int, list[float]] = defaultdict(list)
         for group, episode in zip(group_ids, episodes, strict=True):
             groups[int(group)].append(episode.reward)
-        metrics["agent/reward_std_in_group"] = float(np.mean([np.std(rewards) for rewards in groups.values()]))
+        metrics["agent/reward_std_in_group"] = mean(float(np.mean([np.std(rewards) for rewards in groups.values()])), len(groups))
     return metrics
 
 

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from posttrain import keys
+from posttrain.metrics import Metrics, total
 from posttrain.protocol import Batch
 from posttrain.rewards.custom import FileScoreFunction
 from posttrain.rewards.registry import (
@@ -64,7 +65,7 @@ class RewardResult:
     token_scores: torch.Tensor                                     # (B, T) float32, score on the last valid response token
     scores: torch.Tensor                                           # (B,) float32
     extra: dict[str, np.ndarray] = field(default_factory=dict)     # name -> (B,) values besides "score" (e.g. acc); NaN/None where missing
-    metrics: dict[str, float] = field(default_factory=dict)        # reward/{samples,errors,timeouts,empty_responses}
+    metrics: Metrics = field(default_factory=dict)                 # reward/{samples,errors,timeouts,empty_responses}: counts
     first_failure: str | None = None                               # "sample 3: ZeroDivisionError: ... (f.py:2 in f)", if any failed
 
     def to_batch(self) -> Batch:
@@ -290,10 +291,10 @@ def _collect(outcomes: Sequence[CallOutcome], decoded: DecodedResponses) -> Rewa
                        errors + timeouts, len(outcomes), errors, timeouts, first_failure)
     scores = torch.tensor([r["score"] if r else 0.0 for r in results], dtype=torch.float32)
     metrics = {
-        "reward/samples": float(len(outcomes)),
-        "reward/errors": float(errors),
-        "reward/timeouts": float(timeouts),
-        "reward/empty_responses": float((decoded.last_positions < 0).sum()),
+        "reward/samples": total(len(outcomes)),
+        "reward/errors": total(errors),
+        "reward/timeouts": total(timeouts),
+        "reward/empty_responses": total((decoded.last_positions < 0).sum().item()),
     }
     return RewardResult(
         place_scores(scores, decoded.last_positions, decoded.width), scores, _extra_columns(results), metrics, first_failure,

@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from posttrain.config.schema import PosttrainConfig
 from posttrain.rewards import build_reward_manager
 from posttrain.rollout.agent import AgentRollout
-from posttrain.rollout.batching import group_ids_of, join_rollouts, merge_unit_metrics, repeat_for_groups, sequences_to_batch
+from posttrain.rollout.batching import group_ids_of, join_rollouts, repeat_for_groups, sequences_to_batch
 from posttrain.rollout.roles import RolloutRoles
 from posttrain.rollout.single_turn import SingleTurnRollout
 
@@ -39,5 +39,5 @@ def build_rollout(config: PosttrainConfig, tokenizer: PreTrainedTokenizerBase, d
 
 __all__ = [
     "AgentRollout", "Rollout", "RolloutRoles", "SingleTurnRollout", "build_rollout", "group_ids_of", "join_rollouts",
-    "merge_unit_metrics", "repeat_for_groups", "sequences_to_batch",
+    "repeat_for_groups", "sequences_to_batch",
 ]

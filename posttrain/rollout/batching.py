@@ -9,8 +9,7 @@ width (``max_response_length`` in RL, so that pieces from different ranks or gen
 concatenate). :func:`join_rollouts` concatenates Batches whose prompt widths differ (an
 asynchronous batch's units) by left-padding in tensor space: the rows are not un-padded and rebuilt.
 
-Also here: prompts as token lists for the engine, groups (each prompt repeated ``n`` times), and
-the merge of per-unit rollout metrics, where counts add up.
+Also here: prompts as token lists for the engine, and groups (each prompt repeated ``n`` times).
 """
 
 from __future__ import annotations
@@ -25,12 +24,6 @@ from posttrain import keys
 from posttrain.engines.training.inputs import build_model_inputs
 from posttrain.protocol import Batch, pad_rows
 
-# rollout metrics that count something over a unit's rows: summed when units are joined
-COUNT_METRICS = frozenset({
-    "reward/samples", "reward/errors", "reward/timeouts", "reward/empty_responses", "agent/episodes",
-    "env_llm/requests", "env_llm/replies", "env_llm/failures", "env_llm/retries", "env_llm/wait_s",
-    "env_llm/prompt_tokens", "env_llm/completion_tokens",
-})
 # whose prompt columns a join left-pads: (key, pad value)
 _PROMPT_SIDE = ((keys.PROMPT_IDS, None), (keys.PROMPT_MASK, 0), (keys.INPUT_IDS, None), (keys.ATTENTION_MASK, 0), (keys.POSITION_IDS, 0))
 
@@ -94,23 +87,6 @@ def join_rollouts(batches: Sequence[Batch], pad_token_id: int) -> Batch:
             tensors[key] = F.pad(batch[key], (extra, 0), value=pad_token_id if value is None else value)
         padded.append(Batch(tensors, batch.non_tensors, {}))
     return Batch.concat(padded)
-
-
-def merge_unit_metrics(per_unit: Sequence[dict[str, float]]) -> dict[str, float]:
-    """One value per metric over a batch's units: counts (:data:`COUNT_METRICS`) summed, the max of
-    ``*/max``, the min of ``*/min``, the mean of the rest (rates and means over rows)."""
-    merged = {}
-    for name in {name for metrics in per_unit for name in metrics}:
-        values = [metrics[name] for metrics in per_unit if name in metrics]
-        if name in COUNT_METRICS:
-            merged[name] = sum(values)
-        elif name.endswith("/max"):
-            merged[name] = max(values)
-        elif name.endswith("/min"):
-            merged[name] = min(values)
-        else:
-            merged[name] = sum(values) / len(values)
-    return merged
 
 
 def prompt_token_lists(batch: Batch) -> list[list[int]]:

@@ -49,7 +49,7 @@ class GeneratedUnit:
     index: int
     version: int
     batch: Batch
-    metrics: dict[str, float]
+    metrics: Metrics
     seconds: float
     generator: int = 0
     interval: tuple[float, float] = field(default=(0.0, 0.0))  # wall-clock (time.time()) start and end, for timelines

@@ -19,7 +19,8 @@ from posttrain.algos import groups_with_spread, normalize_episode_rewards, rows_
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.protocol import Batch
-from posttrain.rollout.batching import group_ids_of, join_rollouts, merge_unit_metrics
+from posttrain.metrics import Metrics, mean, merge, total
+from posttrain.rollout.batching import group_ids_of, join_rollouts
 
 
 def final_token_positions(batch: Batch) -> torch.Tensor:
@@ -69,7 +70,7 @@ def kept_group_count(groups: int, shape: UpdateBatchShape) -> int:
     return groups
 
 
-def filter_groups(batch: Batch, quantile: float, shape: UpdateBatchShape, metrics: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+def filter_groups(batch: Batch, quantile: float, shape: UpdateBatchShape, metrics: Metrics) -> tuple[Batch, Metrics]:
     """Drop the groups whose reward spread is below ``quantile`` of the batch's (0: keep all).
 
     The kept groups are then trimmed, lowest spread first, to a count the update can split
@@ -82,13 +83,13 @@ def filter_groups(batch: Batch, quantile: float, shape: UpdateBatchShape, metric
     kept = sorted({int(g) for g in group_ids[keep]}, key=lambda g: -rewards[group_ids == g].std(unbiased=False).item())
     kept = kept[: kept_group_count(len(kept), shape)]
     if not kept:
-        return batch, metrics | {"agent/groups_kept_ratio": 1.0}
+        return batch, metrics | {"agent/groups_kept_ratio": mean(1.0, len(batch))}
     keep = torch.isin(group_ids, torch.tensor(kept, dtype=group_ids.dtype))
-    metrics = metrics | {"agent/groups_kept_ratio": keep.float().mean().item()}
+    metrics = metrics | {"agent/groups_kept_ratio": mean(keep.float().mean().item(), len(batch))}
     return batch.index(torch.nonzero(keep).squeeze(1)), metrics
 
 
-Round = tuple[Batch, dict[str, float]]  # a scored rollout and its metrics
+Round = tuple[Batch, Metrics]  # a scored rollout and its metrics
 
 
 def dynamic_sample(first: Round, more: Callable[[], Round | None], groups: int, max_rounds: int, shape: UpdateBatchShape,
@@ -99,11 +100,11 @@ def dynamic_sample(first: Round, more: Callable[[], Round | None], groups: int, 
     ``max_rounds``, the ones kept, trimmed to a count the update can split: :func:`kept_group_count`;
     none at all: ``first`` as it was, which teaches nothing under group advantages).
 
-    Metrics: the rounds' own, merged (counts summed), and ``dynamic_sampling/rounds``,
+    Metrics: the rounds' own, merged (each by its kind), and ``dynamic_sampling/rounds``,
     ``dynamic_sampling/dropped_groups`` (no reward spread), ``dynamic_sampling/kept_groups``."""
     kept: list[Batch] = []
     kept_groups = dropped = rounds = 0
-    round_metrics: list[dict[str, float]] = []
+    round_metrics: list[Metrics] = []
     current: Round | None = first
     while current is not None:
         batch, metrics = current
@@ -118,15 +119,13 @@ def dynamic_sample(first: Round, more: Callable[[], Round | None], groups: int, 
         if kept_groups >= groups or rounds >= max_rounds:
             break
         current = more()
-    metrics = merge_unit_metrics(round_metrics) | {
-        "dynamic_sampling/rounds": float(rounds), "dynamic_sampling/dropped_groups": float(dropped),
-    }
+    metrics = merge(round_metrics) | {"dynamic_sampling/rounds": total(rounds), "dynamic_sampling/dropped_groups": total(dropped)}
     target = groups if kept_groups >= groups else kept_group_count(kept_groups, shape)
     if target == 0:
-        return first[0], metrics | {"dynamic_sampling/kept_groups": 0.0}
+        return first[0], metrics | {"dynamic_sampling/kept_groups": total(0)}
     joined = join_rollouts(kept, pad_token_id) if len(kept) > 1 else kept[0]
     ids = group_ids_of(joined[keys.UID])
     batch = joined.index(torch.nonzero(ids < target).squeeze(1))
     batch.tensors[keys.GROUP_IDS] = group_ids_of(batch[keys.UID])
     batch.meta.update(first[0].meta)
-    return batch, metrics | {"dynamic_sampling/kept_groups": float(target)}
+    return batch, metrics | {"dynamic_sampling/kept_groups": total(target)}

@@ -1,15 +1,16 @@
 """Circuit breakers: a step that failed as a whole stops the run, instead of training on zeros.
 
 Both trainers check each training step's metrics, so the same breakers work in synchronous and
-asynchronous runs (there the batch's units are merged first, their counts summed:
-``rollout.batching.merge_unit_metrics``). A breaker raises :class:`CircuitBreakerError`, whose
+asynchronous runs (there the batch's units are merged first, each metric by its kind: counts add up,
+:mod:`posttrain.metrics`). The fraction breakers read counts (SUM metrics) as they were made, never a
+mean multiplied back by its count. A breaker raises :class:`CircuitBreakerError`, whose
 message names the breaker, the numbers, the first failure when this process saw it, and the key to
 change; it is a PosttrainError, which the CLI shows as one line.
 
     breaker        the step's failed calls of all its calls               trips when the fraction reaches
     reward         reward/errors + reward/timeouts of reward/samples     custom_reward_function.stop_at_failed_fraction
-    retriever      env/retriever_errors of env/searches + that,           env.retriever.stop_at_failed_fraction
-                   per episode, times agent/episodes
+    retriever      episodes_total/retriever_errors of                     env.retriever.stop_at_failed_fraction
+                   episodes_total/searches + that
     env LLM        env_llm/failures of env_llm/replies                     env.llm.stop_at_failed_fraction
     non-finite     steps in a row in which every update of the actor (or   trainer.stop_after_skipped_steps
                    of the critic) was skipped for a non-finite gradient
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from posttrain.config.schema import PosttrainConfig
 from posttrain.errors import PosttrainError
+from posttrain.metrics import Kind, Metric
 
 RESUME = "Then run the same command: it resumes from the last checkpoint (trainer.resume_mode=auto)"
 
@@ -56,28 +58,38 @@ class _FractionBreaker:
     name: str
     limit_field: str                                            # of BreakerLimits
     key: str                                                    # the config key of the limit
-    counts: Callable[[Mapping[str, float]], tuple[float, float] | None]  # (failed, all) per unit, or None when not measured
+    counts: Callable[[Mapping[str, Metric]], tuple[float, float] | None]  # (failed, all), or None when not measured
     failed: str                                                 # what failed, for the message
     fix: str
 
 
-def _reward_counts(metrics: Mapping[str, float]) -> tuple[float, float] | None:
+def _count(metrics: Mapping[str, Metric], name: str) -> float:
+    """A count the step made (0 when it made none); refuses a metric that is not one."""
+    metric = metrics.get(name)
+    if metric is None:
+        return 0.0
+    if metric.kind is not Kind.SUM:
+        raise TypeError(f"circuit breakers count with {name!r}, which is made as a {metric.kind.value}, not a count")
+    return metric.value
+
+
+def _reward_counts(metrics: Mapping[str, Metric]) -> tuple[float, float] | None:
     if "reward/samples" not in metrics:
         return None
-    return metrics.get("reward/errors", 0.0) + metrics.get("reward/timeouts", 0.0), metrics["reward/samples"]
+    return _count(metrics, "reward/errors") + _count(metrics, "reward/timeouts"), _count(metrics, "reward/samples")
 
 
-def _retriever_counts(metrics: Mapping[str, float]) -> tuple[float, float] | None:
-    if "env/retriever_errors" not in metrics or "agent/episodes" not in metrics:
+def _retriever_counts(metrics: Mapping[str, Metric]) -> tuple[float, float] | None:
+    if "episodes_total/retriever_errors" not in metrics:
         return None
-    episodes, errors = metrics["agent/episodes"], metrics["env/retriever_errors"]
-    return errors * episodes, (errors + metrics.get("env/searches", 0.0)) * episodes
+    errors = _count(metrics, "episodes_total/retriever_errors")
+    return errors, errors + _count(metrics, "episodes_total/searches")
 
 
-def _env_llm_counts(metrics: Mapping[str, float]) -> tuple[float, float] | None:
+def _env_llm_counts(metrics: Mapping[str, Metric]) -> tuple[float, float] | None:
     if "env_llm/replies" not in metrics:
         return None
-    return metrics.get("env_llm/failures", 0.0), metrics["env_llm/replies"]
+    return _count(metrics, "env_llm/failures"), _count(metrics, "env_llm/replies")
 
 
 _FRACTION_BREAKERS = (
@@ -107,7 +119,7 @@ class CircuitBreakers:
         self.limits = limits
         self.skipped_in_a_row = 0
 
-    def check_rollout(self, metrics: Mapping[str, float], step: int, *, notes: Mapping[str, str] | None = None) -> None:
+    def check_rollout(self, metrics: Mapping[str, Metric], step: int, *, notes: Mapping[str, str] | None = None) -> None:
         """After the rollout phase (scored samples, before any update). ``notes``: the first
         failure's text per breaker name, if known."""
         for breaker in _FRACTION_BREAKERS:
@@ -125,9 +137,10 @@ class CircuitBreakers:
                     f"(now {limit:g}: stop when that fraction fails; null: never stop). {RESUME}"
                 )
 
-    def check_update(self, metrics: Mapping[str, float], step: int) -> None:
-        """After the updates: count the steps in a row whose every actor (or critic) update was skipped."""
-        skipped = [role for role in ("actor", "critic") if metrics.get(f"{role}/skipped", 0.0) >= 1.0]
+    def check_update(self, metrics: Mapping[str, Metric], step: int) -> None:
+        """After the updates: count the steps in a row whose every actor (or critic) update was skipped
+        (``<role>/skipped``, the mean over the step's updates of 1 for a skipped one, is 1)."""
+        skipped = [role for role in ("actor", "critic") if f"{role}/skipped" in metrics and metrics[f"{role}/skipped"].value >= 1.0]
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
         limit = self.limits.skipped_steps
         if limit and self.skipped_in_a_row >= limit:

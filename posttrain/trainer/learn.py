@@ -24,11 +24,11 @@ from posttrain.algos import AdaptiveKLController, FixedKLController, apply_kl_pe
 from posttrain.algos.advantages import AdvantageInputs, AdvantageOutput
 from posttrain.config.schema import PosttrainConfig
 from posttrain.engines.training.inputs import response_attention_mask
+from posttrain.metrics import Metrics, latest, mean, merge_collected
 from posttrain.protocol import Batch
 from posttrain.rollout.groups import final_token_positions
 from posttrain.timing import timed
 from posttrain.trainer.breakers import CircuitBreakers
-from posttrain.trainer.metrics import mean_of_ranks
 from posttrain.trainer.roles import Roles
 
 
@@ -40,18 +40,18 @@ def single_update_step(config: PosttrainConfig) -> bool:
     return actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size and not config.algorithm.use_kl_in_reward
 
 
-def apply_kl_in_reward(batch: Batch, controller: FixedKLController, kind: str) -> tuple[Batch, dict[str, float]]:
+def apply_kl_in_reward(batch: Batch, controller: FixedKLController, kind: str) -> tuple[Batch, Metrics]:
     """TOKEN_REWARDS = TOKEN_SCORES − β·KL(π_old ‖ π_ref) per token; the adaptive β moves toward its target."""
     result = apply_kl_penalty(
         batch[keys.TOKEN_SCORES], batch[keys.OLD_LOGPROBS], batch[keys.REF_LOGPROBS], batch[keys.RESPONSE_MASK],
         beta=controller.coef, kind=kind,
     )
-    metrics = {"critic/kl": float(result.mean_kl), "critic/kl_coeff": controller.coef}
+    metrics = {"critic/kl": mean(float(result.mean_kl), len(batch)), "critic/kl_coeff": latest(controller.coef)}
     controller.update(float(result.mean_kl), n_steps=len(batch))
     return batch.union(Batch.from_dict({keys.TOKEN_REWARDS: result.rewards})), metrics
 
 
-def apply_overlong_penalty(batch: Batch, max_length: int, buffer: int, factor: float) -> tuple[Batch, dict[str, float]]:
+def apply_overlong_penalty(batch: Batch, max_length: int, buffer: int, factor: float) -> tuple[Batch, Metrics]:
     """DAPO's overlong reward shaping: each response's penalty (``algos.overlong_penalty`` of its
     length, observations included) added to its score on its last loss-carrying token."""
     lengths = response_attention_mask(batch).sum(-1)
@@ -60,7 +60,8 @@ def apply_overlong_penalty(batch: Batch, max_length: int, buffer: int, factor: f
     scores[torch.arange(len(batch)), final_token_positions(batch)] += penalty.to(scores.dtype)
     out = batch.copy()
     out.tensors[keys.TOKEN_SCORES] = scores
-    return out, {"reward/overlong_penalty/mean": float(penalty.mean()), "reward/overlong_fraction": float((penalty < 0).float().mean())}
+    return out, {"reward/overlong_penalty/mean": mean(float(penalty.mean()), len(batch)),
+                 "reward/overlong_fraction": mean(float((penalty < 0).float().mean()), len(batch))}
 
 
 def kl_controller(kind: str, coef: float, target_kl: float, horizon: int) -> FixedKLController:
@@ -107,14 +108,14 @@ class Learner:
         overlong = config.reward_model.overlong_buffer
         self.overlong = (config.data.max_response_length, overlong.len, overlong.penalty_factor) if overlong.enable else None
 
-    def __call__(self, roles: Roles, batch: Batch, step: int, timings: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+    def __call__(self, roles: Roles, batch: Batch, step: int, timings: dict[str, float]) -> tuple[Batch, Metrics]:
         """Returns the batch with what was computed, and the phases' metrics."""
-        metrics: dict[str, float] = {}
+        metrics: Metrics = {}
         if not self.on_policy_update:
             with timed(timings, "old_log_prob"):
                 old = roles.actor.compute_log_prob(batch)
                 batch = batch.union(old.select([keys.OLD_LOGPROBS]))
-                metrics["actor/entropy"] = float(masked_mean(old[keys.ENTROPY], batch[keys.RESPONSE_MASK]))
+                metrics["actor/entropy"] = mean(float(masked_mean(old[keys.ENTROPY], batch[keys.RESPONSE_MASK])), len(batch))
         if roles.ref is not None:
             with timed(timings, "ref"):
                 batch = batch.union(roles.ref.compute_ref_log_prob(batch))
@@ -131,10 +132,10 @@ class Learner:
             batch = compute_advantages(batch, self.estimator)
         if roles.critic is not None:
             with timed(timings, "update_critic"):
-                metrics |= mean_of_ranks(roles.critic.update(batch).metrics)
+                metrics |= merge_collected(roles.critic.update(batch).metrics)
         if step > self.critic_warmup:
             with timed(timings, "update_actor"):
-                updated = mean_of_ranks(roles.actor.update(batch).metrics)
+                updated = merge_collected(roles.actor.update(batch).metrics)
                 # the old-logprob pass's entropy covers every sample; the update's only those it ran
                 metrics = updated | metrics
         self.breakers.check_update(metrics, step)

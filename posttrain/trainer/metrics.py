@@ -1,6 +1,8 @@
 """Step metrics from a finished batch, with verl's names so dashboards carry over.
 
-All functions are pure: a Batch (and timings) in, a flat ``{name: float}`` out.
+All functions are pure: a Batch (and timings) in, a flat ``{name: float}`` out. These are made
+once per step from the whole batch and never merged, so they are plain floats; metrics made in
+pieces (per rank, unit, round) carry their merge rule (:mod:`posttrain.metrics`).
 """
 
 from __future__ import annotations
@@ -12,11 +14,6 @@ import torch
 from posttrain import keys
 from posttrain.algos import explained_variance
 from posttrain.protocol import Batch
-
-
-def mean_of_ranks(metrics: Mapping[str, list[float]]) -> dict[str, float]:
-    """A worker group's metrics (one value per rank) as one mean each."""
-    return {name: float(sum(values) / len(values)) for name, values in metrics.items()}
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:

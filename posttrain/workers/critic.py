@@ -8,10 +8,10 @@ from posttrain import keys
 from posttrain.config.schema import CriticConfig, ModelConfig
 from posttrain.controller import Dispatch, Worker, WorkerContext, register
 from posttrain.models import resolve_model
+from posttrain.metrics import merge
 from posttrain.protocol import Batch
 from posttrain.workers.engines import training_engine
 from posttrain.workers.objectives import ValueObjective
-from posttrain.workers.policy import mean_metrics
 
 
 class CriticWorker(Worker):
@@ -37,15 +37,15 @@ class CriticWorker(Worker):
     def update(self, batch: Batch) -> Batch:
         per_rank = self.critic.ppo_mini_batch_size * self.rollout_n // self.world_size
         steps = [
-            self.engine.train_mini_batch(
+            self.engine.declared(self.engine.train_mini_batch(
                 mini_batch, self.objective, micro_batch_size=self.critic.ppo_micro_batch_size_per_gpu,
                 loss_agg_mode=self.loss_agg_mode,
-            )
+            ))
             for mini_batch in batch.minibatches(
                 min(per_rank, len(batch)), epochs=self.critic.ppo_epochs, seed=self.seed + self.engine.global_step
             )
         ]
-        return Batch().with_metrics(mean_metrics(steps))
+        return Batch().with_metrics(merge(steps))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, directory: str) -> None:

@@ -8,7 +8,6 @@ On GPU the rollout engine sleeps (frees its KV cache) while the training engine 
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from posttrain import keys
@@ -16,20 +15,14 @@ from posttrain.config.schema import ActorConfig, DataConfig, ModelConfig, Rollou
 from posttrain.controller import Dispatch, Worker, WorkerContext, register
 from posttrain.controller.worker import free_port, node_address
 from posttrain.models import load_tokenizer, resolve_model
+from posttrain.metrics import merge
 from posttrain.protocol import Batch
 from posttrain.workers.engines import rollout_engine, training_engine
 from posttrain.workers.objectives import PolicyObjective, sft_objective
 from posttrain.workers.sampling import VALIDATE_META_KEY, Sampling, WeightsAtVersion
 from posttrain.workers.weight_broadcast import WeightBroadcast
 
-__all__ = ["VALIDATE_META_KEY", "PolicyWorker", "mean_metrics"]
-
-
-def mean_metrics(per_step: list[dict[str, float]]) -> dict[str, float]:
-    """The mean over optimizer steps; a running count (``*_total``) as it stands after the last."""
-    names = sorted({name for metrics in per_step for name in metrics})
-    values = {name: [m[name] for m in per_step if name in m] for name in names}
-    return {name: v[-1] if name.endswith("_total") else statistics.fmean(v) for name, v in values.items()}
+__all__ = ["VALIDATE_META_KEY", "PolicyWorker"]
 
 
 class PolicyWorker(Sampling, Worker):
@@ -83,11 +76,11 @@ class PolicyWorker(Sampling, Worker):
             seed=self.seed + self.engine.global_step,  # optimizer steps so far: restored on resume
         ):
             skip = self.objective.rows_without_gradient(mini_batch) if self.actor.skip_zero_advantage else None
-            steps.append(self.engine.train_mini_batch(
+            steps.append(self.engine.declared(self.engine.train_mini_batch(
                 mini_batch, self.objective, loss_agg_mode=self.actor.loss_agg_mode,
                 temperature=self.rollout_config.temperature, with_entropy=True, skip_rows=skip, **micro,
-            ))
-        return Batch().with_metrics(mean_metrics(steps))
+            )))
+        return Batch().with_metrics(merge(steps))
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
     def sft_step(self, batch: Batch) -> Batch:
@@ -95,7 +88,7 @@ class PolicyWorker(Sampling, Worker):
         metrics = self.engine.train_mini_batch(
             batch, sft_objective, micro_batch_size=self.actor.ppo_micro_batch_size_per_gpu, loss_agg_mode="token-mean",
         )
-        return Batch().with_metrics(metrics)
+        return Batch().with_metrics(self.engine.declared(metrics))
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO, borrow_inputs=True)
     def compute_sft_logprobs(self, batch: Batch) -> Batch:

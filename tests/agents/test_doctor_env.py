@@ -260,8 +260,8 @@ def test_budgets_fixed_and_drawn_with_turns_left_announced(tokenizer):
         metrics = episode_metrics(episodes, None, DoctorEnv.counters, DoctorEnv.ratios)
         questions = sum(e.counts["questions"] for e in episodes)
         relevant = sum(e.counts.get("relevant_questions", 0) for e in episodes)
-        assert metrics["env/relevant_question_ratio"] == pytest.approx(relevant / questions)
-        assert metrics["agent/success_rate"] == 0.0
+        assert metrics["env/relevant_question_ratio"].value == pytest.approx(relevant / questions)
+        assert metrics["agent/success_rate"].value == 0.0
 
 
 def test_the_patients_faithfulness_refusals_and_leaks_are_counted():

@@ -79,9 +79,9 @@ def test_one_reply_per_conversation_in_order_with_usage(stub):
     body = stub.requests[0]["body"]
     assert body["model"] == "patient-model" and body["max_tokens"] == 12 and body["temperature"] == 0.0 and body["top_p"] == 1.0
     metrics = client.drain_metrics()
-    assert metrics["env_llm/requests"] == 1 and metrics["env_llm/replies"] == 6
-    assert metrics["env_llm/prompt_tokens"] == 42 and metrics["env_llm/completion_tokens"] == 18
-    assert client.drain_metrics()["env_llm/replies"] == 0  # drained
+    assert metrics["env_llm/requests"].value == 1 and metrics["env_llm/replies"].value == 6
+    assert metrics["env_llm/prompt_tokens"].value == 42 and metrics["env_llm/completion_tokens"].value == 18
+    assert client.drain_metrics()["env_llm/replies"].value == 0  # drained
     client.close()
 
 
@@ -89,7 +89,7 @@ def test_server_errors_are_retried_then_succeed(stub):
     stub.failures = [503, 500]
     client = OpenAIChatClient(stub.url, "m", retries=2, backoff_s=0.01)
     assert client.chat([conversation("hello")])[0].text == "echo: hello"
-    assert len(stub.requests) == 3 and client.drain_metrics()["env_llm/retries"] == 2
+    assert len(stub.requests) == 3 and client.drain_metrics()["env_llm/retries"].value == 2
 
 
 def test_a_refused_request_is_not_retried_and_fails_only_its_own_conversation(stub):
@@ -98,7 +98,7 @@ def test_a_refused_request_is_not_retried_and_fails_only_its_own_conversation(st
     first, second = client.chat([conversation("hello"), conversation("again")])
     assert first.failed and "HTTP 400" in first.error and "env.llm.api_model" in first.error
     assert second.text == "echo: again"
-    assert len(stub.requests) == 2 and client.drain_metrics()["env_llm/failures"] == 1
+    assert len(stub.requests) == 2 and client.drain_metrics()["env_llm/failures"].value == 1
 
 
 def test_rate_limits_are_retried(stub):
@@ -153,8 +153,8 @@ def test_a_conversation_asked_before_is_replayed_from_the_cache_without_a_reques
     assert again[0] == replies[1] and again[2] == replies[0]
     assert [r["body"]["messages"][-1]["content"] for r in stub.requests] == ["q3"]  # only the new one was generated
     metrics = second.drain_metrics()
-    assert metrics["env_llm/cached_replies"] == 2 and metrics["env_llm/replies"] == 3
-    assert metrics["env_llm/completion_tokens"] == 3  # what the model generated: the one new reply
+    assert metrics["env_llm/cached_replies"].value == 2 and metrics["env_llm/replies"].value == 3
+    assert metrics["env_llm/completion_tokens"].value == 3  # what the model generated: the one new reply
     second.close()
 
 

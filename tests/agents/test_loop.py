@@ -201,12 +201,12 @@ def test_episode_metrics(tokenizer):
 
     episodes, _ = _run(tokenizer, [["<done>"], ["nonsense", "<done>"]])
     metrics = episode_metrics(episodes, group_ids=[0, 0], counters=("invalid", "goes"))
-    assert metrics["env/goes"] == 0.0  # declared, never seen
-    assert metrics["num_turns/mean"] == 1.5
-    assert metrics["agent/valid_action_ratio"] == pytest.approx(2 / 3)
-    assert metrics["agent/success_rate"] == 1.0
-    assert metrics["env/invalid"] == 0.5
-    assert metrics["agent/reward_std_in_group"] == pytest.approx(0.25)  # rewards 1.0 and 0.5
+    assert metrics["env/goes"].value == 0.0  # declared, never seen
+    assert metrics["num_turns/mean"].value == 1.5
+    assert metrics["agent/valid_action_ratio"].value == pytest.approx(2 / 3)
+    assert metrics["agent/success_rate"].value == 1.0
+    assert metrics["env/invalid"].value == 0.5
+    assert metrics["agent/reward_std_in_group"].value == pytest.approx(0.25)  # rewards 1.0 and 0.5
 
 
 def test_bad_settings_are_reported_together():

@@ -51,9 +51,9 @@ def test_raising_and_hanging_functions_are_contained(module, caplog):
     finally:
         manager.close()
     assert result.scores.tolist() == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
-    assert result.metrics["reward/errors"] == 1.0 and result.metrics["reward/timeouts"] == 2.0
+    assert result.metrics["reward/errors"].value == 1.0 and result.metrics["reward/timeouts"].value == 2.0
     assert elapsed < 20  # two 0.5 s deadlines plus restarts; a hang would never return
-    assert again.scores.tolist() == [1.0] and again.metrics["reward/timeouts"] == 0.0
+    assert again.scores.tolist() == [1.0] and again.metrics["reward/timeouts"].value == 0.0
     assert "3 of 6 samples scored 0 (1 errors, 2 timeouts); first, sample 1: timed out" in caplog.text
 
 
@@ -95,8 +95,8 @@ def test_batched_manager_and_its_failures(module):
     finally:
         manager.close()
     assert good.scores.tolist() == [3.0, 5.0] and good.token_scores[1, 4] == 5.0
-    assert hung.scores.tolist() == [0.0, 0.0] and hung.metrics["reward/timeouts"] == 2.0
-    assert short.scores.tolist() == [0.0, 0.0] and short.metrics["reward/errors"] == 2.0
+    assert hung.scores.tolist() == [0.0, 0.0] and hung.metrics["reward/timeouts"].value == 2.0
+    assert short.scores.tolist() == [0.0, 0.0] and short.metrics["reward/errors"].value == 2.0
 
 
 def test_batched_custom_function_from_config_fields(module):
@@ -121,7 +121,7 @@ def test_the_budget_bounds_a_whole_batch_and_times_out_what_is_left(module):
     finally:
         manager.close()
     assert result.scores.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
-    assert result.metrics["reward/timeouts"] == 3.0 and result.metrics["reward/errors"] == 0.0
+    assert result.metrics["reward/timeouts"].value == 3.0 and result.metrics["reward/errors"].value == 0.0
     assert "sample 2: not scored within the budget of 1 s" in result.first_failure
     assert elapsed < 15  # the budget plus starting the child twice, not the 30 s deadline
     assert again.scores.tolist() == [1.0]
@@ -147,5 +147,5 @@ def test_the_batched_call_gets_the_smaller_of_its_deadline_and_the_budget(module
         elapsed = time.monotonic() - started
     finally:
         manager.close()
-    assert hung.metrics["reward/timeouts"] == 2.0 and "budget of 0.5 s" in hung.first_failure
+    assert hung.metrics["reward/timeouts"].value == 2.0 and "budget of 0.5 s" in hung.first_failure
     assert elapsed < 15  # not 30 s x 2 samples

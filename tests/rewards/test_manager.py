@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from posttrain import keys
+from posttrain.metrics import values
 from posttrain.protocol import Batch
 from posttrain.rewards import (
     DEFAULT_SCORE_FUNCTIONS,
@@ -37,7 +38,7 @@ def test_scores_sit_on_the_last_valid_response_token():
     expected = torch.zeros(4, 6)
     expected[0, 2], expected[1, 5], expected[2, 4] = 3.0, 6.0, 5.0
     assert torch.equal(result.token_scores, expected) and result.token_scores.dtype == torch.float32
-    assert result.metrics == {"reward/samples": 4.0, "reward/errors": 0.0, "reward/timeouts": 0.0, "reward/empty_responses": 1.0}
+    assert values(result.metrics) == {"reward/samples": 4.0, "reward/errors": 0.0, "reward/timeouts": 0.0, "reward/empty_responses": 1.0}
 
 
 def test_attention_mask_tail_is_used_without_a_response_mask():
@@ -77,7 +78,7 @@ def test_functions_are_picked_by_data_source_and_extras_returned():
     assert result.scores.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]
     assert result.extra["acc"].tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]
     assert result.extra["format"][:4].tolist() == [1.0, 1.0, 1.0, 0.0] and math.isnan(result.extra["format"][4])
-    assert result.metrics["reward/errors"] == 0.0
+    assert result.metrics["reward/errors"].value == 0.0
 
 
 def test_unknown_data_source_lists_known_sources_and_the_fix():
@@ -152,14 +153,14 @@ def test_bad_return_values_score_zero_and_count_as_errors(tmp_path):
     batch = response_batch(["n", "s", "d", "nan", "t"], [[1, 1, 1]] * 5, ["x"] * 5, ["-"] * 5)
     result = build_reward_manager(CharTokenizer(), custom_path=str(path), timeout_s=None)(batch)
     assert result.scores.tolist() == [1.0, 0.0, 2.0, 0.0, 0.0]  # a bool is not a score
-    assert result.metrics["reward/errors"] == 3.0
+    assert result.metrics["reward/errors"].value == 3.0
 
 
 def test_result_as_batch():
     batch = response_batch(["#### 5"], [[1] * 6], ["gsm8k"], ["5"])
     out = RewardManager(CharTokenizer(), timeout_s=None)(batch).to_batch()
     assert out[keys.TOKEN_SCORES].tolist() == [[0.0, 0.0, 0.0, 0.0, 0.0, 1.0]]
-    assert out["reward_extra/acc"].tolist() == [1.0] and out.metrics["reward/errors"] == 0.0
+    assert out["reward_extra/acc"].tolist() == [1.0] and out.metrics["reward/errors"].value == 0.0
     assert isinstance(out["reward_extra/acc"], np.ndarray)
 
 
@@ -214,7 +215,7 @@ def test_any_return_value_is_a_finite_score_or_a_counted_zero(value, score, is_e
     manager = RewardManager(CharTokenizer(), score_function=lambda solution_str, ground_truth: value, timeout_s=None)
     result = manager(response_batch(["a", "b"], [[1, 1]] * 2, ["x"] * 2, ["-"] * 2))  # never raises
     assert result.scores.tolist() == [score, score]
-    assert result.metrics["reward/errors"] == (2.0 if is_error else 0.0) and result.metrics["reward/samples"] == 2.0
+    assert result.metrics["reward/errors"].value == (2.0 if is_error else 0.0) and result.metrics["reward/samples"].value == 2.0
     assert (result.first_failure is not None) == is_error
     if is_error:
         assert result.first_failure.startswith("sample 0: the score function ")
@@ -224,7 +225,7 @@ def test_an_extra_too_big_for_a_float_is_kept_as_an_object():
     values = iter([{"score": 1.0, "big": 10**400}, {"score": 0.5, "big": 2}])
     manager = RewardManager(CharTokenizer(), score_function=lambda solution_str, ground_truth: next(values), timeout_s=None)
     result = manager(response_batch(["a", "b"], [[1, 1]] * 2, ["x"] * 2, ["-"] * 2))
-    assert result.scores.tolist() == [1.0, 0.5] and result.metrics["reward/errors"] == 0.0
+    assert result.scores.tolist() == [1.0, 0.5] and result.metrics["reward/errors"].value == 0.0
     assert result.extra["big"].dtype == object and result.extra["big"].tolist() == [10**400, 2]
 
 
@@ -238,5 +239,5 @@ def test_a_huge_score_from_the_scoring_process_is_an_error_too(tmp_path):
         result = manager(response_batch(["huge", "ok"], [[1, 1, 1, 1]] * 2, ["x"] * 2, ["-"] * 2))
     finally:
         manager.close()
-    assert result.scores.tolist() == [0.0, 1.0] and result.metrics["reward/errors"] == 1.0
+    assert result.scores.tolist() == [0.0, 1.0] and result.metrics["reward/errors"].value == 1.0
     assert "too large for a float" in result.first_failure

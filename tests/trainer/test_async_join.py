@@ -9,7 +9,8 @@ from posttrain.algos import get_advantage_estimator
 from posttrain.algos.advantages import AdvantageInputs
 from posttrain.engines.training.inputs import build_model_inputs
 from posttrain.protocol import Batch, pad_rows
-from posttrain.rollout.batching import join_rollouts, merge_unit_metrics
+from posttrain.metrics import maximum, mean, merge, minimum, total, values
+from posttrain.rollout.batching import join_rollouts
 from posttrain.rollout.batching import group_ids_of, repeat_for_groups
 
 PAD = 0
@@ -59,6 +60,9 @@ def test_units_with_different_prompt_widths_join_without_changing_a_token():
 
 
 def test_unit_metrics_merge_by_kind():
-    merged = merge_unit_metrics([{"num_turns/max": 2.0, "num_turns/min": 1.0, "num_turns/mean": 1.5},
-                                 {"num_turns/max": 3.0, "num_turns/min": 2.0, "num_turns/mean": 2.5, "env/searches": 1.0}])
-    assert merged == {"num_turns/max": 3.0, "num_turns/min": 1.0, "num_turns/mean": 2.0, "env/searches": 1.0}
+    # units of 2 and 6 episodes: the mean weighs by episodes, the episodes add up
+    merged = merge([{"num_turns/max": maximum(2), "num_turns/min": minimum(1), "num_turns/mean": mean(1.5, 2), "agent/episodes": total(2)},
+                    {"num_turns/max": maximum(3), "num_turns/min": minimum(2), "num_turns/mean": mean(2.5, 6), "agent/episodes": total(6),
+                     "env/searches": mean(1.0, 6)}])
+    assert values(merged) == {"num_turns/max": 3.0, "num_turns/min": 1.0, "num_turns/mean": (1.5 * 2 + 2.5 * 6) / 8,
+                              "agent/episodes": 8.0, "env/searches": 1.0}

@@ -22,10 +22,9 @@ from posttrain.config.validate import check_breakers
 from posttrain.errors import PosttrainError
 from posttrain.rewards import RewardManager, build_reward_manager
 from posttrain.trainer.breakers import BreakerLimits, CircuitBreakerError, CircuitBreakers
-from posttrain.rollout.batching import merge_unit_metrics
+from posttrain.metrics import mean, merge, total, values
 from posttrain.rollout.single_turn import SingleTurnRollout
 from posttrain.trainer.tracking import ConsoleTracker
-from posttrain.workers.policy import mean_metrics
 from tests.agents.test_doctor_env import sample as doctor_sample
 from tests.agents.test_loop import ScriptedEngine
 from tests.rewards.helpers import CharTokenizer, response_batch, write_module
@@ -62,7 +61,7 @@ def test_every_reward_erroring_stops_the_run_naming_the_numbers_the_error_and_th
 
 def test_rewards_failing_in_part_stop_only_at_the_configured_fraction():
     metrics, rollout = _scored(["bad", "ok", "bad", "ok"])
-    assert metrics["reward/errors"] == 2.0 and metrics["reward/samples"] == 4.0
+    assert metrics["reward/errors"].value == 2.0 and metrics["reward/samples"].value == 4.0
     CircuitBreakers(BreakerLimits()).check_rollout(metrics, 1, notes=rollout.first_failures)  # 2 of 4: goes on
     CircuitBreakers(BreakerLimits(reward=0.75)).check_rollout(metrics, 1)
     with pytest.raises(CircuitBreakerError, match="2 of 4 rewards"):
@@ -88,7 +87,7 @@ def test_a_score_function_sleeping_past_the_step_budget_times_out_the_step_and_t
         elapsed = time.monotonic() - started
     finally:
         manager.close()
-    assert metrics["reward/timeouts"] == 4.0 and elapsed < 15  # one budget, not 4 x 5 s
+    assert metrics["reward/timeouts"].value == 4.0 and elapsed < 15  # one budget, not 4 x 5 s
     with pytest.raises(CircuitBreakerError, match=r"4 of 4 rewards errored or timed out in step 1 \(first: sample 0: not "
                                                   r"scored within the budget of 1 s"):
         CircuitBreakers(BreakerLimits()).check_rollout(metrics, 1, notes=rollout.first_failures)
@@ -96,16 +95,22 @@ def test_a_score_function_sleeping_past_the_step_budget_times_out_the_step_and_t
 
 def test_an_asynchronous_batch_counts_all_its_units():
     # two units of 4 samples each; their counts add up when the units are joined
-    units = [{"reward/samples": 4.0, "reward/errors": 3.0, "reward/timeouts": 1.0},
-             {"reward/samples": 4.0, "reward/errors": 4.0, "reward/timeouts": 0.0}]
-    merged = merge_unit_metrics(units)
-    assert (merged["reward/samples"], merged["reward/errors"], merged["reward/timeouts"]) == (8.0, 7.0, 1.0)
+    units = [{"reward/samples": total(4), "reward/errors": total(3), "reward/timeouts": total(1)},
+             {"reward/samples": total(4), "reward/errors": total(4), "reward/timeouts": total(0)}]
+    merged = merge(units)
+    assert (merged["reward/samples"].value, merged["reward/errors"].value, merged["reward/timeouts"].value) == (8.0, 7.0, 1.0)
     with pytest.raises(CircuitBreakerError, match="8 of 8 rewards errored or timed out in step 5, so the run stopped"):
         CircuitBreakers(BreakerLimits()).check_rollout(merged, 5)
     # one unit fine, the other failed: 4 of 8 is half, below the default limit (every call failed)
-    CircuitBreakers(BreakerLimits()).check_rollout(merge_unit_metrics([units[1], {"reward/samples": 4.0}]), 5)
+    CircuitBreakers(BreakerLimits()).check_rollout(merge([units[1], {"reward/samples": total(4)}]), 5)
     with pytest.raises(CircuitBreakerError, match="4 of 8 rewards"):
-        CircuitBreakers(BreakerLimits(reward=0.5)).check_rollout(merge_unit_metrics([units[1], {"reward/samples": 4.0}]), 5)
+        CircuitBreakers(BreakerLimits(reward=0.5)).check_rollout(merge([units[1], {"reward/samples": total(4)}]), 5)
+
+
+def test_breakers_count_with_counts_and_refuse_a_mean_in_their_place():
+    # a rate made as a mean (e.g. per episode) is not a count: reading it as one would be a silent bug
+    with pytest.raises(TypeError, match="'reward/errors', which is made as a mean, not a count"):
+        CircuitBreakers(BreakerLimits()).check_rollout({"reward/samples": total(4), "reward/errors": mean(0.5, 4)}, 1)
 
 
 # ---- the retriever ------------------------------------------------------------------------------
@@ -128,7 +133,7 @@ def test_a_retriever_refusing_connections_for_a_whole_step_stops_the_run(tokeniz
         metrics = _search_episodes(tokenizer, dead)
     finally:
         dead.close()
-    assert metrics["env/retriever_errors"] == 2.0 and metrics["env/searches"] == 0.0  # per episode
+    assert metrics["env/retriever_errors"].value == 2.0 and metrics["env/searches"].value == 0.0  # per episode
     with pytest.raises(CircuitBreakerError, match=r"circuit breaker 'retriever': 6 of 6 retriever searches failed in step 2.*"
                                                   r"env.retriever.stop_at_failed_fraction"):
         CircuitBreakers(BreakerLimits()).check_rollout(metrics, 2)
@@ -149,7 +154,8 @@ class _DownOnce:
 
 def test_a_retriever_failing_for_part_of_a_step_does_not_stop_it(tokenizer):
     metrics = _search_episodes(tokenizer, _DownOnce())
-    assert (metrics["env/retriever_errors"], metrics["env/searches"]) == (1.0, 1.0)  # half of each episode's searches
+    assert (metrics["env/retriever_errors"].value, metrics["env/searches"].value) == (1.0, 1.0)  # half of each episode's searches
+    assert (metrics["episodes_total/retriever_errors"].value, metrics["episodes_total/searches"].value) == (3.0, 3.0)  # counted, not rebuilt
     CircuitBreakers(BreakerLimits()).check_rollout(metrics, 1)
     with pytest.raises(CircuitBreakerError, match="3 of 6 retriever searches failed"):
         CircuitBreakers(BreakerLimits(retriever=0.5)).check_rollout(metrics, 1)
@@ -191,7 +197,7 @@ class _HalfDown(EnvLLMClient):
 
 def test_an_env_llm_failing_in_part_does_not_stop_the_run():
     metrics, notes = _ask_patients(_HalfDown(), count=4)
-    assert (metrics["env_llm/failures"], metrics["env_llm/replies"]) == (2.0, 4.0) and notes == {"env LLM": "HTTP 503"}
+    assert (metrics["env_llm/failures"].value, metrics["env_llm/replies"].value) == (2.0, 4.0) and notes == {"env LLM": "HTTP 503"}
     CircuitBreakers(BreakerLimits()).check_rollout(metrics, 1, notes=notes)
     with pytest.raises(CircuitBreakerError, match=r"2 of 4 env-LLM replies failed .* \(first: HTTP 503\)"):
         CircuitBreakers(BreakerLimits(env_llm=0.5)).check_rollout(metrics, 1, notes=notes)
@@ -199,7 +205,7 @@ def test_an_env_llm_failing_in_part_does_not_stop_the_run():
 
 # ---- non-finite updates --------------------------------------------------------------------------
 
-SKIPPED, APPLIED = {"actor/skipped": 1.0}, {"actor/skipped": 0.0}
+SKIPPED, APPLIED = {"actor/skipped": mean(1.0)}, {"actor/skipped": mean(0.0)}
 
 
 def test_skipped_updates_stop_the_run_after_the_limit_in_a_row():
@@ -216,11 +222,11 @@ def test_skipped_updates_stop_the_run_after_the_limit_in_a_row():
 
 def test_a_step_with_some_updates_applied_or_the_critic_skipping_alone():
     breakers = CircuitBreakers(BreakerLimits(skipped_steps=2))
-    breakers.check_update({"actor/skipped": 0.5}, 1)  # one of two mini-batches applied: the weights moved
-    breakers.check_update({"actor/skipped": 0.5}, 2)
-    breakers.check_update({"actor/skipped": 0.0, "critic/skipped": 1.0}, 3)
+    breakers.check_update({"actor/skipped": mean(0.5, 2)}, 1)  # one of two mini-batches applied: the weights moved
+    breakers.check_update({"actor/skipped": mean(0.5, 2)}, 2)
+    breakers.check_update({"actor/skipped": mean(0.0), "critic/skipped": mean(1.0)}, 3)
     with pytest.raises(CircuitBreakerError, match="the critic's gradient was not finite"):
-        breakers.check_update({"actor/skipped": 0.0, "critic/skipped": 1.0}, 4)
+        breakers.check_update({"actor/skipped": mean(0.0), "critic/skipped": mean(1.0)}, 4)
     never = CircuitBreakers(BreakerLimits(skipped_steps=0))
     for step in range(1, 10):
         never.check_update(SKIPPED, step)
@@ -237,9 +243,9 @@ def test_a_real_engine_with_a_non_finite_loss_trips_the_breaker_on_the_third_ste
     engine = TrainingEngine(engine_config(make_small_lm(tmp_path / "lm")))
     breakers, batch = CircuitBreakers(BreakerLimits(skipped_steps=3)), make_batch(2, seed=0)
     for step in (1, 2):
-        breakers.check_update(engine.train_mini_batch(batch, poisoned), step)
+        breakers.check_update(engine.declared(engine.train_mini_batch(batch, poisoned)), step)
     with pytest.raises(CircuitBreakerError, match="3 steps in a row"):
-        breakers.check_update(engine.train_mini_batch(batch, poisoned), 3)
+        breakers.check_update(engine.declared(engine.train_mini_batch(batch, poisoned)), 3)
     assert engine.skipped_steps == 3 and engine.global_step == 0
 
 
@@ -252,10 +258,15 @@ def test_the_console_line_shows_skipped_updates_only_when_there_are_some():
     assert lines[0] == "step 1/3 · reward 0.5" and lines[1] == "step 2/3 · reward 0.5 · skipped updates 2"
 
 
-def test_a_running_count_over_mini_batches_is_its_last_value_not_a_mean():
-    steps = [{"actor/skipped": 1.0, "actor/skipped_total": 4.0}, {"actor/skipped": 0.0, "actor/skipped_total": 4.0},
-             {"actor/skipped": 1.0, "actor/skipped_total": 5.0}]
-    assert mean_metrics(steps) == {"actor/skipped": pytest.approx(2 / 3), "actor/skipped_total": 5.0}
+def test_a_running_count_over_mini_batches_is_its_last_value_not_a_mean(tmp_path):
+    # the engine declares its running count as such; a step's other metrics are means over its updates
+    from posttrain.engines.training import TrainingEngine
+    from tests.engines.training.helpers import engine_config, make_small_lm
+
+    engine = TrainingEngine(engine_config(make_small_lm(tmp_path / "lm")))
+    steps = [engine.declared({"actor/skipped": 1.0, "actor/skipped_total": 4.0}), engine.declared({"actor/skipped": 0.0, "actor/skipped_total": 4.0}),
+             engine.declared({"actor/skipped": 1.0, "actor/skipped_total": 5.0})]
+    assert values(merge(steps)) == {"actor/skipped": pytest.approx(2 / 3), "actor/skipped_total": 5.0}
 
 
 # ---- configuration -------------------------------------------------------------------------------

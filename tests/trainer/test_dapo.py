@@ -9,6 +9,7 @@ import torch
 
 from posttrain import keys
 from posttrain.algos import overlong_penalty, rows_of_varied_groups
+from posttrain.metrics import mean, total, values
 from posttrain.protocol import Batch
 from posttrain.rollout.groups import UpdateBatchShape, dynamic_sample
 from posttrain.trainer.learn import apply_overlong_penalty
@@ -33,7 +34,7 @@ def test_the_penalty_lands_on_each_responses_last_loss_carrying_token():
     })
     shaped, metrics = apply_overlong_penalty(batch, max_length=4, buffer=2, factor=1.0)
     assert shaped[keys.TOKEN_SCORES].tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
-    assert metrics == {"reward/overlong_penalty/mean": -0.5, "reward/overlong_fraction": 0.5}
+    assert values(metrics) == {"reward/overlong_penalty/mean": -0.5, "reward/overlong_fraction": 0.5}
     assert batch[keys.TOKEN_SCORES][1, 3] == 1.0  # the input is left as it was
 
 
@@ -55,7 +56,7 @@ def scored_round(tag: str, rewards_per_group: list[list[float]]) -> tuple[Batch,
         keys.ATTENTION_MASK: torch.ones(len(rows), width + 3, dtype=torch.long), keys.INPUT_IDS: torch.ones(len(rows), width + 3, dtype=torch.long),
         keys.POSITION_IDS: torch.arange(width + 3).expand(len(rows), -1).clone(), keys.TOKEN_SCORES: scores,
     }, {keys.UID: [uid for uid, _ in rows]}, {keys.WEIGHT_VERSION: 7})
-    return batch, {"reward/samples": float(len(rows)), "critic/score/mean": float(scores.sum() / len(rows))}
+    return batch, {"reward/samples": total(len(rows)), "critic/score/mean": mean(float(scores.sum() / len(rows)), len(rows))}
 
 
 def test_dynamic_sampling_generates_rounds_until_enough_groups_vary():
@@ -66,8 +67,8 @@ def test_dynamic_sampling_generates_rounds_until_enough_groups_vary():
     assert list(dict.fromkeys(batch[keys.UID])) == ["a:1", "a:3", "b:0", "b:2"]
     assert batch[keys.GROUP_IDS].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     assert batch[keys.PROMPT_IDS].shape[1] == 3 and batch[keys.PROMPT_MASK][0].tolist() == [0, 1, 1]  # left-padded to the widest
-    assert metrics["dynamic_sampling/rounds"] == 2 and metrics["dynamic_sampling/dropped_groups"] == 3
-    assert metrics["dynamic_sampling/kept_groups"] == 4 and metrics["reward/samples"] == 16  # both rounds' samples counted
+    assert metrics["dynamic_sampling/rounds"].value == 2 and metrics["dynamic_sampling/dropped_groups"].value == 3
+    assert metrics["dynamic_sampling/kept_groups"].value == 4 and metrics["reward/samples"].value == 16  # both rounds' samples counted
     assert batch.meta[keys.WEIGHT_VERSION] == 7
     assert next(rounds)[0][keys.UID][0] == "c:0"  # round c was never asked for
 
@@ -77,9 +78,9 @@ def test_past_the_round_limit_or_the_data_the_step_trains_what_it_kept_in_whole_
     more = lambda: scored_round("b", [[1, 1], [0, 1], [1, 1], [1, 1]])  # noqa: E731  1 more
     batch, metrics = dynamic_sample(first, more, 4, 2, UpdateBatchShape(2, 2, 1), pad_token_id=0)
     assert list(dict.fromkeys(batch[keys.UID])) == ["a:1", "a:3"]  # 3 kept, trimmed to a mini-batch of 2
-    assert metrics["dynamic_sampling/rounds"] == 2 and metrics["dynamic_sampling/kept_groups"] == 2
+    assert metrics["dynamic_sampling/rounds"].value == 2 and metrics["dynamic_sampling/kept_groups"].value == 2
     batch, metrics = dynamic_sample(first, lambda: None, 4, 10, UpdateBatchShape(2, 2, 1), pad_token_id=0)  # the data ran out
-    assert metrics["dynamic_sampling/rounds"] == 1 and len(set(batch[keys.UID])) == 2
+    assert metrics["dynamic_sampling/rounds"].value == 1 and len(set(batch[keys.UID])) == 2
     flat = scored_round("a", [[1, 1], [0, 0]])
     batch, metrics = dynamic_sample(flat, lambda: None, 2, 10, UpdateBatchShape(2, 2, 1), pad_token_id=0)
-    assert batch is flat[0] and metrics["dynamic_sampling/kept_groups"] == 0  # nothing varies: the first round, teaching nothing
+    assert batch is flat[0] and metrics["dynamic_sampling/kept_groups"].value == 0  # nothing varies: the first round, teaching nothing

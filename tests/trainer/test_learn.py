@@ -9,6 +9,7 @@ import torch
 
 from posttrain import keys
 from posttrain.config.schema import PosttrainConfig
+from posttrain.metrics import mean
 from posttrain.protocol import Batch
 from posttrain.trainer.breakers import BreakerLimits, CircuitBreakers
 from posttrain.trainer.learn import Learner
@@ -27,7 +28,7 @@ class StandInActor:
 
     def update(self, batch: Batch) -> SimpleNamespace:
         self.updated.append(batch)
-        return SimpleNamespace(metrics={"actor/pg_loss": [0.0]})
+        return SimpleNamespace(metrics={"actor/pg_loss": [mean(0.0)]})
 
 
 def test_the_update_trains_on_the_overlong_shaped_scores():
@@ -58,4 +59,4 @@ def test_the_update_trains_on_the_overlong_shaped_scores():
     assert torch.allclose(trained[keys.ADVANTAGES], expected)
     assert trained[keys.TOKEN_SCORES][1].tolist() == [0.0, 0.0, 0.0, 0.0]  # 1 − 1 on its last token
     assert torch.equal(learned[keys.ADVANTAGES], trained[keys.ADVANTAGES])
-    assert metrics["reward/overlong_penalty/mean"] == -0.75 and metrics["reward/overlong_fraction"] == 0.75
+    assert metrics["reward/overlong_penalty/mean"].value == -0.75 and metrics["reward/overlong_fraction"].value == 0.75

@@ -73,7 +73,7 @@ def test_group_filter_drops_flat_groups_and_keeps_whole_mini_batches():
     batch = _scored([1.0, 0.0, 3.0, 3.0, 0.5, 0.0, 2.0, 2.0], [0, 0, 1, 1, 2, 2, 3, 3])
     kept, metrics = filter_groups(batch, 0.5, UpdateBatchShape(1, 2, 1), metrics={})
     assert kept[keys.GROUP_IDS].tolist() == [0, 0, 2, 2]
-    assert metrics["agent/groups_kept_ratio"] == 0.5
+    assert metrics["agent/groups_kept_ratio"].value == 0.5
     # two groups per mini-batch: the two kept groups make one
     assert filter_groups(batch, 0.5, UpdateBatchShape(2, 2, 1), {})[0][keys.GROUP_IDS].tolist() == [0, 0, 2, 2]
     # three groups above a low threshold but two per mini-batch: the lowest-spread one goes
@@ -88,7 +88,7 @@ def test_kept_group_counts_split_into_mini_batches_and_ranks():
     assert kept_group_count(5, UpdateBatchShape(4, 2, 4)) == 4
     batch = _scored([1.0, 0.0, 3.0, 3.0, 0.5, 0.0, 2.0, 2.0], [0, 0, 1, 1, 2, 2, 3, 3])
     kept, metrics = filter_groups(batch, 0.9, UpdateBatchShape(2, 2, 4), {})  # 1 group × 2 samples cannot split over 4 ranks
-    assert kept is batch and metrics["agent/groups_kept_ratio"] == 1.0
+    assert kept is batch and metrics["agent/groups_kept_ratio"].value == 1.0
 
 
 def test_episode_keys_are_stable_and_tell_group_members_apart():

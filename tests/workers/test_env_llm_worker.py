@@ -64,7 +64,7 @@ def test_env_llm_worker_answers_a_batch(placement):
         (reply,) = client.chat([long])
         assert reply.prompt_tokens <= 256 - 8
         metrics = client.drain_metrics()
-        assert metrics["env_llm/requests"] == 3 and metrics["env_llm/replies"] == 8 and metrics["env_llm/wait_s"] > 0
+        assert metrics["env_llm/requests"].value == 3 and metrics["env_llm/replies"].value == 8 and metrics["env_llm/wait_s"].value > 0
     finally:
         roles.release()
 
@@ -102,16 +102,16 @@ def test_a_reply_cache_replays_the_workers_replies_in_any_batch_order(tmp_path):
     chats = [[{"role": "user", "content": f"Do you have a fever, {name}?"}] for name in ("Ann", "Bo", "Cy", "Di")]
     first = open_env_llm(config, group)
     replies = first.chat(chats[:3])
-    assert first.drain_metrics()["env_llm/cached_replies"] == 0
+    assert first.drain_metrics()["env_llm/cached_replies"].value == 0
     first.close()
     later = open_env_llm(config, group)
     again = later.chat([chats[2], chats[3], chats[0], chats[1]])
     assert [again[2], again[3], again[0]] == replies
     metrics = later.drain_metrics()
-    assert metrics["env_llm/cached_replies"] == 3 and metrics["env_llm/replies"] == 4 and metrics["env_llm/requests"] == 1
+    assert metrics["env_llm/cached_replies"].value == 3 and metrics["env_llm/replies"].value == 4 and metrics["env_llm/requests"].value == 1
     later.close()
     # Another sampling setting is another patient: nothing replays.
     hotter = open_env_llm(replace(config, temperature=0.9), group)
     hotter.chat(chats[:1])
-    assert hotter.drain_metrics()["env_llm/cached_replies"] == 0
+    assert hotter.drain_metrics()["env_llm/cached_replies"].value == 0
     hotter.close()

@@ -74,10 +74,10 @@ def test_generate_logprobs_update_sync(workers, tmp_path):
     # Push the first two responses up and the last two down.
     advantages = torch.tensor([1.0, 1.0, -1.0, -1.0])[:, None] * mask
     batch = batch.union(old).union(reference).union(Batch.from_dict({keys.ADVANTAGES: advantages.float()}))
-    metrics = actor.update(batch).metrics
+    metrics = actor.update(batch).metrics  # one list of typed metrics per name, a piece per rank
     for name in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr"):
-        assert name in metrics and all(torch.isfinite(torch.tensor(v)) for v in metrics[name]), name
-    assert metrics["actor/lr"] == [1e-3]
+        assert name in metrics and all(torch.isfinite(torch.tensor(m.value)) for m in metrics[name]), name
+    assert [m.value for m in metrics["actor/lr"]] == [1e-3]
 
     after = actor.compute_log_prob(batch)[keys.OLD_LOGPROBS]
     # One small step up the surrogate: the advantage-weighted logprob change is positive.

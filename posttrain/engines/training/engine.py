@@ -31,7 +31,9 @@ a clip fraction over tokens under token-mean); over the rows that ran, and absen
 Reported metrics (prefix ``config.metric_prefix``): ``loss`` (mini-batch loss, summed over
 micro-batches and ranks), ``grad_norm`` (before clipping; inf/nan when skipped), ``lr`` (of this
 update), ``skipped`` (1 if skipped), ``skipped_total``, ``micro_batches`` (on this rank), and with
-``skip_rows`` given ``rows_skipped`` (the share of this rank's rows not run).
+``skip_rows`` given ``rows_skipped`` (the share of this rank's rows not run). Each is a mean
+over one optimizer step, except ``skipped_total``, a running count (:meth:`TrainingEngine.declared`
+says so, for whoever merges several steps or ranks).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from posttrain.engines.training.modeling import (
     resolve_attn_implementation,
 )
 from posttrain.engines.training.schedule import make_lr_scheduler
+from posttrain.metrics import Metrics, latest, mean
 from posttrain.models import resolve_dtype, resolve_model
 from posttrain.protocol import Batch
 
@@ -283,6 +286,12 @@ class TrainingEngine:
 
     def _name(self, metric: str) -> str:
         return f"{self.config.metric_prefix}/{metric}"
+
+    def declared(self, step_metrics: dict[str, float]) -> Metrics:
+        """:meth:`train_mini_batch`'s metrics with their merge rule: each a mean over one optimizer
+        step, the running ``skipped_total`` as it stands after the last."""
+        running = self._name("skipped_total")
+        return {name: latest(value) if name == running else mean(value) for name, value in step_metrics.items()}
 
     # ---- weights and checkpoints --------------------------------------------------------------
 
