@@ -3,12 +3,16 @@ sync and async mode: a reward that is flat for half the prompts makes the steps 
 generate more rounds, the trained batch still holds data.train_batch_size groups, and the responses
 (the tiny model always fills its 16 tokens) lose the whole penalty."""
 
+import json
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
+from posttrain.config import load_config
 from posttrain.models import cached_tiny_model
+from posttrain.trainer.data_setup import resolve_files
 from tests.e2e.cli_runs import records, run
 from tests.e2e.test_train_cli import TINY_RUN
 
@@ -32,7 +36,8 @@ def command(run_dir: Path, *overrides: str) -> list[str]:
         "trainer.total_epochs=4", "trainer.val_before_train=false", "trainer.test_freq=-1", f"custom_reward_function.path={reward}",
         "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=4",
         "reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=0.5",
-        *overrides,
+        # the default (TINY_RUN turns it off): the kept groups vary, so the update has samples to run
+        "actor_rollout_ref.actor.skip_zero_advantage=true", *overrides,
     ]
 
 
@@ -52,5 +57,21 @@ def test_dynamic_sampling_fills_the_batch_with_groups_whose_rewards_vary(tmp_pat
             assert metrics["response_length/mean"] == 16
         assert metrics["reward/overlong_fraction"] == 1.0 and metrics["reward/overlong_penalty/mean"] == -0.5
     assert max(rounds) >= 2, rounds  # a round was not enough at least once (half the prompts are flat)
-    trained = (tmp_path / mode / "trained_prompts.jsonl").read_text().splitlines()
+    trained = [json.loads(line) for line in (tmp_path / mode / "trained_prompts.jsonl").read_text().splitlines()]
     assert len(trained) == 2
+    # only the varied groups trained: every prompt a step trained has an odd answer (the even ones' groups
+    # are flat), one per kept group
+    answers = ground_truths(tmp_path / mode)
+    for record, step in zip(trained, steps):
+        kept = step["metrics"]["dynamic_sampling/kept_groups"]
+        assert kept >= 1 and len(record["prompts"]) == kept, (record, step["metrics"])
+        rows = [int(uid.split(":")[1]) for uid in record["prompts"]]
+        assert all(int(float(answers[row])) % 2 == 1 for row in rows), [answers[row] for row in rows]
+
+
+def ground_truths(run_dir: Path) -> list[str]:
+    """The answer of each row of the run's training set (the built-in dataset its config.yaml names)."""
+    (train_file,), _ = resolve_files(load_config([run_dir / "config.yaml"]).data)
+    rows = pq.read_table(train_file, columns=["reward_model"]).to_pylist()
+    assert len(rows) == 24
+    return [row["reward_model"]["ground_truth"] for row in rows]
