@@ -1,11 +1,31 @@
 """posttrain's own errors, whose message says what happened and what to do, and :class:`Problem`, one
 setting that cannot work.
 
-``posttrain train`` prints such an error as one line (``posttrain: <message>``), keeps its traceback
-in the run's log file (``<run dir>/posttrain.log``) and exits with the error's ``exit_code``: 2 when
-something to fix comes first (a setting, an input, the cluster), 1 when a started run broke off (the
-message names what resumes it). A new kind of error that meets that bar subclasses
-:class:`PosttrainError` and is shown the same way with no change to the CLI.
+Every error posttrain raises for a person to read is a :class:`PosttrainError`. The ``posttrain``
+command prints one as one line (``posttrain: <message>``; ``cli/report.py`` is the one place that
+does) and exits with its ``exit_code``: 2 when something to fix comes first (a setting, an input, a
+service), 1 when a started run broke off (the message names what resumes it). ``train`` and ``sft``
+keep its traceback in the run's log file (``<run dir>/posttrain.log``). Any other exception is a bug
+and keeps its traceback on the console. A new kind of error subclasses :class:`PosttrainError` (or one
+below) and is shown the same way with no change to the CLI; where callers also catch it as a
+``ValueError``, ``KeyError`` or ``FileNotFoundError`` it keeps that as a second base
+(:class:`InvalidSettings`, :class:`InputError`, :class:`MissingFileError`).
+
+The kinds:
+
+    InvalidSettings, ConfigError   settings that cannot work, every problem at once (exit 2)
+    InputError                     a data file, dataset option, corpus, tool or reward file that cannot
+                                   be used (exit 2); PromptTooLongError is one
+    MissingFileError               a file or directory a person named is not there (exit 2)
+    ProcessLost                    a process of the run died or hung (a worker, a generator, a
+                                   service the run started): a restart from the last checkpoint may
+                                   cure it (exit 1)
+
+Restarts. An error is restartable when it is a :class:`ProcessLost` or was raised from one
+(``raise ... from err``: its ``__cause__`` chain holds one), as :func:`is_restartable` decides; with
+``trainer.max_restarts`` the run starts its workers again from the last checkpoint instead of stopping
+(``trainer/run.py``'s ``fit_with_restarts``). A wrapper (an async generator's failure, the run's
+checkpoint-then-stop) chains its cause and never copies a flag.
 
 Settings are judged where they are used, and every problem is reported at once, as data: an engine
 refuses its settings with :class:`InvalidSettings` naming its own fields (``lr``); the config's checks
@@ -23,19 +43,49 @@ from typing import Any
 
 class PosttrainError(RuntimeError):
     """An error whose message is complete for a user: cause and fix, no traceback needed.
-
-    ``restartable``: a process of the run died or hung (a worker, a generator, a service the run
-    started); with ``trainer.max_restarts`` the run starts its workers again from the last checkpoint
-    instead of stopping (trainer/run.py's fit_with_restarts)."""
+    ``exit_code``: 1, a started run broke off; a subclass that means "fix something first" sets 2."""
 
     exit_code = 1
-    restartable = False
 
 
-class ServiceDiedError(PosttrainError):
+class InputError(PosttrainError, ValueError):
+    """Something a person gave posttrain cannot be used (a data file, a dataset option, a corpus, a tool,
+    a reward file, an environment); the message names it and the fix. Exit code 2; still a ValueError."""
+
+    exit_code = 2
+
+
+class MissingFileError(PosttrainError, FileNotFoundError):
+    """A file or directory a person named (data, a checkpoint, an episodes file, a model) is not there.
+    Exit code 2; still a FileNotFoundError."""
+
+    exit_code = 2
+
+
+class PromptTooLongError(InputError):
+    """A prompt does not fit: longer than ``data.max_prompt_length`` (with ``data.truncation=error``), or
+    than an engine's context (``max_model_len``)."""
+
+
+class ProcessLost(PosttrainError):
+    """A process of the run died or hung (a worker, a generator, a service the run started); a restart
+    from the last checkpoint may cure it (``trainer.max_restarts``). The one restartable base."""
+
+
+class ServiceDiedError(ProcessLost):
     """A service the run started for itself (the retriever) exited while the run needed it."""
 
-    restartable = True
+
+def is_restartable(err: BaseException) -> bool:
+    """``err`` is a :class:`ProcessLost`, or was raised from one (its ``__cause__`` chain holds one)."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ProcessLost):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return False
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,12 @@ import warnings
 import numpy as np
 import torch
 
+from posttrain.errors import PosttrainError
+
 METRICS_META_KEY = "metrics"
 
 
-class BatchError(ValueError):
+class BatchError(PosttrainError, ValueError):
     """A Batch was built or combined inconsistently; the message says which key and how."""
 
 

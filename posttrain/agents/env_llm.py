@@ -53,6 +53,8 @@ from typing import Protocol
 
 import httpx
 
+from posttrain.errors import InputError, PosttrainError
+
 Messages = Sequence[dict[str, str]]
 
 
@@ -69,8 +71,11 @@ class EnvLLMReply:
         return self.finish_reason == "error"
 
 
-class EnvLLMError(RuntimeError):
-    """The environment's model did not answer; ``retryable`` is False for a request it refused (4xx)."""
+class EnvLLMError(PosttrainError):
+    """The environment's model did not answer; ``retryable`` is False for a request it refused (4xx).
+    Exit code 2: a service to fix (its URL, its model, its key)."""
+
+    exit_code = 2
 
     def __init__(self, message: str, retryable: bool = True) -> None:
         super().__init__(message)
@@ -180,7 +185,7 @@ class OpenAIChatClient(EnvLLMClient):
     ) -> None:
         super().__init__()
         if retries < 0:
-            raise ValueError(f"env.llm.retries={retries} must be >= 0")
+            raise InputError(f"env.llm.retries={retries} must be >= 0")
         self.retries, self.backoff_s = retries, backoff_s
         base = url.rstrip("/")
         for suffix in ("/chat/completions", "/v1"):
@@ -264,7 +269,7 @@ class ReplyCache:
             self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, reply TEXT NOT NULL)")
             self._db.commit()
         except sqlite3.DatabaseError as error:
-            raise ValueError(f"env.llm.reply_cache={self.path} is not a reply cache SQLite can open ({error}); "
+            raise InputError(f"env.llm.reply_cache={self.path} is not a reply cache SQLite can open ({error}); "
                              "give a new file's path") from error
 
     def key(self, messages: Messages) -> str:

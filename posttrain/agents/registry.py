@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.agents.env import Environment
+from posttrain.errors import InputError
 
 BUILTIN_ENVS = {
     "search": ("posttrain.agents.search", "SearchEnv"), "doctor": ("posttrain.agents.doctor", "DoctorEnv"),
@@ -39,7 +40,7 @@ def load_env_class(name: str, path: str | None = None, class_name: str | None = 
     """The class for ``env.name`` (built-in), or ``class_name`` from ``path`` (a .py file or a module)."""
     if path is None:
         if name not in BUILTIN_ENVS:
-            raise ValueError(
+            raise InputError(
                 f"env.name={name!r} is not a built-in environment ({', '.join(builtin_env_names())}); for your own, "
                 "set env.path (a .py file or an importable module) and env.class_name"
             )
@@ -47,11 +48,11 @@ def load_env_class(name: str, path: str | None = None, class_name: str | None = 
         module = importlib.import_module(module_name)
     else:
         if not class_name:
-            raise ValueError(f"env.path={path!r} needs env.class_name: the Environment subclass to load from it")
+            raise InputError(f"env.path={path!r} needs env.class_name: the Environment subclass to load from it")
         module = _import(path)
     env_class = getattr(module, class_name, None)
     if not (inspect.isclass(env_class) and issubclass(env_class, Environment)):
-        raise ValueError(f"{class_name!r} in {path or module.__name__} is not a subclass of posttrain.agents.Environment")
+        raise InputError(f"{class_name!r} in {path or module.__name__} is not a subclass of posttrain.agents.Environment")
     return env_class
 
 
@@ -59,7 +60,7 @@ def _import(path: str) -> Any:
     if path.endswith(".py"):
         file = Path(path)
         if not file.is_file():
-            raise ValueError(f"env.path={path!r}: no such file")
+            raise InputError(f"env.path={path!r}: no such file")
         spec = importlib.util.spec_from_file_location(f"posttrain_user_env_{file.stem}", file)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -67,7 +68,7 @@ def _import(path: str) -> Any:
     try:
         return importlib.import_module(path)
     except ImportError as error:
-        raise ValueError(f"env.path={path!r}: cannot import it ({error}); give a .py file or an importable module") from error
+        raise InputError(f"env.path={path!r}: cannot import it ({error}); give a .py file or an importable module") from error
 
 
 def check_options(env_class: type[Environment], options: Mapping[str, Any], resource_names: Iterable[str]) -> None:
@@ -78,7 +79,7 @@ def check_options(env_class: type[Environment], options: Mapping[str, Any], reso
     unknown = [key for key in options if key not in parameters and not takes_any]
     if unknown:
         accepted = [p for p in parameters if p not in resource_names and parameters[p].kind is not inspect.Parameter.VAR_KEYWORD]
-        raise ValueError(f"env.options {unknown} are not options of {env_class.__name__}; it accepts {accepted}")
+        raise InputError(f"env.options {unknown} are not options of {env_class.__name__}; it accepts {accepted}")
     given = set(options) | (resource_names & set(parameters))
     missing = [
         name for name, p in parameters.items()
@@ -86,7 +87,7 @@ def check_options(env_class: type[Environment], options: Mapping[str, Any], reso
         and name not in given
     ]
     if missing:
-        raise ValueError(f"cannot construct {env_class.__name__}: it needs {missing}; set them as env.options")
+        raise InputError(f"cannot construct {env_class.__name__}: it needs {missing}; set them as env.options")
 
 
 def wanted_resources(env_class: type[Environment], options: Mapping[str, Any] | None = None) -> set[str]:

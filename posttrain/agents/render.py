@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.errors import InputError
+
 _AGENT_MARK = "\x00AGENT\x00"
 _OBSERVATION_MARK = "\x00OBSERVATION\x00"
 TRUNCATION_NOTE = " ...(truncated)"
@@ -48,12 +50,12 @@ class ObservationRenderer:
         try:
             text = tokenizer.apply_chat_template(after, tokenize=False, add_generation_prompt=True)
         except Exception as error:  # templates raise their own errors for roles they do not know
-            raise ValueError(
+            raise InputError(
                 f"the tokenizer's chat template cannot render an observation with role {role!r} ({error}); "
                 "set env.observation_role=user"
             ) from error
         if _AGENT_MARK not in text or _OBSERVATION_MARK not in text:
-            raise ValueError(
+            raise InputError(
                 f"the tokenizer's chat template dropped the assistant or {role!r} message when rendering a "
                 "conversation; multi-turn agents need a template that keeps every message (set "
                 "env.observation_role=user, or use a chat model whose template does)"

@@ -54,6 +54,7 @@ from typing import ClassVar, Protocol
 
 from posttrain.agents.env import EpisodeSample, Environment, StepInfo, StepResult
 from posttrain.agents.retriever.types import MAX_TOPK, Hit, RetrieverError
+from posttrain.errors import InputError
 from posttrain.rewards.search_answer import exact_match, gold_answers, normalize_answer
 
 __all__ = ["SearchEnv", "exact_match", "format_hits", "gold_answers", "normalize_answer"]
@@ -109,7 +110,7 @@ class SearchEnv(Environment):
         self.repeated_search_penalty = repeated_search_penalty
         self._answered_queries: set[str] = set()
         if not 0 <= search_hit_score < 1:
-            raise ValueError(f"SearchEnv options: search_hit_score={search_hit_score} must lie in [0, 1): it rewards finding the evidence below answering right")
+            raise InputError(f"SearchEnv options: search_hit_score={search_hit_score} must lie in [0, 1): it rewards finding the evidence below answering right")
         self.search_hit_score = search_hit_score
         self._found_evidence = False
         self.retriever = retriever
@@ -261,4 +262,4 @@ def _check_options(topk: int, tags: tuple[str, ...], penalty: float, search_pena
     if max_query_chars < 1:
         problems.append(f"max_query_chars={max_query_chars} must be at least 1")
     if problems:
-        raise ValueError("SearchEnv options: " + "; ".join(problems))
+        raise InputError("SearchEnv options: " + "; ".join(problems))

@@ -26,13 +26,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.errors import InputError
 from posttrain.agents.render import ObservationRenderer
 from posttrain.models import tokenize_prompts
 
 ROLES = ("system", "user", "assistant", "tool")
 
 
-class TranscriptError(ValueError):
+class TranscriptError(InputError):
     """A conversation that cannot be laid out for training; the message names what is wrong."""
 
 

@@ -6,7 +6,7 @@
     result = loss_fn(logprobs, old_logprobs, out.advantages, response_mask, global_normalizer=n)
     kl = get_kl_estimator("low_var_kl")(logprobs, ref_logprobs)
 
-An unknown name, or an option the chosen function does not take, raises ValueError listing the
+An unknown name, or an option the chosen function does not take, raises InputError (a ValueError) listing the
 valid ones. Names follow verl (`algorithm.adv_estimator`, `actor.policy_loss.loss_mode`,
 `kl_penalty`). An advantage estimator reads the fields it needs from `AdvantageInputs` and raises
 ValueError naming a needed field that is None (values for gae, group_ids for group estimators,
@@ -26,6 +26,7 @@ from torch import Tensor
 from posttrain.algos import advantages as adv
 from posttrain.algos.kl import KL_ESTIMATORS
 from posttrain.algos.policy_loss import PolicyLossOutput, cispo_policy_loss, gspo_policy_loss, ppo_policy_loss
+from posttrain.errors import InputError
 
 __all__ = [
     "AdvantageEstimator",
@@ -53,14 +54,14 @@ def _check_options(kind: str, name: str, function: Callable[..., Any], options: 
     valid = _keyword_options(function)
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise ValueError(
+        raise InputError(
             f"{kind} {name!r} takes no option {', '.join(unknown)}; its options: {', '.join(valid) or 'none'}"
         )
 
 
 def _lookup(registry: Mapping[str, Any], kind: str, name: str) -> Any:
     if name not in registry:
-        raise ValueError(f"unknown {kind} {name!r}; valid names: {', '.join(registry)}")
+        raise InputError(f"unknown {kind} {name!r}; valid names: {', '.join(registry)}")
     return registry[name]
 
 

@@ -5,11 +5,11 @@ them is ``trainer/validation.py``'s."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from rich.console import Console
 
+from posttrain.errors import InputError
 from posttrain.trainer.intervals import paired_difference, wilson
 from posttrain.trainer.validation import item_accuracies, item_groups
 
@@ -18,16 +18,11 @@ def compare_evaluations(first: Path, second: Path, by: str | None = None) -> int
     """``posttrain compare A.jsonl B.jsonl``: each evaluation's accuracy on the items both hold, with
     its 95 % Wilson interval, and B − A with a paired bootstrap interval (per ``extra_info[by]`` too)."""
     console = Console(highlight=False)
-    try:
-        (a, rows), (b, _) = item_accuracies(first), item_accuracies(second)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"posttrain: {err}", file=sys.stderr)
-        return 2
+    (a, rows), (b, _) = item_accuracies(first), item_accuracies(second)  # what they refuse goes up to main, as one line
     common = [key for key in a if key in b]
     if not common:
-        print(f"posttrain: {first} and {second} hold no item in common (the same prompt, data source and ground truth): "
-              "compare two evaluations of the same held-out set", file=sys.stderr)
-        return 2
+        raise InputError(f"{first} and {second} hold no item in common (the same prompt, data source and ground truth): "
+                         "compare two evaluations of the same held-out set")
     if len(common) < max(len(a), len(b)):
         console.print(f"posttrain: comparing the {len(common)} items both files hold ({len(a)} in {first}, {len(b)} in {second})")
     for group, keys in item_groups(common, rows, by).items():

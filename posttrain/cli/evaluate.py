@@ -10,12 +10,11 @@ where ``--dump-episodes`` says (``posttrain compare`` sets two such files side b
 
 from __future__ import annotations
 
-import sys
-
 from rich.console import Console
 
+from posttrain.cli.train import start_ray
 from posttrain.config.schema import PosttrainConfig
-from posttrain.cli.train import exit_code_of, start_ray
+from posttrain.errors import InputError
 from posttrain.trainer.checkpoint import checkpoint_dir
 from posttrain.trainer.intervals import interval_names
 from posttrain.trainer.roles import Roles
@@ -33,14 +32,9 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
     import ray
 
     console = Console()
-    try:
-        setup = rollout_setup(config)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"posttrain: {err}", file=sys.stderr)
-        return 2
+    setup = rollout_setup(config)  # what it refuses goes up to main, as one line
     if setup.validator is None:
-        console.print("posttrain: no validation data: set data.val_files (or data.builtin)")
-        return 2
+        raise InputError("no validation data: set data.val_files (or data.builtin)")
 
     def load_policy(roles: Roles) -> None:
         if checkpoint:
@@ -52,12 +46,7 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
     try:
         with workers_up(config, setup.total_steps, [RolloutService(setup.rollout)], load_policy) as roles:
             metrics = setup.validator(roles)  # no step: eval writes episodes only where --dump-episodes says
-    except Exception as err:  # an evaluation keeps no log file: known errors are one line, bugs keep their traceback
-        if (code := exit_code_of(err)) is None:
-            raise
-        print(f"posttrain: {err}", file=sys.stderr)
-        return code
-    finally:
+    finally:  # an evaluation keeps no log file: main reports a known error as one line, a bug keeps its traceback
         ray.shutdown()
     for name, value in sorted(metrics.items()):
         if "/acc_low/" in name or "/acc_high/" in name:

@@ -29,8 +29,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from posttrain.config import ConfigError, preset_names, preset_path, to_yaml
 from posttrain.cli.preflight import COMMANDS, load_run_config
+from posttrain.cli.report import report_error
+from posttrain.config import preset_names, preset_path, to_yaml
+from posttrain.errors import InputError, PosttrainError
 
 
 DEFAULT_PRESET = "arithmetic_grpo"
@@ -68,16 +70,12 @@ def _eval_command(args: argparse.Namespace) -> int:
 
 
 def _recipe_command(args: argparse.Namespace) -> int:
-    from posttrain.recipes import RecipeError, list_recipes, run_recipe
+    from posttrain.recipes import list_recipes, run_recipe
 
-    try:
-        if args.name == "list":
-            print(list_recipes())
-            return 0
-        return run_recipe(args.name, args.overrides, args.dir, args.use)
-    except RecipeError as err:
-        print(f"posttrain: {err}", file=sys.stderr)
-        return err.exit_code
+    if args.name == "list":
+        print(list_recipes())
+        return 0
+    return run_recipe(args.name, args.overrides, args.dir, args.use)
 
 
 def _compare_command(args: argparse.Namespace) -> int:
@@ -87,26 +85,16 @@ def _compare_command(args: argparse.Namespace) -> int:
 
 
 def _export_command(args: argparse.Namespace) -> int:
-    from posttrain.trainer.checkpoint import CheckpointError
     from posttrain.cli.export import export_checkpoint
 
-    try:
-        print(export_checkpoint(args.checkpoint, args.out))
-    except (FileNotFoundError, CheckpointError) as err:
-        print(f"posttrain: {err}", file=sys.stderr)
-        return 2
+    print(export_checkpoint(args.checkpoint, args.out))
     return 0
 
 
 def _prepare_command(args: argparse.Namespace) -> int:
     from posttrain.data import prepare
 
-    try:
-        paths = prepare(args.name, args.out, **_prepare_options(args))
-    except (ValueError, OSError) as err:  # OSError: a write that failed after the checks (a full disk)
-        print(f"posttrain: {err}", file=sys.stderr)
-        return 2
-    for path in paths:
+    for path in prepare(args.name, args.out, **_prepare_options(args)):
         print(path)
     return 0
 
@@ -119,49 +107,40 @@ def _prepare_options(args: argparse.Namespace) -> dict:
     options = parse_options(args.name, args.options)
     if args.source_file is None:
         if reads_source_file(args.name) and SOURCE_FILE_OPTION not in options:
-            raise ValueError(f"dataset {args.name!r} is read from a file: pass --in FILE")
+            raise InputError(f"dataset {args.name!r} is read from a file: pass --in FILE")
         return options
     if not reads_source_file(args.name):
-        raise ValueError(f"dataset {args.name!r} reads no input file, so --in {args.source_file} has no use; leave --in out")
+        raise InputError(f"dataset {args.name!r} reads no input file, so --in {args.source_file} has no use; leave --in out")
     if SOURCE_FILE_OPTION in options:
-        raise ValueError(f"both --in and {SOURCE_FILE_OPTION}= name the input file; pass only --in FILE")
+        raise InputError(f"both --in and {SOURCE_FILE_OPTION}= name the input file; pass only --in FILE")
     return options | {SOURCE_FILE_OPTION: args.source_file}
 
 
 def _serve_retriever_command(args: argparse.Namespace) -> int:
     import os
 
-    from posttrain.agents.retriever import CorpusError, ServeError, serve
+    from posttrain.agents.retriever import serve
     from posttrain.agents.retriever.types import TOKEN_ENV
 
-    try:
-        limits = {name: getattr(args, name) for name in ("max_body_bytes", "max_queries", "max_query_chars")}
-        serve(args.corpus, args.index, host=args.host, port=args.port, cache_dir=args.cache_dir,
-              token=args.token or os.environ.get(TOKEN_ENV) or None, latency_ms=args.latency_ms,
-              **{name: value for name, value in limits.items() if value is not None})
-    except (CorpusError, ServeError) as err:
-        print(f"posttrain: {err}", file=sys.stderr)
-        return 2
+    limits = {name: getattr(args, name) for name in ("max_body_bytes", "max_queries", "max_query_chars")}
+    serve(args.corpus, args.index, host=args.host, port=args.port, cache_dir=args.cache_dir,
+          token=args.token or os.environ.get(TOKEN_ENV) or None, latency_ms=args.latency_ms,
+          **{name: value for name, value in limits.items() if value is not None})
     return 0
 
 
 def _tools_command(args: argparse.Namespace) -> int:
     import json
 
-    from posttrain.tools import ToolSpecError, load_tools
+    from posttrain.tools import load_tools
     from posttrain.tools.parse import parser_names
 
     if args.parsers:
         print("\n".join(parser_names()))
         return 0
     if not args.specs:
-        print("posttrain: name at least one tool, e.g. `posttrain tools posttrain.tools:calculator my_tools.py:lookup`", file=sys.stderr)
-        return 2
-    try:
-        schemas = [tool.schema for tool in load_tools(args.specs)]
-    except ToolSpecError as err:
-        print(f"posttrain: {err}", file=sys.stderr)
-        return 2
+        raise InputError("name at least one tool, e.g. `posttrain tools posttrain.tools:calculator my_tools.py:lookup`")
+    schemas = [tool.schema for tool in load_tools(args.specs)]
     from posttrain.models import load_tokenizer, resolve_model
     from posttrain.models.tool_format import render_with_tools, template_renders_tools
 
@@ -282,9 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, listed, [*getattr(args, listed), *extra])
     try:
         return args.run(args)
-    except ConfigError as err:
-        print(f"posttrain: {err}", file=sys.stderr)
-        return 2
+    except PosttrainError as err:  # every command's known errors: one line and the exit code (a bug keeps its traceback)
+        return report_error(err)
     except KeyboardInterrupt:  # before a run's own handling starts (it reads data, loads the model): nothing to save
         print("\nposttrain: interrupted", file=sys.stderr)
         return 130

@@ -27,7 +27,7 @@ from typing import Any
 from posttrain.config import PosttrainConfig, load_config
 from posttrain.config.schema import SFTConfig
 from posttrain.config.validate import CHOICES, critic_enabled, get, validate_config
-from posttrain.errors import InvalidSettings, Problem
+from posttrain.errors import InputError, InvalidSettings, Problem
 
 COMMANDS = ("train", "eval", "sft")  # the commands that run a config; ``posttrain config`` checks for one of them
 
@@ -90,7 +90,7 @@ def check_names(config: PosttrainConfig) -> list[Problem]:
 
         try:
             PolicyObjective.from_config(actor, config.data.max_response_length)
-        except ValueError as error:
+        except InputError as error:
             problems.append(Problem("actor_rollout_ref.actor.policy_loss", actor.policy_loss, str(error)))
     return problems
 
@@ -167,7 +167,7 @@ def check_environment(config: PosttrainConfig) -> list[Problem]:
     env = config.env
     try:
         env_class = load_env_class(env.name, env.path, env.class_name)
-    except ValueError as error:
+    except InputError as error:
         key = "env.name" if env.path is None else "env.class_name" if not env.class_name else "env.path"
         return [Problem(key, get(config, key), str(error))]
     try:

@@ -1,9 +1,10 @@
 """``posttrain train``: start Ray, run the trainer, say what happened.
 
-A run that fails with an error whose message is complete (a :class:`~posttrain.errors.PosttrainError`,
-or one of :data:`REFUSED`) ends with that message as one line on stderr and exit
-code 2 (fix something, then run again) or 1 (the run broke off; the message names what resumes it).
-Its traceback, and every record of posttrain's loggers while the run lasted, are in
+A run that fails with an error whose message is complete (a :class:`~posttrain.errors.PosttrainError`)
+ends with that message as one line on stderr (``cli/report.py``) and exit code 2 (fix something, then
+run again) or 1 (the run broke off; the message names what resumes it). Refused before Ray starts,
+the error goes up to ``posttrain``'s ``main``, which reports it; once the run has started, its
+traceback, and every record of posttrain's loggers while the run lasted, are in
 ``<run dir>/posttrain.log``; any other error is a bug and shows its traceback on the console as well.
 ``posttrain sft`` does the same. A person's stop (Ctrl-C, SIGTERM, ``<run dir>/STOP``) ends as a
 line saying where the run is and the exact command that continues it (trainer/run.py).
@@ -22,25 +23,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from posttrain.agents.env_llm import EnvLLMError
-from posttrain.agents.retriever.types import RetrieverError
+from posttrain.cli.report import report_error
 from posttrain.config.schema import PosttrainConfig, TrainerConfig
 from posttrain.errors import PosttrainError
-from posttrain.trainer.checkpoint import CheckpointError
 from posttrain.trainer.modes import training_run
 from posttrain.trainer.run import Run, fit_with_restarts
 from posttrain.trainer.stopping import StopSignal, Stopped
 
 RUN_LOG = "posttrain.log"
-# Errors of other modules whose message says what to do, beside PosttrainError's subclasses.
-REFUSED = (RetrieverError, EnvLLMError, CheckpointError)  # exit 2: a setting, an input or a service to fix
-
-
-def exit_code_of(err: BaseException) -> int | None:
-    """2 or 1 for an error shown as one line (see the module's docstring); None for any other (a bug)."""
-    if isinstance(err, PosttrainError):
-        return err.exit_code
-    return 2 if isinstance(err, REFUSED) else None
 
 
 @contextmanager
@@ -69,14 +59,6 @@ def run_log(run_dir: Path) -> Iterator[Callable[[], None]]:
             logger.removeHandler(handler)
         to_file.close()
         logger.setLevel(level)
-
-
-def _report(err: Exception, run_dir: Path) -> int | None:
-    """``err`` as one line on stderr, if its message is complete; its exit code (None: a bug, re-raise it)."""
-    code = exit_code_of(err)
-    if code is not None:
-        print(f"posttrain: {err} [traceback: {run_dir / RUN_LOG}]", file=sys.stderr)
-    return code
 
 
 def run_training(config: PosttrainConfig) -> int:
@@ -108,20 +90,13 @@ def run_sft(config: PosttrainConfig) -> int:
 
 
 def _run(config: PosttrainConfig, build: Callable[[StopSignal | None], Run], summary: Callable[[Console, Run, float], None]) -> int:
-    """Build the mode's run (every check that needs no worker), then fit it with Ray up, restarting
-    it after a process that died or hung while ``trainer.max_restarts`` allows."""
+    """Build the mode's run (every check that needs no worker; what it refuses goes up to ``main``),
+    then fit it with Ray up, restarting it after a process that died or hung while
+    ``trainer.max_restarts`` allows."""
     console = Console()
     start = time.perf_counter()
-    try:
-        run = build(None)
-        finished = run.finished()
-    except (ValueError, FileNotFoundError, CheckpointError) as err:  # refused before any worker starts: say why, no traceback
-        print(f"posttrain: {err}", file=sys.stderr)
-        return 2
-    except PosttrainError as err:
-        print(f"posttrain: {err}", file=sys.stderr)
-        return err.exit_code
-    if finished:  # nothing to train: no Ray, no workers
+    run = build(None)
+    if run.finished():  # nothing to train: no Ray, no workers
         more = "sft.total_training_steps (or sft.total_epochs)" if run.parts.label == "sft" else "trainer.total_training_steps (or trainer.total_epochs)"
         console.print(f"posttrain: this run is finished: {run.resume_from} holds its last step ({run.total_steps}). To train "
                       f"further raise {more}; to start over, trainer.resume_mode=disable", soft_wrap=True, highlight=False)
@@ -169,11 +144,12 @@ def _with_ray(trainer_config: TrainerConfig, run_dir: Path, body: Callable[[], i
     with run_log(run_dir) as keep_traceback:
         try:
             return body()
-        except Exception as err:
+        except PosttrainError as err:
             keep_traceback()
-            if (code := _report(err, run_dir)) is None:
-                raise
-            return code
+            return report_error(err, run_dir / RUN_LOG)
+        except Exception:
+            keep_traceback()
+            raise
         finally:
             ray.shutdown()
 

@@ -31,24 +31,20 @@ from posttrain.controller.decorator import REGISTER_ATTR, Dispatch, Execute, reg
 from posttrain.controller.dispatch import GroupFuture, own_batches, plan_call
 from posttrain.controller.resource_pool import ResourcePool
 from posttrain.controller.worker import Worker, WorkerContext, free_port, init_process_group, node_address
-from posttrain.errors import PosttrainError
+from posttrain.errors import PosttrainError, ProcessLost
 from posttrain.protocol import Batch
 
 DEATH_POLL_S = 1.0
 START_TIMEOUT_S = 300.0  # a new process imports torch (and vLLM) before it answers: a minute on a busy small machine
 
 
-class WorkerDiedError(PosttrainError):
+class WorkerDiedError(ProcessLost):
     """A worker process is gone; the message names the role, the rank and the process's log."""
 
-    restartable = True
 
-
-class WorkerHungError(PosttrainError):
+class WorkerHungError(ProcessLost):
     """A worker is alive but has not answered a call within the deadline; the message names the role,
     the ranks still busy, the method and the deadline."""
-
-    restartable = True
 
     def __init__(self, message: str, role: str = "", ranks: Sequence[int] = (), method: str = "") -> None:
         super().__init__(message)

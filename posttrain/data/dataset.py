@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.data.format import PromptRow, read_rows
+from posttrain.errors import InputError, PromptTooLongError
 from posttrain.models import tokenize_prompts
 
 logger = logging.getLogger(__name__)
@@ -41,10 +42,6 @@ class PromptSample:
     extra_info: dict[str, Any]
     file: Path                          # where it was read, so a later check can name the row
     row: int                            # position within ``file``
-
-
-class PromptTooLongError(ValueError):
-    """A prompt exceeds max_prompt_length while truncation is "error"."""
 
 
 class RLDataset:
@@ -66,9 +63,9 @@ class RLDataset:
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
-            raise ValueError(f"truncation={truncation!r} (data.truncation) is not one of {TRUNCATION_MODES}")
+            raise InputError(f"truncation={truncation!r} (data.truncation) is not one of {TRUNCATION_MODES}")
         if max_prompt_length < 1:
-            raise ValueError(f"max_prompt_length={max_prompt_length} (data.max_prompt_length) must be at least 1")
+            raise InputError(f"max_prompt_length={max_prompt_length} (data.max_prompt_length) must be at least 1")
         rows = read_rows(files, prompt_key)
         token_ids = tokenize_prompts([row.messages for row in rows], tokenizer, tools)  # tools: the schemas an agent may call
         kept = range(len(rows))
@@ -86,7 +83,7 @@ class RLDataset:
             _make_sample(rows[i], _fit(token_ids[i], i, rows[i], max_prompt_length, truncation)) for i in kept
         ]
         if not self.samples:
-            raise ValueError(
+            raise InputError(
                 f"no prompts left out of {len(rows)} in {sorted({str(r.file) for r in rows})}: all are longer "
                 f"than max_prompt_length={max_prompt_length}; raise data.max_prompt_length"
             )

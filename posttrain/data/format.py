@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from posttrain.errors import InputError
 
 REQUIRED_COLUMNS = ("data_source", "reward_model")
 # the roles chat templates know; any other is rendered wrongly or not at all
@@ -42,7 +43,7 @@ FORMAT_HINT = (
 )
 
 
-class DataFormatError(ValueError):
+class DataFormatError(InputError):
     """A data file is missing, unreadable or not in verl's row format; the message says how to fix it."""
 
 

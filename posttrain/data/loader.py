@@ -32,6 +32,7 @@ import numpy as np
 
 from posttrain import keys
 from posttrain.data.dataset import PromptSample
+from posttrain.errors import InputError
 from posttrain.protocol import Batch, pad_rows
 
 # (B, P) int64, 1 on real prompt tokens. keys.ATTENTION_MASK is (B, L) over prompt+response, and a
@@ -43,9 +44,9 @@ class EpochSampler:
 
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool = True, seed: int = 0, drop_last: bool = True) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch size must be at least 1, got {batch_size}")
+            raise InputError(f"batch size must be at least 1, got {batch_size}")
         if drop_last and num_samples < batch_size:
-            raise ValueError(
+            raise InputError(
                 f"the dataset has {num_samples} prompts, fewer than one batch of {batch_size}; "
                 "lower data.train_batch_size or add prompts"
             )
@@ -91,7 +92,7 @@ class EpochSampler:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a :meth:`state_dict`; a position with no batch left moves to the next epoch."""
         if state.get("num_samples", self.num_samples) != self.num_samples or state.get("seed", self.seed) != self.seed:
-            raise ValueError(
+            raise InputError(
                 f"the checkpoint's data position is for {state.get('num_samples')} prompts shuffled with seed "
                 f"{state.get('seed')}, but this dataset has {self.num_samples} prompts and seed {self.seed}; "
                 "resuming would replay different prompts. Use the same data files and data.seed, or start "
@@ -99,7 +100,7 @@ class EpochSampler:
             )
         epoch, index = int(state["epoch"]), int(state["index"])
         if epoch < 0 or not 0 <= index <= self.num_samples:
-            raise ValueError(f"invalid data position epoch={epoch}, index={index} for {self.num_samples} prompts")
+            raise InputError(f"invalid data position epoch={epoch}, index={index} for {self.num_samples} prompts")
         self._epoch, self._index = epoch, index
         if not self._has_batch():
             self._epoch, self._index = epoch + 1, 0

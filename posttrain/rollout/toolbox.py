@@ -15,6 +15,7 @@ from typing import Any
 from posttrain.config.schema import EnvConfig
 from posttrain.models.tool_format import template_renders_tools
 from posttrain.tools import CallParser, Tool, ToolBox, auto_parser_name, load_tools
+from posttrain.errors import InputError
 from posttrain.tools.load import check_unique
 
 SEARCH_TOOL = "posttrain.tools:search"
@@ -40,7 +41,7 @@ def _load(env: EnvConfig) -> tuple[list[Tool], Any]:
     if not tools:
         if servers is not None:
             servers.close()
-        raise ValueError("env.name=tools needs at least one tool: list them in env.tools (e.g. posttrain.tools:calculator) or env.mcp_servers")
+        raise InputError("env.name=tools needs at least one tool: list them in env.tools (e.g. posttrain.tools:calculator) or env.mcp_servers")
     return tools, servers
 
 
@@ -59,7 +60,7 @@ def open_toolbox(env: EnvConfig, tokenizer: Any) -> ToolBox:
     parser_name = auto_parser_name(tokenizer) if env.tool_parser == "auto" else env.tool_parser
     try:
         parser = CallParser(parser_name, tokenizer, [tool.schema for tool in tools])
-    except ValueError:
+    except InputError:
         if servers is not None:
             servers.close()
         raise

@@ -28,7 +28,8 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from posttrain.agents.env import Environment, EpisodeSample, StepInfo, StepResult
-from posttrain.rewards.registry import score_function_for
+from posttrain.errors import InputError
+from posttrain.rewards.registry import UnknownDataSourceError, score_function_for
 from posttrain.tools import CallResult, ParsedTurn, ToolBox
 from posttrain.tools.execute import failed
 
@@ -42,7 +43,7 @@ class ToolEnv(Environment):
 
     def __init__(self, toolbox: ToolBox, *, call_error_penalty: float = 0.0, answer_without_call_score: float | None = None) -> None:
         if call_error_penalty > 0:
-            raise ValueError(f"ToolEnv options: call_error_penalty={call_error_penalty} is added per failed call, so it must be <= 0")
+            raise InputError(f"ToolEnv options: call_error_penalty={call_error_penalty} is added per failed call, so it must be <= 0")
         self.toolbox = toolbox
         self.call_error_penalty = call_error_penalty
         # None: an answer is scored the same with or without a successful call before it; a number caps it
@@ -55,8 +56,8 @@ class ToolEnv(Environment):
     def check_sample(cls, sample: EpisodeSample) -> None:
         try:
             score_function_for(sample.data_source)
-        except KeyError as error:  # the final answer is scored by the row's data source
-            raise ValueError(str(error)) from None
+        except UnknownDataSourceError as error:  # the final answer is scored by the row's data source
+            raise InputError(str(error)) from None
 
     @property
     def observation_role(self) -> str:

@@ -113,7 +113,7 @@ class ToolBox:
                 name = calls[i].name
                 if outcome.timed_out:
                     results[i] = failed(name, "timeout", f"the call took longer than {self.timeout_s:g} s and was stopped")
-                elif outcome.error and outcome.error.startswith("the scoring process died"):
+                elif outcome.died:
                     results[i] = failed(name, "crashed", "the tool's process died during the call")
                 elif outcome.error:  # the model reads the exception, not where in the tool's source it was raised
                     message = _WHERE.sub("", outcome.error)

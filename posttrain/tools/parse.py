@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.errors import InputError
+
 # the text that starts a call in each format, to tell a malformed call from plain text
 CALL_MARKERS = {"hermes": "<tool_call>", "qwen3_xml": "<tool_call>", "qwen3_json": "<tool_call>", "llama3_json": '{"name"',
                 "mistral": "[TOOL_CALLS]"}
@@ -55,7 +57,7 @@ def auto_parser_name(tokenizer: Any) -> str:
         return "hermes"
     if "<|python_tag|>" in template or "ipython" in template:
         return "llama3_json"
-    raise ValueError(
+    raise InputError(
         "cannot tell which tool-call format this model's chat template uses; set env.tool_parser to one of vLLM's "
         "parsers (`posttrain tools --parsers` lists them; hermes, llama3_json and pythonic are common)"
     )
@@ -96,12 +98,12 @@ def _vllm_parser(name: str, tokenizer: Any, schemas: Sequence[dict[str, Any]]) -
         from vllm.tool_parsers import ToolParserManager
     except ImportError:
         if name != "hermes":
-            raise ValueError(f"env.tool_parser={name!r} needs vLLM's tool parsers, and vLLM is not installed; use hermes") from None
+            raise InputError(f"env.tool_parser={name!r} needs vLLM's tool parsers, and vLLM is not installed; use hermes") from None
         return None, None
     try:
         parser_class = ToolParserManager.get_tool_parser(name)
     except KeyError:
-        raise ValueError(f"env.tool_parser={name!r} is not one of vLLM's tool parsers ({', '.join(parser_names())})") from None
+        raise InputError(f"env.tool_parser={name!r} is not one of vLLM's tool parsers ({', '.join(parser_names())})") from None
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
     # vLLM logs a traceback for every call it cannot read; here those are counted (tool/errors/bad_json) instead

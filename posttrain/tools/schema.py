@@ -23,11 +23,12 @@ from collections.abc import Callable
 from typing import Any, Literal, Union
 
 import docstring_parser
+from posttrain.errors import InputError
 
 _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
-class ToolSpecError(ValueError):
+class ToolSpecError(InputError):
     """A tool that cannot be loaded or described; the message names the tool and the fix."""
 
 

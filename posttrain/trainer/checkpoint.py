@@ -32,6 +32,8 @@ import re
 import shutil
 from pathlib import Path
 
+from posttrain.errors import InputError, MissingFileError, PosttrainError
+
 POINTER = "latest_checkpointed_iteration.txt"
 MANIFEST = "manifest.json"  # written last: {"step": N, "files": {relative path: bytes}}
 ABANDONED = "abandoned"  # <root>/abandoned/global_step_N: checkpoints after the step a run resumed from
@@ -41,14 +43,16 @@ STEP_DIR = re.compile(r"^global_step_(\d+)$")
 logger = logging.getLogger(__name__)
 
 
-class CheckpointError(RuntimeError):
-    pass
+class CheckpointError(PosttrainError):
+    """A checkpoint that cannot be used (incomplete, of another mode, not one at all); exit code 2."""
+
+    exit_code = 2
 
 
 class CheckpointManager:
     def __init__(self, root: str | Path, keep: int | None = None) -> None:
         if keep is not None and keep < 1:
-            raise ValueError(f"trainer.max_ckpt_to_keep must be >= 1 or null (keep all), got {keep}")
+            raise InputError(f"trainer.max_ckpt_to_keep must be >= 1 or null (keep all), got {keep}")
         self.root = Path(root)
         self.keep = keep
 
@@ -300,5 +304,5 @@ def checkpoint_dir(path: str | Path) -> Path:
         return checked_by_name(path, "the checkpoint given")
     latest = CheckpointManager(path / "checkpoints").latest() or CheckpointManager(path).latest()
     if latest is None:
-        raise FileNotFoundError(f"{path}: neither a global_step_N checkpoint nor a run directory with checkpoints")
+        raise MissingFileError(f"{path}: neither a global_step_N checkpoint nor a run directory with checkpoints")
     return latest

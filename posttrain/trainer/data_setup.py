@@ -13,6 +13,7 @@ from typing import Any
 from posttrain.config.schema import DataConfig
 from posttrain.data import PromptDataLoader, RLDataset, prepare
 from posttrain.data.preparers import get_preparer
+from posttrain.errors import InputError
 from posttrain.models import build_atomically, cache_root
 
 
@@ -29,7 +30,7 @@ def resolve_files(data: DataConfig) -> tuple[list[str], list[str]]:
     if data.train_files:
         return list(data.train_files), list(data.val_files)
     if not data.builtin:
-        raise ValueError(
+        raise InputError(
             "no training data: set data.train_files=[path.parquet,...] (verl's row format; "
             "`posttrain prepare` writes it) or data.builtin=arithmetic|gsm8k"
         )
@@ -41,7 +42,7 @@ def resolve_files(data: DataConfig) -> tuple[list[str], list[str]]:
     missing = [f for f in val_files if not Path(f).is_file()]
     if missing:
         splits = sorted(path.name for path in directory.glob("*.parquet"))
-        raise ValueError(f"data.val_files {missing}: no such file, nor a split of the built-in dataset {data.builtin!r} ({', '.join(splits)})")
+        raise InputError(f"data.val_files {missing}: no such file, nor a split of the built-in dataset {data.builtin!r} ({', '.join(splits)})")
     return [str(directory / "train.parquet")], val_files or [str(directory / "test.parquet")]
 
 
@@ -68,7 +69,7 @@ def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, A
     }
     train_set = RLDataset(train_files, tokenizer, **common)
     if len(train_set) < data.train_batch_size:
-        raise ValueError(
+        raise InputError(
             f"data.train_batch_size={data.train_batch_size} but the training set has only {len(train_set)} prompts "
             f"(after filtering {train_set.num_filtered} overlong ones); lower the batch size or add data"
         )

@@ -45,7 +45,7 @@ from rich.console import Console
 from posttrain.config import to_yaml
 from posttrain.config.schema import PosttrainConfig
 from posttrain.data import PromptDataLoader
-from posttrain.errors import PosttrainError
+from posttrain.errors import PosttrainError, is_restartable
 from posttrain.trainer.checkpoint import ASYNC_STATE, CheckpointError, CheckpointManager, load_rng_state, save_rng_state, step_of
 from posttrain.trainer.report import FIRST_SAMPLES, Sample, load_samples, save_samples, write_report
 from posttrain.trainer.roles import Roles, start_roles
@@ -181,8 +181,8 @@ class Run(Generic[Item]):
         return trainer.max_restarts if trainer.max_restarts is not None else (2 if trainer.save_freq >= 1 else 0)
 
     def will_restart(self, err: BaseException) -> bool:
-        """``err`` is a process that died or hung, and restarts are left."""
-        return isinstance(err, PosttrainError) and err.restartable and self.restarts < self.max_restarts
+        """``err`` is (or was raised from) a process that died or hung, and restarts are left."""
+        return is_restartable(err) and self.restarts < self.max_restarts
 
     def restart_point(self) -> Path | None:
         """The last complete checkpoint of this attempt (the one it resumed from, or saved since); None: from scratch."""
@@ -206,7 +206,7 @@ class Run(Generic[Item]):
                     self.roles = roles
                     self._train(roles)
             except PosttrainError as err:  # a dead or hung process: no checkpoint (it holds the state); say which one resumes
-                if err.restartable and not isinstance(err, CheckpointThenStop) and not self.will_restart(err):
+                if is_restartable(err) and not isinstance(err, CheckpointThenStop) and not self.will_restart(err):
                     self.checkpoints.name_the_resume(err, self.step + 1)
                 raise
             finally:
@@ -360,7 +360,8 @@ class Run(Generic[Item]):
 
 
 def fit_with_restarts(run: Run, build: Callable[[StopSignal | None], Run], console: Console) -> Run:
-    """``run.fit()``; after a process that died or hung (a restartable error) a new attempt from the
+    """``run.fit()``; after a process that died or hung (a :class:`~posttrain.errors.ProcessLost`, or an
+    error raised from one: :func:`~posttrain.errors.is_restartable`) a new attempt from the
     last complete checkpoint, while ``trainer.max_restarts`` allows and nobody asked the run to stop
     (then it stops at that checkpoint). Returns the attempt that finished; raises what ended the last
     one (its message says how many restarts came before)."""
@@ -374,7 +375,7 @@ def fit_with_restarts(run: Run, build: Callable[[StopSignal | None], Run], conso
                     point = run.restart_point()  # a person asked to stop: no new attempt, the last checkpoint stands
                     raise Stopped(run.stop.reason or f"{run.stop.stop_file} exists", step_of(point) if point else 0, point) from err
                 if not run.will_restart(err):
-                    if err.restartable and run.restarts:
+                    if is_restartable(err) and run.restarts:
                         err.args = (f"{err} This was after {run.restarts} restart(s), the most trainer.max_restarts={run.max_restarts} allows.",)
                     raise
                 run = _restarted(run, err, build, console)

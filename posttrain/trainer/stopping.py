@@ -19,7 +19,8 @@ STOP_FILE = "STOP"  # <run dir>/STOP: stop at the next clean point, as Ctrl-C do
 
 
 class Stopped(Exception):
-    """The run stopped because a person asked (Ctrl-C, SIGTERM, the STOP file). ``checkpoint``: the
+    """The run stopped because a person asked (Ctrl-C, SIGTERM, the STOP file): control flow, not an
+    error (cli/train.py prints where the run is and the command that continues it). ``checkpoint``: the
     one written (None: none was, e.g. a second Ctrl-C or nothing trained yet)."""
 
     def __init__(self, reason: str, step: int, checkpoint: Path | None = None, at_once: bool = False) -> None:
@@ -29,20 +30,18 @@ class Stopped(Exception):
 
 class DataRanOut(Exception):
     """A step found no data left for it (an asynchronous run whose dynamic sampling read the data
-    ahead): the run ends as when its batch source runs out."""
+    ahead): the run ends as when its batch source runs out. Control flow, never shown to a user."""
 
 
 class CheckpointThenStop(PosttrainError):
     """An error after which the trainer's own state is still sound: the skeleton writes a checkpoint,
-    then raises :meth:`with_checkpoint`'s error naming it. ``restartable``: its cause was a process
-    that died or hung (see :class:`~posttrain.errors.PosttrainError`)."""
-
-    def __init__(self, message: str, restartable: bool = False) -> None:
-        super().__init__(message)
-        self.restartable = restartable
+    then raises :meth:`with_checkpoint`'s error naming it, from this one. Raised from a
+    :class:`~posttrain.errors.ProcessLost` (``raise ... from err``), it is restartable
+    (:func:`~posttrain.errors.is_restartable`)."""
 
     def with_checkpoint(self, path: Path) -> PosttrainError:
-        return type(self)(f"{self} The trainer's state is in {path}; fix the cause and run the same command to resume.", self.restartable)
+        """The same error naming ``path``; the skeleton raises it from this one, so its cause stays in the chain."""
+        return type(self)(f"{self} The trainer's state is in {path}; fix the cause and run the same command to resume.")
 
 
 class StopSignal:

@@ -22,6 +22,8 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from posttrain.errors import InputError
+
 # What the console shows next to the bar, when present: (metric name, label).
 HEADLINE_METRICS = (
     ("critic/score/mean", "reward"),
@@ -190,7 +192,7 @@ class Tracking:
     ) -> None:
         problem = unknown_trackers(names)
         if problem:
-            raise ValueError(f"trainer.logger: {problem}")
+            raise InputError(f"trainer.logger: {problem}")
         config = dict(config or {})
         builders = {
             "console": lambda: ConsoleTracker(total_steps),

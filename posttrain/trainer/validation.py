@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 from posttrain import keys
 from posttrain.data import PromptDataLoader
 from posttrain.engines.training.inputs import response_attention_mask
+from posttrain.errors import InputError, MissingFileError
 from posttrain.protocol import Batch
 from posttrain.rollout import Rollout
 from posttrain.trainer.intervals import interval_metrics, wilson
@@ -247,7 +248,7 @@ def item_key(row: dict) -> str:
 def item_accuracies(path: Path) -> tuple[dict[str, float], dict[str, dict]]:
     """Each item's accuracy in an episodes file (the mean over its samples), and one of its rows."""
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file (write one with `posttrain eval --dump-episodes FILE.jsonl`, or use "
+        raise MissingFileError(f"{path}: no such file (write one with `posttrain eval --dump-episodes FILE.jsonl`, or use "
                                 "a run's validation/step_N.jsonl)")
     successes: dict[str, list[float]] = {}
     rows: dict[str, dict] = {}
@@ -258,7 +259,7 @@ def item_accuracies(path: Path) -> tuple[dict[str, float], dict[str, dict]]:
             row = json.loads(line)
             success = float(bool(row["success"]))
         except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"{path} line {number} is not an episode row with a 'success' field ({err})") from err
+            raise InputError(f"{path} line {number} is not an episode row with a 'success' field ({err})") from err
         key = item_key(row)
         successes.setdefault(key, []).append(success)
         rows.setdefault(key, row)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from posttrain.config.schema import EnvLLMConfig, ModelConfig, OptimConfig, RolloutConfig
 from posttrain.engines.rollout import GenerationParams, HFRolloutEngine, RolloutEngine, VLLMRolloutEngine
 from posttrain.engines.training import TrainingEngine, TrainingEngineConfig
+from posttrain.errors import InputError
 
 
 def training_engine(
@@ -76,7 +77,7 @@ def build_engine(
         )
     if name == "hf":
         return HFRolloutEngine(model_path, dtype=dtype, max_model_len=max_model_len)
-    raise ValueError(f"{setting}={name!r}: use vllm or hf")
+    raise InputError(f"{setting}={name!r}: use vllm or hf")
 
 
 def env_llm_params(config: EnvLLMConfig, *, seed: int | None) -> GenerationParams:

@@ -16,6 +16,7 @@ from typing import Any
 from posttrain import keys
 from posttrain.config.schema import EnvLLMConfig
 from posttrain.controller import Dispatch, Worker, WorkerContext, register
+from posttrain.errors import InputError
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.protocol import Batch
 from posttrain.workers.engines import env_llm_engine, env_llm_params
@@ -27,7 +28,7 @@ class EnvLLMWorker(Worker):
         path = str(resolve_model(config.model_path))
         self.tokenizer = load_tokenizer(path)
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(f"env.llm.model_path={config.model_path!r}: its tokenizer has no chat template; the Env-LLM needs a chat model")
+            raise InputError(f"env.llm.model_path={config.model_path!r}: its tokenizer has no chat template; the Env-LLM needs a chat model")
         self.engine = env_llm_engine(path, config, seed=seed + ctx.rank)
         self.prompt_limit = self.engine.max_model_len - config.max_tokens
         self.params = env_llm_params(config, seed=seed + ctx.rank)

@@ -17,6 +17,7 @@ import torch
 from posttrain import keys
 from posttrain.config.schema import RewardModelConfig
 from posttrain.controller import Dispatch, Worker, WorkerContext, register
+from posttrain.errors import InputError
 from posttrain.models import resolve_model
 from posttrain.protocol import Batch
 
@@ -27,11 +28,11 @@ class RewardModelWorker(Worker):
         from transformers import AutoModelForSequenceClassification
 
         if not config.model_path:
-            raise ValueError("reward_model.enable=true needs reward_model.model_path: a sequence-classification model directory")
+            raise InputError("reward_model.enable=true needs reward_model.model_path: a sequence-classification model directory")
         path = resolve_model(config.model_path)
         self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32).eval()
         if not isinstance(getattr(self.model, "score", None), torch.nn.Module):
-            raise ValueError(
+            raise InputError(
                 f"reward model {config.model_path} is a {type(self.model).__name__}, which has no `score` head on the last "
                 "token; reward_model.model_path must be a decoder sequence classifier (e.g. LlamaForSequenceClassification, "
                 "Qwen2ForSequenceClassification)"

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from posttrain.agents.retriever import RetrieverClient, RetrieverError, RetrieverProcess
+from posttrain.errors import is_restartable
 from tests.agents.retriever_helpers import DOCUMENTS, FLIGHTLESS_BIRD, K1, NORM_7, post
 
 
@@ -100,7 +101,7 @@ def test_a_started_retriever_that_exits_mid_run_is_a_restartable_failure(corpus_
         handle.process._process.wait(timeout=10)
         with pytest.raises(ServiceDiedError, match=r"the retriever the run started \(http://127\.0\.0\.1:\d+\) exited with code -9") as info:
             handle.check_alive()
-        assert info.value.restartable
+        assert is_restartable(info.value)
     finally:
         handle.close()
     handle.check_alive()  # stopped by the run itself: not a failure

@@ -8,25 +8,32 @@ from posttrain.errors import ConfigError, InvalidSettings, PosttrainError, Probl
 from posttrain.trainer.async_.mode import GeneratorsFailed
 from posttrain.trainer.breakers import CircuitBreakerError
 from posttrain.trainer.checkpoint import CheckpointError
-from posttrain.cli.train import RUN_LOG, exit_code_of, run_log
+from posttrain.cli.report import report_error
+from posttrain.cli.train import RUN_LOG, run_log
 
 
-def test_known_errors_get_one_line_and_an_exit_code_and_a_bug_keeps_its_traceback():
-    assert exit_code_of(WorkerDiedError("gone")) == 1  # the run broke off: resume
-    assert exit_code_of(WorkerHungError("stuck", "actor", [0], "update")) == 1
-    assert exit_code_of(GeneratorsFailed("x")) == 1
-    assert exit_code_of(CircuitBreakerError("x")) == 1
-    assert exit_code_of(ResourceError("too big")) == 2  # fix something first
-    assert exit_code_of(CheckpointError("not a checkpoint")) == 2
+def exit_code_of(err, capsys):
+    """What the CLI shows for ``err``: its exit code, after checking the one line it printed."""
+    code = report_error(err)
+    assert capsys.readouterr().err == f"posttrain: {err}\n"
+    return code
+
+
+def test_known_errors_get_one_line_and_an_exit_code(capsys):
+    assert exit_code_of(WorkerDiedError("gone"), capsys) == 1  # the run broke off: resume
+    assert exit_code_of(WorkerHungError("stuck", "actor", [0], "update"), capsys) == 1
+    assert exit_code_of(GeneratorsFailed("x"), capsys) == 1
+    assert exit_code_of(CircuitBreakerError("x"), capsys) == 1
+    assert exit_code_of(ResourceError("too big"), capsys) == 2  # fix something first
+    assert exit_code_of(CheckpointError("not a checkpoint"), capsys) == 2
 
     class NewKind(PosttrainError):  # a new error type needs no change to the CLI
         exit_code = 2
 
-    assert exit_code_of(NewKind("x")) == 2
-    assert exit_code_of(KeyError("a bug")) is None
+    assert exit_code_of(NewKind("x"), capsys) == 2
     # settings that cannot work, found once the data is read (a warm-up longer than the run) or by an engine
-    assert exit_code_of(ConfigError([Problem("sft.optim.warmup_steps", 10, "is more than the run's 3 steps; lower it")])) == 2
-    assert exit_code_of(InvalidSettings("TrainingEngineConfig", [Problem("lr", 0.0, "must be > 0")])) == 2
+    assert exit_code_of(ConfigError([Problem("sft.optim.warmup_steps", 10, "is more than the run's 3 steps; lower it")]), capsys) == 2
+    assert exit_code_of(InvalidSettings("TrainingEngineConfig", [Problem("lr", 0.0, "must be > 0")]), capsys) == 2
 
 
 def test_the_run_log_keeps_the_runs_records_and_the_traceback_that_ended_it(tmp_path, capsys):

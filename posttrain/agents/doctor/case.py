@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.errors import InputError
 from posttrain.agents.env import EpisodeSample
 
 
@@ -57,7 +58,7 @@ class Case:
         }
 
 
-class CaseError(ValueError):
+class CaseError(InputError):
     """A case cannot be used; the message names the case and the missing field."""
 
 

@@ -48,6 +48,7 @@ from posttrain.agents.doctor.prompts import DIAGNOSIS_TAG, QUESTION_TAG, how_to_
 from posttrain.agents.env import EpisodeSample, Environment, StepInfo, StepResult
 from posttrain.agents.env_llm import EnvLLM, EnvLLMError, EnvLLMReply
 from posttrain.agents.search import exact_match
+from posttrain.errors import InputError
 
 _ACTION = re.compile(rf"<({QUESTION_TAG}|{DIAGNOSIS_TAG})>(.*?)</\1>", re.DOTALL)
 PATIENTS, JUDGES = ("llm", "rule"), ("rule", "llm")
@@ -103,7 +104,7 @@ class DoctorEnv(Environment):
         _check_options(patient, judge, correct_reward, relevant_question_reward, (irrelevant_question_penalty, turn_penalty,
                        invalid_action_penalty), similarity_threshold, max_question_chars, max_reply_chars)
         if env_llm is None and "llm" in (patient, judge):
-            raise ValueError(f"DoctorEnv(patient={patient!r}, judge={judge!r}) needs the env_llm resource (an Env-LLM); "
+            raise InputError(f"DoctorEnv(patient={patient!r}, judge={judge!r}) needs the env_llm resource (an Env-LLM); "
                              "the trainer gives it when env.llm is configured, or use patient=rule judge=rule")
         self.env_llm = env_llm
         self.patient, self.judge = patient, judge
@@ -287,7 +288,7 @@ def _check_options(patient: str, judge: str, correct: float, relevant: float, pe
     if max_question_chars < 1 or max_reply_chars < 1:
         problems.append(f"max_question_chars={max_question_chars} and max_reply_chars={max_reply_chars} must be >= 1")
     if problems:
-        raise ValueError("DoctorEnv options: " + "; ".join(problems))
+        raise InputError("DoctorEnv options: " + "; ".join(problems))
 
 
 def patient_faithfulness(env_llm: EnvLLM, samples: Sequence[EpisodeSample], max_questions: int = 64,

@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from posttrain.errors import InputError
 from posttrain.agents.retriever.types import Document
 
 VALID_LINE = '{"id": "0", "contents": "\\"Title\\"\\ntext of the passage"}'
 _SHOWN_PROBLEMS = 5
 
 
-class CorpusError(ValueError):
+class CorpusError(InputError):
     """The corpus file cannot be used; the message names the file, the bad lines and the fix."""
 
 

@@ -55,6 +55,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from posttrain.errors import InputError
 from posttrain.agents.retriever.corpus import load_corpus
 from posttrain.agents.retriever.index import SearchIndex, build_index
 from posttrain.agents.retriever.types import MAX_QUERIES, MAX_TOPK, TOKEN_ENV, Document, Hit
@@ -66,7 +67,7 @@ DEFAULT_MAX_QUERY_CHARS = 1024
 logger = logging.getLogger("posttrain.retriever")
 
 
-class ServeError(ValueError):
+class ServeError(InputError):
     """The service will not start as asked (an exposed host without a token, a limit below 1)."""
 
 

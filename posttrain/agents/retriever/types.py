@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from posttrain.errors import PosttrainError
+
 MAX_QUERIES = 1024  # queries in one request; a client splits longer lists
 MAX_TOPK = 100      # hits per query
 TOKEN_ENV = "POSTTRAIN_RETRIEVER_TOKEN"  # where `serve-retriever` finds its token when --token is not given
@@ -38,5 +40,8 @@ class Hit:
     score: float
 
 
-class RetrieverError(RuntimeError):
-    """The retriever could not answer (down, timed out, or an error reply); the message says which."""
+class RetrieverError(PosttrainError):
+    """The retriever could not answer (down, timed out, or an error reply); the message says which.
+    Exit code 2: a service to fix."""
+
+    exit_code = 2

@@ -20,6 +20,7 @@ from posttrain.data.preparers.options import check_output_dir
 from posttrain.data.preparers.synthetic_doctor import prepare_synthetic_doctor
 from posttrain.data.preparers.synthetic_search import prepare_synthetic_search
 from posttrain.data.preparers.tool_arithmetic import prepare_tool_arithmetic
+from posttrain.errors import InputError, PosttrainError
 
 Preparer = Callable[..., list[Path]]
 PREPARERS: dict[str, Preparer] = {
@@ -40,7 +41,7 @@ def preparer_names() -> list[str]:
 
 def get_preparer(name: str) -> Preparer:
     if name not in PREPARERS:
-        raise ValueError(f"unknown dataset {name!r}; the preparers are {preparer_names()}")
+        raise InputError(f"unknown dataset {name!r}; the preparers are {preparer_names()}")
     return PREPARERS[name]
 
 
@@ -57,15 +58,21 @@ def reads_source_file(name: str) -> bool:
 
 
 def prepare(name: str, out_dir: str | Path, **options: Any) -> list[Path]:
-    """Write dataset ``name`` into ``out_dir``; returns the Parquet files written. ValueError, before
-    anything is written, for bad options or an ``out_dir`` that cannot be written."""
+    """Write dataset ``name`` into ``out_dir``; returns the Parquet files written. InputError, before
+    anything is written, for bad options or an ``out_dir`` that cannot be written; after, for a write
+    that failed (a full disk)."""
     preparer = get_preparer(name)
     try:
         inspect.signature(preparer).bind(Path(out_dir), **options)
     except TypeError as error:
-        raise ValueError(f"bad options {sorted(options)} for dataset {name!r} ({error}); its options are: {describe_options(name)}") from None
+        raise InputError(f"bad options {sorted(options)} for dataset {name!r} ({error}); its options are: {describe_options(name)}") from None
     check_output_dir(Path(out_dir))
-    return preparer(Path(out_dir), **options)
+    try:
+        return preparer(Path(out_dir), **options)
+    except PosttrainError:
+        raise
+    except OSError as error:  # a write that failed after the checks
+        raise InputError(f"--out {out_dir}: writing dataset {name!r} failed ({error}); free space or pass --out another directory") from error
 
 
 def parse_options(name: str, assignments: Sequence[str]) -> dict[str, Any]:
@@ -80,7 +87,7 @@ def parse_options(name: str, assignments: Sequence[str]) -> dict[str, Any]:
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
         if not sep or key not in hints or key == "return" or key == "out_dir":
-            raise ValueError(f"expected key=value with a key among: {describe_options(name)}; got {assignment!r}")
+            raise InputError(f"expected key=value with a key among: {describe_options(name)}; got {assignment!r}")
         options[key] = _convert(text, hints[key], key)
     return options
 
@@ -92,12 +99,12 @@ def _convert(text: str, hint: Any, key: str) -> Any:
     kind = kinds[0]
     if kind is bool:
         if text.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(f"{key}={text!r}: expected true or false")
+            raise InputError(f"{key}={text!r}: expected true or false")
         return text.lower() in ("true", "1")
     try:
         return kind(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{key}={text!r}: expected a value of type {getattr(kind, '__name__', kind)}") from None
+        raise InputError(f"{key}={text!r}: expected a value of type {getattr(kind, '__name__', kind)}") from None
 
 
 __all__ = ["PREPARERS", "SOURCE_FILE_OPTION", "Preparer", "describe_options", "get_preparer", "parse_options", "prepare",

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from posttrain.data.format import make_row, write_rows
 from posttrain.data.preparers.options import check_counts
+from posttrain.errors import InputError
 
 DATA_SOURCE = "arithmetic"
 SUPPORTED_OPERATORS = "+-*"
@@ -81,7 +82,7 @@ def generate_problems(count: int, *, digits: int, num_operands: int, operators: 
             problems.append(problem)
             if len(problems) == count:
                 return problems
-    raise ValueError(
+    raise InputError(
         f"found only {len(problems)} distinct problems of the {count} asked for; use more digits, "
         "operands or operators, or fewer problems"
     )
@@ -89,14 +90,14 @@ def generate_problems(count: int, *, digits: int, num_operands: int, operators: 
 
 def _check_options(count: int, digits: int, num_operands: int, operators: str) -> None:
     if digits < 1 or num_operands < 2 or count < 1:
-        raise ValueError(f"need digits >= 1, num_operands >= 2 and at least one problem; got {digits=}, {num_operands=}, {count=}")
+        raise InputError(f"need digits >= 1, num_operands >= 2 and at least one problem; got {digits=}, {num_operands=}, {count=}")
     unknown = sorted(set(operators) - set(SUPPORTED_OPERATORS))
     if not operators or unknown:
-        raise ValueError(f"operators={operators!r}: use a non-empty string of {SUPPORTED_OPERATORS!r}, e.g. '+-'")
+        raise InputError(f"operators={operators!r}: use a non-empty string of {SUPPORTED_OPERATORS!r}, e.g. '+-'")
     distinct_values = 10**digits - (0 if digits == 1 else 10 ** (digits - 1))
     space = distinct_values**num_operands * len(set(operators)) ** (num_operands - 1)
     if count > space:
-        raise ValueError(
+        raise InputError(
             f"asked for {count} distinct problems but only {space} exist with {digits} digit(s), "
             f"{num_operands} operands and operators {operators!r}; lower train_size/val_size or widen the problems"
         )

@@ -33,6 +33,7 @@ from typing import Any
 from posttrain.agents.doctor.case import QA, Case
 from posttrain.agents.doctor.prompts import doctor_instruction
 from posttrain.data.format import make_row, write_rows
+from posttrain.errors import InputError
 
 DATA_SOURCE = "doctor"
 ABILITY = "medical-consultation"
@@ -41,17 +42,17 @@ ABILITY = "medical-consultation"
 def read_case_objects(path: Path) -> list[dict[str, Any]]:
     """The case objects of ``path``: a JSON list (or one object), or JSON lines."""
     if not path.is_file():
-        raise ValueError(f"{path} does not exist; pass --in FILE with a JSON list of cases or JSON lines")
+        raise InputError(f"{path} does not exist; pass --in FILE with a JSON list of cases or JSON lines")
     text = path.read_text(encoding="utf-8").strip()
     if not text:
-        raise ValueError(f"{path} is empty; it must hold a JSON list of case objects or one case object a line")
+        raise InputError(f"{path} is empty; it must hold a JSON list of case objects or one case object a line")
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
         data = _json_lines(path, text)
     objects = [data] if isinstance(data, dict) else data
     if not isinstance(objects, list) or not objects:
-        raise ValueError(f"{path} holds no cases; it must hold a JSON list of case objects or one case object a line")
+        raise InputError(f"{path} holds no cases; it must hold a JSON list of case objects or one case object a line")
     return objects
 
 
@@ -63,7 +64,7 @@ def _json_lines(path: Path, text: str) -> list[Any]:
         try:
             objects.append(json.loads(line))
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path} is not JSON (nor JSON lines): line {number}: {error.msg}; write a JSON list "
+            raise InputError(f"{path} is not JSON (nor JSON lines): line {number}: {error.msg}; write a JSON list "
                              "of case objects or one case object a line") from None
     return objects
 
@@ -71,15 +72,15 @@ def _json_lines(path: Path, text: str) -> list[Any]:
 def case_from_object(item: Any, position: int, path: Path) -> Case:
     """The case in ``item`` (the ``position``-th object of ``path``); see the module docstring for its fields."""
     if not isinstance(item, dict):
-        raise ValueError(f"{path}: case at position {position} is {type(item).__name__}, not a JSON object")
+        raise InputError(f"{path}: case at position {position} is {type(item).__name__}, not a JSON object")
     case_id = str(next((item[key] for key in ("id", "case_id") if item.get(key) is not None), position))
     where = f"{path}: case {case_id!r} (position {position})"
     self_report = _text(item.get("self_report", item.get("self-report")))
     if not self_report:
-        raise ValueError(f"{where} has no self-report: add \"self_report\", the patient's own words")
+        raise InputError(f"{where} has no self-report: add \"self_report\", the patient's own words")
     names = _diagnoses(item, where)
     if not names:
-        raise ValueError(f"{where} has no diagnosis: add \"diagnosis\", a string or a list [diagnosis, *aliases]")
+        raise InputError(f"{where} has no diagnosis: add \"diagnosis\", a string or a list [diagnosis, *aliases]")
     qa = _qa_pairs(item, where)
     description = _text(item.get("description", item.get("enhanced_description")))
     if not description:
@@ -99,7 +100,7 @@ def _diagnoses(item: dict[str, Any], where: str) -> list[str]:
     if isinstance(aliases, str):
         aliases = [aliases]
     if not isinstance(aliases, list):
-        raise ValueError(f"{where}: \"aliases\" is {aliases!r}; give a list of names (or one name as a string)")
+        raise InputError(f"{where}: \"aliases\" is {aliases!r}; give a list of names (or one name as a string)")
     names += aliases
     unique: list[str] = []
     for name in map(_text, names):
@@ -121,7 +122,7 @@ def _qa_pairs(item: dict[str, Any], where: str) -> tuple[QA, ...]:
 def _entries(item: dict[str, Any], field: str, where: str) -> list[dict[str, Any]]:
     entries = item.get(field) or []
     if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
-        raise ValueError(f"{where}: \"{field}\" must be a list of JSON objects")
+        raise InputError(f"{where}: \"{field}\" must be a list of JSON objects")
     return entries
 
 
@@ -131,7 +132,7 @@ def read_cases(path: Path) -> list[Case]:
     seen: dict[str, int] = {}
     for position, case in enumerate(cases):
         if case.case_id in seen:
-            raise ValueError(f"{path}: cases at positions {seen[case.case_id]} and {position} share the id {case.case_id!r}; "
+            raise InputError(f"{path}: cases at positions {seen[case.case_id]} and {position} share the id {case.case_id!r}; "
                              "ids must be unique")
         seen[case.case_id] = position
     return cases
@@ -141,7 +142,7 @@ def split_cases(cases: list[Case], val_fraction: float, seed: int) -> dict[str, 
     """``{"train": [...], "test": [...]}``, disjoint, each in the file's order (module docstring)."""
     test_count = max(1, round(len(cases) * val_fraction))
     if len(cases) - test_count < 1:
-        raise ValueError(f"{len(cases)} case(s) with val_fraction={val_fraction} leave none for training; "
+        raise InputError(f"{len(cases)} case(s) with val_fraction={val_fraction} leave none for training; "
                          "add cases or lower val_fraction")
     order = list(range(len(cases)))
     random.Random(seed).shuffle(order)
@@ -152,7 +153,7 @@ def split_cases(cases: list[Case], val_fraction: float, seed: int) -> dict[str, 
 def prepare_doctor(out_dir: Path, *, source_file: Path, val_fraction: float = 0.1, seed: int = 0) -> list[Path]:
     """Write ``train.parquet`` and ``test.parquet`` (returned) from the cases in ``source_file``."""
     if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction={val_fraction}: must lie strictly between 0 and 1, e.g. val_fraction=0.1")
+        raise InputError(f"val_fraction={val_fraction}: must lie strictly between 0 and 1, e.g. val_fraction=0.1")
     splits = split_cases(read_cases(Path(source_file)), val_fraction, seed)
     out_dir = Path(out_dir)
     return [write_rows([case_row(case, DATA_SOURCE, split, i) for i, case in enumerate(cases)], out_dir / f"{split}.parquet")

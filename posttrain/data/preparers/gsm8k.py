@@ -18,6 +18,7 @@ from pathlib import Path
 
 from posttrain.data.format import make_row, write_rows
 from posttrain.data.preparers.options import check_counts
+from posttrain.errors import InputError, MissingFileError
 
 DATA_SOURCE = "openai/gsm8k"
 HUB_FILES = {"train": "main/train-00000-of-00001.parquet", "test": "main/test-00000-of-00001.parquet"}
@@ -30,7 +31,7 @@ def final_answer(worked_answer: str) -> str:
     """The number after ``####`` in a GSM8K answer, commas removed; ValueError if there is none."""
     found = _FINAL_ANSWER.search(worked_answer.strip())
     if found is None:
-        raise ValueError(f"GSM8K answer has no '#### <number>' line: {worked_answer[-80:]!r}")
+        raise InputError(f"GSM8K answer has no '#### <number>' line: {worked_answer[-80:]!r}")
     return found.group(1).replace(",", "")
 
 
@@ -70,7 +71,7 @@ def _problems(split: str) -> list[dict[str, str]]:
 
 def _read_jsonl(path: Path) -> list[dict[str, str]]:
     if not path.is_file():
-        raise FileNotFoundError(f"GSM8K file {path} is missing; reinstall posttrain (it ships {VENDORED_DIR})")
+        raise MissingFileError(f"GSM8K file {path} is missing; reinstall posttrain (it ships {VENDORED_DIR})")
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 

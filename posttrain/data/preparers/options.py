@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from posttrain.errors import InputError
+
 
 def check_counts(at_least: int, **counts: int) -> None:
     """Raise ValueError for the first of ``counts`` (option name → value) below ``at_least``."""
     for key, value in counts.items():
         if value < at_least:
             also = " (0 writes none)" if at_least == 0 else ""
-            raise ValueError(f"{key}={value}: must be at least {at_least}{also}; pass {key}=N with N >= {at_least}")
+            raise InputError(f"{key}={value}: must be at least {at_least}{also}; pass {key}=N with N >= {at_least}")
 
 
 def check_output_dir(out_dir: Path) -> None:
@@ -23,6 +25,6 @@ def check_output_dir(out_dir: Path) -> None:
         existing = existing.parent
     if not existing.is_dir():
         where = "is a file" if existing == out_dir.absolute() else f"lies under {existing}, which is a file"
-        raise ValueError(f"--out {out_dir} {where}; pass --out a directory (it is created if missing)")
+        raise InputError(f"--out {out_dir} {where}; pass --out a directory (it is created if missing)")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out_dir}: {existing} is not writable by this user; pass --out a directory you can write to")
+        raise InputError(f"--out {out_dir}: {existing} is not writable by this user; pass --out a directory you can write to")

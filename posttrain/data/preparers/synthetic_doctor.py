@@ -61,6 +61,7 @@ from posttrain.agents.doctor.prompts import doctor_instruction
 from posttrain.data.format import write_conversations, write_rows
 from posttrain.data.preparers.doctor_json import case_row
 from posttrain.data.preparers.options import check_counts
+from posttrain.errors import InputError
 
 DATA_SOURCE = "synthetic_doctor"
 PATTERNS = {"A": (True, True, True), "B": (True, True, False), "C": (True, False, False), "D": (False, False, True)}
@@ -275,7 +276,7 @@ def draw_splits(train_size: int, val_size: int, seed: int) -> dict[str, list[Cas
               for split, size in (("test", val_size), ("train", train_size))}
     wanted = max(counts["test"][i] + counts["train"][i] for i in range(len(table)))
     if wanted > cases_per_condition():
-        raise ValueError(
+        raise InputError(
             f"train_size={train_size} and val_size={val_size} need {wanted} cases of one condition, but each of the "
             f"{len(table)} conditions has only {cases_per_condition()} ({len(AGES)} ages x {len(SEXES)} sexes x 3 phrasings "
             f"x 5 durations); lower train_size + val_size to at most {cases_per_condition() * len(table)}"
@@ -370,12 +371,12 @@ def _check_options(train_size: int, val_size: int, sft_size: int, sft_val_size: 
     check_counts(1, train_size=train_size, val_size=val_size)
     check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size, patient_sft_size=patient_sft_size)
     if sft_size and sft_size + sft_val_size > train_size:
-        raise ValueError(f"sft_size={sft_size} + sft_val_size={sft_val_size} transcripts need as many train cases, but "
+        raise InputError(f"sft_size={sft_size} + sft_val_size={sft_val_size} transcripts need as many train cases, but "
                          f"train_size={train_size}; raise train_size or lower sft_size/sft_val_size")
     if sft_questions not in (1, 2, 3):
-        raise ValueError(f"sft_questions={sft_questions}: a cluster has 3 questions; pass 1, 2 or 3")
+        raise InputError(f"sft_questions={sft_questions}: a cluster has 3 questions; pass 1, 2 or 3")
     if not 0.0 <= sft_extra_question_fraction <= 1.0:
-        raise ValueError(f"sft_extra_question_fraction={sft_extra_question_fraction}: must lie in [0, 1], e.g. 0.15")
+        raise InputError(f"sft_extra_question_fraction={sft_extra_question_fraction}: must lie in [0, 1], e.g. 0.15")
 
 
 def prepare_synthetic_doctor(

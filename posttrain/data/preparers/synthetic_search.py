@@ -52,6 +52,7 @@ from pathlib import Path
 
 from posttrain.data.format import make_row, write_conversations, write_rows
 from posttrain.data.preparers.options import check_counts
+from posttrain.errors import InputError
 
 DATA_SOURCE = "synthetic_search"
 ABILITY = "fact-reasoning"
@@ -263,7 +264,7 @@ def split_questions(world: World, train_size: int, val_size: int, two_hop_fracti
 def _check_supply(available: int, wanted: int, hops: str, world: World) -> None:
     if wanted > available:
         counts = {kind: sum(e.kind == kind for e in world.entities) for kind in (PERSON, CITY, ORGANISATION)}
-        raise ValueError(
+        raise InputError(
             f"asked for {wanted} {hops} questions but a world of {counts[PERSON]} people, {counts[CITY]} places "
             f"and {counts[ORGANISATION]} organisations supplies only {available}; lower train_size/val_size, "
             "change two_hop_fraction, or raise num_people/num_places/num_organisations"
@@ -272,7 +273,7 @@ def _check_supply(available: int, wanted: int, hops: str, world: World) -> None:
 
 def _check_fraction(key: str, fraction: float) -> None:
     if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"{key}={fraction}: must lie in [0, 1], e.g. {key}=0.5")
+        raise InputError(f"{key}={fraction}: must lie in [0, 1], e.g. {key}=0.5")
 
 
 def prepare_synthetic_search(
@@ -297,7 +298,7 @@ def prepare_synthetic_search(
                  train_size=train_size, val_size=val_size, sft_topk=sft_topk)
     check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size)
     if tool_format and sft_size:
-        raise ValueError("the expert transcripts are written in the <search> tag format; with tool_format=true set sft_size=0")
+        raise InputError("the expert transcripts are written in the <search> tag format; with tool_format=true set sft_size=0")
     _check_fraction("two_hop_fraction", two_hop_fraction)
     _check_fraction("sft_two_hop_fraction", sft_two_hop_fraction)
     world = build_world(num_people, num_places, num_organisations, seed)
@@ -337,7 +338,7 @@ def write_expert_transcripts(world: World, train: list[Question], out_dir: Path,
             made[question.hops].append(messages)
     for hops, count in wanted.items():
         if len(made[hops]) < count:
-            raise ValueError(
+            raise InputError(
                 f"asked for {count} {hops}-hop expert transcripts but the training split yields only {len(made[hops])} "
                 f"({skipped} questions skipped: their searches missed the evidence); raise train_size or lower sft_size"
             )

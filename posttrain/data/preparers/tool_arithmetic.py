@@ -25,6 +25,7 @@ from pathlib import Path
 from posttrain.data.format import make_row, write_conversations, write_rows
 from posttrain.data.preparers.arithmetic import DATA_SOURCE, Problem, generate_problems
 from posttrain.data.preparers.options import check_counts
+from posttrain.errors import InputError
 from posttrain.models.tool_format import tool_observation
 from posttrain.tools.builtin import calculator
 
@@ -68,9 +69,9 @@ def prepare_tool_arithmetic(
     check_counts(1, train_size=train_size, val_size=val_size, longer_size=longer_size, digits=digits)
     check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size)
     if not 0 <= sft_direct_fraction <= 1:
-        raise ValueError(f"sft_direct_fraction={sft_direct_fraction} must lie in [0, 1]")
+        raise InputError(f"sft_direct_fraction={sft_direct_fraction} must lie in [0, 1]")
     if sft_size + sft_val_size > train_size:
-        raise ValueError(f"sft_size + sft_val_size = {sft_size + sft_val_size} transcripts are drawn from the {train_size} train problems; lower them")
+        raise InputError(f"sft_size + sft_val_size = {sft_size + sft_val_size} transcripts are drawn from the {train_size} train problems; lower them")
     problems = generate_problems(train_size + val_size, digits=digits, num_operands=num_operands, operators=operators, seed=seed)
     longer = generate_problems(longer_size, digits=digits + 1, num_operands=num_operands, operators=operators, seed=seed + 1)
     out_dir = Path(out_dir)

@@ -30,7 +30,7 @@ from typing import Literal
 
 import torch
 
-from posttrain.errors import InvalidSettings, Problem
+from posttrain.errors import InvalidSettings, Problem, PromptTooLongError
 
 FinishReason = Literal["stop", "length"]
 
@@ -101,10 +101,6 @@ class Generation:
     logprobs: list[float] | None
     finish_reason: FinishReason
     weight_version: int
-
-
-class PromptTooLongError(ValueError):
-    """A prompt does not fit the engine's context (``max_model_len``)."""
 
 
 def check_prompts_fit(prompt_token_ids: Sequence[Sequence[int]], max_model_len: int) -> None:

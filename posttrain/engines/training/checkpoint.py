@@ -27,6 +27,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from posttrain.engines.training.parallel import barrier
+from posttrain.errors import MissingFileError
 
 _MODEL = "model.pt"
 _OPTIMIZER = "optimizer.pt"
@@ -108,7 +109,7 @@ def load_checkpoint(
     directory = Path(directory)
     missing = [name for name in (_MODEL, _OPTIMIZER, _SCHEDULER, _ENGINE_STATE) if not (directory / name).is_file()]
     if missing:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{directory} is not a complete training-engine checkpoint (missing {', '.join(missing)}); "
             "pass a directory written by TrainingEngine.save_checkpoint"
         )

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.errors import PosttrainError
 from posttrain.protocol import Batch
 from posttrain.rollout.generator import GeneratedUnit
 from posttrain.trainer.stopping import DataRanOut
@@ -36,13 +37,10 @@ from posttrain.trainer.stopping import DataRanOut
 WAIT_S = 0.2  # how often a blocked call re-checks for a stop
 
 
-class SchedulerClosed(RuntimeError):
-    """The run is stopping (or a generator failed for good): no more units, no more batches.
-    ``restartable``: the failure was a process that died or hung (an Env-LLM worker a generator called)."""
-
-    def __init__(self, message: str, restartable: bool = False) -> None:
-        super().__init__(message)
-        self.restartable = restartable
+class SchedulerClosed(PosttrainError):
+    """The run is stopping (or a generator failed for good): no more units, no more batches. Raised
+    from the failure that closed the scheduler, if one did (restartable when that is:
+    :func:`~posttrain.errors.is_restartable`)."""
 
 
 @dataclass
@@ -183,7 +181,7 @@ class UnitScheduler:
                     raise DataRanOut(f"no prompts are left for batch {batch_index} (dynamic sampling read them)")
                 if self._closed:
                     if isinstance(self._closed, BaseException):
-                        raise SchedulerClosed(str(self._closed), getattr(self._closed, "restartable", False))
+                        raise SchedulerClosed(str(self._closed)) from self._closed
                     raise SchedulerClosed("the run is stopping")
                 if all(i in self.finished for i in indices):
                     stale = [i for i in indices if batch_index - self.finished[i][1].version > self.max_staleness]

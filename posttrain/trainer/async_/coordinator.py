@@ -38,17 +38,29 @@ from posttrain.config.schema import PosttrainConfig
 from posttrain.controller import ResourcePool, WorkerDiedError, WorkerGroup, WorkerSpec
 from posttrain.controller.worker_group import kill_group, spawn_ray
 from posttrain.rollout.generator import GeneratorWorker
+from posttrain.errors import PosttrainError
 from posttrain.trainer.async_.buffer import UnitScheduler
 
 MAX_RESTARTS = 3  # per generator: one that keeps dying (out of memory at start?) stops the run instead
 
 
-class GeneratorFailure(RuntimeError):
-    """What a generator's failure closes the scheduler with; ``restartable``: a process it called died or hung."""
+class GeneratorFailure(PosttrainError):
+    """What a generator's failure closes the scheduler with; its ``__cause__`` is the failure (restartable
+    when that is a process that died or hung: :func:`~posttrain.errors.is_restartable`)."""
 
-    def __init__(self, message: str, restartable: bool = False) -> None:
-        super().__init__(message)
-        self.restartable = restartable
+    @classmethod
+    def caused_by(cls, message: str, cause: BaseException) -> GeneratorFailure:
+        """A failure that is not raised here (it closes the scheduler), with ``cause`` chained as ``raise ... from`` would."""
+        failure = cls(message)
+        failure.__cause__ = cause
+        return failure
+
+
+def generator_pools(config: PosttrainConfig) -> tuple[SidePool, ...]:
+    """``generator_0`` … : one pool each, taken out of this machine before the trainer's share (``trainer/roles.py``)."""
+    options = config.async_
+    return tuple(SidePool(f"generator_{i}", options.generator_cpus, options.generator_gpus,
+                          f"each of async.num_generators={options.num_generators} generators") for i in range(options.num_generators))
 
 
 def generator_config(config: PosttrainConfig, retriever_url: str | None) -> PosttrainConfig:
@@ -165,7 +177,7 @@ class Generators:
                     self.produced_samples += len(result.batch)
                 self.scheduler.finish(unit, result)
         except BaseException as err:  # noqa: BLE001 - any other failure stops the run, with its message
-            self.scheduler.close(GeneratorFailure(f"generator {i} failed: {type(err).__name__}: {err}", getattr(err, "restartable", False)))
+            self.scheduler.close(GeneratorFailure.caused_by(f"generator {i} failed: {type(err).__name__}: {err}", err))
 
     def _replace(self, i: int, err: Exception) -> bool:
         with self._lock:
@@ -175,6 +187,7 @@ class Generators:
         if self.restarts_of[i] > MAX_RESTARTS:
             self.scheduler.close(GeneratorFailure(f"generator {i} died {self.restarts_of[i]} times; the last: {err}"))
             return False
+            # no cause chained: a generator that keeps dying is not cured by restarting the run
         self.console.print(f"[yellow]posttrain: generator {i} died ({escape(str(err))}); starting a new one, its unit goes back in line[/]")
         kill_group(dead)
         replacement = self._spawn(i)

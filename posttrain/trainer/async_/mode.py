@@ -33,7 +33,7 @@ import torch
 
 from posttrain import keys
 from posttrain.config.schema import PosttrainConfig
-from posttrain.errors import PosttrainError
+from posttrain.errors import ProcessLost
 from posttrain.protocol import Batch
 from posttrain.rollout import Rollout, group_ids_of, join_rollouts, merge_unit_metrics
 from posttrain.rollout.generator import GeneratedUnit, WeightBoard
@@ -59,11 +59,9 @@ class GeneratorsFailed(CheckpointThenStop):
     weight board gone); the trainer's state is checkpointed first."""
 
 
-class WeightBoardLost(PosttrainError):
+class WeightBoardLost(ProcessLost):
     """The weight board died or hung after the trainer's update: no checkpoint (the update is done,
     its version not published), so the run goes back to the last complete one."""
-
-    restartable = True
 
 
 class GeneratorFeed:
@@ -163,7 +161,7 @@ class GeneratorFeed:
         try:
             return take(while_waiting)
         except SchedulerClosed as err:
-            raise GeneratorsFailed(f"the generators stopped the run: {err}.", err.restartable) from err
+            raise GeneratorsFailed(f"the generators stopped the run: {err}.") from err
 
     def publish(self, roles: Roles, version: int) -> None:
         """The trainer's weights as ``version`` (updates done), for the generators to load."""
