@@ -54,6 +54,7 @@ from typing import Protocol
 import httpx
 
 from posttrain.errors import InputError, PosttrainError
+from posttrain.metrics import Metrics, mean, total
 
 Messages = Sequence[dict[str, str]]
 
@@ -102,14 +103,14 @@ class EnvLLMStats:
     cached: int = 0            # replies read from the reply cache (env.llm.reply_cache), not generated
     first_error: str = ""      # of the first failed reply (not a metric: the trainer's circuit breaker quotes it)
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> Metrics:
         return {
-            "env_llm/requests": float(self.requests), "env_llm/replies": float(self.conversations),
-            "env_llm/failures": float(self.failures), "env_llm/retries": float(self.retries),
-            "env_llm/wait_s": self.seconds,
-            "env_llm/latency_s": self.seconds / self.requests if self.requests else 0.0,  # per batched call
-            "env_llm/prompt_tokens": float(self.prompt_tokens), "env_llm/completion_tokens": float(self.completion_tokens),
-            "env_llm/cached_replies": float(self.cached),
+            "env_llm/requests": total(self.requests), "env_llm/replies": total(self.conversations),
+            "env_llm/failures": total(self.failures), "env_llm/retries": total(self.retries),
+            "env_llm/wait_s": total(self.seconds),
+            "env_llm/latency_s": mean(self.seconds / self.requests if self.requests else 0.0, self.requests),  # per batched call
+            "env_llm/prompt_tokens": total(self.prompt_tokens), "env_llm/completion_tokens": total(self.completion_tokens),
+            "env_llm/cached_replies": total(self.cached),
         }
 
 
@@ -165,7 +166,7 @@ class EnvLLMClient(abc.ABC):
     def describe(self) -> str:
         """Where the model is, for messages (``the Env-LLM worker``, ``http://...``)."""
 
-    def drain_metrics(self) -> dict[str, float]:
+    def drain_metrics(self) -> Metrics:
         """``env_llm/*`` metrics of the usage since the last drain; starts counting anew."""
         metrics, self.stats = self.stats.metrics(), EnvLLMStats()
         return metrics

@@ -24,12 +24,12 @@ from posttrain import keys
 from posttrain.data import PromptDataLoader
 from posttrain.engines.training.inputs import response_attention_mask
 from posttrain.errors import InputError, MissingFileError
+from posttrain.metrics import merge, values
 from posttrain.protocol import Batch
 from posttrain.rollout import Rollout
 from posttrain.trainer.intervals import interval_metrics, wilson
 from posttrain.trainer.report import Sample
 from posttrain.trainer.roles import Roles
-from posttrain.workers.policy import mean_metrics
 
 
 class Validator:
@@ -53,7 +53,7 @@ class Validator:
             rollout_metrics.append(piece_metrics)
         self.loader.load_state_dict({**self.loader.state_dict(), "epoch": 0, "index": 0})
         batch = Batch.concat(pieces)
-        metrics = validation_metrics(batch, self.n) | {f"val/{name}": value for name, value in mean_metrics(rollout_metrics).items()}
+        metrics = validation_metrics(batch, self.n) | {f"val/{name}": value for name, value in values(merge(rollout_metrics)).items()}
         samples = self._samples(batch)
         if not self.first_samples:
             self.first_samples = samples

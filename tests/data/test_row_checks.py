@@ -96,7 +96,7 @@ def test_a_custom_reward_function_takes_any_row(unscorable, tmp_path):
     refused = [train.samples[1], val.samples[0], val.samples[2]]
     result = manager(response_batch(["four", "four", "four"], [[1] * 4] * 3, [s.data_source for s in refused],
                                     [s.ground_truth for s in refused]))
-    assert result.scores.tolist() == [4.0, 4.0, 4.0] and result.metrics["reward/errors"] == 0
+    assert result.scores.tolist() == [4.0, 4.0, 4.0] and result.metrics["reward/errors"].value == 0
     assert list(result.extra["seen"]) == ["my/source|'4'", "arithmetic|' '", "gsm8k|None"]
 
 
