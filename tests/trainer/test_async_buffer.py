@@ -260,3 +260,15 @@ def test_a_dynamic_sampling_round_is_admitted_even_when_the_buffer_is_full():
         assert unit.extra
         s.finish(unit, GeneratedUnit(unit.index, 0, unit.prompts, {}, 0.0))
     assert [u.index for u in s.take_units(0, indices)] == indices
+
+
+def test_a_checkpoints_buffer_cut_differently_is_refused_with_the_keys_to_keep():
+    from posttrain.errors import InputError
+
+    saved = scheduler(staleness=1, groups_per_unit=2)
+    state = saved.snapshot(lambda: {})
+    saved.close()
+    resumed = scheduler(staleness=1, groups_per_unit=1)  # async.unit_groups changed between the runs
+    with pytest.raises(InputError, match="resume with the same data.train_batch_size, actor_rollout_ref.rollout.n, async.num_generators"):
+        resumed.restore(state)
+    resumed.close()

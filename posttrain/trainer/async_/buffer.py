@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.errors import PosttrainError
+from posttrain.errors import InputError, PosttrainError
 from posttrain.protocol import Batch
 from posttrain.rollout.generator import GeneratedUnit
 from posttrain.trainer.stopping import DataRanOut
@@ -236,7 +236,7 @@ class UnitScheduler:
 
     def restore(self, state: dict[str, Any]) -> None:
         if state["layout"] != self.layout():
-            raise ValueError(
+            raise InputError(
                 f"the checkpoint's buffer holds units of {state['layout']}, this run cuts batches into {self.layout()}; "
                 "resume with the same data.train_batch_size, actor_rollout_ref.rollout.n, async.num_generators and "
                 "async.unit_groups as the run that wrote it"
