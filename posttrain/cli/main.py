@@ -176,6 +176,33 @@ def _add_recipe_commands(commands) -> None:
     compare.set_defaults(run=_compare_command)
 
 
+def _add_service_commands(commands) -> None:
+    """``posttrain serve-retriever``, ``tools`` and ``demo``: the services and tools beside training."""
+    retriever = commands.add_parser("serve-retriever", help="serve a corpus over HTTP for search agents (Search-R1's /retrieve API)")
+    retriever.add_argument("--corpus", required=True, type=Path, help='JSON lines, one {"id": ..., "contents": ...} a line')
+    retriever.add_argument("--index", default="bm25", choices=["bm25", "dense"], help="bm25 (sparse) or dense (MiniLM + faiss); default bm25")
+    retriever.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only); any other host needs a token")
+    retriever.add_argument("--port", type=int, default=8000)
+    retriever.add_argument("--cache-dir", type=Path, help="where dense indexes are cached (default ~/.cache/posttrain/retriever)")
+    retriever.add_argument("--token", help="require `Authorization: Bearer TOKEN` on every request (default: $POSTTRAIN_RETRIEVER_TOKEN)")
+    retriever.add_argument("--max-body-bytes", type=int, help="larger request bodies get 413 (default 8 MiB)")
+    retriever.add_argument("--max-queries", type=int, help="more queries in one request get 422 (default 1024)")
+    retriever.add_argument("--max-query-chars", type=int, help="a longer query gets 422 (default 1024)")
+    retriever.add_argument("--latency-ms", type=float, default=0.0,
+                           help="every search answers after this many ms, like a remote service (benchmarks); default 0")
+    retriever.set_defaults(run=_serve_retriever_command)
+
+    tools = commands.add_parser("tools", help="print tools' JSON schemas and the prompt a model sees with them")
+    tools.add_argument("specs", nargs="*", metavar="SPEC", help="FILE.py:FUNCTION or module:FUNCTION, e.g. posttrain.tools:calculator")
+    tools.add_argument("--model", default="smollm2-135m-instruct", help="whose chat template renders the prompt (default smollm2-135m-instruct)")
+    tools.add_argument("--parsers", action="store_true", help="list the tool-call parsers env.tool_parser accepts, and stop")
+    tools.set_defaults(run=_tools_command)
+
+    demo = commands.add_parser("demo", help="run the single-controller demo on local Ray")
+    demo.add_argument("--ranks", type=int, default=2)
+    demo.set_defaults(run=_demo_command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain", description="RL post-training of language models on Ray.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -223,30 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("options", nargs="*", help="key=value options, e.g. train_size=100 operators=+-")
     prep.set_defaults(run=_prepare_command)
 
-    retriever = commands.add_parser("serve-retriever", help="serve a corpus over HTTP for search agents (Search-R1's /retrieve API)")
-    retriever.add_argument("--corpus", required=True, type=Path, help='JSON lines, one {"id": ..., "contents": ...} a line')
-    retriever.add_argument("--index", default="bm25", choices=["bm25", "dense"], help="bm25 (sparse) or dense (MiniLM + faiss); default bm25")
-    retriever.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only); any other host needs a token")
-    retriever.add_argument("--port", type=int, default=8000)
-    retriever.add_argument("--cache-dir", type=Path, help="where dense indexes are cached (default ~/.cache/posttrain/retriever)")
-    retriever.add_argument("--token", help="require `Authorization: Bearer TOKEN` on every request (default: $POSTTRAIN_RETRIEVER_TOKEN)")
-    retriever.add_argument("--max-body-bytes", type=int, help="larger request bodies get 413 (default 8 MiB)")
-    retriever.add_argument("--max-queries", type=int, help="more queries in one request get 422 (default 1024)")
-    retriever.add_argument("--max-query-chars", type=int, help="a longer query gets 422 (default 1024)")
-    retriever.add_argument("--latency-ms", type=float, default=0.0,
-                           help="every search answers after this many ms, like a remote service (benchmarks); default 0")
-    retriever.set_defaults(run=_serve_retriever_command)
-
-    tools = commands.add_parser("tools", help="print tools' JSON schemas and the prompt a model sees with them")
-    tools.add_argument("specs", nargs="*", metavar="SPEC", help="FILE.py:FUNCTION or module:FUNCTION, e.g. posttrain.tools:calculator")
-    tools.add_argument("--model", default="smollm2-135m-instruct", help="whose chat template renders the prompt (default smollm2-135m-instruct)")
-    tools.add_argument("--parsers", action="store_true", help="list the tool-call parsers env.tool_parser accepts, and stop")
-    tools.set_defaults(run=_tools_command)
-
-    demo = commands.add_parser("demo", help="run the single-controller demo on local Ray")
-    demo.add_argument("--ranks", type=int, default=2)
-    demo.set_defaults(run=_demo_command)
+    _add_service_commands(commands)
     return parser
+
 
 
 def main(argv: list[str] | None = None) -> int:
