@@ -22,9 +22,12 @@ agent loop); an environment that talks to a service overrides it to send one bat
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from posttrain.config.schema import EnvConfig
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,13 @@ class Environment(abc.ABC):
     def check_sample(cls, sample: EpisodeSample) -> None:  # noqa: B027 - most environments take any row
         """Raise ValueError (naming the row) for a dataset row this environment cannot play;
         the trainer checks every row before any worker starts."""
+
+    @classmethod
+    def before_training(cls, env: EnvConfig, resources: Mapping[str, Any], samples: Iterable[EpisodeSample]) -> None:  # noqa: B027
+        """Once before step 1 of a run that starts (not on a resume), with the run's ``env`` section, the
+        shared resources the rollout opened, and the held-out rows (the training rows when there are
+        none): raise a :class:`~posttrain.errors.PosttrainError` to refuse the run. Most environments
+        have nothing to check; the doctor probes its LLM patient (``agents/doctor/probe.py``)."""
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

@@ -162,7 +162,7 @@ def _engine_key(section: str, field_key: str) -> str:
 def check_environment(config: PosttrainConfig) -> list[Problem]:
     """``env.name`` (or ``env.path`` + ``env.class_name``) names an environment, and ``env.options``
     build one (the environment's own checks, run on one built with stand-ins for its resources)."""
-    from posttrain.agents.registry import load_env_class, probe_environment
+    from posttrain.agents.registry import load_env_class, probe_environment, wanted_resources
 
     env = config.env
     try:
@@ -174,7 +174,7 @@ def check_environment(config: PosttrainConfig) -> list[Problem]:
         probe_environment(env_class, env.options)
     except (ValueError, TypeError) as error:
         return [Problem("env.options", dict(env.options), str(error))]
-    return check_tools(config) if env.name == "tools" else []
+    return check_tools(config) if "toolbox" in wanted_resources(env_class, env.options) else []  # its class takes the run's tools
 
 
 def check_tools(config: PosttrainConfig) -> list[Problem]:

@@ -97,9 +97,8 @@ def _run(config: PosttrainConfig, build: Callable[[StopSignal | None], Run], sum
     start = time.perf_counter()
     run = build(None)
     if run.finished():  # nothing to train: no Ray, no workers
-        more = "sft.total_training_steps (or sft.total_epochs)" if run.parts.label == "sft" else "trainer.total_training_steps (or trainer.total_epochs)"
         console.print(f"posttrain: this run is finished: {run.resume_from} holds its last step ({run.total_steps}). To train "
-                      f"further raise {more}; to start over, trainer.resume_mode=disable", soft_wrap=True, highlight=False)
+                      f"further raise {run.parts.more_steps}; to start over, trainer.resume_mode=disable", soft_wrap=True, highlight=False)
         _export_hint(console, run.resume_from, run.run_dir)
         return 0
 

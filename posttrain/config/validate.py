@@ -56,8 +56,7 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Pro
         problems += check_batch_arithmetic(config)
     if config.env.name is not None:
         problems += check_env(config)
-    if config.trainer.mode == "async":
-        problems += check_async(config)
+    problems += MODE_RULES.get(config.trainer.mode, _no_rules)(config)  # an unknown mode is _check_choices' problem
     problems += check_loss_scale_factor(config) + check_call_timeout(config) + check_overlong_buffer(config)
     problems += check_dynamic_sampling(config)
     problems += check_breakers(config) + check_retriever_token_env(config)
@@ -146,7 +145,7 @@ def check_loss_scale_factor(config: PosttrainConfig) -> list[Problem]:
 
 
 def check_async(config: PosttrainConfig) -> list[Problem]:
-    """What asynchronous training cannot run with (checked only for ``trainer.mode=async``)."""
+    """What asynchronous training cannot run with (``MODE_RULES``: checked only for ``trainer.mode=async``)."""
     options, batch = config.async_, config.data.train_batch_size
     problems = []
     if options.buffer_size is not None and 1 <= options.buffer_size < batch:
@@ -165,6 +164,15 @@ def check_async(config: PosttrainConfig) -> list[Problem]:
         problems.append(Problem("reward_model.enable", True, "the reward-model worker is not reachable from the generators yet; "
                                 "use rule rewards or trainer.mode=sync", source="trainer.mode=async"))
     return problems
+
+
+def _no_rules(config: PosttrainConfig) -> list[Problem]:
+    return []
+
+
+# Each trainer.mode's own config rules, by the mode's name. trainer/modes.py picks the mode's parts, but
+# the config is checked below that layer, when it is loaded: this table is the config's one view of the modes.
+MODE_RULES: dict[str, Callable[[PosttrainConfig], list[Problem]]] = {"sync": _no_rules, "async": check_async}
 
 
 def check_sft(config: PosttrainConfig) -> list[Problem]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +75,7 @@ class AgentRollout:
         self.env_llm: EnvLLMClient | None = None
         self.toolbox: ToolBox | None = None
         self.make_env: Callable[[], Environment] | None = None
+        self.opened: dict[str, object] = {}  # the shared resources open now, by name
         self.batch_shape = update_batch_shape(config)
         self.first_failures: dict[str, str] = {}  # of the last rollout, by circuit breaker (trainer/breakers.py)
 
@@ -102,6 +103,12 @@ class AgentRollout:
             self.toolbox = open_toolbox(self.config.env, self.tokenizer)
             resources["toolbox"] = self.toolbox
         self.make_env = env_factory(self.env_class, self.config.env.options, resources)
+        self.opened = resources
+
+    def before_training(self, samples: Iterable[EpisodeSample]) -> None:
+        """The environment's own check before step 1 (its class's ``before_training``, e.g. the
+        doctor's patient probe), with the resources :meth:`open` connected."""
+        self.env_class.before_training(self.config.env, self.opened, samples)
 
     def close(self) -> None:
         if self.retriever is not None:
@@ -113,7 +120,7 @@ class AgentRollout:
         if self.toolbox is not None:
             self.toolbox.close()
             self.toolbox = None
-        self.make_env = None
+        self.make_env, self.opened = None, {}
 
     def __call__(
         self, roles: RolloutRoles, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from posttrain import keys
+from posttrain.agents.env import EpisodeSample
 from posttrain.data import DataFormatError, RLDataset, RowProblem, problems_report
 from posttrain.protocol import Batch
 from posttrain.rewards.manager import BatchRewardManager, RewardManager
@@ -44,6 +45,9 @@ class SingleTurnRollout:
 
     def open(self, roles: RolloutRoles) -> None:
         """Nothing to start."""
+
+    def before_training(self, samples: Iterable[EpisodeSample]) -> None:
+        """Nothing to check before step 1: a reward function has no state to probe."""
 
     def close(self) -> None:
         """Stop the reward's scoring process (started again by the next scoring call, if any)."""

@@ -1,4 +1,5 @@
-"""The tools a tool-calling agent uses during a run (``env.name: tools``): loaded, started, stopped.
+"""The tools a tool-calling agent uses during a run (an environment that takes the ``toolbox``
+resource, e.g. ``env.name: tools``): loaded, started, stopped.
 
 ``tool_schemas`` is what every prompt is told (read before the data is tokenised); ``open_toolbox``
 makes the process's :class:`~posttrain.tools.ToolBox`: the ``env.tools`` functions, the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from posttrain.agents.registry import load_env_class, wanted_resources
 from posttrain.config.schema import EnvConfig
 from posttrain.models.tool_format import template_renders_tools
 from posttrain.tools import CallParser, Tool, ToolBox, auto_parser_name, load_tools
@@ -22,7 +24,9 @@ SEARCH_TOOL = "posttrain.tools:search"
 
 
 def uses_tools(env: EnvConfig) -> bool:
-    return env.name == "tools"
+    """The environment's class takes the run's tools: its constructor asks for the ``toolbox`` resource
+    (``ToolEnv``, ``env.name: tools``; agents/registry.py)."""
+    return env.name is not None and "toolbox" in wanted_resources(load_env_class(env.name, env.path, env.class_name), env.options)
 
 
 def needs_retriever(env: EnvConfig) -> bool:

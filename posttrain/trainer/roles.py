@@ -8,15 +8,17 @@ The Env-LLM (the environment's model, e.g. a patient) is built FIRST, so that on
 reserved before the policy's engines take theirs: colocated (``env.llm.placement=colocate``, the
 default) it is the first worker of each policy process; ``separate`` gives it a pool of its own
 (``env.llm.cpus`` CPUs, ``env.llm.gpus`` GPUs on a GPU machine), taken out of the machine before the
-policy's share is computed. An asynchronous run's generators get a one-process pool each
-(``async.generator_cpus``, ``async.generator_gpus``), also taken out first: every pool is in the one
-:class:`~posttrain.controller.ResourcePoolManager`, which checks the cluster can hold them all
-before any worker starts.
+policy's share is computed. A mode may add pools of its own (:class:`ModeWorkers`: an asynchronous
+run's generators get a one-process pool each, ``trainer/async_/coordinator.py``), also taken out
+first: every pool is in the one :class:`~posttrain.controller.ResourcePoolManager`, which checks the
+cluster can hold them all before any worker starts. What a mode adds is passed in, never looked up
+from ``trainer.mode``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from posttrain.config.schema import PosttrainConfig
@@ -39,6 +41,25 @@ WORKER_ENV = {
     "KMP_BLOCKTIME": "0",
     "OMP_WAIT_POLICY": "PASSIVE",
 }
+
+
+@dataclass(frozen=True)
+class SidePool:
+    """A one-process pool a mode adds beside the trainer's (an asynchronous run's generator), taken out
+    of this machine before the trainer's share; the mode starts its workers."""
+
+    name: str
+    cpus: float
+    gpus: float    # on a GPU machine; none on CPU
+    sized_by: str  # the settings that size it, for messages
+
+
+@dataclass(frozen=True)
+class ModeWorkers:
+    """What a mode adds to the workers every run starts (nothing, for sync and SFT)."""
+
+    importance_cap: float | None = None   # the actor's correction for samples of older weights (async's decoupled PPO)
+    side_pools: tuple[SidePool, ...] = ()
 
 
 @dataclass
@@ -72,15 +93,13 @@ def optimizer_steps(config: PosttrainConfig, trainer_steps: int, mini_batch_size
     return trainer_steps * epochs * (config.data.train_batch_size // mini_batch_size)
 
 
-def worker_specs(config: PosttrainConfig, total_steps: int) -> dict[str, WorkerSpec]:
+def worker_specs(config: PosttrainConfig, total_steps: int, mode: ModeWorkers = ModeWorkers()) -> dict[str, WorkerSpec]:
     arr, seed = config.actor_rollout_ref, config.trainer.seed
     actor_steps = optimizer_steps(config, total_steps, arr.actor.ppo_mini_batch_size, arr.actor.ppo_epochs)
     critic_steps = optimizer_steps(config, total_steps, config.critic.ppo_mini_batch_size, config.critic.ppo_epochs)
     specs = {"env_llm": WorkerSpec(EnvLLMWorker, (config.env.llm,), {"seed": seed})} if needs_env_llm_worker(config) else {}
-    # asynchronous training learns from older weights' samples: the loss corrects for them
-    correct = config.trainer.mode == "async" and config.async_.correction == "decoupled"
     specs["actor"] = WorkerSpec(PolicyWorker, (arr.model, arr.actor, arr.rollout, config.data), {
-        "total_steps": actor_steps, "seed": seed, "importance_cap": config.async_.importance_cap if correct else None,
+        "total_steps": actor_steps, "seed": seed, "importance_cap": mode.importance_cap,
     })
     if uses_reference(config):
         specs["ref"] = WorkerSpec(ReferenceWorker, (arr.model, arr.actor, arr.ref, arr.rollout), {"seed": seed})
@@ -95,15 +114,15 @@ def worker_specs(config: PosttrainConfig, total_steps: int) -> dict[str, WorkerS
     return specs
 
 
-def resource_pools(config: PosttrainConfig, roles: list[str]) -> ResourcePoolManager:
-    """The pools and the role → pool mapping (roles in build order: the Env-LLM first; an asynchronous
-    run's generators, ``generator_<i>``, last: they are started by the coordinator, not here). The one
-    place that sizes each process: what the Env-LLM (placed apart) and the generators take comes out of
-    this machine first, the trainer's ranks share the rest."""
-    trainer, llm, options = config.trainer, config.env.llm, config.async_
-    gpus = 1.0 if _use_gpu(trainer.device) else 0.0
+def resource_pools(config: PosttrainConfig, roles: list[str], side_pools: Sequence[SidePool] = ()) -> ResourcePoolManager:
+    """The pools and the role → pool mapping (roles in build order: the Env-LLM first; a mode's side
+    pools, each its own role, last: the mode starts their workers, not here). The one place that sizes
+    each process: what the Env-LLM (placed apart) and the side pools take comes out of this machine
+    first, the trainer's ranks share the rest."""
+    trainer, llm = config.trainer, config.env.llm
+    gpus = 1.0 if uses_gpu(trainer.device) else 0.0
     separate = "env_llm" in roles and llm.placement == "separate"
-    cpus = trainer_cpus_per_worker(config, llm.cpus if separate else 0)
+    cpus = trainer_cpus_per_worker(config, llm.cpus if separate else 0, side_pools)
     pools = {"global_pool": ResourcePool("global_pool", [trainer.n_workers_per_node] * trainer.nnodes, cpus_per_bundle=cpus,
                                          gpus_per_bundle=gpus, sized_by=f"the trainer (trainer.nnodes={trainer.nnodes} × "
                                          f"trainer.n_workers_per_node={trainer.n_workers_per_node})")}
@@ -112,45 +131,37 @@ def resource_pools(config: PosttrainConfig, roles: list[str]) -> ResourcePoolMan
         pools["env_llm_pool"] = ResourcePool("env_llm_pool", [1], cpus_per_bundle=llm.cpus, gpus_per_bundle=llm.gpus if gpus else 0.0,
                                              sized_by=f"the Env-LLM (env.llm.cpus={llm.cpus:g})")
         mapping["env_llm"] = "env_llm_pool"
-    for name in generator_roles(config):
-        pools[name] = ResourcePool(name, [1], cpus_per_bundle=options.generator_cpus, gpus_per_bundle=options.generator_gpus if gpus else 0.0,
-                                   sized_by=f"each of async.num_generators={options.num_generators} generators")
-        mapping[name] = name
+    for side in side_pools:
+        pools[side.name] = ResourcePool(side.name, [1], cpus_per_bundle=side.cpus, gpus_per_bundle=side.gpus if gpus else 0.0,
+                                        sized_by=side.sized_by)
+        mapping[side.name] = side.name
     return ResourcePoolManager(pools, mapping)
 
 
-def generator_roles(config: PosttrainConfig) -> list[str]:
-    """``generator_0`` … of an asynchronous run (none in sync mode)."""
-    return [f"generator_{i}" for i in range(config.async_.num_generators)] if config.trainer.mode == "async" else []
-
-
-def trainer_cpus_per_worker(config: PosttrainConfig, reserved: float = 0) -> float:
+def trainer_cpus_per_worker(config: PosttrainConfig, reserved: float = 0, side_pools: Sequence[SidePool] = ()) -> float:
     """Each trainer process's CPUs: ``trainer.cpus_per_worker``, or an equal share of what this machine
-    has left after ``reserved`` and the asynchronous generators. Whole CPUs, except that a generator's
-    fraction (``async.generator_cpus=0.5``: it mostly waits on environments) is left to a single trainer
+    has left after ``reserved`` and a mode's side pools. Whole CPUs, except that a side pool's fraction
+    (``async.generator_cpus=0.5``: a generator mostly waits on environments) is left to a single trainer
     process, whose threads round up: the two then share a core."""
     if config.trainer.cpus_per_worker:
         return config.trainer.cpus_per_worker
-    free = (os.cpu_count() or 1) - reserved - generator_cpus(config)
+    free = (os.cpu_count() or 1) - reserved - sum(side.cpus for side in side_pools)
     workers = config.trainer.n_workers_per_node
     return max(1, free if workers == 1 else free // workers)
 
 
-def generator_cpus(config: PosttrainConfig) -> float:
-    """CPUs the asynchronous generators take out of this machine before the trainer's share."""
-    return config.async_.num_generators * config.async_.generator_cpus if config.trainer.mode == "async" else 0
-
-
-def start_roles(config: PosttrainConfig, total_steps: int) -> Roles:
-    specs = worker_specs(config, total_steps)
-    manager = resource_pools(config, list(specs))
+def start_roles(config: PosttrainConfig, total_steps: int, mode: ModeWorkers = ModeWorkers()) -> Roles:
+    """The run's workers (and the pools of ``mode``'s side pools, whose workers the mode starts)."""
+    specs = worker_specs(config, total_steps, mode)
+    manager = resource_pools(config, list(specs), mode.side_pools)
     # Several ranks: the process group exists before the engines are built, so they pick DDP/FSDP.
     distributed = manager.pools["global_pool"].world_size > 1
     groups = spawn_pools(manager, specs, env=WORKER_ENV, distributed=distributed, call_timeout_s=config.trainer.call_timeout_s)
     return Roles(groups["actor"], groups.get("ref"), groups.get("critic"), groups.get("reward_model"), manager, groups.get("env_llm"))
 
 
-def _use_gpu(device: str) -> bool:
+def uses_gpu(device: str) -> bool:
+    """Whether processes of a run on ``trainer.device`` get a GPU each (auto: when this machine has one)."""
     if device == "cpu":
         return False
     import torch

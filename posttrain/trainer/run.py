@@ -11,7 +11,7 @@
                  whatever ended the run
 
 A mode is a :class:`RunParts`: strategies (a batch source, a step, a validation, services, state to
-checkpoint), not a subclass with hooks. ``trainer/sync.py``, ``trainer/async_/`` and
+checkpoint, what it adds to the workers), not a subclass with hooks. ``trainer/sync.py``, ``trainer/async_/`` and
 ``trainer/sft.py`` build one each; ``posttrain eval`` uses the same start and stop
 (:func:`workers_up`) around a single validation. The mode is picked in one place,
 ``trainer/modes.py``; the ``posttrain`` command's glue around a run (Ray, the closing lines) is
@@ -48,7 +48,7 @@ from posttrain.data import PromptDataLoader
 from posttrain.errors import PosttrainError, is_restartable
 from posttrain.trainer.checkpoint import ASYNC_STATE, CheckpointError, CheckpointManager, load_rng_state, save_rng_state, step_of
 from posttrain.trainer.report import FIRST_SAMPLES, Sample, load_samples, save_samples, write_report
-from posttrain.trainer.roles import Roles, start_roles
+from posttrain.trainer.roles import ModeWorkers, Roles, start_roles
 from posttrain.trainer.stopping import CheckpointThenStop, DataRanOut, StopSignal, Stopped
 from posttrain.trainer.tracking import Tracking, run_tracking, truncate_jsonl
 
@@ -107,7 +107,6 @@ class Step(Protocol[Item]):
 class RunParts(Generic[Item]):
     """Everything that differs between modes."""
 
-    label: str                                   # the command, for messages: "train", "sft"
     headline: str                                # what the run is, printed as it starts (rich markup)
     config: PosttrainConfig                      # what the workers are built from
     total_steps: int
@@ -119,6 +118,8 @@ class RunParts(Generic[Item]):
     files: Mapping[str, CheckpointFile] = field(default_factory=dict)    # files of their own, by file name
     finish: Callable[[Roles], Path] | None = None  # after the last step, workers still up (SFT: the export)
     trained_prompts: Callable[[], Sequence[str]] | None = None  # the last step's prompt ids, for trained_prompts.jsonl
+    workers: ModeWorkers = ModeWorkers()         # the actor's importance cap, pools of the mode's own (async: the generators)
+    more_steps: str = "trainer.total_training_steps (or trainer.total_epochs)"  # the settings that train a finished run further
 
 
 def epoch_batches(loader: PromptDataLoader, total_epochs: int) -> Iterator[tuple[int, object]]:
@@ -135,10 +136,11 @@ def epoch_batches(loader: PromptDataLoader, total_epochs: int) -> Iterator[tuple
 
 @contextmanager
 def workers_up(config: PosttrainConfig, total_steps: int, services: Sequence[Service],
-               before_services: Callable[[Roles], Path | None] = lambda roles: None) -> Iterator[Roles]:
-    """The roles started, ``before_services`` run (the resume), the services opened; on the way out,
-    whatever happened, the services closed (in reverse) and every worker stopped."""
-    roles = start_roles(config, total_steps)  # a failed start stops what it had started
+               before_services: Callable[[Roles], Path | None] = lambda roles: None, workers: ModeWorkers = ModeWorkers()) -> Iterator[Roles]:
+    """The roles started (with what the mode adds, ``workers``), ``before_services`` run (the resume),
+    the services opened; on the way out, whatever happened, the services closed (in reverse) and every
+    worker stopped."""
+    roles = start_roles(config, total_steps, workers)  # a failed start stops what it had started
     opened: list[Service] = []
     try:
         resumed = before_services(roles)
@@ -202,7 +204,7 @@ class Run(Generic[Item]):
         torch.manual_seed(self.config.trainer.seed)
         with self.stop.installed():
             try:
-                with workers_up(self.config, self.total_steps, self.parts.services, self._started) as roles:
+                with workers_up(self.config, self.total_steps, self.parts.services, self._started, self.parts.workers) as roles:
                     self.roles = roles
                     self._train(roles)
             except PosttrainError as err:  # a dead or hung process: no checkpoint (it holds the state); say which one resumes

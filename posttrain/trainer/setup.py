@@ -1,5 +1,6 @@
 """What every mode that rolls out a policy builds before any worker starts: the tokenizer, the
-data, the rollout (single-turn or agent) and its validator, and the step count.
+data, the rollout (single-turn or agent) and its validator, and the step count; and the services a
+training mode opens for that rollout (its resources; the environment's check before step 1).
 
 Every name, file and dataset row is checked here, on the controller, so a run that cannot work stops
 before a worker process exists.
@@ -7,14 +8,15 @@ before a worker process exists.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from posttrain.agents.env import EpisodeSample
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
-from posttrain.errors import PosttrainError
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.rollout import Rollout, build_rollout
 from posttrain.rollout.toolbox import tool_schemas
@@ -52,6 +54,12 @@ def rollout_setup(config: PosttrainConfig) -> RolloutSetup:
     return RolloutSetup(config, tokenizer, data, rollout, validator, total_steps)
 
 
+def rollout_services(setup: RolloutSetup) -> list[RolloutService | BeforeTraining]:
+    """What a training mode opens for its rollout, in order: the rollout's resources, then the
+    environment's check before step 1."""
+    return [RolloutService(setup.rollout), BeforeTraining(setup)]
+
+
 class RolloutService:
     """The rollout's resources (the retriever, the Env-LLM client) for as long as the workers are up."""
 
@@ -65,49 +73,25 @@ class RolloutService:
         self.rollout.close()
 
 
-class UnfaithfulPatient(PosttrainError):
-    """The doctor's LLM patient contradicts its cases too often for RL against it to mean anything."""
-
-    exit_code = 2
-
-
-class PatientProbe:
-    """Before RL against an LLM patient (the doctor environment, ``patient: llm``): each of up to 64
-    yes/no findings of the held-out cases asked as a fresh first question; a patient agreeing on less
-    than ``env.llm.min_faithfulness`` stops the run before its first step, with the command that
-    trains a faithful one. Not on a resume (the run was probed when it started)."""
+class BeforeTraining:
+    """The environment's own check before step 1 of a run that starts (its class's ``before_training``,
+    asked through the rollout: e.g. the doctor's patient probe), against the opened resources and the
+    held-out rows (the training rows without them). Not on a resume (the run was checked when it started)."""
 
     def __init__(self, setup: RolloutSetup) -> None:
         self.setup = setup
 
-    def wanted(self) -> bool:
-        env = self.setup.config.env
-        return env.name == "doctor" and env.options.get("patient", "llm") == "llm" and env.llm.min_faithfulness is not None
-
     def open(self, roles: Roles, resumed: Path | None) -> None:
-        from posttrain.agents import EpisodeSample
-        from posttrain.agents.doctor import patient_faithfulness
+        if resumed is None:
+            self.setup.rollout.before_training(self.samples())
 
-        if resumed is not None or not self.wanted():
-            return
-        llm, data = self.setup.config.env.llm, self.setup.data
+    def samples(self) -> Iterator[EpisodeSample]:
+        """The rows as an environment sees them, read as far as it asks."""
+        data = self.setup.data
         dataset = data.val_dataset or data.train.dataset
-        samples = [EpisodeSample(list(s.messages), s.ground_truth, s.data_source, dict(s.extra_info))
-                   for s in (dataset[i] for i in range(min(len(dataset), 64)))]
-        faithfulness, asked = patient_faithfulness(self.setup.rollout.env_llm, samples)
-        self.setup.rollout.env_llm.drain_metrics()  # the probe's requests are not the first step's
-        print(f"posttrain: the patient ({llm.url or llm.model_path}) agrees with its cases on {faithfulness:.2f} of {asked} yes/no "
-              f"findings it answered (env.llm.min_faithfulness={llm.min_faithfulness:g})")
-        if asked and faithfulness < llm.min_faithfulness:
-            raise UnfaithfulPatient(
-                f"the patient ({llm.url or llm.model_path}) agrees with its cases on {faithfulness:.2f} of {asked} yes/no findings, "
-                f"below env.llm.min_faithfulness={llm.min_faithfulness:g}: its answers carry too little for the doctor to learn "
-                "from. Train a faithful patient first: `posttrain recipe doctor` does (or, by hand, `posttrain prepare "
-                "synthetic-doctor --out data/doctor-patient patient_sft_size=1536` then `posttrain sft "
-                "sft.train_files=[data/doctor-patient/patient_sft.parquet] sft.val_rollout=false sft.train_batch_size=16 "
-                "sft.total_epochs=1 sft.max_length=512 trainer.experiment_name=doctor_patient_sft` and "
-                "env.llm.model_path=runs/posttrain/doctor_patient_sft/export); or set env.llm.min_faithfulness=null to train anyway"
-            )
+        for index in range(len(dataset)):
+            row = dataset[index]
+            yield EpisodeSample(list(row.messages), row.ground_truth, row.data_source, dict(row.extra_info))
 
     def close(self) -> None:
         pass

@@ -179,9 +179,9 @@ def sft_parts(config: PosttrainConfig) -> RunParts[Batch]:
     headline = (f"[bold]posttrain sft[/] on {config.actor_rollout_ref.model.path}: {len(train_set)} transcripts"
                 f" ({train_set.num_dropped} dropped as too long), {total_steps} steps → {run_dir}")
     return RunParts(
-        label="sft", headline=headline, config=run_config, total_steps=total_steps, step=SFTStep(), validation=validation,
+        headline=headline, config=run_config, total_steps=total_steps, step=SFTStep(), validation=validation,
         batches=lambda: epoch_batches(loader, sft.total_epochs), services=[RolloutService(rollout)] if validator else [],
-        state={"dataloader": loader}, finish=export,
+        state={"dataloader": loader}, finish=export, more_steps="sft.total_training_steps (or sft.total_epochs)",
     )
 
 

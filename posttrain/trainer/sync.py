@@ -26,7 +26,7 @@ from posttrain.trainer.breakers import BreakerLimits, CircuitBreakers
 from posttrain.trainer.learn import Learner
 from posttrain.trainer.metrics import data_metrics, timing_metrics
 from posttrain.trainer.roles import Roles
-from posttrain.trainer.setup import PatientProbe, RolloutService, RolloutSetup
+from posttrain.trainer.setup import RolloutSetup, rollout_services
 from posttrain.trainer.run import RunParts, epoch_batches
 from posttrain.trainer.validation import RLValidation
 
@@ -115,8 +115,7 @@ def sync_parts(setup: RolloutSetup) -> RunParts[Batch]:
                     more_prompts=lambda: next(stream, (None, None))[1], pad_token_id=setup.tokenizer.pad_token_id)
     validation = RLValidation(setup.validator, config.trainer.test_freq, config.trainer.val_before_train) if setup.validator else None
     return RunParts(
-        label="train", headline=train_headline(config, setup.total_steps), config=config, total_steps=setup.total_steps, step=step, validation=validation,
-        batches=lambda: stream,
-        services=[RolloutService(setup.rollout), PatientProbe(setup)], state={"dataloader": loader, "kl_controller": learner},
+        headline=train_headline(config, setup.total_steps), config=config, total_steps=setup.total_steps, step=step, validation=validation,
+        batches=lambda: stream, services=rollout_services(setup), state={"dataloader": loader, "kl_controller": learner},
         trained_prompts=lambda: step.last_prompts,
     )

@@ -33,14 +33,16 @@ Counters: see :attr:`DoctorEnv.counters`; ``env/relevant_question_ratio`` is rel
 The patient's contract, in every run and validation: ``env/patient_faithfulness`` is the share of
 questions matching a yes/no finding of the case whose reply agrees with it (``patient_checked``,
 ``patient_agreed``), beside ``patient_refusals`` and ``patient_leaks`` (a reply naming the diagnosis).
+Before RL against an LLM patient, :meth:`DoctorEnv.before_training` probes that share and refuses a
+patient below ``env.llm.min_faithfulness`` (``probe.py``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from posttrain.agents.doctor.case import Case, case_from_sample
 from posttrain.agents.doctor.patient import PatientReply, RulePatient, best_match, clean_reply, is_refusal, polarity, question_similarity
@@ -49,6 +51,9 @@ from posttrain.agents.env import EpisodeSample, Environment, StepInfo, StepResul
 from posttrain.agents.env_llm import EnvLLM, EnvLLMError, EnvLLMReply
 from posttrain.agents.search import exact_match
 from posttrain.errors import InputError
+
+if TYPE_CHECKING:
+    from posttrain.config.schema import EnvConfig
 
 _ACTION = re.compile(rf"<({QUESTION_TAG}|{DIAGNOSIS_TAG})>(.*?)</\1>", re.DOTALL)
 PATIENTS, JUDGES = ("llm", "rule"), ("rule", "llm")
@@ -124,6 +129,14 @@ class DoctorEnv(Environment):
         """The Env-LLM only when it plays the patient or judges."""
         uses_llm = "llm" in (options.get("patient", "llm"), options.get("judge", "rule"))
         return {"env_llm"} if uses_llm else set()
+
+    @classmethod
+    def before_training(cls, env: EnvConfig, resources: Mapping[str, Any], samples: Iterable[EpisodeSample]) -> None:
+        """The patient probe (``probe.py``) for an LLM patient with ``env.llm.min_faithfulness`` set."""
+        from posttrain.agents.doctor.probe import probe_patient, probe_wanted  # probe.py builds on this module
+
+        if probe_wanted(env):
+            probe_patient(env, resources["env_llm"], samples)
 
     @classmethod
     def check_sample(cls, sample: EpisodeSample) -> None:

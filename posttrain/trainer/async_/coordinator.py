@@ -1,8 +1,9 @@
 """The coordinator's side of the generators: starting them, feeding them units, replacing the dead.
 
 Each generator is a :class:`~posttrain.rollout.generator.GeneratorWorker` in a one-process pool of
-its own (``async.generator_cpus`` CPUs, ``async.generator_gpus`` GPUs on a GPU machine; the pools are
-the run's :class:`~posttrain.controller.ResourcePoolManager`'s, ``trainer/roles.py``), served by
+its own (``async.generator_cpus`` CPUs, ``async.generator_gpus`` GPUs on a GPU machine:
+:func:`generator_pools`, which the mode hands the run's :class:`~posttrain.controller.ResourcePoolManager`
+through ``trainer/roles.py``), served by
 one controller thread that loops: take a unit from the scheduler (waiting while the bounds say
 so), have the generator produce it, hand the result back. When the generator's process dies, the
 thread reports it, puts the unit back first in line, and starts a new generator in the same pool
@@ -40,6 +41,7 @@ from posttrain.controller.worker_group import kill_group, spawn_ray
 from posttrain.rollout.generator import GeneratorWorker
 from posttrain.errors import PosttrainError
 from posttrain.trainer.async_.buffer import UnitScheduler
+from posttrain.trainer.roles import SidePool
 
 MAX_RESTARTS = 3  # per generator: one that keeps dying (out of memory at start?) stops the run instead
 

@@ -1,9 +1,12 @@
 """The asynchronous mode: generators produce groups while the trainer updates (``trainer.mode=async``).
 
-    feed          the unit scheduler (the bounded buffer), the weight board and N generators, opened
-                  once the trainer's roles are up and restored; the starting weights are published
-    each step     take batch b from the buffer (its units in data order, each ≤ max_staleness
-                  versions old; with ``algorithm.filter_groups``, more rounds of the data's next
+    feed          the unit scheduler (the bounded buffer), the weight board and N generators (each in
+                  a pool of its own, which the mode adds to the run's workers), opened once the
+                  trainer's roles are up and restored; the starting weights are published. The feed
+                  is the run's batch source: batch b is taken from the buffer when the skeleton asks
+                  for the next item (its units in data order, each ≤ max_staleness versions old),
+                  and the source ends when the data ran out (dynamic sampling read it ahead)
+    each step     join batch b's units (with ``algorithm.filter_groups``, more rounds of the data's next
                   prompts for batch b until enough groups' rewards vary) → learn (π_prox = the trainer's logprobs before the update; π_ref,
                   values, advantages; critic and actor updates with the decoupled-PPO correction
                   against the behaviour logprobs) → publish version b + 1: one object in Ray's
@@ -24,9 +27,10 @@ which shows whether generation and training overlapped.
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,14 +44,14 @@ from posttrain.rollout.generator import GeneratedUnit, WeightBoard
 from posttrain.rollout.groups import dynamic_sample, update_batch_shape
 from posttrain.timing import timed
 from posttrain.trainer.async_.buffer import SchedulerClosed, UnitScheduler
-from posttrain.trainer.async_.coordinator import Generators, generator_config
+from posttrain.trainer.async_.coordinator import Generators, generator_config, generator_pools
 from posttrain.trainer.breakers import BreakerLimits, CircuitBreakers
 from posttrain.trainer.checkpoint import ASYNC_STATE, step_of
 from posttrain.trainer.learn import Learner
-from posttrain.trainer.roles import WORKER_ENV, Roles, _use_gpu, generator_roles
-from posttrain.trainer.setup import PatientProbe, RolloutService, RolloutSetup
+from posttrain.trainer.roles import WORKER_ENV, ModeWorkers, Roles, uses_gpu
+from posttrain.trainer.setup import RolloutSetup, rollout_services
 from posttrain.trainer.run import RunParts, epoch_batches
-from posttrain.trainer.stopping import CheckpointThenStop, StopSignal
+from posttrain.trainer.stopping import CheckpointThenStop, DataRanOut, StopSignal
 from posttrain.trainer.sync import batch_metrics, train_headline
 from posttrain.trainer.validation import RLValidation
 
@@ -64,9 +68,17 @@ class WeightBoardLost(ProcessLost):
     its version not published), so the run goes back to the last complete one."""
 
 
+@dataclass
+class FedBatch:
+    """What the feed yields for a step: its batch's units, and the seconds the trainer waited for them."""
+
+    units: list[GeneratedUnit]
+    wait_s: float
+
+
 class GeneratorFeed:
-    """The run's generators and their buffer: a service (opened after the resume), a checkpoint file
-    (the buffer's snapshot) and the weight publisher."""
+    """The run's generators and their buffer: the batch source, a service (opened after the resume), a
+    checkpoint file (the buffer's snapshot) and the weight publisher."""
 
     def __init__(self, config: PosttrainConfig, setup: RolloutSetup) -> None:
         self.config, self.setup, self.loader = config, setup, setup.data.train
@@ -77,7 +89,9 @@ class GeneratorFeed:
         self.units_per_batch = batch // self.groups_per_unit
         capacity_groups = options.buffer_size or (options.max_staleness + 1) * batch
         self.capacity_units = max(self.units_per_batch, capacity_groups // self.groups_per_unit)
+        self.pools = generator_pools(config)
         self.restored: dict | None = None
+        self.first_batch = 0  # the batch the run's next step trains: the resumed step's
         self.scheduler: UnitScheduler | None = None
         self.generators: Generators | None = None
         self.board = None
@@ -96,7 +110,7 @@ class GeneratorFeed:
         """The scheduler (with a resumed run's buffer), the weight board, the generators."""
         import ray
 
-        version = step_of(resumed) if resumed is not None else 0
+        version = self.first_batch = step_of(resumed) if resumed is not None else 0
         if resumed is None:
             (Path(self.config.trainer.default_local_dir) / TIMELINE).unlink(missing_ok=True)
         self.scheduler = self._new_scheduler(version)
@@ -109,8 +123,8 @@ class GeneratorFeed:
         retriever = rollout.retriever.client.url if getattr(rollout, "retriever", None) else None
         self.generators = Generators(
             generator_config(self.config, retriever), self.setup.data.data_dir, self.scheduler, self.board, roles.actor,
-            roles.env_llm, [roles.pools.pool_of(name) for name in generator_roles(self.config)], Path(self.config.trainer.default_local_dir),
-            WORKER_ENV, on_gpu=_use_gpu(self.config.trainer.device),
+            roles.env_llm, [roles.pools.pool_of(pool.name) for pool in self.pools], Path(self.config.trainer.default_local_dir),
+            WORKER_ENV, on_gpu=uses_gpu(self.config.trainer.device),
         )
         self.generators.start()
         self.publish(roles, version)  # a resumed run's weights reach the generators before any unit starts
@@ -139,6 +153,20 @@ class GeneratorFeed:
         )
 
     # ---- batches in, weights out ----------------------------------------------------------------
+
+    def batches(self, stop: StopSignal) -> Iterator[tuple[None, FedBatch]]:
+        """The run's batch source, from the resumed step's batch on (read once the feed is open): each
+        batch as it is taken from the buffer. Ends when no data is left for the next batch (dynamic
+        sampling read it ahead), as an epoch stream ends."""
+        index = self.first_batch
+        while True:
+            start = time.perf_counter()
+            try:
+                units = self.take_batch(index, stop)
+            except DataRanOut:
+                return
+            yield None, FedBatch(units, time.perf_counter() - start)
+            index += 1
 
     def take_batch(self, batch_index: int, stop: StopSignal) -> list[GeneratedUnit]:
         """Batch ``batch_index``'s units; while waiting, a stop asked for ends the wait and a replaced
@@ -182,7 +210,8 @@ class GeneratorFeed:
 
 
 class AsyncStep:
-    """take a batch from the buffer → join its units → learn → publish, timed."""
+    """join the units the feed took from the buffer → learn → publish, timed (the wait for the
+    units, in the batch source, is ``timing_s/wait_buffer`` and part of ``timing_s/step``)."""
 
     def __init__(self, config: PosttrainConfig, feed: GeneratorFeed, rollout: Rollout, learner: Learner,
                  breakers: CircuitBreakers, pad_token_id: int, stop: StopSignal) -> None:
@@ -195,12 +224,11 @@ class AsyncStep:
         self.trained_samples = 0
         self.last_prompts: list[str] = []  # the ids of the prompts the last step trained on, in unit order
 
-    def __call__(self, roles: Roles, item: None, step: int) -> dict[str, float]:
+    def __call__(self, roles: Roles, fed: FedBatch, step: int) -> dict[str, float]:
         """Batch ``step - 1`` (0-based) → learn → publish version ``step``."""
-        timings: dict[str, float] = {}
+        units = fed.units
+        timings = {"wait_buffer": fed.wait_s}
         with timed(timings, "step"):
-            with timed(timings, "wait_buffer"):
-                units = self.feed.take_batch(step - 1, self.stop)
             batch, metrics = self._batch(units, step, timings)
             self.last_prompts = list(dict.fromkeys(batch[keys.UID]))
             self.breakers.check_rollout(metrics, step)  # the generators' texts are in their logs
@@ -211,6 +239,7 @@ class AsyncStep:
             metrics |= learned
             with timed(timings, "publish"):
                 self.feed.publish(roles, step)
+        timings["step"] += fed.wait_s
         self._record(step, units, (learn_start, learn_end))
         self.trained_samples += len(batch)
         generators = self.feed.generators
@@ -269,7 +298,7 @@ class AsyncStep:
             out.write(json.dumps(line) + "\n")
 
 
-def async_parts(setup: RolloutSetup, stop: StopSignal) -> RunParts[None]:
+def async_parts(setup: RolloutSetup, stop: StopSignal) -> RunParts[FedBatch]:
     config = setup.config
     breakers = CircuitBreakers(BreakerLimits.from_config(config))
     learner = Learner(config, breakers)
@@ -280,9 +309,11 @@ def async_parts(setup: RolloutSetup, stop: StopSignal) -> RunParts[None]:
         validation = RLValidation(setup.validator, config.trainer.test_freq, config.trainer.val_before_train,
                                   before=lambda roles, step: roles.actor.sync_weights(step))
     mode = f" ({config.async_.num_generators} generator(s), max staleness {config.async_.max_staleness})"
+    # the loss corrects for samples of older weights (decoupled PPO), capped; the generators' pools come out of the machine first
+    workers = ModeWorkers(config.async_.importance_cap if config.async_.correction == "decoupled" else None, feed.pools)
     return RunParts(
-        label="train", headline=train_headline(config, setup.total_steps, mode), config=config, total_steps=setup.total_steps, step=step, validation=validation,
-        batches=lambda: itertools.repeat((None, None)), services=[RolloutService(setup.rollout), PatientProbe(setup), feed],
+        headline=train_headline(config, setup.total_steps, mode), config=config, total_steps=setup.total_steps, step=step, validation=validation,
+        batches=lambda: feed.batches(stop), services=[*rollout_services(setup), feed],
         state={"dataloader": setup.data.train, "kl_controller": learner}, files={ASYNC_STATE: feed},
-        trained_prompts=lambda: step.last_prompts,
+        trained_prompts=lambda: step.last_prompts, workers=workers,
     )
