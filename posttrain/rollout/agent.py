@@ -31,6 +31,7 @@ from posttrain.data import RLDataset
 from posttrain.errors import InputError
 from posttrain.models import resolve_model
 from posttrain.models.tool_format import template_renders_tools
+from posttrain.metrics import Metrics
 from posttrain.protocol import Batch
 from posttrain.rollout.batching import prompt_token_lists, sequences_to_batch
 from posttrain.rollout.env_llm import open_env_llm
@@ -125,7 +126,7 @@ class AgentRollout:
     def __call__(
         self, roles: RolloutRoles, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None,
         whole_batch: bool = True,
-    ) -> tuple[Batch, dict[str, float]]:
+    ) -> tuple[Batch, Metrics]:
         """Episodes for ``batch``'s rows, scored. ``whole_batch=False`` (a part of a training batch, as
         an asynchronous generator produces it) leaves :meth:`finish_batch` to whoever joins the parts."""
         if self.make_env is None:
@@ -168,7 +169,7 @@ class AgentRollout:
             return scored.union(episode_records(episodes, self.env_class.counters)), metrics
         return self.finish_batch(scored, metrics) if whole_batch else (scored, metrics)
 
-    def finish_batch(self, batch: Batch, metrics: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+    def finish_batch(self, batch: Batch, metrics: Metrics) -> tuple[Batch, Metrics]:
         """What is decided across a whole training batch: dropping low-spread groups, then reward
         normalisation (filtering looks at the raw rewards' spread; after group normalisation every
         spread is ~1). A batch whose retriever died under it is not trained on (:class:`ServiceDiedError`)."""

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from posttrain import keys
 from posttrain.agents.env import EpisodeSample
 from posttrain.data import DataFormatError, RLDataset, RowProblem, problems_report
+from posttrain.metrics import Metrics
 from posttrain.protocol import Batch
 from posttrain.rewards.manager import BatchRewardManager, RewardManager
 from posttrain.rewards.registry import GROUND_TRUTH_FIX, ScoreFunction, lacks_ground_truth, unknown_source_fix
@@ -56,7 +57,7 @@ class SingleTurnRollout:
     def __call__(
         self, roles: RolloutRoles, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None,
         whole_batch: bool = True,
-    ) -> tuple[Batch, dict[str, float]]:
+    ) -> tuple[Batch, Metrics]:
         """Responses for ``batch``'s rows, scored (``whole_batch``: nothing is decided across a batch here)."""
         timings = {} if timings is None else timings
         with timed(timings, "gen"):
@@ -67,18 +68,18 @@ class SingleTurnRollout:
         with timed(timings, "reward"):
             return self.score(roles, batch.union(responses))
 
-    def finish_batch(self, batch: Batch, metrics: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+    def finish_batch(self, batch: Batch, metrics: Metrics) -> tuple[Batch, Metrics]:
         """Nothing is decided across the whole batch."""
         return batch, metrics
 
-    def score(self, roles: RolloutRoles, batch: Batch) -> tuple[Batch, dict[str, float]]:
+    def score(self, roles: RolloutRoles, batch: Batch) -> tuple[Batch, Metrics]:
         result = self.reward_manager(batch)
         self.first_failures = {"reward": result.first_failure} if result.first_failure else {}
         scored = batch.union(result.to_batch().select(meta_keys=[]))
         if roles.reward_model is not None:
             model_scores = roles.reward_model.compute_rm_score(batch)[keys.TOKEN_SCORES]
             scored.tensors[keys.TOKEN_SCORES] = scored[keys.TOKEN_SCORES] + model_scores
-        return scored, {k: float(v) for k, v in result.metrics.items()}
+        return scored, dict(result.metrics)
 
 
 def check_scorable(score_functions: Mapping[str, ScoreFunction], datasets: Iterable[RLDataset | None]) -> None:

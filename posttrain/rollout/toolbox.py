@@ -15,9 +15,9 @@ from typing import Any
 
 from posttrain.agents.registry import load_env_class, wanted_resources
 from posttrain.config.schema import EnvConfig
+from posttrain.errors import InputError
 from posttrain.models.tool_format import template_renders_tools
 from posttrain.tools import CallParser, Tool, ToolBox, auto_parser_name, load_tools
-from posttrain.errors import InputError
 from posttrain.tools.load import check_unique
 
 SEARCH_TOOL = "posttrain.tools:search"

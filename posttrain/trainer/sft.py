@@ -34,11 +34,11 @@ from posttrain.data import PromptDataLoader
 from posttrain.data.sft_dataset import SFTDataError, SFTDataset, SFTSample
 from posttrain.errors import ConfigError, Problem
 from posttrain.models import load_tokenizer, resolve_model
+from posttrain.metrics import merge_collected, values
 from posttrain.protocol import Batch
 from posttrain.rollout import build_rollout, sequences_to_batch
 from posttrain.rollout.toolbox import tool_schemas
 from posttrain.trainer.data_setup import build_run_data, resolve_files
-from posttrain.trainer.metrics import mean_of_ranks
 from posttrain.trainer.report import Sample
 from posttrain.trainer.roles import Roles
 from posttrain.trainer.setup import RolloutService
@@ -82,7 +82,7 @@ class SFTStep:
 
     def __call__(self, roles: Roles, batch: Batch, step: int) -> dict[str, float]:
         start = time.perf_counter()
-        metrics = _renamed(mean_of_ranks(roles.actor.sft_step(batch).metrics))
+        metrics = _renamed(values(merge_collected(roles.actor.sft_step(batch).metrics)))
         return metrics | {"sft/tokens": float(batch[keys.RESPONSE_MASK].sum()), "timing_s/step": time.perf_counter() - start}
 
 

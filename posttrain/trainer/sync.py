@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from posttrain import keys
 from posttrain.config.schema import PosttrainConfig
+from posttrain.metrics import Metrics, values
 from posttrain.protocol import Batch
 from posttrain.rollout import Rollout, repeat_for_groups
 from posttrain.rollout.groups import dynamic_sample, update_batch_shape
@@ -73,7 +74,7 @@ class SyncStep:
             # the rollout times its own phases: gen (and reward, for single-turn scoring)
             batch, metrics = self._round(roles, prompts, timings)
             if self.more_prompts is not None:
-                def more() -> tuple[Batch, dict[str, float]] | None:
+                def more() -> tuple[Batch, Metrics] | None:
                     extra = self.more_prompts()
                     return None if extra is None else self._round(roles, extra, timings)
 
@@ -88,9 +89,9 @@ class SyncStep:
             if step > self.critic_warmup:
                 with timed(timings, "sync"):
                     roles.actor.sync_weights(step)
-        return metrics | batch_metrics(batch, timings, self.max_response_length)
+        return values(metrics) | batch_metrics(batch, timings, self.max_response_length)
 
-    def _round(self, roles: Roles, prompts: Batch, timings: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+    def _round(self, roles: Roles, prompts: Batch, timings: dict[str, float]) -> tuple[Batch, Metrics]:
         return self.rollout(roles.for_rollout(), repeat_for_groups(prompts, self.group_size), timings=timings, whole_batch=False)
 
 

@@ -72,11 +72,11 @@ def test_errors_are_observations_the_model_reads_and_the_episode_goes_on(tokeniz
     assert '"content": "2"' in shown[2] and '"content": "4"' not in shown[2] and shown[2].count("Error (over_budget)") == 2
     assert episode.success and episode.reward == 1.0
     metrics = episode_metrics([episode], counters=ToolEnv.counters, ratios=ToolEnv.ratios)
-    assert metrics["tool/calls"] == 5 and metrics["tool/errors"] == 4
-    assert metrics["tool/errors/bad_json"] == metrics["tool/errors/unknown_tool"] == 1
-    assert metrics["tool/errors/over_budget"] == metrics["tool/calculator/errors/over_budget"] == 2
-    assert metrics["tool/success_rate"] == pytest.approx(1 / 5)
-    assert metrics["tool/calculator/calls"] == 3 and "env/tool/calls" not in metrics
+    assert metrics["tool/calls"].value == 5 and metrics["tool/errors"].value == 4
+    assert metrics["tool/errors/bad_json"].value == metrics["tool/errors/unknown_tool"].value == 1
+    assert metrics["tool/errors/over_budget"].value == metrics["tool/calculator/errors/over_budget"].value == 2
+    assert metrics["tool/success_rate"].value == pytest.approx(1 / 5)
+    assert metrics["tool/calculator/calls"].value == 3 and "env/tool/calls" not in metrics
 
 
 def test_a_call_in_the_forced_final_turn_is_not_run_and_earns_nothing(tokenizer, toolbox):

@@ -38,8 +38,8 @@ from rich.markup import escape
 from posttrain.config.schema import PosttrainConfig
 from posttrain.controller import ResourcePool, WorkerDiedError, WorkerGroup, WorkerSpec
 from posttrain.controller.worker_group import kill_group, spawn_ray
-from posttrain.rollout.generator import GeneratorWorker
 from posttrain.errors import PosttrainError
+from posttrain.rollout.generator import GeneratorWorker
 from posttrain.trainer.async_.buffer import UnitScheduler
 from posttrain.trainer.roles import SidePool
 
@@ -187,9 +187,9 @@ class Generators:
             self.restarts_of[i] += 1
             dead, self.groups[i] = self.groups[i], None
         if self.restarts_of[i] > MAX_RESTARTS:
+            # no cause chained: a generator that keeps dying is not cured by restarting the run
             self.scheduler.close(GeneratorFailure(f"generator {i} died {self.restarts_of[i]} times; the last: {err}"))
             return False
-            # no cause chained: a generator that keeps dying is not cured by restarting the run
         self.console.print(f"[yellow]posttrain: generator {i} died ({escape(str(err))}); starting a new one, its unit goes back in line[/]")
         kill_group(dead)
         replacement = self._spawn(i)

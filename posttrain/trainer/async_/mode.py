@@ -38,8 +38,9 @@ import torch
 from posttrain import keys
 from posttrain.config.schema import PosttrainConfig
 from posttrain.errors import ProcessLost
+from posttrain.metrics import Metrics, merge, values
 from posttrain.protocol import Batch
-from posttrain.rollout import Rollout, group_ids_of, join_rollouts, merge_unit_metrics
+from posttrain.rollout import Rollout, group_ids_of, join_rollouts
 from posttrain.rollout.generator import GeneratedUnit, WeightBoard
 from posttrain.rollout.groups import dynamic_sample, update_batch_shape
 from posttrain.timing import timed
@@ -232,7 +233,6 @@ class AsyncStep:
             batch, metrics = self._batch(units, step, timings)
             self.last_prompts = list(dict.fromkeys(batch[keys.UID]))
             self.breakers.check_rollout(metrics, step)  # the generators' texts are in their logs
-            metrics |= self._staleness(units, step)
             learn_start = time.time()
             batch, learned = self.learner(roles, batch, step, timings)
             learn_end = time.time()
@@ -243,14 +243,15 @@ class AsyncStep:
         self._record(step, units, (learn_start, learn_end))
         self.trained_samples += len(batch)
         generators = self.feed.generators
-        return metrics | batch_metrics(batch, timings, self.max_response_length) | self.feed.scheduler.status() | generators.metrics() | {
+        return values(metrics) | self._staleness(units, step) | batch_metrics(batch, timings, self.max_response_length) | \
+            self.feed.scheduler.status() | generators.metrics() | {
             "async/version": float(step),
             "async/trainer_wait_fraction": timings["wait_buffer"] / max(timings["step"], 1e-9),
             "async/trained_samples_per_s": self.trained_samples / max(time.perf_counter() - generators.started_at, 1e-9),
             "timing_s/gen": sum(u.seconds for u in units) / len(units),
         }
 
-    def _batch(self, units: list[GeneratedUnit], step: int, timings: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+    def _batch(self, units: list[GeneratedUnit], step: int, timings: dict[str, float]) -> tuple[Batch, Metrics]:
         """The units as one batch (with dynamic sampling, more rounds' units: ``units`` grows), then
         what the rollout decides per batch (group filtering, batch reward norm). A failure before it
         is trained returns the taken units to the buffer, so that a checkpoint written now keeps them."""
@@ -260,7 +261,7 @@ class AsyncStep:
             if self.dynamic is None:
                 return self.rollout.finish_batch(*first)
 
-            def more() -> tuple[Batch, dict[str, float]] | None:
+            def more() -> tuple[Batch, Metrics] | None:
                 with timed(timings, "wait_buffer"):
                     extra = self.feed.take_round(step - 1, self.stop)
                 if extra is None:
@@ -275,12 +276,12 @@ class AsyncStep:
             self.feed.scheduler.put_back(taken)
             raise
 
-    def _join(self, units: list[GeneratedUnit]) -> tuple[Batch, dict[str, float]]:
+    def _join(self, units: list[GeneratedUnit]) -> tuple[Batch, Metrics]:
         """The units' rows as one batch: prompts padded to a common width, groups numbered across the batch."""
         batch = join_rollouts([u.batch for u in units], self.pad_token_id)
         batch.tensors[keys.GROUP_IDS] = group_ids_of(batch[keys.UID])
         batch.meta[keys.WEIGHT_VERSION] = min(u.version for u in units)
-        return batch, merge_unit_metrics([u.metrics for u in units])
+        return batch, merge(u.metrics for u in units)
 
     def _staleness(self, units: list[GeneratedUnit], step: int) -> dict[str, float]:
         lags = [step - 1 - u.version for u in units for _ in range(len(u.batch))]  # trained with version step - 1
