@@ -251,9 +251,10 @@ def unneeded_stages(recipe: Recipe, given: dict[str, Path]) -> set[str]:
     return unneeded
 
 
-def stage_argv(stage: Stage, directory: Path, dirs: dict[str, Path], overrides: list[str]) -> list[str]:
+def stage_argv(stage: Stage, directory: Path, dirs: dict[str, Path], overrides: list[str], own: list[str] = ()) -> list[str]:
     """The ``posttrain`` command line of ``stage``, run in ``directory``; ``{stage:NAME}`` in its
-    overrides and options is stage NAME's directory."""
+    overrides and options is stage NAME's directory. Its inputs come after ``overrides`` (for every
+    stage: a base model given to all must not replace the SFT export) and before ``own`` (its own)."""
     def placed(items: list[str]) -> list[str]:
         for name, path in dirs.items():
             items = [item.replace(f"{{stage:{name}}}", str(path)) for item in items]
@@ -261,7 +262,7 @@ def stage_argv(stage: Stage, directory: Path, dirs: dict[str, Path], overrides: 
 
     argv = [sys.executable, "-m", "posttrain.cli", stage.command]
     if stage.command == "prepare":
-        return argv + [stage.dataset, "--out", str(directory), *placed(stage.options)]
+        return argv + [stage.dataset, "--out", str(directory), *placed(stage.options), *placed(list(own))]
     if stage.preset:
         argv += ["--preset", stage.preset]
     if stage.command == "eval":
@@ -269,7 +270,7 @@ def stage_argv(stage: Stage, directory: Path, dirs: dict[str, Path], overrides: 
         if stage.checkpoint:
             argv += ["--checkpoint", str(dirs[stage.checkpoint])]
     inputs = [f"{key}={stage_output(dirs[source])}" for key, source in stage.inputs.items()]
-    return argv + [f"trainer.default_local_dir={directory}", *placed(stage.overrides), *inputs, *placed(overrides)]
+    return argv + [f"trainer.default_local_dir={directory}", *placed(stage.overrides), *placed(overrides), *inputs, *placed(list(own))]
 
 
 def stage_output(directory: Path) -> Path:
@@ -300,7 +301,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
             console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: {escape(what)}", soft_wrap=True)
             continue
         takes_config = stage.command != "prepare"
-        argv = stage_argv(stage, directory, dirs, (recipe.overrides + common if takes_config else []) + per_stage[stage.name])
+        argv = stage_argv(stage, directory, dirs, recipe.overrides + common if takes_config else [], per_stage[stage.name])
         command = shlex.join(["posttrain", *argv[3:]])
         upstream = fingerprint = hashlib.sha256(f"{upstream}\n{command}".encode()).hexdigest()[:16]
         started, done = directory / STARTED, directory / DONE
@@ -339,7 +340,8 @@ def run_stage(argv: list[str], log: Path) -> tuple[int, bool]:
     a person stopped it (its own "posttrain: stopped" line). Ctrl-C reaches the stage (the terminal
     sends it to the whole process group), which stops at a clean point; this process waits for it."""
     stopped = False
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # a handler, not SIG_IGN: an ignored SIGINT is inherited across exec, and the stage would never get Ctrl-C
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
     try:
         with open(log, "a", encoding="utf-8") as out:
             process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)

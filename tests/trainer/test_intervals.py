@@ -46,6 +46,20 @@ def test_the_paired_interval_of_the_difference():
         paired_difference([], [])
 
 
+def test_the_intervals_are_95_percent_ones():
+    """Pinned at 95 %, with numbers a human can check: at 90 % each one below would be narrower."""
+    # Wilson, z = 1.96: 5 of 10 → 0.5 ± 1.96·√(0.25/10 + 1.96²/400) / (1 + 1.96²/10) = [0.2366, 0.7634]
+    # (at 90 %: [0.2693, 0.7307]); the docs' example, 32 of 64, is [0.38, 0.62]
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert [round(bound, 2) for bound in wilson(32, 64)] == [0.38, 0.62]
+    # 16 items, 8 improved by 1 and 8 unchanged: a resample's mean difference is K/16 with K ~ Binomial(16, 1/2).
+    # P(K ≤ 3) = 697/65536 = 0.011 < 0.025 ≤ P(K ≤ 4) = 2517/65536 = 0.038, so the 2.5th percentile is 4/16 and,
+    # by symmetry, the 97.5th 12/16; at 90 % the 5th percentile would be 5/16 (P(K ≤ 5) = 6885/65536 = 0.105).
+    difference, low, high = paired_difference([0.0] * 16, [1.0] * 8 + [0.0] * 8)
+    assert (difference, low, high) == (0.5, 4 / 16, 12 / 16)
+
+
 def test_interval_names_and_text():
     assert interval_names("val/x/acc/mean@1") == ("val/x/acc_low/mean@1", "val/x/acc_high/mean@1")
     metrics = {"val/x/acc/mean@1": 0.5, "val/x/acc_low/mean@1": 0.25, "val/x/acc_high/mean@1": 0.75}
@@ -80,12 +94,15 @@ def test_posttrain_compare_refuses_files_without_common_items_or_rows(tmp_path, 
     a = write_episodes(tmp_path / "a.jsonl", [True, False], [1, 1])
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"data_source": "t", "ground_truth": "9", "messages": [], "success": True}) + "\n")
-    assert compare_evaluations(a, other) == 2
+    from posttrain.cli import main
+
+    assert main(["compare", str(a), str(other)]) == 2  # as the command runs it: one line, exit 2
     assert "no item in common" in capsys.readouterr().err
     (tmp_path / "bad.jsonl").write_text('{"no": "success"}\n')
-    assert compare_evaluations(a, tmp_path / "bad.jsonl") == 2
+    assert main(["compare", str(a), str(tmp_path / "bad.jsonl")]) == 2
     assert "line 1 is not an episode row" in capsys.readouterr().err
-    assert compare_evaluations(a, tmp_path / "missing.jsonl") == 2
+    assert main(["compare", str(a), str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl: no such file" in capsys.readouterr().err
 
 
 def test_two_items_with_the_same_prompt_and_answer_stay_two_when_their_rows_differ(tmp_path, capsys):

@@ -1,0 +1,224 @@
+"""The built-in search recipe (base → SFT → RL) with stand-in stages, in seconds: the RL stage trains
+the SFT stage's export (or the model ``--use`` gives), a finished stage is skipped when the recipe
+runs again and the unfinished one runs, a failed or stopped stage says which stage, where its log is
+and how to continue, and the closing table's numbers, difference and per-hops columns are the ones a
+person computes by hand.
+
+Each stage is a real subprocess, as in a real recipe: ``sys.executable`` is swapped for a stand-in of
+``python -m posttrain.cli COMMAND ...`` that records its arguments, writes what the stage would (an
+SFT export, an eval's episodes) and fails or stops where ``STANDIN_<STAGE>`` says."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from posttrain.cli.main import main
+from posttrain.recipes import RecipeError, load_recipe, run_recipe, stage_argv
+from tests.trainer.test_intervals import write_episodes
+
+PYTHON = sys.executable  # the stand-in takes its place in the tests
+
+STANDIN = '''#!{python}
+import json, os, shutil, sys, time
+from pathlib import Path
+
+args = sys.argv[3:]  # after "-m posttrain.cli"
+command = args[0]
+directory = Path(next(a for a in args if a.startswith("trainer.default_local_dir=")).split("=", 1)[1])
+with open(os.environ["STANDIN_CALLS"], "a") as calls:
+    calls.write(json.dumps([directory.name, *args]) + "\\n")
+print(f"stand-in posttrain {{command}} in {{directory}}", flush=True)
+what = os.environ.get("STANDIN_" + directory.name.upper(), "")
+if what == "fail":
+    print("ValueError: the stand-in failed", flush=True)
+    sys.exit(1)
+if what == "stop":  # what a train stage prints after Ctrl-C, at a checkpoint
+    print("posttrain: stopped (Ctrl-C) after step 1 of 60; checkpoint x. To continue: posttrain train ...", flush=True)
+    sys.exit(0)
+if what == "interrupted":  # an eval stage's Ctrl-C, or a train stage's second one
+    print("posttrain: interrupted", flush=True)
+    sys.exit(130)
+if what == "wait-for-ctrl-c":
+    (directory / "waiting").touch()
+    try:
+        time.sleep(20)
+    except KeyboardInterrupt:
+        print("posttrain: stopped (Ctrl-C) after step 1 of 60; checkpoint x. To continue: posttrain train ...", flush=True)
+        sys.exit(0)
+    print("no Ctrl-C reached the stage", flush=True)
+    sys.exit(1)
+if command == "sft":
+    (directory / "export").mkdir(exist_ok=True)
+if command == "eval":
+    shutil.copy(Path(os.environ["STANDIN_EPISODES"]) / f"{{directory.name}}.jsonl", args[args.index("--dump-episodes") + 1])
+'''
+
+HOPS = [1] * 5 + [2] * 5
+# items 0-4 single-hop, 5-9 two-hop: SFT gets the single-hop ones; RL the two-hop ones and all single-hop but item 0
+SUCCESSES = {"base_eval": [False] * 10, "sft_eval": [True] * 5 + [False] * 5, "rl_eval": [False] + [True] * 9}
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """The stand-in stages; returns a function that reads the calls made so far as {stage: argv}."""
+    script = tmp_path / "standin.py"
+    script.write_text(STANDIN.format(python=sys.executable))
+    script.chmod(0o755)
+    episodes = tmp_path / "episodes"
+    episodes.mkdir()
+    for stage, successes in SUCCESSES.items():
+        write_episodes(episodes / f"{stage}.jsonl", successes, HOPS)
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("STANDIN_CALLS", str(calls))
+    monkeypatch.setenv("STANDIN_EPISODES", str(episodes))
+    monkeypatch.setattr(sys, "executable", str(script))
+
+    def read_calls() -> dict[str, list[str]]:
+        lines = calls.read_text().splitlines() if calls.exists() else []
+        calls.unlink(missing_ok=True)
+        return {call[0]: call[1:] for call in map(json.loads, lines)}
+
+    return read_calls
+
+
+def test_the_rl_stage_trains_the_sft_export_and_a_given_sft_stage_is_not_run(tmp_path, stand_in):
+    root = tmp_path / "runs"
+    # a base model for every stage: the stages before SFT use it, the ones after use the SFT export
+    assert run_recipe("search", ["actor_rollout_ref.model.path=/models/base"], root) == 0
+    calls = stand_in()
+    assert list(calls) == ["base_eval", "sft", "sft_eval", "rl", "rl_eval"]
+    export = f"actor_rollout_ref.model.path={root / 'sft' / 'export'}"
+
+    def model_paths(stage: str) -> list[str]:  # the last one is the one the stage's config takes
+        return [a for a in calls[stage] if a.startswith("actor_rollout_ref.model.path=")]
+
+    assert model_paths("base_eval")[-1] == model_paths("sft")[-1] == "actor_rollout_ref.model.path=/models/base"
+    assert model_paths("sft_eval")[-1] == export and model_paths("rl")[-1] == export
+    assert calls["rl"][:3] == ["train", "--preset", "search_grpo"]
+    assert calls["rl_eval"][calls["rl_eval"].index("--checkpoint") + 1] == str(root / "rl")
+
+    # --use sft=PATH: the SFT stage does not run, the later stages take PATH
+    patient = tmp_path / "sft_made_before"
+    patient.mkdir()
+    other = tmp_path / "other_runs"
+    assert run_recipe("search", [], other, [f"sft={patient}"]) == 0
+    calls = stand_in()
+    assert list(calls) == ["base_eval", "sft_eval", "rl", "rl_eval"] and not (other / "sft").exists()
+    assert model_paths("rl")[-1] == model_paths("sft_eval")[-1] == f"actor_rollout_ref.model.path={patient}"
+    assert f"| sft | given: {patient} |" in (other / "report.md").read_text()
+
+
+def test_a_stage_override_reaches_a_prepare_stage_and_wins_over_an_input(tmp_path):
+    doctor = load_recipe("doctor")
+    stages = {stage.name: stage for stage in doctor.stages}
+    dirs = {name: tmp_path / name for name in stages}
+    prepare = stage_argv(stages["patient_data"], dirs["patient_data"], dirs, [], ["train_size=10"])
+    assert prepare[-1] == "train_size=10"
+    rl = stage_argv(stages["rl"], dirs["rl"], dirs, ["env.llm.model_path=/every/stage"], ["env.llm.model_path=/rl/only"])
+    assert [a for a in rl if a.startswith("env.llm.model_path=")] == [
+        "env.llm.model_path=/every/stage", f"env.llm.model_path={dirs['patient']}", "env.llm.model_path=/rl/only"]
+
+
+def test_a_recipe_run_again_skips_the_finished_stages_and_runs_the_one_that_failed(tmp_path, stand_in, monkeypatch, capsys):
+    root = tmp_path / "runs"
+    monkeypatch.setenv("STANDIN_RL", "fail")
+    with pytest.raises(RecipeError):
+        run_recipe("search", [], root)
+    assert list(stand_in()) == ["base_eval", "sft", "sft_eval", "rl"]
+    assert (root / "rl" / "STARTED").is_file() and not (root / "rl" / "DONE").exists()
+
+    monkeypatch.delenv("STANDIN_RL")
+    capsys.readouterr()
+    assert run_recipe("search", [], root) == 0
+    assert list(stand_in()) == ["rl", "rl_eval"]
+    out = capsys.readouterr().out
+    for number, stage in ((1, "base_eval"), (2, "sft"), (3, "sft_eval")):
+        assert f"stage {number}/5 {stage}: done before, skipped ({root / stage})" in out
+
+    assert run_recipe("search", [], root) == 0
+    assert stand_in() == {} and capsys.readouterr().out.count("done before, skipped") == 5
+    # a changed SFT stage runs again, and every stage after it; the one before stays skipped
+    assert run_recipe("search", ["sft:sft.total_epochs=2"], root) == 0
+    assert list(stand_in()) == ["sft", "sft_eval", "rl", "rl_eval"]
+
+
+def test_a_failed_stage_names_itself_its_log_and_how_to_continue_and_exits_2(tmp_path, stand_in, monkeypatch, capsys):
+    root = tmp_path / "runs"
+    monkeypatch.setenv("STANDIN_SFT", "fail")
+    assert main(["recipe", "search", "--dir", str(root)]) == 2
+    captured = capsys.readouterr()
+    assert (f"posttrain: stage 'sft' failed (exit 1); its output is in {root / 'sft' / 'stage.log'}. Fix the cause and run the "
+            "same recipe command again: finished stages are skipped, a train or sft stage resumes") in captured.err
+    assert "ValueError: the stand-in failed" in (root / "sft" / "stage.log").read_text()
+    assert "ValueError: the stand-in failed" in captured.out  # shown as it ran, too
+    assert list(stand_in()) == ["base_eval", "sft"] and not (root / "report.md").exists()
+
+
+@pytest.mark.parametrize("what, code", [("stop", 0), ("interrupted", 130)])
+def test_a_stopped_stage_stops_the_recipe_with_the_command_that_continues_it(tmp_path, stand_in, monkeypatch, capsys, what, code):
+    """A train stage stopped at a checkpoint exits 0 and so does the recipe; one stopped at once exits 130."""
+    root = tmp_path / "runs"
+    monkeypatch.setenv("STANDIN_RL", what)
+    monkeypatch.setattr(sys, "argv", ["posttrain", "recipe", "search", "--dir", str(root), "trainer.seed=3"])
+    assert run_recipe("search", ["trainer.seed=3"], root) == code
+    out = capsys.readouterr().out
+    assert f"posttrain: the recipe stopped in stage 'rl'. To continue: posttrain recipe search --dir {root} trainer.seed=3" in out
+    assert list(stand_in()) == ["base_eval", "sft", "sft_eval", "rl"]
+    assert not (root / "rl" / "DONE").exists() and not (root / "report.md").exists()
+
+
+def test_ctrl_c_reaches_the_stage_and_the_recipe_waits_for_it_to_stop(tmp_path, stand_in):
+    """Ctrl-C goes to the terminal's whole process group: the stage must get it (a stage started with
+    SIGINT ignored never would), and the recipe must outlive it to say how to continue."""
+    root = tmp_path / "runs"
+    driver = (f"import sys; sys.executable = {sys.executable!r}; sys.argv = ['posttrain', 'recipe', 'search', '--dir', {str(root)!r}]; "
+              "from posttrain.cli.main import main; sys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, "STANDIN_RL": "wait-for-ctrl-c"}
+    recipe = subprocess.Popen([PYTHON, "-c", driver], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (root / "rl" / "waiting").exists():
+            assert recipe.poll() is None and time.monotonic() < deadline, "the rl stage never started"
+            time.sleep(0.1)
+        os.killpg(recipe.pid, signal.SIGINT)  # as the terminal does
+        out, _ = recipe.communicate(timeout=60)
+    finally:
+        if recipe.poll() is None:
+            os.killpg(recipe.pid, signal.SIGKILL)
+    assert recipe.returncode == 0, out
+    assert "posttrain: stopped (Ctrl-C) after step 1 of 60" in out
+    assert f"posttrain: the recipe stopped in stage 'rl'. To continue: posttrain recipe search --dir {root}" in out
+    assert not (root / "rl" / "DONE").exists()
+
+
+def test_the_table_has_each_row_per_hops_and_the_difference_rl_minus_sft(tmp_path, stand_in, capsys):
+    """10 items, 5 single-hop and 5 two-hop: base 0/10; SFT 5/10 (the single-hop ones); RL 9/10 (all
+    but single-hop item 0). Wilson 95 %: 0/5 → [0, 0.434], 4/5 → [0.376, 0.964], 5/5 → [0.566, 1],
+    0/10 → [0, 0.278], 5/10 → [0.237, 0.763], 9/10 → [0.596, 0.982].
+
+    RL − SFT per item: single-hop (−1, 0, 0, 0, 0), two-hop (+1 × 5). Two-hop: +1 on every item, so
+    the interval is [+1, +1]. Single-hop: a resample's mean is −K/5 with K ~ Binomial(5, 0.2);
+    P(K ≥ 4) = 0.007 < 0.025 ≤ P(K ≥ 3) = 0.058 and P(K = 0) = 0.33, so [−0.6, 0]. All: a resample's
+    mean is (P − M)/10 with (P, M) the +1 and −1 items drawn (multinomial, 0.5 and 0.1);
+    P(mean ≤ −0.1) = 0.020 < 0.025 ≤ P(mean ≤ 0) = 0.052 and P(mean ≤ 0.7) = 0.961 < 0.975 ≤
+    P(mean ≤ 0.8) = 0.991, so [0, 0.8] (at 90 % it would be [0, 0.7])."""
+    root = tmp_path / "runs"
+    assert run_recipe("search", [], root) == 0
+    report = (root / "report.md").read_text()
+    table = report[report.index("| | all"):].splitlines()[:6]
+    assert table == [
+        "| | all | hops=1 | hops=2 |",
+        "|---|---|---|---|",
+        "| base | 0.000 [0.000, 0.278] (n=10) | 0.000 [0.000, 0.434] (n=5) | 0.000 [0.000, 0.434] (n=5) |",
+        "| SFT | 0.500 [0.237, 0.763] (n=10) | 1.000 [0.566, 1.000] (n=5) | 0.000 [0.000, 0.434] (n=5) |",
+        "| RL | 0.900 [0.596, 0.982] (n=10) | 0.800 [0.376, 0.964] (n=5) | 1.000 [0.566, 1.000] (n=5) |",
+        "| RL − SFT | +0.400 [+0.000, +0.800] (paired) | -0.200 [-0.600, +0.000] (paired) | +1.000 [+1.000, +1.000] (paired) |",
+    ]
+    assert "| RL − SFT | +0.400 [+0.000, +0.800] (paired)" in capsys.readouterr().out
