@@ -59,8 +59,7 @@ def check_config(config: PosttrainConfig, command: str) -> list[Problem]:
     unknown = unknown_trackers(config.trainer.logger)
     if unknown:
         problems.append(Problem("trainer.logger", config.trainer.logger, unknown))
-    if config.env.name is not None:
-        problems += check_environment(config)
+    problems += check_environment(config) if config.env.name is not None else unused_tools(config)
     if command == "sft":
         sft = config.sft
         problems += engine_problems(config, "sft", sft.optim, sft.grad_clip)
@@ -174,7 +173,20 @@ def check_environment(config: PosttrainConfig) -> list[Problem]:
         probe_environment(env_class, env.options)
     except (ValueError, TypeError) as error:
         return [Problem("env.options", dict(env.options), str(error))]
-    return check_tools(config) if "toolbox" in wanted_resources(env_class, env.options) else []  # its class takes the run's tools
+    if "toolbox" in wanted_resources(env_class, env.options):  # its class takes the run's tools
+        return check_tools(config)
+    return unused_tools(config)
+
+
+def unused_tools(config: PosttrainConfig) -> list[Problem]:
+    """``env.tools`` or ``env.mcp_servers`` set for a run whose environment takes no tools (or that
+    has none: a single-turn run)."""
+    env = config.env
+    if not (env.tools or env.mcp_servers):
+        return []
+    key = "env.tools" if env.tools else "env.mcp_servers"
+    return [Problem(key, get(config, key), f"is read only by an environment that takes tools: set env.name=tools "
+                                            f"({env.name!r} takes none)")]
 
 
 def check_tools(config: PosttrainConfig) -> list[Problem]:

@@ -224,11 +224,9 @@ def check_env(config: PosttrainConfig) -> list[Problem]:
 
 
 def _check_tool_settings(config: PosttrainConfig) -> list[Problem]:
-    """The tool environment's numbers; whether each tool loads is the preflight's check."""
+    """The tool environment's numbers; whether each tool loads, and whether the environment takes
+    tools at all, are the preflight's checks (it asks the environment's class)."""
     env, problems = config.env, []
-    if (env.tools or env.mcp_servers) and env.name != "tools":
-        key = "env.tools" if env.tools else "env.mcp_servers"
-        problems.append(Problem(key, get(config, key), f"is read only by the tool environment; set env.name=tools (it is {env.name!r})"))
     if env.tool_timeout_s <= 0:
         problems.append(Problem("env.tool_timeout_s", env.tool_timeout_s, "must be > 0 seconds"))
     if env.max_tool_calls < 0:
