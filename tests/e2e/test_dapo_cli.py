@@ -14,7 +14,7 @@ from posttrain.config import load_config
 from posttrain.models import cached_tiny_model
 from posttrain.trainer.data_setup import resolve_files
 from tests.e2e.cli_runs import records, run
-from tests.e2e.test_train_cli import TINY_RUN
+from tests.e2e.test_train_cli import DEFAULT_SKIP, TINY_RUN
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -36,8 +36,7 @@ def command(run_dir: Path, *overrides: str) -> list[str]:
         "trainer.total_epochs=4", "trainer.val_before_train=false", "trainer.test_freq=-1", f"custom_reward_function.path={reward}",
         "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=4",
         "reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=0.5",
-        # the default (TINY_RUN turns it off): the kept groups vary, so the update has samples to run
-        "actor_rollout_ref.actor.skip_zero_advantage=true", *overrides,
+        DEFAULT_SKIP, *overrides,  # the kept groups vary: the update has samples to run
     ]
 
 

@@ -1,5 +1,6 @@
 """``posttrain train --preset doctor_grpo`` end to end: a tiny doctor, a tiny patient served by the
-Env-LLM worker (vLLM, colocated), local Ray; then the trained checkpoint against the rule-based patient."""
+Env-LLM worker (vLLM; in its own process, killed mid-run and restarted, in sync mode; colocated with
+the trainer in async mode), local Ray; then the trained checkpoint against the rule-based patient."""
 
 import json
 import math
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 
+from posttrain.controller.faults import FAULT_DIR, KILL_AT
 from posttrain.models import cached_tiny_model
 from tests.e2e.cli_runs import episodes
 
@@ -28,9 +30,9 @@ TINY_DOCTOR_RUN = [
 ]
 
 
-def posttrain(*args, timeout=600):
+def posttrain(*args, timeout=600, env=None):
     done = subprocess.run([sys.executable, "-m", "posttrain.cli", *args], capture_output=True, text=True, timeout=timeout,
-                          env=os.environ | {"PYTHONUNBUFFERED": "1"})
+                          env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
@@ -47,10 +49,20 @@ def test_doctor_grpo_two_steps_with_an_env_llm_patient(tmp_path):
                      refused.stderr), refused.stderr[-2000:]
     assert "posttrain recipe doctor" in refused.stderr and "Traceback" not in refused.stderr
     assert not (tmp_path / "refused" / "metrics.jsonl").exists() or "\"step\": 1" not in (tmp_path / "refused" / "metrics.jsonl").read_text()
-    posttrain("train", "--preset", "doctor_grpo", *models, f"trainer.default_local_dir={tmp_path}", *TINY_DOCTOR_RUN,
-              "trainer.save_freq=2")
+    # the patient in a process of its own (env.llm.placement=separate), SIGKILLed as its first reply batch
+    # starts (POSTTRAIN_KILL_AT): the probe's, which min_faithfulness=0 runs but never fails (the tiny
+    # doctor writes no </question>, so only the probe asks the patient). The run restarts and finishes
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    done = posttrain("train", "--preset", "doctor_grpo", *models, f"trainer.default_local_dir={tmp_path}", *TINY_DOCTOR_RUN,
+                     "env.llm.placement=separate", "env.llm.min_faithfulness=0", "trainer.save_freq=1", "trainer.max_restarts=1",
+                     env={KILL_AT: "env_llm.chat@1", FAULT_DIR: str(faults)})
+    assert [p.name for p in faults.iterdir()] == ["env_llm.chat@1"], done.stdout[-3000:]  # the fault fired
+    restarts = [line for line in done.stdout.splitlines() if line.startswith("posttrain: restart")]
+    assert len(restarts) == 1 and "worker 'env_llm' rank 0 died during chat()" in restarts[0], done.stdout[-3000:]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 1, 2]
+    assert [r["step"] for r in records] == [0, 1, 2]  # each once
+    assert records[-1]["metrics"]["run/restarts"] == 1
     for step in (0, 2):  # each validation's accuracy is the fraction of its 4 episodes (4 prompts x 1) that succeeded
         rows = episodes(tmp_path / "validation" / f"step_{step}.jsonl")
         assert len(rows) == 4 and records[step]["metrics"]["val/synthetic_doctor/acc/mean@1"] == sum(r["success"] for r in rows) / 4

@@ -19,7 +19,7 @@ from posttrain.trainer.run import TRAINED_PROMPTS
 from scripts.compare_metrics import differences
 from tests.e2e.cli_runs import records, run, when
 from tests.e2e.test_resume import VOWEL_REWARD
-from tests.e2e.test_train_cli import TINY_RUN
+from tests.e2e.test_train_cli import DEFAULT_SKIP, TINY_RUN
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -37,7 +37,7 @@ def command(run_dir: Path, *overrides: str) -> list[str]:
     reward.write_text(VOWEL_REWARD)
     return [
         sys.executable, "-m", "posttrain.cli", "train", f"actor_rollout_ref.model.path={cached_tiny_model('llama')}",
-        f"trainer.default_local_dir={run_dir}", *TINY_RUN, "actor_rollout_ref.rollout.name=hf", f"custom_reward_function.path={reward}",
+        f"trainer.default_local_dir={run_dir}", *TINY_RUN, DEFAULT_SKIP, "actor_rollout_ref.rollout.name=hf", f"custom_reward_function.path={reward}",
         *STEPS, *overrides,
     ]
 

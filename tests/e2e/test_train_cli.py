@@ -26,6 +26,8 @@ TINY_RUN = [
     # no sample (actor.skip_zero_advantage); run them all, so the update and its metrics are exercised
     "actor_rollout_ref.actor.skip_zero_advantage=false",
 ]
+# the default back on, for the runs whose rewards vary between a group's samples (so the update has samples to run)
+DEFAULT_SKIP = "actor_rollout_ref.actor.skip_zero_advantage=true"
 
 
 def train(run_dir: Path, *overrides: str) -> list[dict]:
@@ -59,8 +61,7 @@ def finite(record: dict, name: str) -> float:
 def test_grpo_by_default_leaves_out_the_samples_of_tied_groups(tmp_path):
     # the default (TINY_RUN turns it off): samples whose advantage is 0 everywhere are not run; a tiny
     # random model's groups mostly all score 0, and a mean over no samples is not reported
-    records = train(tmp_path, "trainer.total_training_steps=1", "trainer.val_before_train=false",
-                    "actor_rollout_ref.actor.skip_zero_advantage=true")
+    records = train(tmp_path, "trainer.total_training_steps=1", "trainer.val_before_train=false", DEFAULT_SKIP)
     metrics = records[-1]["metrics"]
     left_out = finite(records[-1], "actor/rows_skipped")
     assert left_out > 0
