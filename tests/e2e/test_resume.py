@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.models import cached_tiny_model
-from tests.e2e.test_train_cli import TINY_RUN
+from tests.e2e.test_train_cli import DEFAULT_SKIP, TINY_RUN
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -31,7 +31,7 @@ def cli(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     reward.write_text(VOWEL_REWARD)
     command = [
         sys.executable, "-m", "posttrain.cli", "train", f"actor_rollout_ref.model.path={cached_tiny_model('llama')}",
-        f"trainer.default_local_dir={run_dir}", *TINY_RUN, "actor_rollout_ref.rollout.name=hf",
+        f"trainer.default_local_dir={run_dir}", *TINY_RUN, DEFAULT_SKIP, "actor_rollout_ref.rollout.name=hf",
         f"custom_reward_function.path={reward}", "trainer.total_epochs=2", *overrides,
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONUNBUFFERED": "1"})
