@@ -5,7 +5,8 @@ group, per optimizer step of an update, per unit of an asynchronous batch, per r
 sampling, per batch of a validation. How the pieces combine depends on what the number is, not on
 its name, so each :class:`Metric` carries its rule (:class:`Kind`):
 
-    MEAN    a mean over ``count`` items; pieces weigh by their counts (a piece over 0 items counts as one)
+    MEAN    a mean over ``count`` items; pieces weigh by their counts (a piece over 0 items weighs
+            nothing, unless no piece has any: then each counts once)
     SUM     a count or a total (samples, failures, tokens, seconds waited); pieces add up
     MAX     the largest; MIN the smallest
     LAST    a running value as it stands after the last piece (a run's skipped-update total)
@@ -88,7 +89,7 @@ def combine(name: str, pieces: Sequence[Metric]) -> Metric:
         return minimum(min(values))
     if kind is Kind.LAST:
         return pieces[-1]
-    weights = [piece.count if piece.count > 0 else 1.0 for piece in pieces]
+    weights = [piece.count for piece in pieces] if any(piece.count > 0 for piece in pieces) else [1.0] * len(pieces)
     return mean(math.fsum(v * w for v, w in zip(values, weights)) / math.fsum(weights), sum(piece.count for piece in pieces))
 
 

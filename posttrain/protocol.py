@@ -25,13 +25,12 @@ import warnings
 import numpy as np
 import torch
 
-from posttrain.errors import PosttrainError
-
 METRICS_META_KEY = "metrics"
 
 
-class BatchError(PosttrainError, ValueError):
-    """A Batch was built or combined inconsistently; the message says which key and how."""
+class BatchError(ValueError):
+    """A Batch was built or combined inconsistently; the message says which key and how. A bug in
+    the code that built it, not in a person's input, so its traceback is kept (not a PosttrainError)."""
 
 
 def _as_object_array(name: str, values: Any) -> np.ndarray:

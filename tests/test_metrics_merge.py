@@ -43,5 +43,7 @@ def test_a_metric_made_with_two_rules_is_refused():
         merge([{"reward/errors": total(1)}, {"reward/errors": mean(0.5)}])
 
 
-def test_a_mean_over_no_items_still_counts_once():
-    assert math.isclose(merge([{"r": mean(1.0, 0)}, {"r": mean(0.0, 1)}])["r"].value, 0.5)
+def test_a_mean_over_no_items_weighs_nothing_unless_no_piece_has_any():
+    # a unit that checked no findings reports a placeholder 0 over 0: it must not pull 1.0 over 10 down
+    assert merge([{"r": mean(0.0, 0)}, {"r": mean(1.0, 10)}])["r"].value == 1.0
+    assert math.isclose(merge([{"r": mean(1.0, 0)}, {"r": mean(0.0, 0)}])["r"].value, 0.5)

@@ -173,8 +173,14 @@ def load_tokenizer(name_or_path: str | Path):
     from transformers import AutoTokenizer
 
     path = resolve_model(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return ensure_pad_token(tokenizer, _read_config_json(path).get("vocab_size"))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        config = _read_config_json(path)
+    except (ValueError, OSError) as err:  # a model type this transformers does not know, a broken config.json
+        raise InputError(f"{path}: cannot load its tokenizer and config ({type(err).__name__}: {err}); point the model path "
+                         "(e.g. actor_rollout_ref.model.path) at a Hugging Face model directory that this transformers "
+                         "version reads") from err
+    return ensure_pad_token(tokenizer, config.get("vocab_size"))
 
 
 def check_causal_lm_config(path: Path) -> None:

@@ -31,6 +31,7 @@ from ray.actor import ActorHandle
 from posttrain.config.schema import PosttrainConfig
 from posttrain.controller import Dispatch, Worker, WorkerContext, register
 from posttrain.models import load_tokenizer, resolve_model
+from posttrain.metrics import Metrics
 from posttrain.protocol import Batch
 from posttrain.rollout import build_rollout
 from posttrain.rollout.batching import repeat_for_groups

@@ -61,10 +61,10 @@ def tool_schemas(env: EnvConfig) -> list[dict[str, Any]]:
 
 def open_toolbox(env: EnvConfig, tokenizer: Any) -> ToolBox:
     tools, servers = _load(env)
-    parser_name = auto_parser_name(tokenizer) if env.tool_parser == "auto" else env.tool_parser
     try:
+        parser_name = auto_parser_name(tokenizer) if env.tool_parser == "auto" else env.tool_parser
         parser = CallParser(parser_name, tokenizer, [tool.schema for tool in tools])
-    except InputError:
+    except BaseException:  # the MCP servers are running: none is left behind, whatever failed
         if servers is not None:
             servers.close()
         raise

@@ -1,6 +1,7 @@
 """The one place that picks a run's mode from ``trainer.mode``: each mode builds its own
 :class:`~posttrain.trainer.run.RunParts` (``trainer/sync.py``, ``trainer/async_/mode.py``); nothing
-else branches on the mode's name."""
+else branches on the mode's name (the config's own per-mode rules, below this layer, are
+``config/validate.py``'s ``MODE_RULES`` table)."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from posttrain import keys
 from posttrain.data import PromptDataLoader
+from posttrain.data.format import read_utf8
 from posttrain.engines.training.inputs import response_attention_mask
 from posttrain.errors import InputError, MissingFileError
 from posttrain.metrics import merge, values
@@ -252,7 +253,7 @@ def item_accuracies(path: Path) -> tuple[dict[str, float], dict[str, dict]]:
                                 "a run's validation/step_N.jsonl)")
     successes: dict[str, list[float]] = {}
     rows: dict[str, dict] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(read_utf8(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -88,3 +88,17 @@ def test_dedicated_pad_only_when_embedding_has_room(smollm2_tokenizer):
 def test_load_tokenizer_of_tiny_model(tiny_llama_dir):
     tokenizer = load_tokenizer(tiny_llama_dir)
     assert tokenizer.pad_token_id is not None and tokenizer.chat_template
+
+
+def test_a_model_directory_whose_tokenizer_cannot_be_read_is_one_line_exit_2(tmp_path, capsys):
+    import shutil
+
+    from posttrain.cli import main
+    from posttrain.models import cached_tiny_model
+
+    future = tmp_path / "future-model"
+    shutil.copytree(cached_tiny_model("llama"), future)
+    (future / "tokenizer.json").write_text("{not json")  # a tokenizer file this transformers cannot read
+    assert main(["eval", f"actor_rollout_ref.model.path={future}"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"posttrain: {future}: cannot load its tokenizer and config (JSONDecodeError") and "Traceback" not in error

@@ -272,3 +272,24 @@ def test_a_checkpoints_buffer_cut_differently_is_refused_with_the_keys_to_keep()
     with pytest.raises(InputError, match="resume with the same data.train_batch_size, actor_rollout_ref.rollout.n, async.num_generators"):
         resumed.restore(state)
     resumed.close()
+
+
+def test_a_buffer_written_before_typed_metrics_is_refused_on_resume():
+    from posttrain.errors import InputError
+    from posttrain.metrics import total
+
+    def buffer_with_a_finished_unit(metrics):
+        s = scheduler(staleness=1)
+        unit = next_now(s)
+        s.finish(unit, GeneratedUnit(unit.index, 0, unit.prompts, metrics, 0.0))
+        state = s.snapshot(lambda: {})
+        s.close()
+        return state
+
+    fresh = scheduler(staleness=1)
+    fresh.restore(buffer_with_a_finished_unit({"reward/samples": total(4)}))  # as written now
+    fresh.close()
+    old = scheduler(staleness=1)
+    with pytest.raises(InputError, match="written before metrics carried their merge rule"):
+        old.restore(buffer_with_a_finished_unit({"reward/samples": 4.0}))  # plain floats: an older posttrain's
+    old.close()

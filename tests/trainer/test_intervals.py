@@ -103,6 +103,9 @@ def test_posttrain_compare_refuses_files_without_common_items_or_rows(tmp_path, 
     assert "line 1 is not an episode row" in capsys.readouterr().err
     assert main(["compare", str(a), str(tmp_path / "missing.jsonl")]) == 2
     assert "missing.jsonl: no such file" in capsys.readouterr().err
+    (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe\x00")
+    assert main(["compare", str(a), str(tmp_path / "binary.jsonl")]) == 2
+    assert "binary.jsonl is not UTF-8 text" in capsys.readouterr().err
 
 
 def test_two_items_with_the_same_prompt_and_answer_stay_two_when_their_rows_differ(tmp_path, capsys):

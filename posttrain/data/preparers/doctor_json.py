@@ -32,7 +32,7 @@ from typing import Any
 
 from posttrain.agents.doctor.case import QA, Case
 from posttrain.agents.doctor.prompts import doctor_instruction
-from posttrain.data.format import make_row, write_rows
+from posttrain.data.format import make_row, read_utf8, write_rows
 from posttrain.errors import InputError
 
 DATA_SOURCE = "doctor"
@@ -43,7 +43,7 @@ def read_case_objects(path: Path) -> list[dict[str, Any]]:
     """The case objects of ``path``: a JSON list (or one object), or JSON lines."""
     if not path.is_file():
         raise InputError(f"{path} does not exist; pass --in FILE with a JSON list of cases or JSON lines")
-    text = path.read_text(encoding="utf-8").strip()
+    text = read_utf8(path).strip()
     if not text:
         raise InputError(f"{path} is empty; it must hold a JSON list of case objects or one case object a line")
     try:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.errors import InputError, PosttrainError
+from posttrain.metrics import Metric
 from posttrain.protocol import Batch
 from posttrain.rollout.generator import GeneratedUnit
 from posttrain.trainer.stopping import DataRanOut
@@ -240,6 +241,11 @@ class UnitScheduler:
                 f"the checkpoint's buffer holds units of {state['layout']}, this run cuts batches into {self.layout()}; "
                 "resume with the same data.train_batch_size, actor_rollout_ref.rollout.n, async.num_generators and "
                 "async.unit_groups as the run that wrote it"
+            )
+        if any(not isinstance(metric, Metric) for unit, result in state["finished"] for metric in result.metrics.values()):
+            raise InputError(
+                "the checkpoint's buffer was written before metrics carried their merge rule (posttrain/metrics.py); "
+                "resume it with the posttrain that wrote it, or start over (trainer.resume_mode=disable)"
             )
         with self._condition:
             self.next_batch, self._data_done = int(state["next_batch"]), bool(state["data_done"])
