@@ -169,7 +169,7 @@ class Generators:
                     result = self.groups[i].produce(unit.index, unit.prompts, unit.batch_index, unit.row_offset)
                 except WorkerDiedError as err:
                     self.scheduler.requeue(unit)
-                    if isinstance(err, RayTaskError):  # a worker it called died (an Env-LLM), not the generator
+                    if isinstance(err.__cause__, RayTaskError):  # a worker it called died (an Env-LLM, the weight board), not the generator
                         raise
                     if self.stopping or not self._replace(i, err):
                         return
