@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 
 def run(argv: list[str], while_running: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
     """``argv`` to its end (stdout and stderr together), with ``while_running`` in a thread beside it."""
@@ -50,3 +52,19 @@ def when_checkpointed(run_dir: Path, step: int, action: Callable[[], None]) -> N
     """Call ``action`` once the checkpoint of ``step`` is committed (the latest pointer names it)."""
     pointer = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
     when(lambda: pointer.exists() and pointer.read_text().strip() == str(step), action)
+
+
+def kill_descendant(marker: str) -> int:
+    """SIGKILL the one process below this test's process whose command line holds ``marker`` (a
+    service the run started, a Ray actor by its process title ``ray::<Class>``); returns its pid.
+    Only this process's descendants: a test running beside it in another process is left alone."""
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if marker in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:  # gone meanwhile
+            continue
+    assert len(found) == 1, f"{len(found)} processes with {marker!r} in their command line below this one"
+    found[0].kill()
+    return found[0].pid

@@ -12,11 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 from posttrain.models import cached_tiny_model
-from tests.e2e.cli_runs import records, run, when, when_step_logged
+from tests.e2e.cli_runs import kill_descendant, records, run, when, when_checkpointed, when_step_logged
 from tests.e2e.test_search_agent import TINY_SEARCH_RUN
 from tests.e2e.test_train_cli import TINY_RUN, validation_rows
 
@@ -118,24 +119,49 @@ def test_staleness_zero_gives_sync_modes_first_update(tmp_path):
         assert math.isclose(a[name], s[name], rel_tol=1e-4, abs_tol=1e-6), (name, a[name], s[name])
 
 
-def test_async_search_agent_two_steps(tmp_path):
+def test_async_search_agent_survives_its_retriever_and_its_weight_board_killed(tmp_path):
+    """The retriever the run started, SIGKILLed once step 1 is checkpointed: the run restarts from its
+    last checkpoint with a new retriever (the units generated before the kill may finish a step first);
+    then the weight board (the Ray actor that names the newest weights to the generators), SIGKILLed
+    once the restarted attempt has logged a step: the run restarts again. Each of the 6 steps is
+    logged once."""
     argv = [
         sys.executable, "-m", "posttrain.cli", "train", "--preset", "search_grpo",
         f"actor_rollout_ref.model.path={cached_tiny_model('llama')}", f"trainer.default_local_dir={tmp_path}",
         f"data.builtin_options.seed={os.getpid()}", *TINY_SEARCH_RUN, "trainer.mode=async", "async.partial_rollout=resume",
         "trainer.val_before_train=false", "async.unit_groups=2",  # two generator calls per batch, joined by the trainer
+        "trainer.total_training_steps=6", "trainer.total_epochs=3", "trainer.save_freq=1", "trainer.test_freq=-1",
     ]
-    done = run(argv)
+    killed: list[int] = []
+
+    def restarted_attempt_logged_a_step() -> bool:
+        lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+        return bool(lines) and json.loads(lines[-1])["metrics"].get("run/restarts") == 1
+
+    def kills():
+        when_checkpointed(tmp_path, 1, lambda: killed.append(kill_descendant("posttrain.cli serve-retriever")))
+        when(restarted_attempt_logged_a_step, lambda: killed.append(kill_descendant("ray::WeightBoard")))
+
+    done = run(argv, while_running=kills)
     assert done.returncode == 0, done.stdout[-4000:]
+    assert len(killed) == 2, done.stdout[-4000:]
     assert "retriever (bm25) over" in done.stdout  # one service for the run, reached by the generator by URL
+    restarts = [line for line in done.stdout.splitlines() if line.startswith("posttrain: restart")]
+    assert len(restarts) == 2, done.stdout[-4000:]
+    assert "the retriever the run started" in restarts[0] and "exited with code -9" in restarts[0], restarts[0]
+    # the generator's call to the dead board failed: the generator is not replaced (it did not die), the run restarts
+    assert "generator 0 failed" in restarts[1] and "RayTaskError(ActorDiedError)" in restarts[1], restarts[1]
     found = records(tmp_path)
-    assert [r["step"] for r in found] == [1, 2]
+    assert [r["step"] for r in found] == [1, 2, 3, 4, 5, 6]
+    restarted = [r["metrics"]["run/restarts"] for r in found]
+    assert restarted[0] == 0 and restarted[-1] == 2 and restarted == sorted(restarted), restarted
     for record in found:
         metrics = record["metrics"]
         for name in ("num_turns/mean", "agent/valid_action_ratio", "actor/pg_loss", "async/trainer_wait_fraction"):
             assert math.isfinite(metrics[name]), name
         assert 1 <= metrics["num_turns/max"] <= 3
     staleness_within(found, 1)
+    assert not any("serve-retriever" in " ".join(p.cmdline()) for p in psutil.Process().children(recursive=True))  # the last one stopped
 
 
 def test_more_generators_than_the_machine_hosts_is_refused_before_workers_start(tmp_path):
