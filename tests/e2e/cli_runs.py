@@ -54,17 +54,21 @@ def when_checkpointed(run_dir: Path, step: int, action: Callable[[], None]) -> N
     when(lambda: pointer.exists() and pointer.read_text().strip() == str(step), action)
 
 
-def kill_descendant(marker: str) -> int:
-    """SIGKILL the one process below this test's process whose command line holds ``marker`` (a
-    service the run started, a Ray actor by its process title ``ray::<Class>``); returns its pid.
-    Only this process's descendants: a test running beside it in another process is left alone."""
-    found = []
-    for process in psutil.Process().children(recursive=True):
-        try:
-            if marker in " ".join(process.cmdline()):
-                found.append(process)
-        except psutil.Error:  # gone meanwhile
-            continue
-    assert len(found) == 1, f"{len(found)} processes with {marker!r} in their command line below this one"
+def kill_descendant(marker: str, below: str) -> int:
+    """SIGKILL the one process whose command line holds ``marker`` (a service the run started, a Ray
+    actor by its process title ``ray::<Class>``) among the descendants of the process below this
+    test's whose command line holds ``below`` (the CLI run, e.g. by its run directory); returns its
+    pid. Only that run's processes: what other tests in this process left or run is left alone."""
+    runs = [p for p in psutil.Process().children(recursive=True) if _cmdline_holds(p, below)]
+    assert len(runs) >= 1, f"no process with {below!r} in its command line below this one"
+    found = [p for run in runs for p in run.children(recursive=True) if _cmdline_holds(p, marker)]
+    assert len(found) == 1, f"{len(found)} processes with {marker!r} in their command line below the run"
     found[0].kill()
     return found[0].pid
+
+
+def _cmdline_holds(process: psutil.Process, text: str) -> bool:
+    try:
+        return text in " ".join(process.cmdline())
+    except psutil.Error:  # gone meanwhile
+        return False

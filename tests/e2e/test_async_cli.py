@@ -119,6 +119,7 @@ def test_staleness_zero_gives_sync_modes_first_update(tmp_path):
         assert math.isclose(a[name], s[name], rel_tol=1e-4, abs_tol=1e-6), (name, a[name], s[name])
 
 
+@pytest.mark.own_ray  # the weight board must be a process of this run (below its CLI), not of the shared cluster
 def test_async_search_agent_survives_its_retriever_and_its_weight_board_killed(tmp_path):
     """The retriever the run started, SIGKILLed once step 1 is checkpointed: the run restarts from its
     last checkpoint with a new retriever (the units generated before the kill may finish a step first);
@@ -138,9 +139,11 @@ def test_async_search_agent_survives_its_retriever_and_its_weight_board_killed(t
         lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
         return bool(lines) and json.loads(lines[-1])["metrics"].get("run/restarts") == 1
 
+    run_marker = f"trainer.default_local_dir={tmp_path}"
+
     def kills():
-        when_checkpointed(tmp_path, 1, lambda: killed.append(kill_descendant("posttrain.cli serve-retriever")))
-        when(restarted_attempt_logged_a_step, lambda: killed.append(kill_descendant("ray::WeightBoard")))
+        when_checkpointed(tmp_path, 1, lambda: killed.append(kill_descendant("posttrain.cli serve-retriever", run_marker)))
+        when(restarted_attempt_logged_a_step, lambda: killed.append(kill_descendant("ray::WeightBoard", run_marker)))
 
     done = run(argv, while_running=kills)
     assert done.returncode == 0, done.stdout[-4000:]

@@ -146,6 +146,9 @@ def test_a_recipe_run_again_skips_the_finished_stages_and_runs_the_one_that_fail
     # a changed SFT stage runs again, and every stage after it; the one before stays skipped
     assert run_recipe("search", ["sft:sft.total_epochs=2"], root) == 0
     assert list(stand_in()) == ["sft", "sft_eval", "rl", "rl_eval"]
+    # each rerun stage's old run moved aside (a train stage must not resume the old run's checkpoints)
+    assert all(len(list(root.glob(f"{stage}.before-*"))) == 1 for stage in ("sft", "sft_eval", "rl", "rl_eval"))
+    assert "the previous run moved to" in capsys.readouterr().out
 
 
 def test_a_failed_stage_names_itself_its_log_and_how_to_continue_and_exits_2(tmp_path, stand_in, monkeypatch, capsys):

@@ -135,17 +135,5 @@ def test_a_recipe_runs_its_stages_ends_with_its_table_and_skips_what_finished(tm
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert again.stdout.count("done before, skipped") == 3
 
-    # a changed stage starts over (its old run moved aside), and so does every stage after it
-    changed = subprocess.run(argv + ["rl:trainer.seed=1"], capture_output=True, text=True, timeout=600)
-    assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
-    assert changed.stdout.count("done before, skipped") == 1 and changed.stdout.count("the previous run moved to") == 2
-    assert "resumed from" not in changed.stdout and len(list(runs.glob("rl.before-*"))) == 1
-
-    # a train stage's run given from elsewhere: not run; the eval stage reads its checkpoint
-    other = tmp_path / "runs_given"
-    common = [a for a in argv[7:] if not a.startswith("rl:")]  # an override for a stage that will not run is refused
-    given = subprocess.run(argv[:6] + [str(other), "--use", f"rl={runs / 'rl'}", *common], capture_output=True, text=True, timeout=600)
-    assert given.returncode == 0, given.stdout[-3000:] + given.stderr[-3000:]
-    assert f"rl: given, not run ({runs / 'rl'})" in given.stdout and not (other / "rl").exists()
-    assert f"--checkpoint {runs / 'rl'}" in json.loads((other / "rl_eval" / "DONE").read_text())["command"]
-    assert f"| rl | given: {runs / 'rl'} |" in (other / "report.md").read_text()
+    # a changed stage starting over (its old run moved aside, not resumed) and a stage given from
+    # elsewhere (--use): tests/recipes/test_recipe_stages.py, with stand-in stages
