@@ -7,6 +7,7 @@ search agent with its live retriever."""
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,6 +120,13 @@ def test_staleness_zero_gives_sync_modes_first_update(tmp_path):
         assert math.isclose(a[name], s[name], rel_tol=1e-4, abs_tol=1e-6), (name, a[name], s[name])
 
 
+def _serves_a_retriever(process: psutil.Process) -> bool:
+    try:
+        return "serve-retriever" in " ".join(process.cmdline())
+    except psutil.Error:  # gone meanwhile, or not ours to read
+        return False
+
+
 @pytest.mark.own_ray  # the weight board must be a process of this run (below its CLI), not of the shared cluster
 def test_async_search_agent_survives_its_retriever_and_its_weight_board_killed(tmp_path):
     """The retriever the run started, SIGKILLed once step 1 is checkpointed: the run restarts from its
@@ -164,7 +172,12 @@ def test_async_search_agent_survives_its_retriever_and_its_weight_board_killed(t
             assert math.isfinite(metrics[name]), name
         assert 1 <= metrics["num_turns/max"] <= 3
     staleness_within(found, 1)
-    assert not any("serve-retriever" in " ".join(p.cmdline()) for p in psutil.Process().children(recursive=True))  # the last one stopped
+    # every retriever this run started (one per attempt) is stopped: none of their ports is served by a live process
+    # (a process of another test may serve a corpus too; a run's orphan would no longer be below this process)
+    ports = re.findall(r"retriever \(bm25\) over .* at http://127\.0\.0\.1:(\d+)", done.stdout)
+    assert len(ports) == 3, done.stdout[-4000:]
+    live = [" ".join(p.cmdline()) for p in psutil.process_iter() if _serves_a_retriever(p)]
+    assert not [line for line in live for port in ports if f"--port {port}" in line], live
 
 
 def test_more_generators_than_the_machine_hosts_is_refused_before_workers_start(tmp_path):
