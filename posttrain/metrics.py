@@ -65,11 +65,6 @@ def latest(value: float) -> Metric:
     return Metric(float(value), Kind.LAST)
 
 
-def means(values: Mapping[str, float], count: float = 1.0) -> Metrics:
-    """Each of ``values`` as a mean over ``count`` items."""
-    return {name: mean(value, count) for name, value in values.items()}
-
-
 def combine(name: str, pieces: Sequence[Metric]) -> Metric:
     """One metric from its pieces, by their kind (which must agree)."""
     if not pieces:
