@@ -64,13 +64,14 @@ class TranscriptTokenizer:
             self._renderers[role] = ObservationRenderer(self.tokenizer, role)
         return self._renderers[role]
 
-    def __call__(self, messages: Sequence[Mapping[str, str]]) -> Transcript:
+    def __call__(self, messages: Sequence[Mapping[str, str]], row_tools: Sequence[Mapping[str, Any]] = ()) -> Transcript:
+        """``row_tools``: the row's own tool schemas, told in its prompt after the run's (as in RL prompts)."""
         check_messages(messages)
         first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
         if first == 0:
             raise TranscriptError("the conversation starts with an assistant message; it needs a prompt (a user message) before it")
         prompt = [{"role": m["role"], "content": m["content"]} for m in messages[:first]]
-        prompt_ids = list(tokenize_prompts([prompt], self.tokenizer, self.tools)[0])
+        prompt_ids = list(tokenize_prompts([prompt], self.tokenizer, self.tools, [list(row_tools)])[0])
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
         response, mask = [], []
         for index in range(first, last + 1):

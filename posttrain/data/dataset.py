@@ -67,7 +67,8 @@ class RLDataset:
         if max_prompt_length < 1:
             raise InputError(f"max_prompt_length={max_prompt_length} (data.max_prompt_length) must be at least 1")
         rows = read_rows(files, prompt_key)
-        token_ids = tokenize_prompts([row.messages for row in rows], tokenizer, tools)  # tools: the schemas an agent may call
+        # tools: the run's schemas an agent may call; each row's own (its extra_info.tools) are added to its prompt
+        token_ids = tokenize_prompts([row.messages for row in rows], tokenizer, tools, [row.tools for row in rows])
         kept = range(len(rows))
         if filter_overlong_prompts:
             kept = [i for i in kept if len(token_ids[i]) <= max_prompt_length]

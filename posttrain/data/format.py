@@ -10,7 +10,14 @@ column             type                                        required
 ``reward_model``   struct ``{style, ground_truth}``            yes
 ``ability``        str, e.g. ``"math"``                        no
 ``extra_info``     struct, e.g. ``{split, index, ...}``        no (``{}``)
+``tools``          the row's own tools: OpenAI tool schemas,   no
+                   a list or its JSON text (or ``extra_info.tools``)
 =================  ==========================================  =========
+
+A row's own ``tools`` (for tool-calling agents, ``env.name: tools``) are told to the model in that
+row's prompt beside the run's ``env.tools`` (models/tool_format.py) and are what its calls are checked
+against. Rows' schemas differ, so JSON text is the practical Parquet type; whichever way they come,
+they travel on as ``extra_info["tools"]`` in JSON text (episode files, the async buffer).
 
 Files are read one at a time and their rows concatenated, so files whose optional columns or
 ``extra_info`` fields differ can still be mixed. Users' own Parquet in this format needs no code.
@@ -25,11 +32,14 @@ depends on the run's reward; the rollout checks that after loading, with the sam
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
 from posttrain.errors import InputError
+from posttrain.models.tool_format import ROW_TOOLS_KEY, row_schemas
 
 REQUIRED_COLUMNS = ("data_source", "reward_model")
 # the roles chat templates know; any other is rendered wrongly or not at all
@@ -89,6 +99,11 @@ class PromptRow:
     extra_info: dict[str, Any]
     file: Path
     row: int  # position within ``file``
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The row's own tool schemas (module docstring); [] for none."""
+        return row_schemas(self.extra_info.get(ROW_TOOLS_KEY))
 
 
 def read_rows(files: Sequence[str | Path], prompt_key: str = "prompt") -> list[PromptRow]:
@@ -163,16 +178,39 @@ def _row_problems(raw: _RawRow, prompt_key: str) -> Iterator[RowProblem]:
     if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
         yield RowProblem(raw.file, raw.row, "reward_model", f"{reward_model!r:.100} is not a struct with a ground_truth field",
                          FORMAT_HINT.format(prompt_key=prompt_key))
+    yield from _tools_problems(raw)
+
+
+TOOLS_FIX = ("give a row's tools as a list of OpenAI tool schemas [{'type': 'function', 'function': {'name': ..., "
+             "'description': ..., 'parameters': {JSON Schema}}}], or its JSON text, in a tools column or extra_info.tools")
+
+
+def _tools_problems(raw: _RawRow) -> Iterator[RowProblem]:
+    column, extra = raw.values.get(ROW_TOOLS_KEY), raw.values["extra_info"] or {}
+    if column is not None and isinstance(extra, dict) and extra.get(ROW_TOOLS_KEY) is not None:
+        yield RowProblem(raw.file, raw.row, ROW_TOOLS_KEY, "the row has both a tools column and extra_info.tools", TOOLS_FIX)
+        return
+    field_name = ROW_TOOLS_KEY if column is not None else f"extra_info.{ROW_TOOLS_KEY}"
+    try:
+        row_schemas(column if column is not None else extra.get(ROW_TOOLS_KEY) if isinstance(extra, dict) else None)
+    except InputError as error:
+        yield RowProblem(raw.file, raw.row, field_name, str(error), TOOLS_FIX)
 
 
 def _make_row(raw: _RawRow, prompt_key: str) -> PromptRow:
     values = raw.values
+    extra_info = dict(values["extra_info"] or {})
+    tools = row_schemas(values.get(ROW_TOOLS_KEY) if values.get(ROW_TOOLS_KEY) is not None else extra_info.get(ROW_TOOLS_KEY))
+    if tools:  # one carrier, one type, whichever way the row gave them
+        extra_info[ROW_TOOLS_KEY] = json.dumps(tools, ensure_ascii=False)
+    else:
+        extra_info.pop(ROW_TOOLS_KEY, None)
     return PromptRow(
         messages=[{"role": m["role"], "content": m["content"]} for m in values[prompt_key]],
         data_source=values["data_source"],
         ground_truth=values["reward_model"]["ground_truth"],
         ability=values["ability"],
-        extra_info=dict(values["extra_info"] or {}),
+        extra_info=extra_info,
         file=raw.file,
         row=raw.row,
     )

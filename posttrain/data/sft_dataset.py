@@ -7,8 +7,10 @@ read in the order given. A row is one of
 columns                meaning
 =====================  ==========================================================================
 ``messages``           a list of chat messages ``{role, content}`` (verl's multi-turn SFT layout);
-                       the column name is ``messages_key``. ``tools`` and ``extra_info`` may be
-                       present and are kept (``extra_info``) or ignored (``tools``).
+                       the column name is ``messages_key``. ``extra_info`` may be present and is kept;
+                       the row's own tools (a ``tools`` column or ``extra_info.tools``: OpenAI tool
+                       schemas, a list or its JSON text) are told in its prompt beside the run's,
+                       as in RL prompts (posttrain/data/format.py)
 ``prompt``/``response``  a single-turn pair: ``prompt`` a str (one user message) or a list of chat
                        messages (verl's RL row), ``response`` the assistant's str
 =====================  ==========================================================================
@@ -39,6 +41,7 @@ from typing import Any
 from posttrain.agents.transcript import Transcript, TranscriptError, TranscriptTokenizer
 from posttrain.data.format import DataFormatError
 from posttrain.errors import InputError
+from posttrain.models.tool_format import ROW_TOOLS_KEY, row_schemas
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +96,7 @@ class SFTDataset:
                     continue
                 messages = row_messages(record, messages_key, file, row)
                 try:
-                    transcript = layout(messages)
+                    transcript = layout(messages, record_tools(record, file, row))
                 except TranscriptError as error:
                     raise SFTDataError(f"{file} row {row}, field {messages_key!r}: {error}") from error
                 fitted = _fit(transcript, max_length, truncation, file, row)
@@ -140,6 +143,18 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         return pq.read_table(path).to_pylist()
     except Exception as error:  # pyarrow raises several types for "not Parquet"
         raise SFTDataError(f"cannot read {path} as Parquet ({error}); SFT files are .parquet or .jsonl") from error
+
+
+def record_tools(record: dict[str, Any], file: str | Path, row: int) -> list[dict[str, Any]]:
+    """The row's own tool schemas: its ``tools`` column or ``extra_info.tools``."""
+    extra = record.get("extra_info") or {}
+    value = record.get(ROW_TOOLS_KEY)
+    if value is None and isinstance(extra, dict):
+        value = extra.get(ROW_TOOLS_KEY)
+    try:
+        return row_schemas(value)
+    except InputError as error:
+        raise SFTDataError(f"{file} row {row}, field 'tools': {error}") from None
 
 
 def row_messages(record: dict[str, Any], messages_key: str, file: str | Path, row: int) -> list[dict[str, str]]:

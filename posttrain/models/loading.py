@@ -215,9 +215,13 @@ def load_causal_lm(
     return model.to(device).eval()
 
 
-def tokenize_prompts(conversations: list[list[dict[str, str]]], tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None) -> list[list[int]]:
+def tokenize_prompts(
+    conversations: list[list[dict[str, str]]], tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None,
+    row_tools: Sequence[Sequence[dict[str, Any]] | None] | None = None,
+) -> list[list[int]]:
     """Token ids of each conversation after the chat template with the generation prompt added;
-    with ``tools`` (OpenAI-style schemas) the model is told about them (models/tool_format.py)."""
+    with ``tools`` (OpenAI-style schemas) the model is told about them, and with ``row_tools`` (one
+    entry per conversation) about that conversation's own tools too (models/tool_format.py)."""
     if not getattr(tokenizer, "chat_template", None):
         raise InputError(
             f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template, so chat "
@@ -226,6 +230,6 @@ def tokenize_prompts(conversations: list[list[dict[str, str]]], tokenizer: Any, 
         )
     if not conversations:
         return []
-    texts = render_with_tools(conversations, tokenizer, tools)
+    texts = render_with_tools(conversations, tokenizer, tools, row_tools)
     # The template already placed the special tokens (BOS, role markers); adding them again would double them.
     return tokenizer(texts, add_special_tokens=False)["input_ids"]

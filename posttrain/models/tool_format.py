@@ -11,6 +11,11 @@ and writes them its own way. A template that ignores them (SmolLM2's, most small
 - results come back in the next user message, one ``<tool_response>`` block per call, in call order.
 
 Whether a template renders tools is found by rendering one with a made-up tool and looking for its name.
+
+**Tools per row.** A dataset row may bring its own tools (a ``tools`` column, or ``extra_info.tools``):
+OpenAI tool schemas, as a list or as JSON text (:func:`row_schemas`). That row's prompt is told the
+run's tools (``env.tools``) followed by its own (:func:`merged_schemas`); a row's tool with the name of a
+run's tool replaces that one's schema for the row (the run's implementation still runs it).
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from posttrain.errors import InputError
+
+ROW_TOOLS_KEY = "tools"  # where a row's own tools travel: extra_info["tools"]
 _PROBE = {"type": "function", "function": {"name": "posttrain_probe_tool_x7", "description": "probe",
                                             "parameters": {"type": "object", "properties": {}}}}
 
@@ -55,11 +63,58 @@ def with_tools(messages: Sequence[dict[str, str]], schemas: Sequence[dict[str, A
     return [{"role": "system", "content": instructions}, *messages]
 
 
-def render_with_tools(conversations: Sequence[Sequence[dict[str, str]]], tokenizer: Any, schemas: Sequence[dict[str, Any]] | None) -> list[str]:
-    """Each conversation as prompt text (with the generation prompt), told about ``schemas`` when given."""
+def row_schemas(value: Any) -> list[dict[str, Any]]:
+    """A row's own tools as OpenAI tool schemas (``{"type": "function", "function": {...}}``).
+
+    ``value`` is a list of schemas or its JSON text (rows' schemas differ, so Parquet keeps them as
+    text); a bare function (``{"name", "parameters"}``) is wrapped; ``None`` or ``""`` is no tools.
+    Anything else is an :class:`InputError` saying what is wrong.
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as error:
+            raise InputError(f"the row's tools are not JSON ({str(error)[:200]})") from None
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"the row's tools are a {type(value).__name__}; give a list of OpenAI tool schemas")
+    schemas = []
+    for index, item in enumerate(value):
+        function = item.get("function", item) if isinstance(item, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise InputError(f"the row's tool {index} has no name; each is {{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise InputError(f"the row's tool {function['name']!r} has parameters that are not a JSON Schema object")
+        schemas.append({"type": "function", "function": dict(function)})
+    return schemas
+
+
+def merged_schemas(run: Sequence[dict[str, Any]] | None, row: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The run's tools then the row's; a row's tool replaces the run's tool of the same name."""
+    own = {schema["function"]["name"] for schema in row or ()}
+    return [schema for schema in run or () if schema["function"]["name"] not in own] + list(row or ())
+
+
+def render_with_tools(
+    conversations: Sequence[Sequence[dict[str, str]]], tokenizer: Any, schemas: Sequence[dict[str, Any]] | None,
+    row_tools: Sequence[Sequence[dict[str, Any]] | None] | None = None,
+) -> list[str]:
+    """Each conversation as prompt text (with the generation prompt), told about ``schemas`` (the run's
+    tools) and, with ``row_tools`` (one entry per conversation), that conversation's own tools."""
+    if row_tools is None or not any(row_tools):
+        return _render(conversations, tokenizer, schemas)
+    if len(row_tools) != len(conversations):
+        raise ValueError(f"{len(row_tools)} rows' tools for {len(conversations)} conversations")
+    native = template_renders_tools(tokenizer)
+    return [_render([c], tokenizer, merged_schemas(schemas, own), native)[0] for c, own in zip(conversations, row_tools)]
+
+
+def _render(conversations: Sequence[Sequence[dict[str, str]]], tokenizer: Any, schemas: Sequence[dict[str, Any]] | None,
+            native: bool | None = None) -> list[str]:
     if not schemas:
         return tokenizer.apply_chat_template(list(conversations), add_generation_prompt=True, tokenize=False)
-    if template_renders_tools(tokenizer):
+    if template_renders_tools(tokenizer) if native is None else native:
         return [tokenizer.apply_chat_template(list(c), tools=list(schemas), add_generation_prompt=True, tokenize=False) for c in conversations]
     return tokenizer.apply_chat_template([with_tools(c, schemas) for c in conversations], add_generation_prompt=True, tokenize=False)
 

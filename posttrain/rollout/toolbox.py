@@ -15,7 +15,6 @@ from typing import Any
 
 from posttrain.agents.registry import load_env_class, wanted_resources
 from posttrain.config.schema import EnvConfig
-from posttrain.errors import InputError
 from posttrain.models.tool_format import template_renders_tools
 from posttrain.tools import CallParser, Tool, ToolBox, auto_parser_name, load_tools
 from posttrain.tools.load import check_unique
@@ -42,11 +41,7 @@ def _load(env: EnvConfig) -> tuple[list[Tool], Any]:
         servers = McpServers(env.mcp_servers, max_chars=env.tool_output_chars)
         tools += servers.tools()
         check_unique(tools)
-    if not tools:
-        if servers is not None:
-            servers.close()
-        raise InputError("env.name=tools needs at least one tool: list them in env.tools (e.g. posttrain.tools:calculator) or env.mcp_servers")
-    return tools, servers
+    return tools, servers  # none at all is for rows that bring their own (ToolEnv.reset refuses a row with none)
 
 
 def tool_schemas(env: EnvConfig) -> list[dict[str, Any]]:

@@ -16,6 +16,20 @@ by the run's tool parser (``env.tool_parser``):
 - **The final turn** (after ``env.max_turns`` turns): calls are no longer run; the turn counts as
   the answer only if it holds none.
 
+**Tools per row.** A row may bring its own tools (``extra_info.tools``, posttrain/data/format.py): its
+prompt is told the run's tools and its own, its calls are read and checked against both (the row's
+schema wins where a name is in both), and a call to a tool in neither is ``unknown_tool``. A row's tool
+runs only if the run has an implementation of that name; otherwise the call is ``unknown_tool`` with
+"no implementation" (such rows suit the next mode). A row with no tools in a run with none is refused.
+
+**Calls as the answer** (``env.options.answer: calls``, e.g. BFCL's single-turn categories): the
+episode ends with the model's first turn, whose calls are scored, not run. They are read by the tool
+parser and checked as above (the counters count their errors), then handed to the row's score function
+as ``calls=[{"name": ..., "arguments": {...}}, ...]`` in the order written ([] for a turn with no call:
+an irrelevance row's right answer), with ``extra_info``. A turn with a call that could not be read
+(``bad_json``, ``too_large``) scores 0 without asking the function. ``answer: text`` (the default) is
+the mode above.
+
 Counters: ``tool/calls``, ``tool/successes``, ``tool/errors``, ``tool/errors/<kind>``, ``tool/late_calls``,
 ``tool/<name>/calls``, ``tool/<name>/errors/<kind>``, ``answers``; ``tool/success_rate`` is
 successes over calls. Counter names with a ``/`` are reported as they are (not under ``env/``).
@@ -23,13 +37,15 @@ successes over calls. Counter names with a ``/`` are reported as they are (not u
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from posttrain.agents.env import Environment, EpisodeSample, StepInfo, StepResult
 from posttrain.errors import InputError
-from posttrain.rewards.registry import UnknownDataSourceError, score_function_for
+from posttrain.models.tool_format import ROW_TOOLS_KEY, row_schemas
+from posttrain.rewards.registry import UnknownDataSourceError, context_keywords, score_function_for
 from posttrain.tools import CallResult, ParsedTurn, ToolBox
 from posttrain.tools.execute import failed
 
@@ -41,9 +57,15 @@ class ToolEnv(Environment):
     counters: ClassVar[tuple[str, ...]] = ("tool/calls", "tool/successes", "tool/errors", "tool/late_calls", "answers")
     ratios: ClassVar[Mapping[str, tuple[str, str]]] = {"tool/success_rate": ("tool/successes", "tool/calls")}
 
-    def __init__(self, toolbox: ToolBox, *, call_error_penalty: float = 0.0, answer_without_call_score: float | None = None) -> None:
+    def __init__(
+        self, toolbox: ToolBox, *, call_error_penalty: float = 0.0, answer_without_call_score: float | None = None,
+        answer: str = "text",
+    ) -> None:
         if call_error_penalty > 0:
             raise InputError(f"ToolEnv options: call_error_penalty={call_error_penalty} is added per failed call, so it must be <= 0")
+        if answer not in ANSWER_MODES:
+            raise InputError(f"ToolEnv options: answer={answer!r} is not one of {', '.join(ANSWER_MODES)} (module docstring)")
+        self.answer = answer
         self.toolbox = toolbox
         self.call_error_penalty = call_error_penalty
         # None: an answer is scored the same with or without a successful call before it; a number caps it
@@ -51,6 +73,8 @@ class ToolEnv(Environment):
         self.calls_made = 0
         self.successes = 0
         self._sample: EpisodeSample | None = None
+        self._row_schemas: list[dict[str, Any]] = []          # the row's own tools, as told in its prompt
+        self._row_tools: dict[str, dict[str, Any]] = {}       # ... their functions by name, for the checks
 
     @classmethod
     def check_sample(cls, sample: EpisodeSample) -> None:
@@ -66,6 +90,13 @@ class ToolEnv(Environment):
     def reset(self, sample: EpisodeSample) -> str:
         self._sample = sample
         self.calls_made = self.successes = 0
+        self._row_schemas = row_schemas(sample.extra_info.get(ROW_TOOLS_KEY))
+        self._row_tools = {schema["function"]["name"]: schema["function"] for schema in self._row_schemas}
+        if not self._row_tools and not self.toolbox.tools:
+            raise InputError(
+                "env.name=tools needs tools: list them in env.tools (e.g. posttrain.tools:calculator) or env.mcp_servers, "
+                f"or give each row its own (extra_info.tools); a row of {sample.data_source!r} has none"
+            )
         return ""
 
     def final_turn_instruction(self) -> str:
@@ -75,7 +106,9 @@ class ToolEnv(Environment):
         return type(self).step_batch([self], [action])[0]
 
     def finish(self, action: str) -> StepResult:
-        turn = self.toolbox.parse(action)
+        turn = self.toolbox.read(action, self._row_schemas)
+        if self.answer == "calls":
+            return self._calls_answer(action, turn)
         if turn.is_final:
             return self._answer(action)
         return StepResult("", self.call_error_penalty, True, StepInfo(valid=False, effective=False, counts={"tool/late_calls": 1}))
@@ -84,8 +117,8 @@ class ToolEnv(Environment):
     def step_batch(cls, envs: Sequence[Environment], actions: Sequence[str]) -> list[StepResult]:
         """Every episode's calls of this round go to the toolbox together."""
         tool_envs = [_as_tool_env(env) for env in envs]
-        turns = [env.toolbox.parse(action) for env, action in zip(tool_envs, actions, strict=True)]
-        planned = [env._plan(turn) for env, turn in zip(tool_envs, turns)]
+        turns = [env.toolbox.read(action, env._row_schemas) for env, action in zip(tool_envs, actions, strict=True)]
+        planned = [None if env.answer == "calls" else env._plan(turn) for env, turn in zip(tool_envs, turns)]
         runs: dict[int, list[tuple[int, int]]] = {}  # toolbox -> (episode, call index) of calls to run
         for i, (env, plan) in enumerate(zip(tool_envs, planned)):
             for j, result in enumerate(plan or []):
@@ -93,11 +126,11 @@ class ToolEnv(Environment):
                     runs.setdefault(id(env.toolbox), []).append((i, j))
         for members in runs.values():
             box = tool_envs[members[0][0]].toolbox
-            results = box.run([turns[i].calls[j] for i, j in members])
+            results = box.run([turns[i].calls[j] for i, j in members], [tool_envs[i]._row_tools for i, _ in members])
             for (i, j), result in zip(members, results, strict=True):
                 planned[i][j] = result
-        return [env._answer(action) if plan is None else env._calls_result(turn, plan)
-                for env, action, turn, plan in zip(tool_envs, actions, turns, planned)]
+        return [env._calls_answer(action, turn) if env.answer == "calls" else env._answer(action) if plan is None
+                else env._calls_result(turn, plan) for env, action, turn, plan in zip(tool_envs, actions, turns, planned)]
 
     def _plan(self, turn: ParsedTurn) -> list[CallResult | None] | None:
         """None for a final answer; else one slot per call: an error decided here, or None (to run)."""
@@ -146,7 +179,42 @@ class ToolEnv(Environment):
         return StepResult("", score, True, StepInfo(valid=True, effective=True, success=success, counts={"answers": 1}))
 
 
+    def _calls_answer(self, action: str, turn: ParsedTurn) -> StepResult:
+        """The turn's calls as the episode's answer, scored by the row's score function (module docstring)."""
+        if self._sample is None:
+            raise RuntimeError("ToolEnv.step before reset: call reset(sample) first")
+        checked = [self.toolbox.check(call, self._row_tools) for call in turn.calls]
+        errors = [c.error for c in checked if isinstance(c, CallResult)] + ["bad_json"] * turn.malformed
+        counts: dict[str, float] = defaultdict(float, {"answers": 1, "tool/calls": len(turn.calls) + turn.malformed})
+        counts["tool/successes"] = counts["tool/calls"] - len(errors)
+        for kind in errors:
+            counts["tool/errors"] += 1
+            counts[f"tool/errors/{kind}"] += 1
+        arguments = [c if isinstance(c, dict) else _json_object(call.arguments) for call, c in zip(turn.calls, checked)]
+        if any(kind in UNREADABLE for kind in errors) or None in arguments:
+            return StepResult("", 0.0, True, StepInfo(valid=False, effective=False, counts=dict(counts)))
+        calls = [{"name": call.name, "arguments": args} for call, args in zip(turn.calls, arguments)]
+        function = score_function_for(self._sample.data_source)
+        context = {"extra_info": dict(self._sample.extra_info), "calls": calls}
+        scored = function(solution_str=action, ground_truth=self._sample.ground_truth,
+                          **{key: context[key] for key in context_keywords(function, tuple(context))})
+        score = float(scored["score"] if isinstance(scored, dict) else scored)
+        success = bool(scored.get("acc", score >= 1.0)) if isinstance(scored, dict) else score >= 1.0
+        return StepResult("", score, True, StepInfo(valid=True, effective=True, success=success, counts=dict(counts)))
+
+
+ANSWER_MODES = ("text", "calls")
+UNREADABLE = ("bad_json", "too_large")  # a call in calls mode that no score function could judge
 _MALFORMED = 'the call could not be read; write <tool_call>{"name": ..., "arguments": {...}}</tool_call> with valid JSON'
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """A call's arguments as a dict, or None where they are not a JSON object."""
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _as_tool_env(env: Environment) -> ToolEnv:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jsonschema
 
-from posttrain.models.tool_format import tool_observation
+from posttrain.models.tool_format import merged_schemas, tool_observation
 from posttrain.rewards.sandbox import ProcessScorer
 from posttrain.tools.load import Tool
 from posttrain.tools.parse import CallParser, ParsedCall, ParsedTurn
@@ -92,17 +92,26 @@ class ToolBox:
     def schemas(self) -> list[dict[str, Any]]:
         return [tool.schema for tool in self.tools.values()]
 
-    def run(self, calls: Sequence[ParsedCall]) -> list[CallResult]:
-        """One result per call, in order (see the module docstring)."""
+    def read(self, text: str, row_tools: Sequence[dict[str, Any]] = ()) -> ParsedTurn:
+        """The calls in an agent turn; ``row_tools``: the schemas of the row's own tools, if it has any."""
+        if row_tools and isinstance(self.parse, CallParser):
+            return self.parse(text, merged_schemas(self.schemas, row_tools))
+        return self.parse(text)
+
+    def run(self, calls: Sequence[ParsedCall], row_tools: Sequence[Mapping[str, dict[str, Any]]] | None = None) -> list[CallResult]:
+        """One result per call, in order (see the module docstring). ``row_tools``: per call, the functions
+        of its row's own tools by name (:meth:`check`); a call to one that the run cannot run is ``unknown_tool``."""
         results: list[CallResult | None] = []
         pending: list[tuple[int, dict[str, Any]]] = []  # (position, arguments) of function calls
-        for call in calls:
-            checked = self._check(call)
+        for call, own in zip(calls, row_tools or [{}] * len(calls), strict=True):
+            checked = self.check(call, own)
             if isinstance(checked, CallResult):
                 results.append(checked)
                 continue
-            tool = self.tools[call.name]
-            if tool.mcp_server is not None:
+            tool = self.tools.get(call.name)
+            if tool is None:  # described by its row, run by nothing here
+                results.append(failed(call.name, "unknown_tool", f"this run has no implementation of {call.name!r}; the tools that run are {', '.join(self.tools) or 'none'}"))
+            elif tool.mcp_server is not None:
                 results.append(self._call_mcp(tool, checked))
             else:
                 results.append(None)
@@ -123,12 +132,16 @@ class ToolBox:
                     results[i] = CallResult(name, str(outcome.value))
         return [result for result in results if result is not None]
 
-    def _check(self, call: ParsedCall) -> dict[str, Any] | CallResult:
-        """The call's arguments, or the error that stops it before it runs."""
+    def check(self, call: ParsedCall, row_tools: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any] | CallResult:
+        """The call's arguments, or the error that stops it before it runs. ``row_tools``: the functions
+        (``{"name", "parameters", ...}``) of the row's own tools by name, which replace the run's of the same name."""
+        own = (row_tools or {}).get(call.name)
         tool = self.tools.get(call.name)
-        if tool is None:
+        if tool is None and own is None:
             shown = call.name if len(call.name) <= 60 else call.name[:60] + "..."
-            return failed(shown, "unknown_tool", f"there is no tool {shown!r}; the tools are {', '.join(self.tools)}")
+            names = [*(row_tools or {}), *(name for name in self.tools if name not in (row_tools or {}))]
+            return failed(shown, "unknown_tool", f"there is no tool {shown!r}; the tools are {', '.join(names)}")
+        parameters = own.get("parameters", {}) if own is not None else tool.parameters
         if len(call.arguments) > self.max_argument_chars:
             return failed(call.name, "too_large", f"the arguments are {len(call.arguments)} characters; at most {self.max_argument_chars}")
         try:
@@ -138,7 +151,7 @@ class ToolBox:
         if not isinstance(arguments, dict):
             return failed(call.name, "bad_arguments", "the arguments must be a JSON object of parameter names and values")
         try:
-            jsonschema.validate(arguments, tool.parameters)
+            jsonschema.validate(arguments, parameters)
         except jsonschema.ValidationError as error:
             return failed(call.name, "bad_arguments", error.message[:300])
         except (jsonschema.SchemaError, RecursionError) as error:

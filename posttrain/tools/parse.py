@@ -27,6 +27,7 @@ from typing import Any
 
 from posttrain.errors import InputError
 
+MAX_ROW_REQUESTS = 4096  # requests kept for rows' own tool sets (a dataset of many rows, each its own)
 # the text that starts a call in each format, to tell a malformed call from plain text
 CALL_MARKERS = {"hermes": "<tool_call>", "qwen3_xml": "<tool_call>", "qwen3_json": "<tool_call>", "llama3_json": '{"name"',
                 "mistral": "[TOOL_CALLS]"}
@@ -79,18 +80,29 @@ class CallParser:
         self.marker = CALL_MARKERS.get(name)
         # without a tokenizer (a toolbox built by hand) the hermes format is read by the fallback
         self._vllm, self._request = (None, None) if tokenizer is None and name == "hermes" else _vllm_parser(name, tokenizer, schemas)
+        self._row_requests: dict[str, Any] = {}  # a row's tools (JSON text) -> the request that names them
 
-    def __call__(self, text: str) -> ParsedTurn:
+    def __call__(self, text: str, schemas: Sequence[dict[str, Any]] | None = None) -> ParsedTurn:
+        """The calls in ``text``; ``schemas``: the tools this turn's prompt was told, where they are not the
+        run's (a row's own tools: some parsers read the schemas, e.g. to type the arguments)."""
         if self._vllm is None:
             return _hermes(text)
         try:
-            found = self._vllm.extract_tool_calls(text, self._request)
+            found = self._vllm.extract_tool_calls(text, self._request if schemas is None else self._request_for(schemas))
         except Exception:  # a parser that raises on odd text has read no call
             found = None
         calls = [ParsedCall(call.function.name, call.function.arguments or "{}") for call in (found.tool_calls if found and found.tools_called else [])]
         content = (found.content if found else None) or ("" if calls else text)
         started = text.count(self.marker) if self.marker else len(calls)
         return ParsedTurn(calls, content, malformed=max(started - len(calls), 0) if calls or started else 0)
+
+    def _request_for(self, schemas: Sequence[dict[str, Any]]) -> Any:
+        key = json.dumps(list(schemas), sort_keys=True)
+        if key not in self._row_requests:
+            if len(self._row_requests) >= MAX_ROW_REQUESTS:
+                self._row_requests.clear()
+            self._row_requests[key] = _request(schemas)
+        return self._row_requests[key]
 
 
 def _vllm_parser(name: str, tokenizer: Any, schemas: Sequence[dict[str, Any]]) -> tuple[Any, Any]:
@@ -104,12 +116,16 @@ def _vllm_parser(name: str, tokenizer: Any, schemas: Sequence[dict[str, Any]]) -
         parser_class = ToolParserManager.get_tool_parser(name)
     except KeyError:
         raise InputError(f"env.tool_parser={name!r} is not one of vLLM's tool parsers ({', '.join(parser_names())})") from None
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-
     # vLLM logs a traceback for every call it cannot read; here those are counted (tool/errors/bad_json) instead
     logging.getLogger(parser_class.__module__).setLevel(logging.CRITICAL)
-    request = ChatCompletionRequest(messages=[{"role": "user", "content": ""}], model="posttrain", tools=list(schemas) or None)
-    return parser_class(tokenizer), request
+    return parser_class(tokenizer), _request(schemas)
+
+
+def _request(schemas: Sequence[dict[str, Any]]) -> Any:
+    """The chat request a vLLM parser reads the tools from."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest(messages=[{"role": "user", "content": ""}], model="posttrain", tools=list(schemas) or None)
 
 
 _HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)

@@ -88,7 +88,7 @@ def test_a_call_in_the_forced_final_turn_is_not_run_and_earns_nothing(tokenizer,
 def test_every_episodes_calls_of_a_round_go_to_the_toolbox_together(tokenizer, toolbox, monkeypatch):
     batches = []
     run = toolbox.run
-    monkeypatch.setattr(toolbox, "run", lambda calls: batches.append(len(calls)) or run(calls))
+    monkeypatch.setattr(toolbox, "run", lambda calls, row_tools=None: batches.append(len(calls)) or run(calls, row_tools))
     episodes, _ = play(tokenizer, toolbox, [[call("1+1"), "2"], [call("2*3"), "6"], ["7"]], ["2", "6", "7"])
     assert batches == [2]
     assert [e.success for e in episodes] == [True, True, True]
