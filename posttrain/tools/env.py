@@ -100,6 +100,8 @@ class ToolEnv(Environment):
         return ""
 
     def final_turn_instruction(self) -> str:
+        if self.answer == "calls":  # the first turn is the answer, whatever the turn budget
+            return ""
         return "You have no tool calls left. Give your final answer now, without calling a tool."
 
     def step(self, action: str) -> StepResult:
