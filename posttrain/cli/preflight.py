@@ -195,9 +195,7 @@ def check_tools(config: PosttrainConfig) -> list[Problem]:
     from posttrain.tools import ToolSpecError, load_tools
     from posttrain.tools.parse import parser_names
 
-    env, problems = config.env, []
-    if not env.tools and not env.mcp_servers:
-        problems.append(Problem("env.tools", [], "the tool environment needs tools: e.g. env.tools=[posttrain.tools:calculator] or env.mcp_servers"))
+    env, problems = config.env, []  # no tools at all is for rows that bring their own (ToolEnv.reset refuses a row with none)
     for spec in env.tools:  # each entry on its own, so every bad one is named
         try:
             load_tools([spec])
