@@ -12,6 +12,8 @@ or imitate its own successful episodes.
 from __future__ import annotations
 
 import json
+import sys
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -48,10 +50,14 @@ class Validator:
 
     def __call__(self, roles: Roles, step: int | None = None) -> dict[str, float]:
         pieces, rollout_metrics = [], []
+        total, done, start = len(self.loader.dataset), 0, time.monotonic()
         for prompts in self.loader:
             piece, piece_metrics = self.rollout(roles.for_rollout(), prompts.repeat(self.n, interleave=True), validate=True)
             pieces.append(piece)
             rollout_metrics.append(piece_metrics)
+            done += len(prompts)
+            if len(self.loader) > 1:  # a long validation says how far it is, one line per batch
+                print(f"validation: {done}/{total} prompts in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
         self.loader.load_state_dict({**self.loader.state_dict(), "epoch": 0, "index": 0})
         batch = Batch.concat(pieces)
         metrics = validation_metrics(batch, self.n) | {f"val/{name}": value for name, value in values(merge(rollout_metrics)).items()}
