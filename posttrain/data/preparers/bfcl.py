@@ -1,0 +1,238 @@
+"""BFCL's single-turn function-calling questions as RL rows and SFT transcripts (``posttrain prepare bfcl``).
+
+The questions, functions and possible answers are the installed ``bfcl-eval`` package's own files
+(``bfcl_eval/data/BFCL_v4_<category>.json`` and ``possible_answer/``; Apache-2.0; installed with
+``--no-deps``, see :mod:`posttrain.rewards.bfcl`), read as they are. Default split: train on the live
+categories (``live_simple, live_multiple, live_parallel, live_parallel_multiple, live_irrelevance``,
+user-contributed), hold out the non-live Python ones (``simple_python`` 400, ``multiple`` 200,
+``parallel`` 200, ``parallel_multiple`` 200, ``irrelevance`` 240), as BFCL reports them. Options
+``train_categories`` / ``test_categories`` (comma lists) choose others among :data:`CATEGORIES`.
+
+One RL row per question (data_source ``bfcl``, scored by BFCL's AST checker):
+
+- ``prompt``: the question's first (only) turn, its chat messages as they are;
+- ``reward_model.ground_truth``: JSON text of BFCL's possible answer (``"[]"`` for (ir)relevance rows);
+- ``extra_info``: ``split``, ``index``, ``id`` (BFCL's), ``category``, ``tools`` (JSON text of the
+  functions as OpenAI tool schemas, :func:`tool_schemas`) and ``bfcl_functions`` (JSON text of BFCL's
+  own docs, whose types the checker reads). Both are text because rows' schemas differ.
+
+BFCL's types become JSON Schema through BFCL's own table (``bfcl_eval.constants.type_mappings.GORILLA_TO_OPENAPI``:
+``dict`` → object, ``float`` → number, ``tuple`` → array, ``any`` → string, as BFCL's checker wants a
+string for ``any``), through ``properties`` and ``items`` at every depth; BFCL's own ``optional`` flag
+is dropped (``required`` says it), every other key (description, enum, default, required) is kept.
+Function names keep their dots (``math.factorial``): the checker is told the model writes them as given.
+
+``max_prompt_tokens`` drops the training rows whose prompt, rendered with its tools as posttrain renders
+it (``tokenize_prompts``), is longer, with ``tokenizer`` (default: the default model's); held-out rows
+are never dropped (their longest is reported). ``limit`` keeps the first N questions of each category.
+
+SFT transcripts (``sft.parquet``, ``sft_val.parquet``: the names ``posttrain sft`` looks for beside the
+RL data; columns ``messages`` and the row's ``extra_info``, so a transcript carries its tools) come
+from the kept training rows: the prompt, then
+one assistant turn with each call of the possible answer (:func:`~posttrain.rewards.bfcl.answer_calls`:
+the first acceptable value of each parameter) as a hermes block ``<tool_call>\\n{"name": ..., "arguments":
+{...}}\\n</tool_call>``, newline-separated. Each is checked by BFCL's checker first; the few possible
+answers no call can satisfy are reported and left out. An irrelevance row's answer is
+:data:`NO_FUNCTION_ANSWER`; a ``live_relevance`` row has no answer to write and is left out.
+``sft_val_size`` transcripts, drawn with ``seed``, are held back for SFT validation (those rows stay in
+the RL ``train.parquet``). ``README.md`` records the source and the report, which is also printed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posttrain.data.format import make_row, write_rows
+from posttrain.data.preparers.options import check_counts
+from posttrain.errors import InputError
+from posttrain.models import DEFAULT_MODEL, load_tokenizer, tokenize_prompts
+from posttrain.rewards import bfcl
+
+DATA_SOURCE = "bfcl"
+ABILITY = "function_calling"
+TRAIN_CATEGORIES = "live_simple,live_multiple,live_parallel,live_parallel_multiple,live_irrelevance"
+TEST_CATEGORIES = "simple_python,multiple,parallel,parallel_multiple,irrelevance"
+# BFCL's single-turn Python categories: judged by its AST checker, or by whether a call was made
+CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple", "live_multiple",
+              "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance")
+NO_FUNCTION_ANSWER = "None of the functions I have can do this."
+_DROPPED_KEYS = ("optional",)  # BFCL's own flag, not JSON Schema
+
+
+@dataclass(frozen=True)
+class Question:
+    """One BFCL question: its first turn's messages, its functions (BFCL's docs) and possible answer."""
+
+    id: str
+    category: str
+    messages: list[dict[str, str]]
+    functions: list[dict[str, Any]]
+    ground_truth: list[dict[str, Any]]  # [] for (ir)relevance categories
+
+
+def json_schema(schema: dict[str, Any], types: dict[str, str]) -> dict[str, Any]:
+    """BFCL's parameter schema as JSON Schema, its type names through ``types`` (BFCL's
+    ``GORILLA_TO_OPENAPI``; a name it lacks becomes ``string``, as BFCL's own conversion does)."""
+    converted = {key: value for key, value in schema.items() if key not in _DROPPED_KEYS}
+    if "type" in schema:
+        converted["type"] = types.get(schema["type"], "string")
+    if isinstance(schema.get("properties"), dict):
+        converted["properties"] = {name: json_schema(sub, types) for name, sub in schema["properties"].items()}
+    if isinstance(schema.get("items"), dict):
+        converted["items"] = json_schema(schema["items"], types)
+    return converted
+
+
+def tool_schemas(functions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """BFCL's function docs as OpenAI tool schemas ``{"type": "function", "function": {...}}``."""
+    from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI  # importable without bfcl-eval's dependencies
+
+    return [{"type": "function", "function": {"name": doc["name"], "description": doc.get("description", ""),
+                                              "parameters": json_schema(doc["parameters"], GORILLA_TO_OPENAPI)}}
+            for doc in functions]
+
+
+def load_category(category: str, limit: int | None = None) -> list[Question]:
+    """The questions of one BFCL category (the first ``limit`` of them), with their possible answers."""
+    data = bfcl.data_dir()
+    rows = _read_jsonl(data / f"BFCL_v4_{category}.json")[:limit]
+    answers = [] if bfcl.is_no_call_category(category) else _read_jsonl(data / "possible_answer" / f"BFCL_v4_{category}.json")
+    truth = {answer["id"]: answer["ground_truth"] for answer in answers}
+    return [Question(row["id"], category, [{"role": m["role"], "content": m["content"]} for m in row["question"][0]],
+                     row["function"], truth[row["id"]] if answers else []) for row in rows]
+
+
+def transcript(question: Question) -> list[dict[str, str]] | None:
+    """The SFT conversation for ``question`` (module docstring), or None when its answer cannot be written."""
+    if "irrelevance" in question.category:
+        return [*question.messages, {"role": "assistant", "content": NO_FUNCTION_ANSWER}]
+    if bfcl.is_no_call_category(question.category):
+        return None
+    extra_info = {"category": question.category, "bfcl_functions": question.functions}
+    calls = bfcl.answer_calls(question.ground_truth, question.functions)
+    if not bfcl.check_calls(calls, question.ground_truth, extra_info).valid:
+        return None
+    blocks = [f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>" for call in calls]
+    return [*question.messages, {"role": "assistant", "content": "\n".join(blocks)}]
+
+
+def prepare_bfcl(
+    out_dir: Path,
+    *,
+    train_categories: str = TRAIN_CATEGORIES,
+    test_categories: str = TEST_CATEGORIES,
+    max_prompt_tokens: int | None = None,
+    tokenizer: str = DEFAULT_MODEL,
+    limit: int | None = None,
+    sft_val_size: int = 64,
+    seed: int = 0,
+) -> list[Path]:
+    """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet`` and
+    ``README.md`` into ``out_dir`` (module docstring); prints the report and returns the Parquet paths."""
+    splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
+    _check_options(splits, max_prompt_tokens, limit, sft_val_size)
+    questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
+    report = Report(splits, {split: Counter(q.category for q in items) for split, items in questions.items()},
+                    {split: {doc["name"] for q in items for doc in q.functions} for split, items in questions.items()})
+    if max_prompt_tokens is not None:
+        questions["train"] = _drop_long(questions, max_prompt_tokens, tokenizer, report)
+    rows = {split: [_row(q, split, i) for i, q in enumerate(items)] for split, items in questions.items()}
+    transcripts = [transcript(q) for q in questions["train"]]
+    report.unwritten = [q.id for q, t in zip(questions["train"], transcripts) if t is None and not bfcl.is_no_call_category(q.category)]
+    sft = [{"messages": t, "extra_info": row["extra_info"]} for t, row in zip(transcripts, rows["train"]) if t is not None]
+    if sft_val_size >= len(sft):
+        raise InputError(f"sft_val_size={sft_val_size} leaves no SFT training transcript of the {len(sft)} written; lower it")
+    held = set(random.Random(seed).sample(range(len(sft)), sft_val_size))
+    report.sft_sizes = (len(sft) - len(held), len(held))
+    out_dir = Path(out_dir)
+    paths = [write_rows(rows[split], out_dir / f"{split}.parquet") for split in ("train", "test")]
+    paths.append(write_rows([row for i, row in enumerate(sft) if i not in held], out_dir / "sft.parquet"))
+    paths.append(write_rows([row for i, row in enumerate(sft) if i in held], out_dir / "sft_val.parquet"))
+    (out_dir / "README.md").write_text(_readme(report.text()), encoding="utf-8")
+    print(report.text())
+    return paths
+
+
+def _categories(text: str, option: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in CATEGORIES]
+    if unknown or not names:
+        raise InputError(f"{option}={text!r}: {unknown or 'no category'} not among BFCL's single-turn Python categories; "
+                         f"give a comma list of {', '.join(CATEGORIES)}")
+    return names
+
+
+def _check_options(splits: dict[str, list[str]], max_prompt_tokens: int | None, limit: int | None, sft_val_size: int) -> None:
+    both = sorted(set(splits["train"]) & set(splits["test"]))
+    if both:
+        raise InputError(f"{both} are in both train_categories and test_categories; a held-out category must not be trained on")
+    check_counts(1, **{k: v for k, v in {"max_prompt_tokens": max_prompt_tokens, "limit": limit}.items() if v is not None})
+    check_counts(0, sft_val_size=sft_val_size)
+
+
+def _drop_long(questions: dict[str, list[Question]], max_prompt_tokens: int, tokenizer_name: str, report: Report) -> list[Question]:
+    """The training questions whose prompt fits ``max_prompt_tokens``; counts go into ``report``."""
+    tokenizer = load_tokenizer(tokenizer_name)
+    lengths = {split: [len(tokenize_prompts([q.messages], tokenizer, tool_schemas(q.functions))[0]) for q in items]
+               for split, items in questions.items()}
+    kept = [q for q, n in zip(questions["train"], lengths["train"]) if n <= max_prompt_tokens]
+    report.max_prompt_tokens = max_prompt_tokens
+    report.dropped = Counter(q.category for q, n in zip(questions["train"], lengths["train"]) if n > max_prompt_tokens)
+    report.test_over = sum(n > max_prompt_tokens for n in lengths["test"])
+    report.longest = {split: max(values, default=0) for split, values in lengths.items()}
+    return kept
+
+
+def _row(question: Question, split: str, index: int) -> dict[str, Any]:
+    extra_info = {"split": split, "index": index, "id": question.id, "category": question.category,
+                  "tools": json.dumps(tool_schemas(question.functions), ensure_ascii=False),
+                  "bfcl_functions": json.dumps(question.functions, ensure_ascii=False)}
+    return make_row(data_source=DATA_SOURCE, messages=question.messages, ground_truth=json.dumps(question.ground_truth, ensure_ascii=False),
+                    ability=ABILITY, extra_info=extra_info)
+
+
+@dataclass
+class Report:
+    """What ``prepare_bfcl`` wrote and left out, as text for the console and README.md."""
+
+    splits: dict[str, list[str]]  # split -> its categories
+    counts: dict[str, Counter[str]]  # split -> rows per category, before the length cap
+    names: dict[str, set[str]]  # split -> its function names
+    max_prompt_tokens: int | None = None
+    dropped: Counter[str] = field(default_factory=Counter)  # training rows over max_prompt_tokens, per category
+    test_over: int = 0  # held-out rows over max_prompt_tokens (kept)
+    longest: dict[str, int] = field(default_factory=dict)  # split -> its longest prompt, in tokens
+    unwritten: list[str] = field(default_factory=list)  # ids of training answers no call satisfies
+    sft_sizes: tuple[int, int] = (0, 0)  # transcripts for SFT training, validation
+
+    def text(self) -> str:
+        lines = []
+        for split, categories in self.splits.items():
+            kept = {c: self.counts[split][c] - self.dropped[c] for c in categories}
+            lines.append(f"{split}: {sum(kept.values())} rows: " + ", ".join(f"{c} {n}" for c, n in kept.items()))
+        if self.max_prompt_tokens is not None:
+            lines.append(f"dropped from train as longer than {self.max_prompt_tokens} prompt tokens: {sum(self.dropped.values())} "
+                         f"({', '.join(f'{c} {n}' for c, n in self.dropped.items()) or 'none'}); held-out rows longer, kept: "
+                         f"{self.test_over}; longest prompt: train {self.longest['train']} (before the cap), test {self.longest['test']}")
+        shared = sorted(self.names["train"] & self.names["test"])
+        lines.append(f"function names in both splits: {len(shared)}" + (f" (e.g. {', '.join(shared[:5])})" if shared else ""))
+        lines.append(f"SFT transcripts: {self.sft_sizes[0]} train, {self.sft_sizes[1]} validation; possible answers no call satisfies "
+                     f"(no transcript): {len(self.unwritten)}" + (f" ({', '.join(self.unwritten)})" if self.unwritten else ""))
+        return "\n".join(lines)
+
+
+def _readme(report: str) -> str:
+    return (f"# BFCL, prepared by `posttrain prepare bfcl`\n\nFrom the PyPI package bfcl-eval {bfcl.installed_version()} "
+            "(the Berkeley Function Calling Leaderboard's data, possible answers and AST checker; license Apache-2.0), "
+            f"its files under bfcl_eval/data as installed.\n\n```\n{report}\n```\n")
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise InputError(f"{path} is missing from the installed bfcl-eval; reinstall it: {bfcl.INSTALL_HINT}")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -1,0 +1,122 @@
+"""`posttrain prepare bfcl`: rows and SFT transcripts from bfcl-eval's own files, BFCL's types as JSON
+Schema, training prompts over the cap dropped and counted, held-out ones never."""
+
+import json
+import re
+
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("bfcl_eval", reason='bfcl-eval is installed by scripts/setup.sh (pip install --no-deps "bfcl-eval==2026.3.23")')
+
+from posttrain.cli import main  # noqa: E402
+from posttrain.data import prepare, read_rows  # noqa: E402
+from posttrain.data.preparers.bfcl import NO_FUNCTION_ANSWER, load_category, tool_schemas  # noqa: E402
+from posttrain.errors import InputError  # noqa: E402
+from posttrain.models import cached_tiny_model, load_tokenizer, tokenize_prompts  # noqa: E402
+from posttrain.rewards import bfcl  # noqa: E402
+
+TRAIN = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance")
+TEST = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
+
+
+def _rows(path):
+    return pq.read_table(path).to_pylist()
+
+
+def _function(category: str, question_id: str, name: str) -> dict:
+    """Function ``name`` of BFCL question ``question_id`` as the rows' tool schema."""
+    question = next(q for q in load_category(category) if q.id == question_id)
+    return next(s["function"] for s in tool_schemas(question.functions) if s["function"]["name"] == name)
+
+
+def test_small_run_writes_rows_transcripts_and_report(tmp_path, capsys):
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=12", "sft_val_size=4"]) == 0
+    printed = capsys.readouterr().out
+    assert "train: 60 rows: live_simple 12, live_multiple 12, live_parallel 12, live_parallel_multiple 12, live_irrelevance 12" in printed
+    assert "test: 60 rows: simple_python 12, multiple 12, parallel 12, parallel_multiple 12, irrelevance 12" in printed
+    assert "SFT transcripts: 56 train, 4 validation" in printed
+    assert "Apache-2.0" in (tmp_path / "README.md").read_text() and "bfcl-eval 2026.3.23" in (tmp_path / "README.md").read_text()
+    for split, categories in (("train", TRAIN), ("test", TEST)):
+        rows = _rows(tmp_path / f"{split}.parquet")
+        assert [r["extra_info"]["category"] for r in rows] == [c for c in categories for _ in range(12)]
+        assert [r["extra_info"]["index"] for r in rows] == list(range(60))
+        assert {r["data_source"] for r in rows} == {"bfcl"} and {r["extra_info"]["split"] for r in rows} == {split}
+        assert len(read_rows([tmp_path / f"{split}.parquet"])) == 60  # posttrain's own row checks pass
+        first = rows[0]
+        question = load_category(categories[0], limit=1)[0]
+        assert first["extra_info"]["id"] == question.id and first["prompt"] == question.messages
+        assert json.loads(first["reward_model"]["ground_truth"]) == question.ground_truth
+        assert json.loads(first["extra_info"]["bfcl_functions"]) == question.functions
+        assert json.loads(first["extra_info"]["tools"]) == tool_schemas(question.functions)
+    irrelevant = [r for r in _rows(tmp_path / "test.parquet") if r["extra_info"]["category"] == "irrelevance"]
+    assert {r["reward_model"]["ground_truth"] for r in irrelevant} == {"[]"}
+
+
+def test_transcripts_are_the_answers_as_hermes_calls_that_bfcl_accepts(tmp_path):
+    prepare("bfcl", tmp_path, limit=12, sft_val_size=4)
+    transcripts = _rows(tmp_path / "sft.parquet") + _rows(tmp_path / "sft_val.parquet")
+    train = {r["extra_info"]["id"]: r for r in _rows(tmp_path / "train.parquet")}
+    assert sorted(t["extra_info"]["id"] for t in transcripts) == sorted(train)
+    for sample in transcripts:
+        info, (*prompt, answer) = sample["extra_info"], sample["messages"]
+        assert info == train[info["id"]]["extra_info"] and prompt == train[info["id"]]["prompt"] and answer["role"] == "assistant"
+        if info["category"] == "live_irrelevance":
+            assert answer["content"] == NO_FUNCTION_ANSWER
+            continue
+        blocks = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", answer["content"])
+        assert "\n".join(f"<tool_call>\n{b}\n</tool_call>" for b in blocks) == answer["content"]
+        calls = [json.loads(block) for block in blocks]
+        assert bfcl.compute_score(answer["content"], train[info["id"]]["reward_model"]["ground_truth"], info, calls=calls)["score"] == 1.0
+    parallel = next(t for t in transcripts if t["extra_info"]["id"] == "live_parallel_0-0-0")["messages"][-1]["content"]
+    assert parallel == ('<tool_call>\n{"name": "get_current_weather", "arguments": {"location": "Beijing, China"}}\n</tool_call>\n'
+                        '<tool_call>\n{"name": "get_current_weather", "arguments": {"location": "Shanghai, China"}}\n</tool_call>')
+
+
+def test_bfcl_types_become_json_schema():
+    distance = _function("simple_python", "simple_python_83", "calculate_distance")  # tuple of float
+    assert distance["parameters"]["type"] == "object"
+    assert distance["parameters"]["properties"]["coord1"] == {"type": "array", "items": {"type": "number"},
+                                                               "description": "The first coordinate as (latitude, longitude)."}
+    query = _function("simple_python", "simple_python_96", "database.query")  # array of dict, nested properties with enum
+    conditions = query["parameters"]["properties"]["conditions"]
+    assert conditions["type"] == "array" and conditions["items"]["type"] == "object"
+    assert conditions["items"]["required"] == ["field", "operation", "value"]
+    assert conditions["items"]["properties"]["operation"] == {"type": "string", "description": "The operation to be performed.",
+                                                              "enum": ["<", ">", "=", ">=", "<="]}
+    budget = _function("multiple", "multiple_8", "realestate.find_properties")["parameters"]["properties"]["budget"]  # dict of float
+    assert budget["type"] == "object" and {p["type"] for p in budget["properties"].values()} == {"number"}
+    value = _function("live_simple", "live_simple_117-73-0", "reverse_input")["parameters"]["properties"]["input_value"]
+    assert value["type"] == "string"  # BFCL's "any": its checker wants a string
+    year = _function("simple_python", "simple_python_182", "lawsuit_info")["parameters"]["properties"]["year"]
+    assert year == {"type": "integer", "description": "The year in which the lawsuit case was initiated. Default is 2023 if not specified.",
+                    "default": 2023}  # BFCL's "optional" flag dropped
+
+
+def test_prompts_over_the_cap_are_dropped_from_train_only(tmp_path, capsys):
+    tokenizer_dir = cached_tiny_model("llama")
+    prepare("bfcl", tmp_path, limit=10, sft_val_size=2, max_prompt_tokens=300, tokenizer=str(tokenizer_dir))
+    printed = capsys.readouterr().out
+    tokenizer = load_tokenizer(tokenizer_dir)
+    kept = {r["extra_info"]["id"] for r in _rows(tmp_path / "train.parquet")}
+    expected_dropped = 0
+    for category in TRAIN:
+        for question in load_category(category, limit=10):
+            length = len(tokenize_prompts([question.messages], tokenizer, tool_schemas(question.functions))[0])
+            assert (question.id in kept) == (length <= 300), (question.id, length)
+            expected_dropped += length > 300
+    assert 0 < expected_dropped < 50
+    assert f"dropped from train as longer than 300 prompt tokens: {expected_dropped} (" in printed
+    assert len(_rows(tmp_path / "test.parquet")) == 50  # held-out rows are never dropped ...
+    assert "held-out rows longer, kept: 0;" not in printed  # ... though some are longer
+    assert len(_rows(tmp_path / "sft.parquet")) + len(_rows(tmp_path / "sft_val.parquet")) == 50 - expected_dropped
+
+
+def test_bad_options_are_refused_before_writing(tmp_path):
+    with pytest.raises(InputError, match="'simple_java'.*not among BFCL's single-turn Python categories"):
+        prepare("bfcl", tmp_path / "a", test_categories="simple_python,simple_java")
+    with pytest.raises(InputError, match="\\['irrelevance'\\] are in both"):
+        prepare("bfcl", tmp_path / "b", train_categories="live_simple,irrelevance")
+    with pytest.raises(InputError, match="limit=0"):
+        prepare("bfcl", tmp_path / "c", limit=0)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

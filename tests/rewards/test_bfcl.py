@@ -1,0 +1,134 @@
+"""data_source ``bfcl``: BFCL's own AST checker, reached through posttrain's scorer, accepts every
+category's possible answers written as a model's calls and refuses altered ones."""
+
+import json
+import sys
+
+import pytest
+
+pytest.importorskip("bfcl_eval", reason='bfcl-eval is installed by scripts/setup.sh (pip install --no-deps "bfcl-eval==2026.3.23")')
+
+from posttrain.data.preparers.bfcl import Question, load_category  # noqa: E402
+from posttrain.errors import InputError  # noqa: E402
+from posttrain.rewards import DEFAULT_SCORE_FUNCTIONS, bfcl  # noqa: E402
+
+ANSWER_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple",
+                     "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
+# BFCL possible answers that no call satisfies: a required parameter with no acceptable value
+# (live_simple_106, _112: []; live_multiple_507: only ""), one the answer needs but the function does
+# not define (live_multiple_862), one the function requires but the answer lacks (live_multiple_964)
+UNANSWERABLE = {"live_simple_106-63-0", "live_simple_112-68-0", "live_multiple_507-149-4", "live_multiple_862-181-3", "live_multiple_964-207-0"}
+
+
+def _row(question: Question) -> tuple[str, dict]:
+    """The ground truth and extra_info that `posttrain prepare bfcl` writes for ``question``."""
+    return json.dumps(question.ground_truth), {"category": question.category, "bfcl_functions": json.dumps(question.functions)}
+
+
+def _score(question: Question, calls: list[dict]) -> float:
+    ground_truth, extra_info = _row(question)
+    return DEFAULT_SCORE_FUNCTIONS["bfcl"](solution_str="(the turn's text)", ground_truth=ground_truth, extra_info=extra_info, calls=calls)["score"]
+
+
+@pytest.mark.parametrize("category", ANSWER_CATEGORIES)
+def test_every_possible_answer_written_as_calls_is_accepted(category):
+    questions = load_category(category)
+    refused = {q.id for q in questions if _score(q, bfcl.answer_calls(q.ground_truth, q.functions)) != 1.0}
+    assert refused == {i for i in UNANSWERABLE if i.startswith(category + "_")}
+    assert len(questions) - len(refused) >= min(30, len(questions))  # live_parallel has 16 rows, live_parallel_multiple 24
+
+
+def _alterations(question: Question) -> dict[str, list[dict]]:
+    """The answer's calls altered four ways (a kind is absent when the row has nothing to alter)."""
+    calls = bfcl.answer_calls(question.ground_truth, question.functions)
+    docs = {doc["name"]: doc["parameters"] for doc in question.functions}
+    first, args = calls[0], calls[0]["arguments"]
+    altered = {"extra call": [*calls, calls[0]], "wrong function": [{**first, "name": first["name"] + "_x"}, *calls[1:]]}
+    acceptable = question.ground_truth[0][first["name"]]
+    for key, value in args.items():
+        wrong = not value if isinstance(value, bool) else value + 7919 if isinstance(value, (int, float)) else value + " Zanzibar" if isinstance(value, str) else None
+        if wrong is not None and wrong not in acceptable[key]:
+            altered["wrong value"] = [{**first, "arguments": {**args, key: wrong}}, *calls[1:]]
+            break
+    required = [key for key in docs[first["name"]]["required"] if key in args]
+    if required:
+        altered["missing required parameter"] = [{**first, "arguments": {k: v for k, v in args.items() if k != required[0]}}, *calls[1:]]
+    return altered
+
+
+@pytest.mark.parametrize("category", ANSWER_CATEGORIES)
+def test_altered_answers_are_refused(category):
+    questions = [q for q in load_category(category, limit=40) if q.id not in UNANSWERABLE]
+    tried = {"extra call": 0, "wrong function": 0, "wrong value": 0, "missing required parameter": 0}
+    for question in questions:
+        for kind, calls in _alterations(question).items():
+            assert _score(question, calls) == 0.0, (question.id, kind, calls)
+            tried[kind] += 1
+    assert min(tried.values()) >= 10, tried
+
+
+def test_the_verdict_names_the_error_kind():
+    simple = load_category("simple_python", limit=1)[0]  # calculate_triangle_area(base=10, height=5, unit="units")
+    ground_truth, extra_info = _row(simple)
+    right = bfcl.answer_calls(ground_truth, simple.functions)
+    assert right == [{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5, "unit": "units"}}]
+    assert bfcl.check_calls(right, ground_truth, extra_info) == bfcl.Verdict(True)
+    kinds = {
+        "value_error:others": [{"name": "calculate_triangle_area", "arguments": {"base": 11, "height": 5}}],
+        "simple_function_checker:missing_required": [{"name": "calculate_triangle_area", "arguments": {"base": 10}}],
+        "simple_function_checker:wrong_func_name": [{"name": "area", "arguments": {"base": 10, "height": 5}}],
+        "simple_function_checker:wrong_count": [*right, *right],
+        "type_error:simple": [{"name": "calculate_triangle_area", "arguments": {"base": "10", "height": 5}}],
+        "ast_decoder:decoder_wrong_output_format": [{"name": "calculate_triangle_area", "arguments": "base=10"}],
+    }
+    for kind, calls in kinds.items():
+        assert bfcl.check_calls(calls, ground_truth, extra_info).error_type == kind
+    parallel = load_category("parallel", limit=1)[0]
+    calls = bfcl.answer_calls(parallel.ground_truth, parallel.functions)
+    calls[0] = {**calls[0], "arguments": {k: v + 1 if isinstance(v, int) else v for k, v in calls[0]["arguments"].items()}}
+    verdict = bfcl.check_calls(calls, *_row(parallel))
+    assert verdict.error_type == "parallel_function_checker_no_order:cannot_find_match"
+    assert "value_error:others" in verdict.sub_error_types
+
+
+@pytest.mark.parametrize("category", ["irrelevance", "live_irrelevance"])
+def test_irrelevance_rows_are_right_without_a_call_only(category):
+    for question in load_category(category, limit=30):
+        assert question.ground_truth == []
+        assert _score(question, []) == 1.0
+        call = {"name": question.functions[0]["name"], "arguments": {}}
+        assert _score(question, [call]) == 0.0
+        assert bfcl.check_calls([call], *_row(question)).error_type == "irrelevance_error:decoder_success"
+
+
+def test_relevance_rows_are_right_with_a_call():
+    question = load_category("live_relevance", limit=1)[0]
+    assert _score(question, []) == 0.0
+    assert _score(question, [{"name": question.functions[0]["name"], "arguments": {}}]) == 1.0
+
+
+def test_dotted_names_are_judged_as_written_through_the_stand_in_config():
+    question = load_category("simple_python", limit=2)[1]  # math.factorial(number=5)
+    assert _score(question, [{"name": "math.factorial", "arguments": {"number": 5}}]) == 1.0
+    assert _score(question, [{"name": "math_factorial", "arguments": {"number": 5}}]) == 0.0
+    config = sys.modules["bfcl_eval.constants.model_config"].MODEL_CONFIG_MAPPING[bfcl.MODEL_NAME]
+    assert config.underscore_to_dot is False
+
+
+def test_score_dict_and_refusals():
+    question = load_category("parallel", limit=1)[0]
+    calls = bfcl.answer_calls(question.ground_truth, question.functions)
+    ground_truth, extra_info = _row(question)
+    assert bfcl.compute_score("", ground_truth, extra_info, calls=calls) == {"score": 1.0, "acc": 1.0, "num_calls": float(len(calls))}
+    with pytest.raises(InputError, match="env.name=tools"):
+        bfcl.compute_score("<tool_call>...</tool_call>", ground_truth, extra_info)
+    with pytest.raises(InputError, match="extra_info.bfcl_functions.*posttrain prepare bfcl"):
+        bfcl.compute_score("", ground_truth, {"category": "parallel"}, calls=calls)
+
+
+def test_a_missing_package_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "bfcl_eval", None)  # what an absent package looks like to import
+    with pytest.raises(bfcl.BfclMissingError, match='pip install --no-deps "bfcl-eval==2026.3.23"'):
+        bfcl.ast_checker.__wrapped__()
+    with pytest.raises(bfcl.BfclMissingError, match="--no-deps"):
+        bfcl.data_dir()
