@@ -6,6 +6,7 @@
     execute.py   :class:`ToolBox`: argument checks, calls in a child process with deadlines, errors as text
     mcp.py       tools discovered on MCP servers (stdio), called through the same box
     builtin.py   ``calculator``, ``python``, ``search``
+    sandbox.py   how ``python`` runs a program: under bubblewrap where it works, else with limits only
 
 The environment that lets a model use them is ``posttrain.tools.env.ToolEnv`` (``env.name: tools``).
 """

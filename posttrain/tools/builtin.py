@@ -4,14 +4,12 @@ calculator  arithmetic on numbers (``+ - * / // % **``, parentheses, unary signs
             ``ast`` and evaluated node by node: no ``eval``, no names, no calls. Powers are kept to
             exponents up to 64 and results to 400 digits, so no expression can stall the process.
 python      runs code in a fresh ``python -I`` process (isolated mode: no user site, no PYTHON*
-            variables, the working directory not on the path) in an empty temporary directory, with
-            limits set by ``setrlimit`` before it starts (CPU time, 1 GiB of address space, 1 MiB per
-            written file), its own session, a clean environment and a wall-clock timeout. Its
-            network is cut by running it in a new network namespace (``unshare --net --map-root-user``)
-            where the system allows that; where it does not, the code **has network access** (the
-            tool says so in its output once). It is not a security boundary: the code runs as the
-            same user, can read any file that user can, and is only as isolated as the limits above.
-            Run untrusted models' code in a container or VM.
+            variables, the working directory not on the path) with a wall-clock timeout, CPU, memory,
+            file-size and process limits: in a bubblewrap sandbox where ``bwrap`` works (no network, a
+            read-only system, no home directory or checkout, an empty scratch dir; every process of the
+            program killed at the end), else with the limits only and a warning (``sandbox.py`` says
+            exactly what is and is not isolated). The first 8,000 characters of its output are returned,
+            with a note when it was stopped (timeout, over 1 MiB of output) or exited with an error.
 search      the retriever service as a tool: the query's top hits, formatted as the search agent
             shows them. It calls the service at ``$POSTTRAIN_RETRIEVER_URL``, which a run sets when
             ``env.tools`` lists this tool (the retriever is started or connected as for ``env.name=search``).
@@ -22,11 +20,8 @@ from __future__ import annotations
 import ast
 import operator
 import os
-import resource
-import shutil
-import subprocess
-import sys
-import tempfile
+
+from posttrain.tools.sandbox import MAX_OUTPUT_BYTES, run_python
 
 RETRIEVER_URL_VAR = "POSTTRAIN_RETRIEVER_URL"
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -34,6 +29,7 @@ _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 MAX_EXPONENT = 64
 MAX_DIGITS = 400
+OUTPUT_CHARS = 8000
 
 
 def calculator(expression: str) -> str:
@@ -88,44 +84,16 @@ def python(code: str, timeout_s: float = 5.0) -> str:
         timeout_s: Seconds the program may run.
     """
     timeout_s = min(max(float(timeout_s), 0.1), 30.0)
-    command = [sys.executable, "-I", "-c", code]
-    network_cut = _can_cut_network()
-    if network_cut:
-        command = ["unshare", "--net", "--map-root-user", *command]
-    with tempfile.TemporaryDirectory(prefix="posttrain-python-") as directory:
-        try:
-            done = subprocess.run(
-                command, check=False, cwd=directory, capture_output=True, timeout=timeout_s, preexec_fn=_limits(timeout_s),
-                env={"PATH": "/usr/bin:/bin", "HOME": directory, "PYTHONIOENCODING": "utf-8"},
-            )
-        except subprocess.TimeoutExpired:
-            return f"the program ran for more than {timeout_s:g} s and was stopped"
-    output = (done.stdout + (b"\n" + done.stderr if done.stderr else b"")).decode("utf-8", errors="replace")[:8000]
-    status = "" if done.returncode == 0 else f"\n(exit code {done.returncode})"
-    warning = "" if network_cut else "\n(note: this system cannot cut the program's network access)"
-    return (output.strip() or "(no output)") + status + warning
-
-
-def _limits(cpu_s: float):
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (int(cpu_s) + 1, int(cpu_s) + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))        # 1 GiB of address space
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))     # 1 MiB per written file
-        os.setsid()  # its own session: a timeout's kill reaches it and nothing else
-    return apply
-
-
-_NETWORK_CUT: bool | None = None
-
-
-def _can_cut_network() -> bool:
-    global _NETWORK_CUT
-    if _NETWORK_CUT is None:
-        tool = shutil.which("unshare")
-        _NETWORK_CUT = tool is not None and subprocess.run(
-            [tool, "--net", "--map-root-user", "true"], check=False, capture_output=True, timeout=10,
-        ).returncode == 0
-    return _NETWORK_CUT
+    done = run_python(code, timeout_s)
+    output = (done.stdout + (b"\n" + done.stderr if done.stderr else b"")).decode("utf-8", errors="replace")[:OUTPUT_CHARS]
+    notes = [f"the program ran for more than {timeout_s:g} s and was stopped"] if done.timed_out else []
+    if done.output_cut:
+        notes.append(f"the program printed more than {MAX_OUTPUT_BYTES >> 20} MiB and was stopped")
+    if done.returncode:
+        notes.append(f"exit code {done.returncode}")
+    if not done.network_cut:
+        notes.append("note: this system cannot cut the program's network access")
+    return (output.strip() or "(no output)") + "".join(f"\n({note})" for note in notes)
 
 
 def search(query: str) -> str:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from posttrain.tools import builtin, calculator, python
+from posttrain.tools import calculator, python, sandbox
 
 NETWORK_NOTE = "cannot cut the program's network access"
 
@@ -161,9 +161,10 @@ def accepted(server: socket.socket) -> bool:
 
 
 def test_python_network_is_cut_where_the_system_allows(listener):
-    """With a network namespace the program cannot reach a local listening socket; without one it says so."""
+    """With a network namespace (bubblewrap's, or unshare's) the program cannot reach a local listening socket;
+    without one it says so."""
     output = python(CONNECT.format(port=listener.getsockname()[1]))
-    if builtin._can_cut_network():
+    if sandbox.bwrap_problem() is None or sandbox.can_cut_network():
         assert "NO CONNECTION" in output and "CONNECTED" not in output.replace("NO CONNECTION", "")
         assert not accepted(listener) and NETWORK_NOTE not in output
     else:
@@ -171,9 +172,10 @@ def test_python_network_is_cut_where_the_system_allows(listener):
 
 
 def test_python_without_network_cut_connects_and_carries_the_note(listener, monkeypatch):
-    """Where the network cannot be cut the program does reach the socket (so the check above can fail), and the
-    output warns about it."""
-    monkeypatch.setattr(builtin, "_NETWORK_CUT", False)
+    """Where the network cannot be cut (no bwrap, no unshare) the program does reach the socket (so the check
+    above can fail), and the output warns about it."""
+    monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap is not installed")
+    monkeypatch.setattr(sandbox, "can_cut_network", lambda: False)
     output = python(CONNECT.format(port=listener.getsockname()[1]))
     assert output.startswith("CONNECTED") and accepted(listener)
     assert NETWORK_NOTE in output
