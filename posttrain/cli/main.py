@@ -15,7 +15,7 @@
                                                      for would refuse (default: sft when the sft section is set)
   posttrain prepare NAME [--in FILE] --out DIR [key=value ...]
                                                      write a dataset (gsm8k, arithmetic, synthetic-search, synthetic-doctor, tool-arithmetic,
-                                                     bfcl, doctor --in FILE.json) as verl-format Parquet
+                                                     bfcl, reasoning-gym tasks=A,B, doctor --in FILE.json) as verl-format Parquet
   posttrain serve-retriever --corpus FILE [--index bm25|dense] [--port P] [--host H --token T]
                                                      the search agent's retriever (Search-R1's HTTP API)
   posttrain tools SPEC... [--model M] [--parsers]   the tools' JSON schemas as the model receives them, then
@@ -242,8 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(run=_export_command)
 
     prep = commands.add_parser(
-        "prepare", help="write a dataset (gsm8k, arithmetic, synthetic-search, synthetic-doctor, doctor, tool-arithmetic, bfcl) as verl-format Parquet")
-    prep.add_argument("name", help="gsm8k, arithmetic, synthetic-search, synthetic-doctor, tool-arithmetic, bfcl, or doctor (with --in FILE)")
+        "prepare", help="write a dataset (gsm8k, arithmetic, synthetic-search, synthetic-doctor, doctor, tool-arithmetic, bfcl, reasoning-gym) as verl-format Parquet")
+    prep.add_argument("name", help="gsm8k, arithmetic, synthetic-search, synthetic-doctor, tool-arithmetic, bfcl, reasoning-gym "
+                      "(with tasks=NAME[,NAME...]), or doctor (with --in FILE)")
     prep.add_argument("--in", dest="source_file", type=Path, metavar="FILE",
                       help="the input file of a dataset read from one (doctor: a JSON list of cases, or JSON lines)")
     prep.add_argument("--out", required=True, type=Path, help="directory for train.parquet and test.parquet")

@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from posttrain.errors import PosttrainError
-from posttrain.rewards import arithmetic, bfcl, gsm8k, math_answer, search_answer
+from posttrain.rewards import arithmetic, bfcl, gsm8k, math_answer, reasoning_gym, search_answer
 
 ScoreFunction = Callable[..., "float | dict[str, Any]"]
 
@@ -48,6 +48,8 @@ DEFAULT_SCORE_FUNCTIONS: Mapping[str, ScoreFunction] = MappingProxyType(
         "HuggingFaceH4/MATH-500": math_answer.compute_score,
         "synthetic_search": search_answer.compute_score,  # the search task's answer, for a tool-calling agent
         "bfcl": bfcl.compute_score,  # BFCL's own AST checker on the calls (bfcl-eval, imported when first called)
+        # the task's own score_answer on the item regenerated from the row (reasoning-gym, imported by the scoring process)
+        reasoning_gym.DATA_SOURCE: reasoning_gym.SCORE_FUNCTION,
     }
 )
 

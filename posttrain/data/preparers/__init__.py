@@ -18,6 +18,7 @@ from posttrain.data.preparers.bfcl import prepare_bfcl
 from posttrain.data.preparers.doctor_json import prepare_doctor
 from posttrain.data.preparers.gsm8k import prepare_gsm8k
 from posttrain.data.preparers.options import check_output_dir
+from posttrain.data.preparers.reasoning_gym import prepare_reasoning_gym
 from posttrain.data.preparers.synthetic_doctor import prepare_synthetic_doctor
 from posttrain.data.preparers.synthetic_search import prepare_synthetic_search
 from posttrain.data.preparers.tool_arithmetic import prepare_tool_arithmetic
@@ -32,6 +33,7 @@ PREPARERS: dict[str, Preparer] = {
     "doctor": prepare_doctor,
     "tool-arithmetic": prepare_tool_arithmetic,
     "bfcl": prepare_bfcl,
+    "reasoning-gym": prepare_reasoning_gym,
 }
 # the option a preparer that reads an input file takes it in (``--in FILE`` on the command line)
 SOURCE_FILE_OPTION = "source_file"

@@ -1,0 +1,102 @@
+"""`posttrain prepare reasoning-gym`: the library's own items, train and held-out splits from different
+seeds with no question shared, rows that regenerate exactly, and options refused with their fix."""
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("reasoning_gym", reason='reasoning-gym is installed by scripts/setup.sh (pip install -e ".[envs]")')
+
+import pyarrow.parquet as pq  # noqa: E402
+import reasoning_gym  # noqa: E402
+from reasoning_gym.utils import SYSTEM_PROMPTS  # noqa: E402
+
+from posttrain.config import load_config, preset_path  # noqa: E402
+from posttrain.data.preparers import parse_options, prepare  # noqa: E402
+from posttrain.data.preparers.reasoning_gym import parse_configs, prepare_reasoning_gym  # noqa: E402
+from posttrain.errors import InputError  # noqa: E402
+from posttrain.rewards import score_function_for  # noqa: E402
+
+# easy enough that the training split asks many of the questions the held-out seed draws
+CONFIGS = {"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}, "spell_backward": {"max_word_len": 4}}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict[str, list[dict]]:
+    out = tmp_path_factory.mktemp("rg")
+    options = parse_options("reasoning-gym", ["tasks=chain_sum,spell_backward", f"configs={json.dumps(CONFIGS)}", "size=60",
+                                              "seed=3", "test_size=20", "test_seed=500", "system_prompt=direct", "sft_size=4", "sft_val_size=2"])
+    paths = prepare("reasoning-gym", out, **options)
+    assert sorted(p.name for p in paths) == ["sft.parquet", "sft_val.parquet", "test.parquet", "train.parquet"]
+    return {p.stem: pq.read_table(p).to_pylist() for p in paths}
+
+
+def _reference(row: dict) -> dict:
+    return json.loads(row["reward_model"]["ground_truth"])
+
+
+def test_splits_come_from_their_own_seeds_and_share_no_question(written):
+    for split, seed, per_task in (("train", 3, 60), ("test", 500, 20)):
+        rows = written[split]
+        assert {_reference(r)["seed"] for r in rows} == {seed}
+        assert {r["extra_info"]["split"] for r in rows} == {split}
+        assert [r["extra_info"]["task"] for r in rows] == ["chain_sum"] * per_task + ["spell_backward"] * per_task
+    train = {r["prompt"][-1]["content"] for r in written["train"]}
+    test = [r["prompt"][-1]["content"] for r in written["test"]]
+    assert not train & set(test) and len(set(test)) == len(test)
+    # the held-out scan skipped questions the training split asks (2-term one-digit sums: 200 possible)
+    assert max(r["extra_info"]["index"] for r in written["test"] if r["extra_info"]["task"] == "chain_sum") >= 20
+
+
+def test_each_row_regenerates_its_item_with_the_library(written):
+    datasets = {}
+    for row in written["train"] + written["test"]:
+        ref = _reference(row)
+        key = (ref["task"], ref["seed"], ref["size"])
+        if key not in datasets:
+            datasets[key] = reasoning_gym.create_dataset(ref["task"], seed=ref["seed"], size=ref["size"], **ref["config"])
+        item = datasets[key][ref["index"]]
+        assert row["prompt"] == [{"role": "system", "content": SYSTEM_PROMPTS["direct"]}, {"role": "user", "content": item["question"]}]
+        assert (row["data_source"], ref["task"], ref["config"], ref["index"]) == ("reasoning_gym", row["extra_info"]["task"], CONFIGS[ref["task"]], row["extra_info"]["index"])
+
+
+def test_sft_transcripts_give_the_library_answer_in_its_tag(written):
+    sft, train = written["sft"] + written["sft_val"], written["train"]
+    assert len(written["sft"]) == 8 and len(written["sft_val"]) == 4
+    score = score_function_for("reasoning_gym")
+    for transcript in sft:
+        messages = transcript["messages"]
+        row = next(r for r in train if r["prompt"] == messages[:-1])
+        assert messages[-1]["role"] == "assistant"
+        assert score(solution_str=messages[-1]["content"], ground_truth=row["reward_model"]["ground_truth"])["score"] == 1.0
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"tasks": "chain_sum", "seed": 0, "size": 100, "test_seed": 50}, "overlap"),
+    ({"tasks": "chain_sum", "test_seed": 10, "test_size": 100}, "overlap"),
+    ({"tasks": "chain_summ"}, "has no task"),
+    ({"tasks": ""}, "name at least one"),
+    ({"tasks": "chain_sum", "configs": '{"chain_sum": {"max_termz": 3}}'}, "its config fields are"),
+    ({"tasks": "chain_sum", "configs": '{"chain_sum": {"min_terms": 4, "max_terms": 3}}'}, "refuses config"),
+    ({"tasks": "chain_sum", "configs": '{"leg_counting": {}}'}, "not among tasks"),
+    ({"tasks": "chain_sum", "configs": "{bad"}, "is not JSON"),
+    ({"tasks": "chain_sum", "system_prompt": "loud"}, "system prompts are"),
+    ({"tasks": "chain_sum", "size": 4, "sft_size": 5}, "sft_size"),
+    # one term of one digit: 10 questions, all asked by the training split
+    ({"tasks": "chain_sum", "configs": '{"chain_sum": {"min_terms": 1, "max_terms": 1, "max_digits": 1}}', "size": 100, "test_size": 5}, "only 0 of 50"),
+])
+def test_bad_options_are_refused_before_writing(tmp_path, options, message):
+    with pytest.raises(InputError, match=message):
+        prepare_reasoning_gym(tmp_path / "out", **options)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_preset_options_are_the_preparer_s_and_the_library_accepts_its_configs():
+    options = dict(load_config([preset_path("rg_grpo")]).data.builtin_options)
+    inspect.signature(prepare_reasoning_gym).bind(Path("out"), **options)
+    configs = parse_configs(options["configs"], options["tasks"].split(","))
+    for task, config in configs.items():
+        item = reasoning_gym.create_dataset(task, seed=0, size=1, **config)[0]
+        assert item["question"] and item["answer"]
