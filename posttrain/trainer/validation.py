@@ -29,7 +29,7 @@ from posttrain.engines.training.inputs import response_attention_mask
 from posttrain.errors import InputError, MissingFileError
 from posttrain.metrics import merge, values
 from posttrain.protocol import Batch
-from posttrain.rollout import Rollout
+from posttrain.rollout import Rollout, join_rollouts
 from posttrain.trainer.intervals import interval_metrics, wilson
 from posttrain.trainer.report import Sample
 from posttrain.trainer.roles import Roles
@@ -59,7 +59,7 @@ class Validator:
             if len(self.loader) > 1:  # a long validation says how far it is, one line per batch
                 print(f"validation: {done}/{total} prompts in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
         self.loader.load_state_dict({**self.loader.state_dict(), "epoch": 0, "index": 0})
-        batch = Batch.concat(pieces)
+        batch = join_rollouts(pieces, self.tokenizer.pad_token_id)  # each batch's prompts were padded to its own longest
         metrics = validation_metrics(batch, self.n) | {f"val/{name}": value for name, value in values(merge(rollout_metrics)).items()}
         samples = self._samples(batch)
         if not self.first_samples:
