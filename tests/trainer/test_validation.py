@@ -44,3 +44,33 @@ def test_agent_rows_carry_the_transcript_and_single_turn_rows_the_decoded_respon
     rows = episode_rows(agent, tokenizer)
     assert rows[0]["messages"][1]["content"] == "<answer> a </answer>" and rows[0]["stats"] == {"searches": 2.0}
     assert [r["success"] for r in rows] == [False, True]  # reward_extra/acc decides, not the reward
+
+
+def test_a_held_out_set_of_several_batches_whose_prompts_differ_in_length_is_validated_whole(tmp_path, tokenizer):
+    """Each batch's prompts are padded to its own longest; the validation joins batches of different widths."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from posttrain.data import PromptDataLoader, RLDataset
+    from posttrain.rollout.batching import sequences_to_batch
+    from posttrain.trainer.validation import Validator
+
+    questions = ["short?", "a much longer question " * 20 + "?", "mid " * 5 + "?"]
+    rows = [{"data_source": "s", "prompt": [{"role": "user", "content": q}], "reward_model": {"ground_truth": "x"}} for q in questions]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "val.parquet")
+    loader = PromptDataLoader(RLDataset([tmp_path / "val.parquet"], tokenizer, max_prompt_length=1024), 1, tokenizer.pad_token_id,
+                              shuffle=False, drop_last=False)
+
+    def rollout(roles, prompts, validate):  # one token answered, right for the longest question only
+        ids = [row[mask.bool()].tolist() for row, mask in zip(prompts[keys.PROMPT_IDS], prompts[keys.PROMPT_MASK])]
+        batch = sequences_to_batch(ids, [[7]] * len(ids), pad_token_id=tokenizer.pad_token_id, response_width=4)
+        scores = torch.zeros(len(ids), 4)
+        scores[:, 0] = float(len(ids[0]) > 100)
+        return batch.union(Batch.from_dict({keys.TOKEN_SCORES: scores}, {k: prompts[k] for k in (keys.DATA_SOURCE, keys.UID)})), {}
+
+    class Roles:
+        def for_rollout(self):
+            return None
+
+    metrics = Validator(rollout, loader, 1, tokenizer, samples_in_report=1)(Roles())
+    assert metrics["val/s/acc/mean@1"] == 1 / 3
