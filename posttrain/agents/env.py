@@ -17,6 +17,10 @@ one that rewards intermediate steps gives per-turn rewards.
 
 ``step_batch`` steps many episodes of one environment class at once (one call per turn of the
 agent loop); an environment that talks to a service overrides it to send one batched request.
+
+``close()`` is called once when the episode is over, whatever ended it (a step's ``done``, the loop's
+token budget, or the loop stopping on an error): an environment that holds something per episode (the
+tool environment's instances of tool classes) releases it there.
 """
 
 from __future__ import annotations
@@ -103,6 +107,9 @@ class Environment(abc.ABC):
     @abc.abstractmethod
     def step(self, action: str) -> StepResult:
         """Apply one agent turn's text."""
+
+    def close(self) -> None:  # noqa: B027 - most environments hold nothing per episode
+        """The episode is over (module docstring): release what ``reset`` acquired."""
 
     def final_turn_instruction(self) -> str:
         """Shown before the extra turn an episode gets when its turn budget is used up."""

@@ -14,7 +14,8 @@ tokens of agent text and observations together) cannot hold another observation 
 ``max_turn_tokens`` (observations are cut to leave that room), or after its turn budget: an episode that
 used ``max_turns`` turns without finishing is shown the environment's final-turn instruction and
 gets one last turn whose action ends it (``Environment.finish``). With a budget of 0 turns, the
-instruction is added to the prompt and the only turn is that final one.
+instruction is added to the prompt and the only turn is that final one. Each environment is closed
+(``Environment.close``) in the round its episode ends, and every one left when the loop stops.
 
 Each step's reward lands on the last token of the agent turn that earned it (episode rewards on
 the final agent token, per-turn rewards on each turn's last token). Token lists, masks and logprobs
@@ -182,28 +183,42 @@ def run_episodes(
     if not len(envs) == len(samples) == len(prompt_ids):
         raise ValueError(f"{len(envs)} environments, {len(samples)} samples and {len(prompt_ids)} prompts: give one of each per episode")
     budgets = turn_budgets([str(i) for i in range(len(envs))] if episode_keys is None else episode_keys, config)
-    episodes = [
-        _start(env, sample, list(prompt), budget, renderer, config)
-        for env, sample, prompt, budget in zip(envs, samples, prompt_ids, budgets)
-    ]
-    stop = tuple(dict.fromkeys(s for env in envs for s in env.stop_strings))
-    turn = 0
-    while live := [i for i, episode in enumerate(episodes) if not episode.done]:
-        outputs = generate([episodes[i].context for i in live], config.max_turn_tokens, stop, turn)
-        if len(outputs) != len(live):
-            raise ValueError(f"the rollout engine returned {len(outputs)} turns for {len(live)} live episodes")
-        for i, output in zip(live, outputs):
-            episodes[i].append_agent_turn(output)
-        results = _step(envs, episodes, live, renderer.tokenizer)
-        for i, result in zip(live, results):
-            episode = episodes[i]
-            episode.record(result)
-            if episode.in_final_turn:
-                episode.done = True
-            if not episode.done:
-                _continue(episode, envs[i], result, renderer, config)
-        turn += 1
+    episodes: list[Episode] = []
+    closed: set[int] = set()
+    try:
+        for env, sample, prompt, budget in zip(envs, samples, prompt_ids, budgets):
+            episodes.append(_start(env, sample, list(prompt), budget, renderer, config))
+        stop = tuple(dict.fromkeys(s for env in envs for s in env.stop_strings))
+        turn = 0
+        while live := [i for i, episode in enumerate(episodes) if not episode.done]:
+            _close_ended(envs, episodes, closed)
+            outputs = generate([episodes[i].context for i in live], config.max_turn_tokens, stop, turn)
+            if len(outputs) != len(live):
+                raise ValueError(f"the rollout engine returned {len(outputs)} turns for {len(live)} live episodes")
+            for i, output in zip(live, outputs):
+                episodes[i].append_agent_turn(output)
+            results = _step(envs, episodes, live, renderer.tokenizer)
+            for i, result in zip(live, results):
+                episode = episodes[i]
+                episode.record(result)
+                if episode.in_final_turn:
+                    episode.done = True
+                if not episode.done:
+                    _continue(episode, envs[i], result, renderer, config)
+            turn += 1
+    finally:  # the episodes that ended, and any the loop left unfinished (an error)
+        for i, env in enumerate(envs):
+            if i not in closed:
+                env.close()
     return episodes
+
+
+def _close_ended(envs: Sequence[Environment], episodes: Sequence[Episode], closed: set[int]) -> None:
+    """Close the environments of the episodes that have ended and are not closed yet."""
+    for i, episode in enumerate(episodes):
+        if episode.done and i not in closed:
+            closed.add(i)
+            envs[i].close()
 
 
 def _start(

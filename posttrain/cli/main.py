@@ -19,7 +19,7 @@
   posttrain serve-retriever --corpus FILE [--index bm25|dense] [--port P] [--host H --token T]
                                                      the search agent's retriever (Search-R1's HTTP API)
   posttrain tools SPEC... [--model M] [--parsers]   the tools' JSON schemas as the model receives them, then
-                                                     the prompt the model sees (SPEC: FILE.py:FUNCTION or module:FUNCTION)
+                                                     the prompt the model sees (SPEC: FILE.py:FUNCTION, FILE.py:CLASS or module:FUNCTION)
   posttrain demo                                     the single controller at work on local Ray
 """
 
@@ -193,7 +193,7 @@ def _add_service_commands(commands) -> None:
     retriever.set_defaults(run=_serve_retriever_command)
 
     tools = commands.add_parser("tools", help="print tools' JSON schemas and the prompt a model sees with them")
-    tools.add_argument("specs", nargs="*", metavar="SPEC", help="FILE.py:FUNCTION or module:FUNCTION, e.g. posttrain.tools:calculator")
+    tools.add_argument("specs", nargs="*", metavar="SPEC", help="FILE.py:FUNCTION, FILE.py:CLASS (its public methods) or module:FUNCTION, e.g. posttrain.tools:calculator")
     tools.add_argument("--model", default="smollm2-135m-instruct", help="whose chat template renders the prompt (default smollm2-135m-instruct)")
     tools.add_argument("--parsers", action="store_true", help="list the tool-call parsers env.tool_parser accepts, and stop")
     tools.set_defaults(run=_tools_command)

@@ -245,7 +245,7 @@ class EnvConfig:
     reward_norm: str = "none"  # none | group | batch: normalise episode rewards before advantages
     filter_groups_quantile: float = 0.0  # drop groups whose in-group reward std is below this quantile (0: keep all)
     # tool-calling agents (env.name: tools; docs/tools.md)
-    tools: list[Any] = field(default_factory=list)  # FILE.py:FUNCTION, module:FUNCTION, or {schemas: FILE.json, module: FILE.py}
+    tools: list[Any] = field(default_factory=list)  # FILE.py:FUNCTION, FILE.py:CLASS (docs/tools.md "Tool classes"), module:FUNCTION, or {schemas: FILE.json, module: FILE.py}
     mcp_servers: list[Any] = field(default_factory=list)  # [{command: [program, arg, ...], env: {...}}]: MCP servers over stdio
     tool_parser: str = "auto"  # a vLLM tool parser (hermes, llama3_json, pythonic, ...); auto: from the chat template
     tool_timeout_s: float = 10.0  # seconds one call may run

@@ -1,9 +1,10 @@
-"""Tools a model calls in its own tool-call format: plain Python functions, schema files, MCP servers.
+"""Tools a model calls in its own tool-call format: plain Python functions and classes, schema files, MCP servers.
 
     schema.py    a function's JSON schema from its signature and docstring
     load.py      ``env.tools`` entries → :class:`Tool` (schema + a picklable reference to run it)
     parse.py     the calls in an agent turn, read with vLLM's tool parsers
     execute.py   :class:`ToolBox`: argument checks, calls in a child process with deadlines, errors as text
+    instances.py tool classes' instances: one per episode, each episode's in a process forked for it
     mcp.py       tools discovered on MCP servers (stdio), called through the same box
     builtin.py   ``calculator``, ``python``, ``search``
     sandbox.py   how ``python`` runs a program: under bubblewrap where it works, else with limits only

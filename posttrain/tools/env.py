@@ -30,9 +30,18 @@ an irrelevance row's right answer), with ``extra_info``. A turn with a call that
 (``bad_json``, ``too_large``) scores 0 without asking the function. ``answer: text`` (the default) is
 the mode above.
 
+**Tool classes** (``env.tools: [my_env.py:Warehouse]``, docs/tools.md "Tool classes"): each episode gets
+its own instance of each class at ``reset`` (the row's fields go to the class's ``reset``, whose texts are
+the first observation), its calls run on it, and ``close`` releases it (the agent loop closes every
+episode when it ends). An episode whose instances are lost (a call past its deadline, a crash, a reset
+that failed) ends at that step, scored only by its calls' penalties (``tool/lost_instances``). When a
+class has ``reward()``, the episode's score at its end (an answer, or the forced final turn whatever it
+holds) is the sum of those ``reward()``s instead of the row's score function (``tool/reward_errors``
+counts the ones that failed: score 0); ``answer: calls`` always uses the row's score function.
+
 Counters: ``tool/calls``, ``tool/successes``, ``tool/errors``, ``tool/errors/<kind>``, ``tool/late_calls``,
-``tool/<name>/calls``, ``tool/<name>/errors/<kind>``, ``answers``; ``tool/success_rate`` is
-successes over calls. Counter names with a ``/`` are reported as they are (not under ``env/``).
+``tool/<name>/calls``, ``tool/<name>/errors/<kind>``, ``answers``, ``tool/lost_instances``,
+``tool/reward_errors``; ``tool/success_rate`` is successes over calls. Counter names with a ``/`` are reported as they are (not under ``env/``).
 """
 
 from __future__ import annotations
@@ -54,7 +63,9 @@ class ToolEnv(Environment):
     """One task solved with the run's tools; see the module docstring for the rules."""
 
     name: ClassVar[str] = "tools"
-    counters: ClassVar[tuple[str, ...]] = ("tool/calls", "tool/successes", "tool/errors", "tool/late_calls", "answers")
+    counters: ClassVar[tuple[str, ...]] = (
+        "tool/calls", "tool/successes", "tool/errors", "tool/late_calls", "answers", "tool/lost_instances", "tool/reward_errors",
+    )
     ratios: ClassVar[Mapping[str, tuple[str, str]]] = {"tool/success_rate": ("tool/successes", "tool/calls")}
 
     def __init__(
@@ -75,19 +86,17 @@ class ToolEnv(Environment):
         self._sample: EpisodeSample | None = None
         self._row_schemas: list[dict[str, Any]] = []          # the row's own tools, as told in its prompt
         self._row_tools: dict[str, dict[str, Any]] = {}       # ... their functions by name, for the checks
+        self._episode: int | None = None                      # the key of this episode's tool class instances
 
-    @classmethod
-    def check_sample(cls, sample: EpisodeSample) -> None:
-        try:
-            score_function_for(sample.data_source)
-        except UnknownDataSourceError as error:  # the final answer is scored by the row's data source
-            raise InputError(str(error)) from None
+    # No check_sample of the data source: whether the row's score function is needed depends on the run's
+    # tool classes (a reward() scores instead), which a class method cannot see; reset refuses the row.
 
     @property
     def observation_role(self) -> str:
         return "tool" if self.toolbox.native_format else "user"
 
     def reset(self, sample: EpisodeSample) -> str:
+        self.close()
         self._sample = sample
         self.calls_made = self.successes = 0
         self._row_schemas = row_schemas(sample.extra_info.get(ROW_TOOLS_KEY))
@@ -97,7 +106,19 @@ class ToolEnv(Environment):
                 "env.name=tools needs tools: list them in env.tools (e.g. posttrain.tools:calculator) or env.mcp_servers, "
                 f"or give each row its own (extra_info.tools); a row of {sample.data_source!r} has none"
             )
-        return ""
+        if self.answer == "calls" or not self.toolbox.scores_episodes:
+            try:  # the final answer is scored by the row's data source
+                score_function_for(sample.data_source)
+            except UnknownDataSourceError as error:
+                raise InputError(f"{error}; or give a tool class of env.tools a reward() (docs/tools.md)") from None
+        fields = {**sample.extra_info, "prompt": list(sample.prompt), "ground_truth": sample.ground_truth, "data_source": sample.data_source}
+        self._episode, opened = self.toolbox.open_episode(fields)
+        return opened.text
+
+    def close(self) -> None:
+        """Release this episode's tool class instances (their ``close()`` hooks run)."""
+        self.toolbox.release(self._episode)
+        self._episode = None
 
     def final_turn_instruction(self) -> str:
         if self.answer == "calls":  # the first turn is the answer, whatever the turn budget
@@ -111,9 +132,7 @@ class ToolEnv(Environment):
         turn = self.toolbox.read(action, self._row_schemas)
         if self.answer == "calls":
             return self._calls_answer(action, turn)
-        if turn.is_final:
-            return self._answer(action)
-        return StepResult("", self.call_error_penalty, True, StepInfo(valid=False, effective=False, counts={"tool/late_calls": 1}))
+        return self._end(action if turn.is_final else None)
 
     @classmethod
     def step_batch(cls, envs: Sequence[Environment], actions: Sequence[str]) -> list[StepResult]:
@@ -128,10 +147,11 @@ class ToolEnv(Environment):
                     runs.setdefault(id(env.toolbox), []).append((i, j))
         for members in runs.values():
             box = tool_envs[members[0][0]].toolbox
-            results = box.run([turns[i].calls[j] for i, j in members], [tool_envs[i]._row_tools for i, _ in members])
+            results = box.run([turns[i].calls[j] for i, j in members], [tool_envs[i]._row_tools for i, _ in members],
+                              [tool_envs[i]._episode for i, _ in members])
             for (i, j), result in zip(members, results, strict=True):
                 planned[i][j] = result
-        return [env._calls_answer(action, turn) if env.answer == "calls" else env._answer(action) if plan is None
+        return [env._calls_answer(action, turn) if env.answer == "calls" else env._end(action) if plan is None
                 else env._calls_result(turn, plan) for env, action, turn, plan in zip(tool_envs, actions, turns, planned)]
 
     def _plan(self, turn: ParsedTurn) -> list[CallResult | None] | None:
@@ -164,22 +184,49 @@ class ToolEnv(Environment):
                 counts[f"tool/{result.name}/errors/{result.error}"] += 1
         errors = int(counts["tool/errors"])
         self.successes += len(done) - errors
+        lost = not self.toolbox.alive(self._episode)  # a call timed out or crashed: the episode's state is gone
+        if lost:
+            counts["tool/lost_instances"] = 1
         observation = self.toolbox.observation([(result.name, result.text) for result in done])
         return StepResult(
-            observation, self.call_error_penalty * errors, False,
+            observation, self.call_error_penalty * errors, lost,
             StepInfo(valid=turn.malformed == 0, effective=errors < len(done), counts=dict(counts)),
         )
 
-    def _answer(self, action: str) -> StepResult:
+    def _end(self, answer: str | None) -> StepResult:
+        """The episode's end: ``answer`` is its final turn's text, None for a forced final turn that held
+        calls (not run; one failed call's penalty). Scored by the tool classes' reward() if they have one,
+        else by the row's score function (an answer only)."""
         if self._sample is None:
             raise RuntimeError("ToolEnv.step before reset: call reset(sample) first")
-        scored = score_function_for(self._sample.data_source)(solution_str=action, ground_truth=self._sample.ground_truth)
-        score = float(scored["score"] if isinstance(scored, dict) else scored)
-        success = bool(scored.get("acc", score >= 1.0)) if isinstance(scored, dict) else score >= 1.0
+        counts = {"answers": 1} if answer is not None else {"tool/late_calls": 1}
+        penalty = 0.0 if answer is not None else self.call_error_penalty
+        if not self.toolbox.alive(self._episode):
+            counts["tool/lost_instances"] = 1
+            return StepResult("", penalty, True, StepInfo(valid=answer is not None, effective=False, counts=counts))
+        if self.toolbox.scores_episodes:
+            score, success = self._rewarded(answer, counts)
+        elif answer is not None:
+            score, success = _scored(score_function_for(self._sample.data_source)(solution_str=answer, ground_truth=self._sample.ground_truth))
+        else:
+            return StepResult("", penalty, True, StepInfo(valid=False, effective=False, counts=counts))
         if self.answer_without_call_score is not None and self.successes == 0:
             score = min(score, self.answer_without_call_score)
-        return StepResult("", score, True, StepInfo(valid=True, effective=True, success=success, counts={"answers": 1}))
+        answered = answer is not None
+        return StepResult("", score + penalty, True, StepInfo(valid=answered, effective=answered, success=success, counts=counts))
 
+    def _rewarded(self, answer: str | None, counts: dict[str, float]) -> tuple[float, bool]:
+        """The sum of the episode's instances' reward()s, and whether each says success; (0, False) counted
+        in ``tool/reward_errors`` when one raised, hung, crashed or returned no number."""
+        values = self.toolbox.episode_reward(self._episode, answer)
+        try:
+            if isinstance(values, CallResult):
+                raise ValueError(values.text)
+            scored = [_scored(value) for value in values]
+        except (TypeError, ValueError, KeyError):
+            counts["tool/reward_errors"] = 1
+            return 0.0, False
+        return sum(score for score, _ in scored), all(success for _, success in scored)
 
     def _calls_answer(self, action: str, turn: ParsedTurn) -> StepResult:
         """The turn's calls as the episode's answer, scored by the row's score function (module docstring)."""
@@ -198,16 +245,21 @@ class ToolEnv(Environment):
         calls = [{"name": call.name, "arguments": args} for call, args in zip(turn.calls, arguments)]
         function = score_function_for(self._sample.data_source)
         context = {"extra_info": dict(self._sample.extra_info), "calls": calls}
-        scored = function(solution_str=action, ground_truth=self._sample.ground_truth,
-                          **{key: context[key] for key in context_keywords(function, tuple(context))})
-        score = float(scored["score"] if isinstance(scored, dict) else scored)
-        success = bool(scored.get("acc", score >= 1.0)) if isinstance(scored, dict) else score >= 1.0
+        score, success = _scored(function(solution_str=action, ground_truth=self._sample.ground_truth,
+                                          **{key: context[key] for key in context_keywords(function, tuple(context))}))
         return StepResult("", score, True, StepInfo(valid=True, effective=True, success=success, counts=dict(counts)))
 
 
 ANSWER_MODES = ("text", "calls")
 UNREADABLE = ("bad_json", "too_large")  # a call in calls mode that no score function could judge
 _MALFORMED = 'the call could not be read; write <tool_call>{"name": ..., "arguments": {...}}</tool_call> with valid JSON'
+
+
+def _scored(scored: Any) -> tuple[float, bool]:
+    """A score function's (or reward()'s) value: a number, or a dict with ``score`` and optionally ``acc``;
+    success is ``acc``, else score >= 1."""
+    score = float(scored["score"] if isinstance(scored, dict) else scored)
+    return score, bool(scored.get("acc", score >= 1.0)) if isinstance(scored, dict) else score >= 1.0
 
 
 def _json_object(text: str) -> dict[str, Any] | None:

@@ -6,7 +6,10 @@ Every call goes the same way, whether a Python function or an MCP server's tool 
                 and validate against the tool's schema (``jsonschema``)
     run         Python functions in a child process (``rewards/sandbox.ProcessScorer``): each call has
                 ``timeout_s``; a call past it, or one that kills its process, has the child replaced
-                and the others go on; MCP tools through the server's session, with the same deadline
+                and the others go on; a tool class's methods on the calling episode's own instance
+                (instances.py), with the same deadline: a call past it, or one that kills the episode's
+                process, loses that episode's instances (``alive`` turns False), no other's; MCP tools
+                through the server's session, with the same deadline
     result      text, cut to ``max_chars`` characters where it ran (the environment's renderer then
                 cuts the observation to ``env.max_obs_length`` tokens)
 
@@ -25,8 +28,9 @@ from typing import Any, Protocol
 import jsonschema
 
 from posttrain.models.tool_format import merged_schemas, tool_observation
-from posttrain.rewards.sandbox import ProcessScorer
-from posttrain.tools.load import Tool
+from posttrain.rewards.sandbox import CallOutcome, ProcessScorer
+from posttrain.tools.instances import InstancePool
+from posttrain.tools.load import Tool, ToolClass
 from posttrain.tools.parse import CallParser, ParsedCall, ParsedTurn
 
 # bad_json: unreadable call or arguments; unknown_tool; bad_arguments: against the schema; too_large:
@@ -83,6 +87,41 @@ class ToolBox:
         self._functions = [tool.function for tool in tools if tool.function is not None]
         self._index = {tool.name: i for i, tool in enumerate(t for t in tools if t.function is not None)}
         self._runner = ProcessScorer(timeout_s)
+        self.classes: list[ToolClass] = list(dict.fromkeys(tool.tool_class for tool in tools if tool.tool_class is not None))
+        # the classes whose reward() scores the episode (docs/tools.md "Tool classes")
+        self._scoring = [i for i, tool_class in enumerate(self.classes) if callable(getattr(tool_class.load(), "reward", None))]
+        self._instances = InstancePool(self.classes, timeout_s) if self.classes else None
+
+    @property
+    def scores_episodes(self) -> bool:
+        """A tool class has ``reward()``: it, not the row's score function, scores an episode's end."""
+        return bool(self._scoring)
+
+    def open_episode(self, fields: Mapping[str, Any]) -> tuple[int | None, CallResult]:
+        """A new episode's instances of the tool classes, their ``reset`` given ``fields``: the episode's key
+        (None when the run has no tool classes) and its first observation (reset's texts, joined), or the
+        error that lost them (:meth:`alive` is then False)."""
+        if self._instances is None:
+            return None, CallResult("reset", "")
+        key, outcome = self._instances.open(fields)
+        if outcome.ok:
+            return key, CallResult("reset", "\n\n".join(text for text in outcome.value if text))
+        return key, _as_result("reset", outcome, self.timeout_s)
+
+    def alive(self, key: int | None) -> bool:
+        """Whether the episode's instances still run (always, for an episode without any)."""
+        return key is None or self._instances is not None and self._instances.alive(key)
+
+    def episode_reward(self, key: int, answer: str | None) -> list[Any] | CallResult:
+        """What each scoring class's ``reward()`` returns for the episode (given ``answer=`` if it takes it), or the first error."""
+        outcomes = self._instances.call([(key, i, "reward", {"answer": answer}) for i in self._scoring])
+        failure = next((outcome for outcome in outcomes if not outcome.ok), None)
+        return [outcome.value for outcome in outcomes] if failure is None else _as_result("reward", failure, self.timeout_s)
+
+    def release(self, key: int | None) -> None:
+        """The episode is over: its instances' ``close()`` runs and their process ends."""
+        if key is not None and self._instances is not None:
+            self._instances.release(key)
 
     def observation(self, results: Sequence[tuple[str, str]]) -> str:
         """The message text that carries a turn's results (``(name, text)`` per call)."""
@@ -98,12 +137,17 @@ class ToolBox:
             return self.parse(text, merged_schemas(self.schemas, row_tools))
         return self.parse(text)
 
-    def run(self, calls: Sequence[ParsedCall], row_tools: Sequence[Mapping[str, dict[str, Any]]] | None = None) -> list[CallResult]:
+    def run(
+        self, calls: Sequence[ParsedCall], row_tools: Sequence[Mapping[str, dict[str, Any]]] | None = None,
+        episodes: Sequence[int | None] | None = None,
+    ) -> list[CallResult]:
         """One result per call, in order (see the module docstring). ``row_tools``: per call, the functions
-        of its row's own tools by name (:meth:`check`); a call to one that the run cannot run is ``unknown_tool``."""
+        of its row's own tools by name (:meth:`check`); a call to one that the run cannot run is ``unknown_tool``.
+        ``episodes``: per call, the key of its episode's instances (:meth:`open_episode`), for tool classes' methods."""
         results: list[CallResult | None] = []
         pending: list[tuple[int, dict[str, Any]]] = []  # (position, arguments) of function calls
-        for call, own in zip(calls, row_tools or [{}] * len(calls), strict=True):
+        methods: list[tuple[int, tuple[int, int, str, dict[str, Any]]]] = []  # (position, request) of tool classes' calls
+        for call, own, key in zip(calls, row_tools or [{}] * len(calls), episodes or [None] * len(calls), strict=True):
             checked = self.check(call, own)
             if isinstance(checked, CallResult):
                 results.append(checked)
@@ -113,23 +157,22 @@ class ToolBox:
                 results.append(failed(call.name, "unknown_tool", f"this run has no implementation of {call.name!r}; the tools that run are {', '.join(self.tools) or 'none'}"))
             elif tool.mcp_server is not None:
                 results.append(self._call_mcp(tool, checked))
+            elif tool.tool_class is not None:
+                if key is None:
+                    raise RuntimeError(f"tool {tool.name!r} is a tool class's method: its call needs its episode's key (open_episode)")
+                results.append(None)
+                methods.append((len(results) - 1, (key, self.classes.index(tool.tool_class), tool.name, checked)))
             else:
                 results.append(None)
                 pending.append((len(results) - 1, checked))
         if pending:
             outcomes = self._runner.run(self._functions, [(self._index[calls[i].name], arguments) for i, arguments in pending])
             for (i, _), outcome in zip(pending, outcomes, strict=True):
-                name = calls[i].name
-                if outcome.timed_out:
-                    results[i] = failed(name, "timeout", f"the call took longer than {self.timeout_s:g} s and was stopped")
-                elif outcome.died:
-                    results[i] = failed(name, "crashed", "the tool's process died during the call")
-                elif outcome.error:  # the model reads the exception, not where in the tool's source it was raised
-                    message = _WHERE.sub("", outcome.error)
-                    cut = f" ...(cut at {MAX_ERROR_CHARS} characters)" if len(message) > MAX_ERROR_CHARS else ""
-                    results[i] = failed(name, "exception", message[:MAX_ERROR_CHARS] + cut)
-                else:
-                    results[i] = CallResult(name, str(outcome.value))
+                results[i] = _as_result(calls[i].name, outcome, self.timeout_s)
+        if methods:
+            outcomes = self._instances.call([request for _, request in methods])
+            for (i, _), outcome in zip(methods, outcomes, strict=True):
+                results[i] = _as_result(calls[i].name, outcome, self.timeout_s)
         return [result for result in results if result is not None]
 
     def check(self, call: ParsedCall, row_tools: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any] | CallResult:
@@ -165,5 +208,20 @@ class ToolBox:
 
     def close(self) -> None:
         self._runner.close()
+        if self._instances is not None:
+            self._instances.close()
         if self.mcp is not None:
             self.mcp.close()
+
+
+def _as_result(name: str, outcome: CallOutcome, timeout_s: float) -> CallResult:
+    """A call's outcome as the model reads it (module docstring)."""
+    if outcome.timed_out:
+        return failed(name, "timeout", f"the call took longer than {timeout_s:g} s and was stopped")
+    if outcome.died:
+        return failed(name, "crashed", "the tool's process died during the call")
+    if outcome.error:  # the model reads the exception, not where in the tool's source it was raised
+        message = _WHERE.sub("", outcome.error)
+        cut = f" ...(cut at {MAX_ERROR_CHARS} characters)" if len(message) > MAX_ERROR_CHARS else ""
+        return failed(name, "exception", message[:MAX_ERROR_CHARS] + cut)
+    return CallResult(name, str(outcome.value))

@@ -3,12 +3,17 @@
     env.tools:
       - my_tools.py:lookup                 # function lookup in a .py file (path relative to the working directory)
       - posttrain.tools:calculator         # a function in an importable module
+      - my_env.py:Warehouse                # a class: its public methods are tools, one instance per episode
       - {schemas: tools.json, module: my_impl.py}   # OpenAI-style schemas, implemented by same-named functions
 
 A function's schema comes from its signature and docstring (schema.py); a schema file holds one
-schema or a list of them. Loading a tool imports its module here, to describe it and to fail early;
-the calls run elsewhere (execute.py), so a tool is held as a :class:`ToolFunction`: a picklable
-reference (file or module, and name) that loads the function where it is called.
+schema or a list of them. A class's tools are its public methods (not ``_private``, not the hooks
+``reset``, ``reward`` and ``close``, not class methods or properties), described like functions without
+their ``self``, in the order the class defines them; the class must be constructible with no arguments
+(instances.py runs them, docs/tools.md "Tool classes" is the contract). Loading a tool imports its
+module here, to describe it and to fail early; the calls run elsewhere (execute.py), so a tool is held
+as a :class:`ToolFunction` or :class:`ToolClass`: a picklable reference (file or module, and name)
+that loads the function or class where it is called.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import asyncio
 import importlib
 import inspect
 import json
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,13 +58,34 @@ async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
+HOOKS = ("reset", "reward", "close")  # a tool class's methods that the episode calls, never the model
+
+
+@dataclass(frozen=True)
+class ToolClass:
+    """Class ``name`` of ``source`` (a .py file or a module): one instance per episode, whose public
+    methods are tools; results are cut to ``max_chars`` characters in the instance's process."""
+
+    source: str
+    name: str
+    max_chars: int = 20_000
+
+    def load(self) -> type:
+        loaded = _attribute(self.source, self.name)
+        if not inspect.isclass(loaded):
+            raise ToolSpecError(f"{self.source}:{self.name} is not a class")
+        return loaded
+
+
 @dataclass(frozen=True)
 class Tool:
-    """A tool the model may call: its schema, and what runs it (a function, or an MCP server's tool)."""
+    """A tool the model may call: its schema, and what runs it (a function, a method of a tool class's
+    per-episode instance, named like the tool, or an MCP server's tool)."""
 
     schema: dict[str, Any]
     function: ToolFunction | None = None
     mcp_server: int | None = None  # index into env.mcp_servers
+    tool_class: ToolClass | None = None
 
     @property
     def name(self) -> str:
@@ -91,14 +118,44 @@ def load_tools(specs: Sequence[Any], max_chars: int = 20_000) -> list[Tool]:
         if isinstance(spec, str):
             source, _, name = spec.rpartition(":")
             if not source or not name:
-                raise ToolSpecError(f"env.tools entry {spec!r}: write FILE.py:FUNCTION or module.path:FUNCTION")
-            function = load_function(source, name)
-            tools.append(Tool(function_schema(function, name), ToolFunction(_absolute(source), name, max_chars)))
+                raise ToolSpecError(f"env.tools entry {spec!r}: write FILE.py:FUNCTION, FILE.py:CLASS or module.path:FUNCTION")
+            loaded = _attribute(source, name)
+            if inspect.isclass(loaded):
+                tools += class_tools(loaded, ToolClass(_absolute(source), name, max_chars))
+            else:
+                function = load_function(source, name)
+                tools.append(Tool(function_schema(function, name), ToolFunction(_absolute(source), name, max_chars)))
         elif isinstance(spec, Mapping) and set(spec) == {"schemas", "module"}:
             tools += _schema_file_tools(str(spec["schemas"]), str(spec["module"]), max_chars)
         else:
-            raise ToolSpecError(f"env.tools entry {spec!r}: give FILE.py:FUNCTION, module:FUNCTION or {{schemas: FILE.json, module: FILE.py}}")
+            raise ToolSpecError(f"env.tools entry {spec!r}: give FILE.py:FUNCTION, FILE.py:CLASS, module:FUNCTION or {{schemas: FILE.json, module: FILE.py}}")
     check_unique(tools)
+    return tools
+
+
+def class_tools(cls: type, reference: ToolClass) -> list[Tool]:
+    """One tool per public method of ``cls`` (module docstring), each run on the episode's instance."""
+    label = f"tool class {reference.name!r}"
+    required = [p.name for p in inspect.signature(cls).parameters.values()
+                if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if required:
+        raise ToolSpecError(f"{label}: its constructor needs {required}; each episode makes one with no arguments, "
+                            "so give them defaults and take the row's values in reset(**row)")
+    for hook in HOOKS:
+        if hook in dir(cls) and not inspect.isfunction(inspect.getattr_static(cls, hook)):
+            raise ToolSpecError(f"{label}: {hook} must be a plain method (def {hook}(self, ...))")
+    names = dict.fromkeys(key for klass in reversed(cls.__mro__[:-1]) for key in vars(klass))  # definition order
+    tools = []
+    for name in names:
+        if name.startswith("_") or name in HOOKS:
+            continue
+        attribute = inspect.getattr_static(cls, name)
+        if isinstance(attribute, staticmethod):
+            tools.append(Tool(function_schema(attribute.__func__, name), tool_class=reference))
+        elif inspect.isfunction(attribute):  # described bound, so that self is not a parameter
+            tools.append(Tool(function_schema(types.MethodType(attribute, cls), name), tool_class=reference))
+    if not tools:
+        raise ToolSpecError(f"{label} has no public methods to be tools (names not starting with _, other than {', '.join(HOOKS)})")
     return tools
 
 
@@ -131,12 +188,20 @@ def check_unique(tools: Sequence[Tool]) -> None:
 
 def load_function(source: str, name: str) -> Callable[..., Any]:
     """Function ``name`` from ``source``: a .py file, or an importable module."""
-    module = _module(source)
-    function = getattr(module, name, None)
-    if not callable(function):
-        defined = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and not k.startswith("_"))
-        raise ToolSpecError(f"{source} has no function {name!r} (its functions: {defined})")
+    function = _attribute(source, name)
+    if inspect.isclass(function):
+        raise ToolSpecError(f"{source}:{name} is a class; name it in env.tools as a tool class, not as a function")
     return function
+
+
+def _attribute(source: str, name: str) -> Any:
+    """Function or class ``name`` from ``source``."""
+    module = _module(source)
+    found = getattr(module, name, None)
+    if not callable(found):
+        defined = sorted(k for k, v in vars(module).items() if (inspect.isfunction(v) or inspect.isclass(v)) and not k.startswith("_"))
+        raise ToolSpecError(f"{source} has no function {name!r} and no class of that name (its functions and classes: {defined})")
+    return found
 
 
 def _module(source: str) -> Any:

@@ -88,12 +88,14 @@ def test_a_call_in_the_forced_final_turn_is_not_run_and_earns_nothing(tokenizer,
 def test_every_episodes_calls_of_a_round_go_to_the_toolbox_together(tokenizer, toolbox, monkeypatch):
     batches = []
     run = toolbox.run
-    monkeypatch.setattr(toolbox, "run", lambda calls, row_tools=None: batches.append(len(calls)) or run(calls, row_tools))
+    monkeypatch.setattr(toolbox, "run", lambda calls, *rest: batches.append(len(calls)) or run(calls, *rest))
     episodes, _ = play(tokenizer, toolbox, [[call("1+1"), "2"], [call("2*3"), "6"], ["7"]], ["2", "6", "7"])
     assert batches == [2]
     assert [e.success for e in episodes] == [True, True, True]
 
 
-def test_a_row_without_a_score_function_is_refused():
-    with pytest.raises(ValueError, match="no score function for data_source 'nowhere'"):
-        ToolEnv.check_sample(EpisodeSample([{"role": "user", "content": "x"}], "1", "nowhere"))
+def test_a_row_without_a_score_function_is_refused_when_no_tool_class_scores_it(toolbox):
+    # the class method cannot see the run's tool classes (a reward() of one scores instead): reset refuses
+    ToolEnv.check_sample(EpisodeSample([{"role": "user", "content": "x"}], "1", "nowhere"))
+    with pytest.raises(ValueError, match="no score function for data_source 'nowhere'.*reward()"):
+        ToolEnv(toolbox).reset(EpisodeSample([{"role": "user", "content": "x"}], "1", "nowhere"))

@@ -57,7 +57,7 @@ def empty_box(tokenizer):
     made.close()
 
 
-def sample(tools: list[dict] | None, source: str = "probe", truth: str = "[]") -> EpisodeSample:
+def sample(tools: list[dict] | None, source: str = "arithmetic", truth: str = "[]") -> EpisodeSample:
     return EpisodeSample([{"role": "user", "content": "q"}], truth, source, {"tools": json.dumps(tools)} if tools else {})
 
 
