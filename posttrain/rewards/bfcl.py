@@ -90,7 +90,8 @@ class Verdict:
     errors: tuple[str, ...] = ()
 
 
-def _bfcl_module(name: str) -> types.ModuleType:
+def bfcl_module(name: str) -> types.ModuleType:
+    """Module ``name`` of bfcl-eval (BfclMissingError, saying how to install it, when bfcl-eval is absent)."""
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as error:
@@ -102,7 +103,7 @@ def _bfcl_module(name: str) -> types.ModuleType:
 @functools.cache
 def ast_checker() -> Callable[..., dict[str, Any]]:
     """BFCL's ``ast_checker``, imported as the module docstring says (BfclMissingError if bfcl-eval is absent)."""
-    _bfcl_module("bfcl_eval")
+    bfcl_module("bfcl_eval")
     try:
         model_config = importlib.import_module(_MODEL_CONFIG_MODULE)
     except ImportError:  # bfcl-eval installed without its dependencies: a stand-in with the one entry read
@@ -110,12 +111,12 @@ def ast_checker() -> Callable[..., dict[str, Any]]:
         model_config.MODEL_CONFIG_MAPPING = {}
         sys.modules[_MODEL_CONFIG_MODULE] = model_config
     model_config.MODEL_CONFIG_MAPPING.setdefault(MODEL_NAME, CheckerModelConfig(underscore_to_dot=False))
-    return _bfcl_module("bfcl_eval.eval_checker.ast_eval.ast_checker").ast_checker
+    return bfcl_module("bfcl_eval.eval_checker.ast_eval.ast_checker").ast_checker
 
 
 def data_dir() -> Path:
     """The installed bfcl-eval's data folder: ``BFCL_v4_<category>.json`` and ``possible_answer/``."""
-    return Path(_bfcl_module("bfcl_eval").__file__).parent / "data"
+    return Path(bfcl_module("bfcl_eval").__file__).parent / "data"
 
 
 def installed_version() -> str:
@@ -137,7 +138,7 @@ def check_calls(calls: Sequence[dict[str, Any]], ground_truth: str | list, extra
     what the checker needs."""
     category = _row_field(extra_info, "category")
     output = model_output(calls)
-    utils = _bfcl_module("bfcl_eval.utils")
+    utils = bfcl_module("bfcl_eval.utils")
     if is_no_call_category(category):
         made_call = not utils.is_empty_output(output)
         if made_call == ("irrelevance" not in category):
@@ -148,7 +149,7 @@ def check_calls(calls: Sequence[dict[str, Any]], ground_truth: str | list, extra
         return Verdict(False, "ast_decoder:decoder_wrong_output_format")
     functions = _json_value(_row_field(extra_info, "bfcl_functions"), "extra_info.bfcl_functions")
     possible_answer = _json_value(ground_truth, "reward_model.ground_truth")
-    language = _bfcl_module("bfcl_eval.constants.enums").Language.PYTHON
+    language = bfcl_module("bfcl_eval.constants.enums").Language.PYTHON
     result = ast_checker()(functions, output, possible_answer, language, category, MODEL_NAME)
     if result["valid"]:
         return Verdict(True)
@@ -227,5 +228,5 @@ def _json_value(value: Any, field: str) -> Any:
         raise InputError(f"a bfcl row's {field} is not JSON ({str(error)[:200]}); write the rows with `posttrain prepare bfcl --out DIR`") from None
 
 
-__all__ = ["BFCL_PIN", "INSTALL_HINT", "MODEL_NAME", "BfclMissingError", "CheckerModelConfig", "Verdict", "answer_calls", "ast_checker",
+__all__ = ["BFCL_PIN", "INSTALL_HINT", "MODEL_NAME", "BfclMissingError", "CheckerModelConfig", "Verdict", "answer_calls", "ast_checker", "bfcl_module",
            "check_calls", "compute_score", "data_dir", "installed_version", "is_no_call_category", "model_output"]

@@ -17,7 +17,7 @@ from posttrain.agents.registry import load_env_class, wanted_resources
 from posttrain.config.schema import EnvConfig
 from posttrain.models.tool_format import template_renders_tools
 from posttrain.tools import CallParser, Tool, ToolBox, auto_parser_name, load_tools
-from posttrain.tools.load import check_unique
+from posttrain.tools.load import check_unique, row_tool_class
 
 SEARCH_TOOL = "posttrain.tools:search"
 
@@ -59,11 +59,12 @@ def open_toolbox(env: EnvConfig, tokenizer: Any) -> ToolBox:
     try:
         parser_name = auto_parser_name(tokenizer) if env.tool_parser == "auto" else env.tool_parser
         parser = CallParser(parser_name, tokenizer, [tool.schema for tool in tools])
+        row_class = row_tool_class(env.tools, env.tool_output_chars)
     except BaseException:  # the MCP servers are running: none is left behind, whatever failed
         if servers is not None:
             servers.close()
         raise
     return ToolBox(
         tools, parser=parser, native_format=template_renders_tools(tokenizer), timeout_s=env.tool_timeout_s,
-        max_calls=env.max_tool_calls, mcp=servers,
+        max_calls=env.max_tool_calls, mcp=servers, row_class=row_class,
     )

@@ -30,6 +30,15 @@ an irrelevance row's right answer), with ``extra_info``. A turn with a call that
 (``bad_json``, ``too_large``) scores 0 without asking the function. ``answer: text`` (the default) is
 the mode above.
 
+**User turns** (``env.options.answer: turns``, e.g. BFCL's multi-turn categories): the row's prompt is
+the first user turn and ``extra_info.later_turns`` (a list of user turns, each a list of chat messages,
+or its JSON text) the ones after it. A turn with no call ends the current user turn: the tool classes'
+``end_turn()`` runs, and the next user turn's messages come back as the observation (``env/user_turns``
+counts them); the turn with no call after the last user turn ends the episode as an answer does in
+``text`` mode (its user turn ended first), scored by the classes' ``reward()`` or the row's score
+function. The observation is rendered in the run's observation role: a user message in the built-in
+format, a tool message where the chat template renders tools.
+
 **Tool classes** (``env.tools: [my_env.py:Warehouse]``, docs/tools.md "Tool classes"): each episode gets
 its own instance of each class at ``reset`` (the row's fields go to the class's ``reset``, whose texts are
 the first observation), its calls run on it, and ``close`` releases it (the agent loop closes every
@@ -87,6 +96,7 @@ class ToolEnv(Environment):
         self._row_schemas: list[dict[str, Any]] = []          # the row's own tools, as told in its prompt
         self._row_tools: dict[str, dict[str, Any]] = {}       # ... their functions by name, for the checks
         self._episode: int | None = None                      # the key of this episode's tool class instances
+        self._later_turns: list[str] = []                     # answer: turns: the user turns still to come, as text
 
     # No check_sample of the data source: whether the row's score function is needed depends on the run's
     # tool classes (a reward() scores instead), which a class method cannot see; reset refuses the row.
@@ -98,6 +108,7 @@ class ToolEnv(Environment):
     def reset(self, sample: EpisodeSample) -> str:
         self.close()
         self._sample = sample
+        self._later_turns = _user_turns(sample.extra_info.get(LATER_TURNS_KEY)) if self.answer == "turns" else []
         self.calls_made = self.successes = 0
         self._row_schemas = row_schemas(sample.extra_info.get(ROW_TOOLS_KEY))
         self._row_tools = {schema["function"]["name"]: schema["function"] for schema in self._row_schemas}
@@ -151,7 +162,7 @@ class ToolEnv(Environment):
                               [tool_envs[i]._episode for i, _ in members])
             for (i, j), result in zip(members, results, strict=True):
                 planned[i][j] = result
-        return [env._calls_answer(action, turn) if env.answer == "calls" else env._end(action) if plan is None
+        return [env._calls_answer(action, turn) if env.answer == "calls" else env._answered(action) if plan is None
                 else env._calls_result(turn, plan) for env, action, turn, plan in zip(tool_envs, actions, turns, planned)]
 
     def _plan(self, turn: ParsedTurn) -> list[CallResult | None] | None:
@@ -193,6 +204,15 @@ class ToolEnv(Environment):
             StepInfo(valid=turn.malformed == 0, effective=errors < len(done), counts=dict(counts)),
         )
 
+    def _answered(self, answer: str) -> StepResult:
+        """A turn with no call: the episode's end, or (``answer: turns``) the next user turn."""
+        if not self._later_turns:
+            return self._end(answer)
+        self.toolbox.end_turn(self._episode)
+        if not self.toolbox.alive(self._episode):  # end_turn failed: the episode's state is gone
+            return StepResult("", 0.0, True, StepInfo(valid=True, effective=False, counts={"tool/lost_instances": 1}))
+        return StepResult(self._later_turns.pop(0), 0.0, False, StepInfo(valid=True, effective=True, counts={"user_turns": 1}))
+
     def _end(self, answer: str | None) -> StepResult:
         """The episode's end: ``answer`` is its final turn's text, None for a forced final turn that held
         calls (not run; one failed call's penalty). Scored by the tool classes' reward() if they have one,
@@ -201,6 +221,8 @@ class ToolEnv(Environment):
             raise RuntimeError("ToolEnv.step before reset: call reset(sample) first")
         counts = {"answers": 1} if answer is not None else {"tool/late_calls": 1}
         penalty = 0.0 if answer is not None else self.call_error_penalty
+        if self.answer == "turns":  # the last user turn ends with the episode
+            self.toolbox.end_turn(self._episode)
         if not self.toolbox.alive(self._episode):
             counts["tool/lost_instances"] = 1
             return StepResult("", penalty, True, StepInfo(valid=answer is not None, effective=False, counts=counts))
@@ -250,7 +272,8 @@ class ToolEnv(Environment):
         return StepResult("", score, True, StepInfo(valid=True, effective=True, success=success, counts=dict(counts)))
 
 
-ANSWER_MODES = ("text", "calls")
+ANSWER_MODES = ("text", "calls", "turns")
+LATER_TURNS_KEY = "later_turns"  # answer: turns: extra_info's user turns after the prompt
 UNREADABLE = ("bad_json", "too_large")  # a call in calls mode that no score function could judge
 _MALFORMED = 'the call could not be read; write <tool_call>{"name": ..., "arguments": {...}}</tool_call> with valid JSON'
 
@@ -260,6 +283,16 @@ def _scored(scored: Any) -> tuple[float, bool]:
     success is ``acc``, else score >= 1."""
     score = float(scored["score"] if isinstance(scored, dict) else scored)
     return score, bool(scored.get("acc", score >= 1.0)) if isinstance(scored, dict) else score >= 1.0
+
+
+def _user_turns(value: Any) -> list[str]:
+    """``extra_info.later_turns`` (a list of user turns, each a list of messages, or its JSON text) as one text per turn."""
+    turns = json.loads(value) if isinstance(value, str) and value.strip() else value or []
+    if not isinstance(turns, list) or not all(isinstance(turn, list) and all(isinstance(m, dict) and "content" in m for m in turn)
+                                             for turn in turns):
+        raise InputError(f"extra_info.{LATER_TURNS_KEY} must be a list of user turns, each a list of chat messages "
+                         '([[{"role": "user", "content": ...}], ...]); env.options.answer=turns reads it')
+    return ["\n\n".join(str(message["content"]) for message in turn) for turn in turns]
 
 
 def _json_object(text: str) -> dict[str, Any] | None:

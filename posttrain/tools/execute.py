@@ -8,7 +8,9 @@ Every call goes the same way, whether a Python function or an MCP server's tool 
                 ``timeout_s``; a call past it, or one that kills its process, has the child replaced
                 and the others go on; a tool class's methods on the calling episode's own instance
                 (instances.py), with the same deadline: a call past it, or one that kills the episode's
-                process, loses that episode's instances (``alive`` turns False), no other's; MCP tools
+                process, loses that episode's instances (``alive`` turns False), no other's; a call to a
+                row's own tool on the episode's instance of the class that runs rows' tools (its
+                ``call_row_tool`` hook), if the run has one and no tool of that name; MCP tools
                 through the server's session, with the same deadline
     result      text, cut to ``max_chars`` characters where it ran (the environment's renderer then
                 cuts the observation to ``env.max_obs_length`` tokens)
@@ -30,7 +32,7 @@ import jsonschema
 from posttrain.models.tool_format import merged_schemas, tool_observation
 from posttrain.rewards.sandbox import CallOutcome, ProcessScorer
 from posttrain.tools.instances import InstancePool
-from posttrain.tools.load import Tool, ToolClass
+from posttrain.tools.load import END_TURN, ROW_CALL, Tool, ToolClass
 from posttrain.tools.parse import CallParser, ParsedCall, ParsedTurn
 
 # bad_json: unreadable call or arguments; unknown_tool; bad_arguments: against the schema; too_large:
@@ -74,9 +76,11 @@ class ToolBox:
     def __init__(
         self, tools: Sequence[Tool], *, parser: Callable[[str], ParsedTurn] | None = None, native_format: bool = False,
         timeout_s: float = 10.0, max_calls: int = 8, max_argument_chars: int = 100_000, mcp: McpTools | None = None,
+        row_class: ToolClass | None = None,
     ) -> None:
         """``parser`` reads a turn's calls (default: the hermes format); ``native_format``: the chat template
-        renders the tools itself, so results go back as a tool message; ``max_calls``: per episode."""
+        renders the tools itself, so results go back as a tool message; ``max_calls``: per episode;
+        ``row_class``: the tool class that runs the rows' own tools (``load.row_tool_class``), if one does."""
         self.tools = {tool.name: tool for tool in tools}
         self.parse = parser or CallParser("hermes", None, [])
         self.native_format = native_format
@@ -87,7 +91,10 @@ class ToolBox:
         self._functions = [tool.function for tool in tools if tool.function is not None]
         self._index = {tool.name: i for i, tool in enumerate(t for t in tools if t.function is not None)}
         self._runner = ProcessScorer(timeout_s)
-        self.classes: list[ToolClass] = list(dict.fromkeys(tool.tool_class for tool in tools if tool.tool_class is not None))
+        self.classes: list[ToolClass] = list(dict.fromkeys([*(tool.tool_class for tool in tools if tool.tool_class is not None),
+                                                            *([row_class] if row_class is not None else [])]))
+        self._row_runner = self.classes.index(row_class) if row_class is not None else None
+        self._turn_enders = [i for i, tool_class in enumerate(self.classes) if callable(getattr(tool_class.load(), END_TURN, None))]
         # the classes whose reward() scores the episode (docs/tools.md "Tool classes")
         self._scoring = [i for i, tool_class in enumerate(self.classes) if callable(getattr(tool_class.load(), "reward", None))]
         self._instances = InstancePool(self.classes, timeout_s) if self.classes else None
@@ -117,6 +124,12 @@ class ToolBox:
         outcomes = self._instances.call([(key, i, "reward", {"answer": answer}) for i in self._scoring])
         failure = next((outcome for outcome in outcomes if not outcome.ok), None)
         return [outcome.value for outcome in outcomes] if failure is None else _as_result("reward", failure, self.timeout_s)
+
+    def end_turn(self, key: int | None) -> None:
+        """A user turn of the episode has ended (``answer: turns``): each class's ``end_turn()`` runs; one that
+        fails or hangs loses the episode's instances like a call would (:meth:`alive`)."""
+        if key is not None and self._instances is not None and self._turn_enders:
+            self._instances.call([(key, i, END_TURN, {}) for i in self._turn_enders])
 
     def release(self, key: int | None) -> None:
         """The episode is over: its instances' ``close()`` runs and their process ends."""
@@ -153,7 +166,10 @@ class ToolBox:
                 results.append(checked)
                 continue
             tool = self.tools.get(call.name)
-            if tool is None:  # described by its row, run by nothing here
+            if tool is None and self._row_runner is not None and key is not None:  # the row's tool, on its episode's instance
+                results.append(None)
+                methods.append((len(results) - 1, (key, self._row_runner, ROW_CALL, {"name": call.name, "arguments": checked})))
+            elif tool is None:  # described by its row, run by nothing here
                 results.append(failed(call.name, "unknown_tool", f"this run has no implementation of {call.name!r}; the tools that run are {', '.join(self.tools) or 'none'}"))
             elif tool.mcp_server is not None:
                 results.append(self._call_mcp(tool, checked))

@@ -25,10 +25,11 @@ and leads a process group of its own, so that stopping it stops every episode pr
 episode process whose host is gone closes its instances and exits; the host exits, releasing its
 episodes, when the controller's end of the pipe closes.
 
-A call's result is text cut to the class's ``max_chars`` in the episode's process (as ``ToolFunction``
-does); a hook's (``reset``: text, cut alike; ``reward``: the value as it is) is its own. Failures come
-back as :class:`~posttrain.rewards.sandbox.CallOutcome`: ``error`` (the exception, described),
-``timed_out``, ``died`` (the process died, or was gone before the call).
+A call's result (a method's, or ``call_row_tool``'s for a row's tool) is text cut to the class's
+``max_chars`` in the episode's process (as ``ToolFunction`` does); another hook's (``reset``: text, cut
+alike; ``reward``: the value as it is) is its own. Failures come back as
+:class:`~posttrain.rewards.sandbox.CallOutcome`: ``error`` (the exception, described), ``timed_out``,
+``died`` (the process died, or was gone before the call).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from posttrain.rewards.sandbox import DEFAULT_START_TIMEOUT_S, CallOutcome, describe_exception
-from posttrain.tools.load import HOOKS, ToolClass, as_text
+from posttrain.tools.load import HOOKS, ROW_CALL, ToolClass, as_text
 
 # (episode key, class index, method name, keyword arguments): one call on an episode's instance
 Request = tuple[int, int, str, dict[str, Any]]
@@ -326,6 +327,8 @@ def _episode(connection: Connection, classes: Sequence[type], max_chars: Sequenc
 
 def _run(instance: Any, method: str, arguments: dict[str, Any], max_chars: int) -> CallOutcome:
     try:
+        if method == ROW_CALL:  # a row's tool: its result is a tool's, cut alike
+            return CallOutcome(value=as_text(_hook(instance, method, arguments), max_chars))
         if method in HOOKS:
             return CallOutcome(value=_hook(instance, method, arguments))
         return CallOutcome(value=as_text(_awaited(getattr(instance, method)(**arguments)), max_chars))

@@ -8,8 +8,10 @@
 
 A function's schema comes from its signature and docstring (schema.py); a schema file holds one
 schema or a list of them. A class's tools are its public methods (not ``_private``, not the hooks
-``reset``, ``reward`` and ``close``, not class methods or properties), described like functions without
-their ``self``, in the order the class defines them; the class must be constructible with no arguments
+``reset``, ``reward``, ``close``, ``call_row_tool`` and ``end_turn``, not class methods or properties),
+described like functions without their ``self``, in the order the class defines them; a class with a
+``call_row_tool(name, arguments)`` hook runs the rows' own tools instead (:func:`row_tool_class`), and
+may have no public methods; the class must be constructible with no arguments
 (instances.py runs them, docs/tools.md "Tool classes" is the contract). Loading a tool imports its
 module here, to describe it and to fail early; the calls run elsewhere (execute.py), so a tool is held
 as a :class:`ToolFunction` or :class:`ToolClass`: a picklable reference (file or module, and name)
@@ -58,7 +60,10 @@ async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
-HOOKS = ("reset", "reward", "close")  # a tool class's methods that the episode calls, never the model
+# a tool class's methods that the episode calls, never the model: ROW_CALL runs a call to one of the row's
+# own tools (a class that has it runs them: docs/tools.md "BFCL multi-turn"), END_TURN ends a user turn
+ROW_CALL, END_TURN = "call_row_tool", "end_turn"
+HOOKS = ("reset", "reward", "close", ROW_CALL, END_TURN)
 
 
 @dataclass(frozen=True)
@@ -154,9 +159,26 @@ def class_tools(cls: type, reference: ToolClass) -> list[Tool]:
             tools.append(Tool(function_schema(attribute.__func__, name), tool_class=reference))
         elif inspect.isfunction(attribute):  # described bound, so that self is not a parameter
             tools.append(Tool(function_schema(types.MethodType(attribute, cls), name), tool_class=reference))
-    if not tools:
+    if not tools and not runs_row_tools(cls):
         raise ToolSpecError(f"{label} has no public methods to be tools (names not starting with _, other than {', '.join(HOOKS)})")
     return tools
+
+
+def runs_row_tools(cls: type) -> bool:
+    """Whether the tool class runs the rows' own tools (it has a ``call_row_tool(name, arguments)`` hook)."""
+    return callable(getattr(cls, ROW_CALL, None))
+
+
+def row_tool_class(specs: Sequence[Any], max_chars: int = 20_000) -> ToolClass | None:
+    """The class among ``env.tools`` that runs the rows' own tools, if one does; two are refused."""
+    found = []
+    for spec in specs:
+        source, _, name = spec.rpartition(":") if isinstance(spec, str) else ("", "", "")
+        if source and inspect.isclass(loaded := _attribute(source, name)) and runs_row_tools(loaded):
+            found.append(ToolClass(_absolute(source), name, max_chars))
+    if len(found) > 1:
+        raise ToolSpecError(f"env.tools: {[c.name for c in found]} all run the rows' own tools ({ROW_CALL}); name one")
+    return found[0] if found else None
 
 
 def _schema_file_tools(schemas: str, module: str, max_chars: int) -> list[Tool]:

@@ -36,6 +36,22 @@ answers no call can satisfy are reported and left out. An irrelevance row's answ
 :data:`NO_FUNCTION_ANSWER`; a ``live_relevance`` row has no answer to write and is left out.
 ``sft_val_size`` transcripts, drawn with ``seed``, are held back for SFT validation (those rows stay in
 the RL ``train.parquet``). ``README.md`` records the source and the report, which is also printed.
+
+**Multi-turn** (``multi_turn``, default ``multi_turn_base``, 200 questions; ``multi_turn=`` for none):
+``test_multi_turn.parquet``, one row per question (data_source ``bfcl_multi_turn``), played with
+``env.options.answer: turns`` and the tool class ``posttrain.tools.bfcl_multi_turn:BfclMultiTurn``, whose
+``reward()`` is BFCL's multi-turn checker (docs/tools.md "BFCL multi-turn"). A row's functions are its
+involved classes' (BFCL's ``populate_test_cases_with_predefined_functions``, as BFCL's runner tells them):
+
+- ``prompt``: the first user turn's messages;
+- ``reward_model.ground_truth``: JSON text of BFCL's possible answer (per user turn, call strings such
+  as ``"cd(folder='document')"``);
+- ``extra_info``: ``split`` (``test``), ``index``, ``id``, ``category``, ``later_turns`` (JSON text: the
+  user turns after the first, each a list of messages), ``initial_config`` and ``involved_classes``
+  (JSON text, as BFCL gives them) and ``tools`` (JSON text, OpenAI tool schemas as above).
+
+Only ``multi_turn_base`` is offered: ``miss_func`` adds functions in later turns, and ``miss_param`` /
+``long_context`` have not been replayed through the episode yet. ``limit`` applies to it too.
 """
 
 from __future__ import annotations
@@ -58,6 +74,8 @@ ABILITY = "function_calling"
 TRAIN_CATEGORIES = "live_simple,live_multiple,live_parallel,live_parallel_multiple,live_irrelevance"
 TEST_CATEGORIES = "simple_python,multiple,parallel,parallel_multiple,irrelevance"
 # BFCL's single-turn Python categories: judged by its AST checker, or by whether a call was made
+MULTI_TURN_DATA_SOURCE = "bfcl_multi_turn"
+MULTI_TURN_CATEGORIES = ("multi_turn_base",)
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple", "live_multiple",
               "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance")
 NO_FUNCTION_ANSWER = "None of the functions I have can do this."
@@ -131,9 +149,12 @@ def prepare_bfcl(
     limit: int | None = None,
     sft_val_size: int = 64,
     seed: int = 0,
+    multi_turn: str = "multi_turn_base",
 ) -> list[Path]:
-    """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet`` and
-    ``README.md`` into ``out_dir`` (module docstring); prints the report and returns the Parquet paths."""
+    """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet``
+    (unless ``multi_turn`` is empty) and ``README.md`` into ``out_dir`` (module docstring); prints the
+    report and returns the Parquet paths."""
+    multi_turn_questions = [q for c in _categories(multi_turn, "multi_turn", MULTI_TURN_CATEGORIES, empty=True) for q in load_multi_turn(c, limit)]
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
     _check_options(splits, max_prompt_tokens, limit, sft_val_size)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
@@ -153,17 +174,41 @@ def prepare_bfcl(
     paths = [write_rows(rows[split], out_dir / f"{split}.parquet") for split in ("train", "test")]
     paths.append(write_rows([row for i, row in enumerate(sft) if i not in held], out_dir / "sft.parquet"))
     paths.append(write_rows([row for i, row in enumerate(sft) if i in held], out_dir / "sft_val.parquet"))
+    if multi_turn_questions:
+        paths.append(write_rows([multi_turn_row(q, i) for i, q in enumerate(multi_turn_questions)], out_dir / "test_multi_turn.parquet"))
+    report.multi_turn = Counter(q["category"] for q in multi_turn_questions)
     (out_dir / "README.md").write_text(_readme(report.text()), encoding="utf-8")
     print(report.text())
     return paths
 
 
-def _categories(text: str, option: str) -> list[str]:
+def load_multi_turn(category: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """BFCL's questions of a multi-turn category as BFCL's runner sees them (``function``: the involved
+    classes' docs), each with its ``ground_truth`` and ``category``."""
+    questions = bfcl.bfcl_module("bfcl_eval.utils").populate_test_cases_with_predefined_functions(
+        _read_jsonl(bfcl.data_dir() / f"BFCL_v4_{category}.json")[:limit])
+    truth = {answer["id"]: answer["ground_truth"] for answer in _read_jsonl(bfcl.data_dir() / "possible_answer" / f"BFCL_v4_{category}.json")}
+    return [{**question, "ground_truth": truth[question["id"]], "category": category} for question in questions]
+
+
+def multi_turn_row(question: dict[str, Any], index: int) -> dict[str, Any]:
+    """A multi-turn question as a row (module docstring)."""
+    extra_info = {"split": "test", "index": index, "id": question["id"], "category": question["category"],
+                  "later_turns": json.dumps(question["question"][1:], ensure_ascii=False),
+                  "initial_config": json.dumps(question["initial_config"], ensure_ascii=False),
+                  "involved_classes": json.dumps(question["involved_classes"]),
+                  "tools": json.dumps(tool_schemas(question["function"]), ensure_ascii=False)}
+    messages = [{"role": m["role"], "content": m["content"]} for m in question["question"][0]]
+    return make_row(data_source=MULTI_TURN_DATA_SOURCE, messages=messages, ground_truth=json.dumps(question["ground_truth"], ensure_ascii=False),
+                    ability=ABILITY, extra_info=extra_info)
+
+
+def _categories(text: str, option: str, offered: tuple[str, ...] = CATEGORIES, *, empty: bool = False) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in CATEGORIES]
-    if unknown or not names:
-        raise InputError(f"{option}={text!r}: {unknown or 'no category'} not among BFCL's single-turn Python categories; "
-                         f"give a comma list of {', '.join(CATEGORIES)}")
+    unknown = [name for name in names if name not in offered]
+    if unknown or not (names or empty):
+        raise InputError(f"{option}={text!r}: {unknown or 'no category'} not among the BFCL categories offered here; "
+                         f"give a comma list of {', '.join(offered)}" + (f" (or {option}= for none)" if empty else ""))
     return names
 
 
@@ -209,6 +254,7 @@ class Report:
     longest: dict[str, int] = field(default_factory=dict)  # split -> its longest prompt, in tokens
     unwritten: list[str] = field(default_factory=list)  # ids of training answers no call satisfies
     sft_sizes: tuple[int, int] = (0, 0)  # transcripts for SFT training, validation
+    multi_turn: Counter[str] = field(default_factory=Counter)  # test_multi_turn.parquet's rows per category
 
     def text(self) -> str:
         lines = []
@@ -223,6 +269,8 @@ class Report:
         lines.append(f"function names in both splits: {len(shared)}" + (f" (e.g. {', '.join(shared[:5])})" if shared else ""))
         lines.append(f"SFT transcripts: {self.sft_sizes[0]} train, {self.sft_sizes[1]} validation; possible answers no call satisfies "
                      f"(no transcript): {len(self.unwritten)}" + (f" ({', '.join(self.unwritten)})" if self.unwritten else ""))
+        if self.multi_turn:
+            lines.append(f"test_multi_turn: {sum(self.multi_turn.values())} rows: " + ", ".join(f"{c} {n}" for c, n in self.multi_turn.items()))
         return "\n".join(lines)
 
 
