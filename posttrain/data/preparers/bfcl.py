@@ -206,8 +206,9 @@ def multi_turn_row(question: dict[str, Any], index: int) -> dict[str, Any]:
 def _categories(text: str, option: str, offered: tuple[str, ...] = CATEGORIES, *, empty: bool = False) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in offered]
+    kind = "multi-turn categories offered here" if empty else "single-turn Python categories"
     if unknown or not (names or empty):
-        raise InputError(f"{option}={text!r}: {unknown or 'no category'} not among the BFCL categories offered here; "
+        raise InputError(f"{option}={text!r}: {unknown or 'no category'} not among BFCL's {kind}; "
                          f"give a comma list of {', '.join(offered)}" + (f" (or {option}= for none)" if empty else ""))
     return names
 
