@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import psutil
@@ -78,13 +79,13 @@ def ray_leftovers(grace_s: float) -> tuple[int, int, float]:
         time.sleep(0.5)
 
 
-def children_left(grace_s: float) -> list[str]:
+def children_left(grace_s: float, ignore: Collection[int] = ()) -> list[str]:
     """This process's descendants still alive after ``grace_s`` seconds, but for Python's own
     multiprocessing resource tracker (one per interpreter, started by the first spawned child: it
-    ends with this process by design)."""
+    ends with this process by design) and the pids in ``ignore`` (what ran before, e.g. a test's)."""
     deadline = time.monotonic() + grace_s
     while True:
-        alive = [p for p in psutil.Process().children(recursive=True) if _counts(p)]
+        alive = [p for p in psutil.Process().children(recursive=True) if p.pid not in ignore and _counts(p)]
         if not alive or time.monotonic() > deadline:
             break
         time.sleep(0.5)

@@ -1,5 +1,7 @@
 import os
+import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -40,9 +42,54 @@ def ray_local():
     yield ray
 
 
+# holds a local cluster for as long as its stdin is open; prints the address first
+HOLDER = """
+import os, sys, ray
+context = ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False)
+print(context.address_info["gcs_address"], flush=True)
+sys.stdin.read()
+ray.shutdown()
+"""
+
+
+@pytest.fixture(scope="session")
+def shared_ray_address():
+    """One Ray cluster for the CLI runs of this test process (starting Ray costs each run about 8 s)."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=os.environ | {"RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled"})
+    address = holder.stdout.readline().strip()
+    if not address:
+        holder.kill()
+        pytest.fail("the shared Ray cluster of the tests' CLI runs did not start")
+    yield address
+    holder.stdin.close()
+    try:
+        holder.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        holder.kill()
+
+
+@pytest.fixture
+def on_shared_ray(shared_ray_address, monkeypatch):
+    """The CLI runs this test starts join the shared cluster (the CLI joins the cluster that Ray's own
+    ``RAY_ADDRESS`` names) instead of starting a Ray of their own."""
+    monkeypatch.setenv("RAY_ADDRESS", shared_ray_address)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local test cluster: no token to hand around
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The SmolLM2 tokenizer (ChatML template; <|im_end|> is eos and pad) of the cached tiny model."""
     from posttrain.models import cached_tiny_model, load_tokenizer
 
     return load_tokenizer(cached_tiny_model("llama"))
+
+
+def pytest_collection_modifyitems(items):
+    """The files with the most slow tests first, each file's tests in their order. pytest-xdist hands
+    out whole files in this order (scripts/test.sh: ``--dist loadfile --no-loadscope-reorder``), so the
+    long ones start early and the quick ones fill in at the end: neither process is left waiting while
+    the other finishes a long file. (xdist's own order, the files with the most tests first, put the
+    one-test end-to-end files last.)"""
+    slow_tests = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow_tests[item.path])  # a stable sort: each file's tests stay together

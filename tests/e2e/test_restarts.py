@@ -142,5 +142,4 @@ def test_after_a_restarted_run_and_a_failed_one_no_ray_actor_object_or_child_pro
         assert (actors, objects) == (0, 0)
     finally:
         ray.shutdown()
-    left = [line for line in children_left(grace_s=15) if int(line.split()[0]) not in before]
-    assert left == []
+    assert children_left(grace_s=15, ignore=before) == []

@@ -111,7 +111,7 @@ table:
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_a_recipe_runs_its_stages_ends_with_its_table_and_skips_what_finished(tmp_path):
+def test_a_recipe_runs_its_stages_ends_with_its_table_and_skips_what_finished(tmp_path, on_shared_ray):
     recipe = write(tmp_path / "tiny.yaml", TINY_RECIPE)
     argv = [sys.executable, "-m", "posttrain.cli", "recipe", str(recipe), "--dir", str(tmp_path / "runs"),
             f"actor_rollout_ref.model.path={cached_tiny_model('llama')}", *TINY_RUN, "actor_rollout_ref.rollout.name=hf",
