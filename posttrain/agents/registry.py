@@ -25,6 +25,7 @@ from posttrain.errors import InputError
 BUILTIN_ENVS = {
     "search": ("posttrain.agents.search", "SearchEnv"), "doctor": ("posttrain.agents.doctor", "DoctorEnv"),
     "tools": ("posttrain.tools.env", "ToolEnv"),
+    "openenv": ("posttrain.agents.openenv_env", "OpenEnvEnv"),  # a running OpenEnv server (docs/environments.md)
 }
 # shared objects the trainer can hand to environments, by parameter name: the search client, the
 # environment's language model (agents/env_llm.py) that a patient, a simulated user or a judge speaks

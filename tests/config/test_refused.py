@@ -12,6 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import posttrain.config
+from posttrain.agents.registry import builtin_env_names
 from posttrain.config import ConfigError, load_config, preset_names, preset_path, to_yaml
 from posttrain.cli.preflight import implied_command, load_run_config
 
@@ -40,7 +41,7 @@ WRONG = [
     (["env.name=doctor", "env.llm.dtype=fp16"], "env.llm.dtype", "must be one of auto, bfloat16, float32"),
     (["trainer.logger=[console,tensorbord]"], "trainer.logger", "unknown tracker(s) ['tensorbord']"),
     (["trainer.resume_mode=sometimes"], "trainer.resume_mode", "must be auto (the latest checkpoint, if any), disable"),
-    (["env.name=chess"], "env.name", "is not a built-in environment (doctor, search, tools)"),
+    (["env.name=chess"], "env.name", f"is not a built-in environment ({', '.join(builtin_env_names())})"),
     (["env.name=search", "env.options={topk: 3, colour: red}"], "env.options", "['colour'] are not options of SearchEnv"),
     (["env.name=search", "env.options={topk: 0}"], "env.options", "topk"),
     (["env.name=mine", "env.path=/nonexistent/my_env.py", "env.class_name=Mine"], "env.path", "no such file"),
