@@ -19,7 +19,7 @@ def _rows(path):
 
 
 def test_registry_and_option_errors(tmp_path):
-    assert preparer_names() == ["arithmetic", "bfcl", "doctor", "gsm8k", "reasoning-gym", "synthetic-doctor", "synthetic-search", "tool-arithmetic"]
+    assert preparer_names() == ["arithmetic", "bfcl", "doctor", "gsm8k", "reasoning-gym", "synthetic-doctor", "synthetic-search", "textarena", "tool-arithmetic"]
     with pytest.raises(ValueError, match="unknown dataset 'mnist'.*'arithmetic', 'bfcl', 'doctor', 'gsm8k'"):
         prepare("mnist", tmp_path)
     with pytest.raises(ValueError, match="bad options \\['size'\\].*train_size=240"):

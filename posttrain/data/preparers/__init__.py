@@ -21,6 +21,7 @@ from posttrain.data.preparers.options import check_output_dir
 from posttrain.data.preparers.reasoning_gym import prepare_reasoning_gym
 from posttrain.data.preparers.synthetic_doctor import prepare_synthetic_doctor
 from posttrain.data.preparers.synthetic_search import prepare_synthetic_search
+from posttrain.data.preparers.textarena import prepare_textarena
 from posttrain.data.preparers.tool_arithmetic import prepare_tool_arithmetic
 from posttrain.errors import InputError, PosttrainError
 
@@ -34,6 +35,7 @@ PREPARERS: dict[str, Preparer] = {
     "tool-arithmetic": prepare_tool_arithmetic,
     "bfcl": prepare_bfcl,
     "reasoning-gym": prepare_reasoning_gym,
+    "textarena": prepare_textarena,
 }
 # the option a preparer that reads an input file takes it in (``--in FILE`` on the command line)
 SOURCE_FILE_OPTION = "source_file"

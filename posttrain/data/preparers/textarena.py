@@ -1,0 +1,63 @@
+"""A TextArena game's seeds as RL rows (``posttrain prepare textarena id=GuessTheNumber-v0``).
+
+Each row is one game for the agent environment ``env.name: textarena`` (:mod:`posttrain.agents.textarena_env`):
+the library makes the game and starts it with the row's seed, here to write its opening and again in
+every episode. Options (``key=value``, as every preparer takes them):
+
+- ``id``: a registered TextArena id of a one-player game that starts offline (others are refused, naming why);
+- ``kwargs``: the game's keyword arguments for ``textarena.make(id, **kwargs)``, JSON text
+  ``{"max_number": 10, "max_turns": 5}`` (in a preset's ``data.builtin_options`` also a mapping); the run's
+  ``env.options.kwargs`` must be the same;
+- ``size`` / ``seed``: training games, seeds ``seed .. seed+size-1``;
+- ``test_size`` / ``test_seed``: held-out games, seeds ``test_seed .. test_seed+test_size-1``; the two
+  ranges must not meet (refused otherwise). A small game has few distinct games (GuessTheNumber from 1 to
+  10 has ten secrets), so a held-out seed can deal a game that a training seed deals too: its hidden state
+  is the game's, and posttrain does not look at it.
+
+Files: ``train.parquet`` and ``test.parquet``, one row per seed: the prompt is the game's opening
+observation as the environment shows it (one user message); ``ground_truth`` is the game's reference
+(:class:`~posttrain.agents.textarena_env.GameRef`, JSON text ``{"id", "kwargs", "seed"}``); ``data_source``
+is ``textarena``, ``ability`` ``game``; ``extra_info`` holds ``split``, ``index``, ``game`` and ``seed``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from posttrain.agents.textarena_env import DATA_SOURCE, Game, GameRef, check_game, normalise_kwargs
+from posttrain.data.format import make_row, write_rows
+from posttrain.data.preparers.options import check_counts
+from posttrain.errors import InputError
+
+
+def prepare_textarena(
+    out_dir: Path,
+    *,
+    id: str,  # noqa: A002 - TextArena's word, as in env.options.id
+    kwargs: str | dict[str, Any] | None = None,
+    size: int = 256,
+    seed: int = 0,
+    test_size: int = 64,
+    test_seed: int = 1_000_000,
+) -> list[Path]:
+    """Write the files of the module docstring into ``out_dir``; returns their paths."""
+    check_counts(1, size=size, test_size=test_size)
+    if seed < test_seed + test_size and test_seed < seed + size:
+        raise InputError(f"seed={seed} size={size} and test_seed={test_seed} test_size={test_size} overlap: the training games use "
+                         f"seeds {seed}..{seed + size - 1} and the held-out ones {test_seed}..{test_seed + test_size - 1}; "
+                         f"pass test_seed >= {seed + size}")
+    check_game(id)
+    game_kwargs = normalise_kwargs(kwargs)
+    out_dir = Path(out_dir)
+    paths = []
+    for split, first, count in (("train", seed, size), ("test", test_seed, test_size)):
+        rows = [_row(GameRef(id, first + index, game_kwargs), split, index) for index in range(count)]
+        paths.append(write_rows(rows, out_dir / f"{split}.parquet"))
+    return paths
+
+
+def _row(ref: GameRef, split: str, index: int) -> dict[str, Any]:
+    opening = Game(ref.id, ref.kwargs).reset(ref.seed)
+    return make_row(DATA_SOURCE, [{"role": "user", "content": opening}], ref.to_json(), "game",
+                    {"split": split, "index": index, "game": ref.id, "seed": ref.seed})
