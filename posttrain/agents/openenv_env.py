@@ -27,7 +27,8 @@ the server, per episode); it never speaks the protocol itself.
   message, its reward ``invalid_action_penalty``; counted as ``server_refusals``.
 - **A server that is gone** (no connection, the session's socket closed, no answer within
   ``message_timeout_s``) raises :class:`OpenEnvServerLost`, a :class:`~posttrain.errors.ProcessLost`:
-  the episode's state died with the session, so the batch is not trained on; the run stops, or
+  the episode's state died with the session, so the batch is not trained on (the other sessions on that
+  server close without waiting for it); the run stops, or
   with ``trainer.max_restarts`` starts again from its last checkpoint (a supervised server that came
   back is used again; one still down fails the next attempt the same way, at once).
 - **Refused before any worker starts:** no ``url``, or one that is not ``http(s)://`` or ``ws(s)://``
@@ -64,6 +65,9 @@ MAX_PARALLEL_STEPS = 64
 INSTALL = "bash scripts/setup.sh installs it (pip install --no-deps openenv-core==0.3.0, with fastmcp==4.2.3)"
 # openenv's client raises RuntimeError(f"Server error: {message} (code: {code})") for the server's error replies
 _SERVER_ERROR = re.compile(r"^Server error: (?P<message>.*) \(code: (?P<code>[A-Z_]+)\)$", re.DOTALL)
+# the urls of servers an episode of this process found gone, until a reset there succeeds again: the other
+# episodes' sessions on them close without waiting (a frozen server holds each close for 10 s, one after another)
+_lost_urls: set[str] = set()
 
 
 class OpenEnvServerLost(ProcessLost):
@@ -128,7 +132,9 @@ class OpenEnvEnv(Environment):
         try:
             httpx.get(f"{base}/health", timeout=self.connect_timeout_s).raise_for_status()
             schema = httpx.get(f"{base}/schema", timeout=self.connect_timeout_s).raise_for_status().json()
-        except httpx.HTTPError as error:
+            if not isinstance(schema, dict):
+                raise ValueError(f"its /schema is a JSON {type(schema).__name__}, not OpenEnv's schema")
+        except (httpx.HTTPError, ValueError) as error:  # ValueError: a /schema that is not OpenEnv's JSON (another service)
             raise InputError(f"no OpenEnv server answers at env.options.url={self.url!r} ({error}); start it "
                              "(e.g. uvicorn on openenv's create_app) or fix the url") from error
         action = schema.get("action", {})
@@ -158,6 +164,7 @@ class OpenEnvEnv(Environment):
         except _Refused as refused:
             raise InputError(f"the OpenEnv server at {self.url} refused to reset with {arguments} "
                              f"(env.options.reset_options, the row's extra_info[{RESET_KEY!r}]): {refused}") from None
+        _lost_urls.discard(self.url)
         return self._text(result.observation)
 
     def step(self, action: str) -> StepResult:
@@ -176,7 +183,7 @@ class OpenEnvEnv(Environment):
         session, self._session = self._session, None
         if session is None:
             return
-        if self._lost:  # a frozen server would hold each close for websockets' close timeout (10 s): not waited for
+        if self._lost or self.url in _lost_urls:  # a frozen server would hold each close for websockets' close timeout (10 s)
             threading.Thread(target=self._close_session, args=(session,), name="openenv-close", daemon=True).start()
         else:
             self._close_session(session)
@@ -224,6 +231,7 @@ class OpenEnvEnv(Environment):
 
     def _lost_server(self, what: str, error: BaseException) -> OpenEnvServerLost:
         self._lost = True
+        _lost_urls.add(self.url)
         return OpenEnvServerLost(
             f"the OpenEnv server at {self.url} (env.options.url) went away during an episode's {what}: "
             f"{type(error).__name__}: {str(error) or f'no answer within message_timeout_s={self.message_timeout_s}'}. "

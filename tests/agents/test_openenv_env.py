@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("openenv.core.generic_client", reason='openenv-core is installed by scripts/setup.sh (pip install --no-deps "openenv-core==0.3.0")')
 
 from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer, run_episodes  # noqa: E402
+from posttrain.agents import openenv_env  # noqa: E402
 from posttrain.agents.openenv_env import OpenEnvEnv, OpenEnvServerLost  # noqa: E402
 from posttrain.agents.registry import load_env_class  # noqa: E402
 from posttrain.agents.retriever.process import free_port  # noqa: E402
@@ -103,6 +104,22 @@ def test_before_training_reads_the_servers_health_and_schema(game_url):
         OpenEnvEnv(nobody, connect_timeout_s=2).check_server()
 
 
+def test_before_training_refuses_another_service_that_answers_health():
+    """A url that names another web service (healthy, but its /schema is a web page) is refused with the fix, not a traceback."""
+    from fastapi import FastAPI
+    from fastapi.responses import HTMLResponse
+
+    app = FastAPI()
+    app.get("/health")(lambda: {"status": "ok"})
+    app.get("/schema", response_class=HTMLResponse)(lambda: "<html>a web app</html>")
+    url, stop = serve_in_thread(app)
+    try:
+        with pytest.raises(InputError, match=f"no OpenEnv server answers at env.options.url='{url}'.*fix the url"):
+            OpenEnvEnv(url).check_server()
+    finally:
+        stop()
+
+
 def test_a_server_with_fewer_sessions_than_episodes_is_refused_with_the_fix():
     url, stop = serve_in_thread(make_app(max_sessions=1))
     first, second = OpenEnvEnv(url), OpenEnvEnv(url)
@@ -165,3 +182,23 @@ def test_a_server_that_goes_away_mid_episode_is_a_restartable_failure_not_a_hang
     assert time.monotonic() - started < 20  # message_timeout_s, not websockets' keepalive (~40 s), ends a frozen session
     assert is_restartable(caught.value)
     assert all(env._session is None for env in envs)  # closed on the way out
+
+
+def test_once_a_frozen_server_is_found_gone_no_other_session_waits_to_close(server_process):
+    """Episodes reset before the server froze hold sessions that never failed themselves; once one episode
+    finds the server gone, closing them does not wait websockets' close timeout (10 s each, one by one)."""
+    process, url = server_process
+    envs = [OpenEnvEnv(url, connect_timeout_s=2, message_timeout_s=2) for _ in range(3)]
+    envs[0].reset(EpisodeSample([], None)), envs[1].reset(EpisodeSample([], None))
+    os.kill(process.pid, signal.SIGSTOP)
+    with pytest.raises(OpenEnvServerLost, match="went away during an episode's reset"):
+        envs[2].reset(EpisodeSample([], None))
+    started = time.monotonic()
+    for env in envs:
+        env.close()
+    assert time.monotonic() - started < 2  # not 2 x 10 s
+    os.kill(process.pid, signal.SIGCONT)  # back: a reset succeeds, and sessions close as before
+    again = OpenEnvEnv(url)
+    again.reset(EpisodeSample([], None))
+    assert url not in openenv_env._lost_urls
+    again.close()
