@@ -9,6 +9,7 @@ import pkgutil
 import pytest
 
 import posttrain
+from posttrain.agents.openenv_env import OpenEnvServerLost
 from posttrain.controller import WorkerDiedError, WorkerHungError
 from posttrain.errors import PosttrainError, ProcessLost, ServiceDiedError, is_restartable
 from posttrain.trainer.async_.buffer import SchedulerClosed, UnitScheduler
@@ -42,8 +43,11 @@ def test_every_exception_class_of_posttrain_is_a_posttrain_error():
 
 
 def test_a_process_that_died_or_hung_is_restartable_through_every_wrapper():
-    for lost in (WorkerDiedError("worker 'env_llm' rank 0 died"), WorkerHungError("stuck"), ServiceDiedError("retriever exited"),
-                 WeightBoardLost("board gone")):
+    losses = (WorkerDiedError("worker 'env_llm' rank 0 died"), WorkerHungError("stuck"), ServiceDiedError("retriever exited"),
+              WeightBoardLost("board gone"), OpenEnvServerLost("the OpenEnv server went away"))
+    # every restartable error posttrain defines is here
+    assert {cls for cls in posttrain_exception_classes() if issubclass(cls, ProcessLost)} - {ProcessLost} == {type(e) for e in losses}
+    for lost in losses:
         assert isinstance(lost, ProcessLost) and is_restartable(lost)
         assert is_restartable(generators_failed_after(lost))
     assert not is_restartable(generators_failed_after(ValueError("a bug in a reward function")))
