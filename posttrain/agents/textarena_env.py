@@ -28,7 +28,8 @@ ids was made and reset with the network blocked and gave a ``SinglePlayerState``
 the same seed (``tests/agents/test_textarena_env.py`` checks it again). The rest are refused when the
 environment is built (``posttrain config`` and the check before any worker starts): the games in
 :data:`NEEDS_NETWORK` download nltk's corpora or ask a remote model (OpenRouter) when they start;
-the others need two or more players, or do not start under this Python (``Klondike``: a syntax error).
+the others need two or more players, or do not start under this Python (``Klondike``, ``UltimateTexasHoldem``:
+syntax errors in the library).
 
 **Randomness.** A TextArena game seeds Python's global ``random`` in ``reset`` and draws from it while it
 plays (2048's new tiles). Episodes of a batch play turn about in one process, so each game gets a
