@@ -37,8 +37,9 @@ the server, per episode); it never speaks the protocol itself.
   have. A server that holds fewer sessions than a batch has episodes is refused at its first reset
   (``max_concurrent_envs`` of openenv's ``create_app``).
 
-``step_batch`` steps every episode of a round at once (a thread per episode, each waiting on its own
-session), so a round takes the slowest step, not the sum.
+``step_batch`` steps every episode of a round at once (a thread per episode, up to
+:data:`MAX_PARALLEL_STEPS`, each waiting on its own session), so a round takes the slowest step, not the
+sum. Resets and the forced final turns (the agent loop's ``finish``) go one episode after another.
 """
 
 from __future__ import annotations
