@@ -71,6 +71,21 @@ _SERVER_ERROR = re.compile(r"^Server error: (?P<message>.*) \(code: (?P<code>[A-
 _lost_urls: set[str] = set()
 
 
+def row_reset_arguments(extra_info: dict[str, Any]) -> dict[str, Any]:
+    """A row's reset arguments, ``extra_info["openenv_reset"]``: JSON text of an object (what rows of
+    different argument names should hold), or a mapping, whose ``None`` values are dropped: a parquet file
+    gives every row the fields any row has, ``None`` where it had none."""
+    value = extra_info.get(RESET_KEY)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise InputError(f"extra_info[{RESET_KEY!r}] = {value!r} is not JSON text of an object ({err})") from None
+    if value is not None and not isinstance(value, Mapping):
+        raise InputError(f"extra_info[{RESET_KEY!r}] = {value!r}: the row's reset arguments must be an object of name → value")
+    return {name: argument for name, argument in (value or {}).items() if argument is not None}
+
+
 class OpenEnvServerLost(ProcessLost):
     """The OpenEnv server of ``env.options.url`` went away during an episode (restartable: module docstring)."""
 
@@ -159,7 +174,7 @@ class OpenEnvEnv(Environment):
         self._session = self._client_class(
             base_url=self.url, connect_timeout_s=self.connect_timeout_s, message_timeout_s=self.message_timeout_s,
         ).sync()
-        arguments = {**self.reset_options, **dict(sample.extra_info.get(RESET_KEY) or {})}
+        arguments = {**self.reset_options, **row_reset_arguments(sample.extra_info)}
         try:
             result = self._call("reset", lambda: self._session.reset(**arguments))
         except _Refused as refused:

@@ -202,3 +202,20 @@ def test_once_a_frozen_server_is_found_gone_no_other_session_waits_to_close(serv
     again.reset(EpisodeSample([], None))
     assert url not in openenv_env._lost_urls
     again.close()
+
+
+def test_a_rows_reset_arguments_survive_parquet_whether_json_text_or_a_mapping(tmp_path):
+    """Parquet gives every row the fields any row has (None elsewhere): those are not sent to reset;
+    JSON text keeps each row's own arguments as written; anything else is refused with the key's name."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"openenv_reset": {"seed": 3}}, {"openenv_reset": {"difficulty": "hard"}}, {"openenv_reset": None}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
+    read = pq.read_table(tmp_path / "rows.parquet").to_pylist()
+    assert read[0]["openenv_reset"] == {"seed": 3, "difficulty": None}  # what parquet does to the mappings
+    assert [openenv_env.row_reset_arguments(row) for row in read] == [{"seed": 3}, {"difficulty": "hard"}, {}]
+    assert openenv_env.row_reset_arguments({"openenv_reset": '{"seed": 3, "level": null}'}) == {"seed": 3}
+    for bad in ("seed=3", "[3]", 3):
+        with pytest.raises(InputError, match="openenv_reset"):
+            openenv_env.row_reset_arguments({"openenv_reset": bad})
