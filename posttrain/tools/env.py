@@ -112,7 +112,9 @@ class ToolEnv(Environment):
         self.calls_made = self.successes = 0
         self._row_schemas = row_schemas(sample.extra_info.get(ROW_TOOLS_KEY))
         self._row_tools = {schema["function"]["name"]: schema["function"] for schema in self._row_schemas}
-        if not self._row_tools and not self.toolbox.tools:
+        # a row that says it has no tools (an empty list, as some of BFCL's irrelevance rows) is played without
+        # any; a row that says nothing, in a run that has none, is a mistake in the data or the config
+        if not self._row_tools and not self.toolbox.tools and sample.extra_info.get(ROW_TOOLS_KEY) in (None, ""):
             raise InputError(
                 "env.name=tools needs tools: list them in env.tools (e.g. posttrain.tools:calculator) or env.mcp_servers, "
                 f"or give each row its own (extra_info.tools); a row of {sample.data_source!r} has none"
