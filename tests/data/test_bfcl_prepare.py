@@ -3,6 +3,7 @@ Schema, training prompts over the cap dropped and counted, held-out ones never."
 
 import json
 import re
+from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
@@ -120,3 +121,17 @@ def test_bad_options_are_refused_before_writing(tmp_path):
     with pytest.raises(InputError, match="limit=0"):
         prepare("bfcl", tmp_path / "c", limit=0)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_no_call_share_caps_the_training_rows_whose_answer_is_no_call(tmp_path, capsys):
+    """48 rows with calls and 12 live_irrelevance ones: at most 10 % no-call rows keeps 5 of those (5/53)."""
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=12", "sft_val_size=4", "no_call_share=0.1"]) == 0
+    printed = capsys.readouterr().out
+    rows = _rows(tmp_path / "train.parquet")
+    categories = Counter(r["extra_info"]["category"] for r in rows)
+    assert categories == {"live_simple": 12, "live_multiple": 12, "live_parallel": 12, "live_parallel_multiple": 12, "live_irrelevance": 5}
+    assert "train: 53 rows:" in printed and "dropped from train for no_call_share=0.1: 7 (live_irrelevance 7)" in printed
+    assert [r["extra_info"]["index"] for r in rows] == list(range(53))
+    assert len(_rows(tmp_path / "test.parquet")) == 60  # held-out rows are never dropped
+    with pytest.raises(InputError, match="no_call_share=0"):
+        prepare("bfcl", tmp_path / "bad", limit=2, no_call_share=0)

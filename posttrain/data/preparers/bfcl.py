@@ -25,6 +25,9 @@ Function names keep their dots (``math.factorial``): the checker is told the mod
 ``max_prompt_tokens`` drops the training rows whose prompt, rendered with its tools as posttrain renders
 it (``tokenize_prompts``), is longer, with ``tokenizer`` (default: the default model's); held-out rows
 are never dropped (their longest is reported). ``limit`` keeps the first N questions of each category.
+``no_call_share`` keeps at most that share of training rows whose answer is no call (live_irrelevance is
+46 % of the capped training rows; GRPO on them all learnt to call nothing within two steps), a seeded draw,
+the rest dropped and counted; the SFT transcripts come from the rows kept.
 
 SFT transcripts (``sft.parquet``, ``sft_val.parquet``: the names ``posttrain sft`` looks for beside the
 RL data; columns ``messages`` and the row's ``extra_info``, so a transcript carries its tools) come
@@ -150,6 +153,7 @@ def prepare_bfcl(
     sft_val_size: int = 64,
     seed: int = 0,
     multi_turn: str = "multi_turn_base",
+    no_call_share: float | None = None,
 ) -> list[Path]:
     """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet``
     (unless ``multi_turn`` is empty) and ``README.md`` into ``out_dir`` (module docstring); prints the
@@ -157,11 +161,15 @@ def prepare_bfcl(
     multi_turn_questions = [q for c in _categories(multi_turn, "multi_turn", MULTI_TURN_CATEGORIES, empty=True) for q in load_multi_turn(c, limit)]
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
     _check_options(splits, max_prompt_tokens, limit, sft_val_size)
+    if no_call_share is not None and not 0 < no_call_share <= 1:
+        raise InputError(f"no_call_share={no_call_share}: give the largest share of training rows whose answer is no call, in (0, 1]")
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
     report = Report(splits, {split: Counter(q.category for q in items) for split, items in questions.items()},
                     {split: {doc["name"] for q in items for doc in q.functions} for split, items in questions.items()})
     if max_prompt_tokens is not None:
         questions["train"] = _drop_long(questions, max_prompt_tokens, tokenizer, report)
+    if no_call_share is not None:
+        questions["train"] = _cap_no_call(questions["train"], no_call_share, seed, report)
     rows = {split: [_row(q, split, i) for i, q in enumerate(items)] for split, items in questions.items()}
     transcripts = [transcript(q) for q in questions["train"]]
     report.unwritten = [q.id for q, t in zip(questions["train"], transcripts) if t is None and not bfcl.is_no_call_category(q.category)]
@@ -234,6 +242,18 @@ def _drop_long(questions: dict[str, list[Question]], max_prompt_tokens: int, tok
     return kept
 
 
+def _cap_no_call(questions: list[Question], share: float, seed: int, report: Report) -> list[Question]:
+    """At most ``share`` of the training rows from categories whose answer is no call (live_irrelevance):
+    a seeded draw of them is kept, the others dropped (counted in ``report.cut``), the order kept."""
+    no_call = [i for i, q in enumerate(questions) if bfcl.is_no_call_category(q.category)]
+    others = len(questions) - len(no_call)
+    keep = min(len(no_call), int(share * others / (1 - share)) if share < 1 else len(no_call))
+    kept = set(random.Random(seed).sample(no_call, keep))
+    report.cut = Counter(questions[i].category for i in no_call if i not in kept)
+    report.no_call_share = share
+    return [q for i, q in enumerate(questions) if i in kept or not bfcl.is_no_call_category(q.category)]
+
+
 def _row(question: Question, split: str, index: int) -> dict[str, Any]:
     extra_info = {"split": split, "index": index, "id": question.id, "category": question.category,
                   "tools": json.dumps(tool_schemas(question.functions), ensure_ascii=False),
@@ -256,12 +276,17 @@ class Report:
     unwritten: list[str] = field(default_factory=list)  # ids of training answers no call satisfies
     sft_sizes: tuple[int, int] = (0, 0)  # transcripts for SFT training, validation
     multi_turn: Counter[str] = field(default_factory=Counter)  # test_multi_turn.parquet's rows per category
+    cut: Counter[str] = field(default_factory=Counter)  # training rows dropped for no_call_share, per category
+    no_call_share: float | None = None
 
     def text(self) -> str:
         lines = []
         for split, categories in self.splits.items():
-            kept = {c: self.counts[split][c] - self.dropped[c] for c in categories}
+            kept = {c: self.counts[split][c] - self.dropped[c] - self.cut[c] for c in categories}
             lines.append(f"{split}: {sum(kept.values())} rows: " + ", ".join(f"{c} {n}" for c, n in kept.items()))
+        if self.no_call_share is not None:
+            lines.append(f"dropped from train for no_call_share={self.no_call_share}: {sum(self.cut.values())} "
+                         f"({', '.join(f'{c} {n}' for c, n in self.cut.items()) or 'none'})")
         if self.max_prompt_tokens is not None:
             lines.append(f"dropped from train as longer than {self.max_prompt_tokens} prompt tokens: {sum(self.dropped.values())} "
                          f"({', '.join(f'{c} {n}' for c, n in self.dropped.items()) or 'none'}); held-out rows longer, kept: "
