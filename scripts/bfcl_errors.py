@@ -24,6 +24,7 @@ from posttrain.tools.parse import CallParser
 
 KINDS = {
     "wrong_func_name": "wrong function", "wrong_count": "wrong number of calls", "missing_required": "missing parameter",
+    "missing_optional": "missing optional param",  # left out, but the possible answer has no "" (omit) for it
     "unexpected_param": "unexpected parameter", "decoder_success": "call on irrelevance row",
     "decoder_failed": "no call", "decoder_wrong_output_format": "unreadable call",
 }
