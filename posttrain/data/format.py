@@ -200,8 +200,10 @@ def _tools_problems(raw: _RawRow) -> Iterator[RowProblem]:
 def _make_row(raw: _RawRow, prompt_key: str) -> PromptRow:
     values = raw.values
     extra_info = dict(values["extra_info"] or {})
-    tools = row_schemas(values.get(ROW_TOOLS_KEY) if values.get(ROW_TOOLS_KEY) is not None else extra_info.get(ROW_TOOLS_KEY))
-    if tools:  # one carrier, one type, whichever way the row gave them
+    given = values.get(ROW_TOOLS_KEY) if values.get(ROW_TOOLS_KEY) is not None else extra_info.get(ROW_TOOLS_KEY)
+    tools = row_schemas(given)
+    # one carrier, one type, whichever way the row gave them; an empty list stays: the row is offered none
+    if tools or given not in (None, ""):
         extra_info[ROW_TOOLS_KEY] = json.dumps(tools, ensure_ascii=False)
     else:
         extra_info.pop(ROW_TOOLS_KEY, None)

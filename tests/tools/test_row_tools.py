@@ -98,13 +98,17 @@ def test_a_rows_schema_replaces_the_runs_and_the_runs_implementation_runs_it(tok
     assert result.info.counts["tool/successes"] == 1 and "42" in result.observation
 
 
-def test_a_row_without_tools_in_a_run_without_tools_is_refused_but_one_offered_none_is_played(monkeypatch, empty_box):
+def test_a_row_without_tools_in_a_run_without_tools_is_refused_but_one_offered_none_is_played(monkeypatch, tmp_path, tokenizer, empty_box):
     with pytest.raises(InputError, match="extra_info.tools"):
         ToolEnv(empty_box).reset(sample(None))
     # four of BFCL's live_irrelevance rows come with an empty function list: the right answer is no call
     monkeypatch.setattr(tool_env, "score_function_for", lambda source: lambda solution_str, ground_truth, extra_info, calls: float(calls == []))
     env = ToolEnv(empty_box, answer="calls")
     offered_none = EpisodeSample([{"role": "user", "content": "q"}], "[]", "arithmetic", {"tools": "[]"})
+    path = tmp_path / "rows.parquet"  # and so it reaches the episode from a file, as BFCL's rows do
+    pq.write_table(pa.Table.from_pylist([row("Anything?", [], 0), row("2+2?", None, 1)]), path)
+    offered, silent = RLDataset([path], tokenizer, max_prompt_length=4096).samples
+    assert offered.extra_info["tools"] == "[]" and "tools" not in silent.extra_info
     env.reset(offered_none)
     assert env.step("There is no function I can use for that.").reward == 1.0
     env.reset(offered_none)
