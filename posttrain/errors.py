@@ -17,6 +17,8 @@ The kinds:
     InputError                     a data file, dataset option, corpus, tool or reward file that cannot
                                    be used (exit 2); PromptTooLongError is one
     MissingFileError               a file or directory a person named is not there (exit 2)
+    MissingLibraryError            an optional library a feature needs is not installed; the message
+                                   says what needs it and how to install it (exit 2; import_optional)
     ProcessLost                    a process of the run died or hung (a worker, a generator, a
                                    service the run started): a restart from the last checkpoint may
                                    cure it (exit 1)
@@ -36,6 +38,8 @@ This module imports only the standard library, so that every layer may import it
 
 from __future__ import annotations
 
+import importlib
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +64,25 @@ class MissingFileError(PosttrainError, FileNotFoundError):
     Exit code 2; still a FileNotFoundError."""
 
     exit_code = 2
+
+
+class MissingLibraryError(PosttrainError):
+    """An optional library a feature needs (bfcl-eval, reasoning-gym, textarena, ...) is not installed;
+    the message says what needs it and how to install it. Exit code 2. Raised by :func:`import_optional`."""
+
+    exit_code = 2
+
+
+def import_optional(module: str, *, package: str, needed_by: str, hint: str) -> types.ModuleType:
+    """``importlib.import_module(module)``; where the library itself (``module``'s top package) is missing,
+    a :class:`MissingLibraryError` instead: "<needed_by>, and <package> is not installed; <hint>". A
+    missing module *inside* an installed library (a dependency of its own) is re-raised as it is."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name is not None and error.name.split(".")[0] == module.split(".")[0]:
+            raise MissingLibraryError(f"{needed_by}, and {package} is not installed; {hint}") from None
+        raise
 
 
 class PromptTooLongError(InputError):

@@ -11,7 +11,7 @@ import pytest
 import posttrain
 from posttrain.agents.openenv_env import OpenEnvServerLost
 from posttrain.controller import WorkerDiedError, WorkerHungError
-from posttrain.errors import PosttrainError, ProcessLost, ServiceDiedError, is_restartable
+from posttrain.errors import MissingLibraryError, PosttrainError, ProcessLost, ServiceDiedError, import_optional, is_restartable
 from posttrain.trainer.async_.buffer import SchedulerClosed, UnitScheduler
 from posttrain.trainer.async_.coordinator import GeneratorFailure
 from posttrain.trainer.async_.mode import GeneratorFeed, GeneratorsFailed, WeightBoardLost
@@ -82,3 +82,15 @@ def test_main_reports_a_known_error_as_one_line_and_a_bug_keeps_its_traceback(mo
     monkeypatch.setattr(cli, "_config_command", lambda args: {}["a bug"])
     with pytest.raises(KeyError):
         cli.main(["config"])
+
+
+def test_an_optional_library_that_is_missing_says_what_needs_it_and_how_to_install_it(tmp_path, monkeypatch):
+    with pytest.raises(MissingLibraryError, match=r"^env\.x needs it, and some-lib is not installed; pip install some-lib$") as caught:
+        import_optional("posttrain_no_such_lib.sub", package="some-lib", needed_by="env.x needs it", hint="pip install some-lib")
+    assert caught.value.exit_code == 2
+    # an installed library whose own dependency is missing: that import error is shown as it is (a different fix)
+    (tmp_path / "posttrain_broken_lib.py").write_text("import posttrain_missing_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="posttrain_missing_dependency"):
+        import_optional("posttrain_broken_lib", package="broken-lib", needed_by="x", hint="y")
+    assert import_optional("json", package="json", needed_by="x", hint="y").dumps([1]) == "[1]"

@@ -40,7 +40,6 @@ exactly as the same seed and moves played alone, and the rest of the process kee
 from __future__ import annotations
 
 import difflib
-import importlib
 import json
 import random
 from collections.abc import Iterator, Mapping
@@ -49,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.agents.env import Environment, EpisodeSample, StepInfo, StepResult
-from posttrain.errors import InputError
+from posttrain.errors import InputError, import_optional
 
 DATA_SOURCE = "textarena"
 PLAYER = 0  # the agent: the only player of a one-player game
@@ -70,12 +69,8 @@ NEEDS_NETWORK = {
 
 def library(module: str = "textarena") -> Any:
     """The library's ``module``, imported on first use (importing it takes seconds)."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as error:
-        if error.name is not None and error.name.split(".")[0] == "textarena":
-            raise InputError(f"env.name=textarena and `posttrain prepare textarena` play TextArena's own games, and it is not installed; {INSTALL_HINT}") from None
-        raise
+    return import_optional(module, package="textarena", hint=INSTALL_HINT,
+                           needed_by="env.name=textarena and `posttrain prepare textarena` play TextArena's own games")
 
 
 def offline_ids() -> list[str]:

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posttrain.errors import InputError, PosttrainError
+from posttrain.errors import InputError, import_optional
 
 MODEL_NAME = "posttrain"  # the checker's model_name; no "_" (the checker reads "_" in it as "/")
 BFCL_PIN = "bfcl-eval==2026.3.23"
@@ -63,10 +63,6 @@ INSTALL_HINT = f'pip install --no-deps "{BFCL_PIN}" (its pinned dependencies cla
 _MODEL_CONFIG_MODULE = "bfcl_eval.constants.model_config"
 
 
-class BfclMissingError(PosttrainError):
-    """bfcl-eval is not installed; the message says how to install it. Exit code 2."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -91,18 +87,13 @@ class Verdict:
 
 
 def bfcl_module(name: str) -> types.ModuleType:
-    """Module ``name`` of bfcl-eval (BfclMissingError, saying how to install it, when bfcl-eval is absent)."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name is not None and error.name.split(".")[0] == "bfcl_eval":
-            raise BfclMissingError(f"data_source 'bfcl' is judged by BFCL's own checker, and bfcl-eval is not installed; {INSTALL_HINT}") from None
-        raise
+    """Module ``name`` of bfcl-eval (MissingLibraryError, saying how to install it, when bfcl-eval is absent)."""
+    return import_optional(name, package="bfcl-eval", needed_by="data_source 'bfcl' is judged by BFCL's own checker", hint=INSTALL_HINT)
 
 
 @functools.cache
 def ast_checker() -> Callable[..., dict[str, Any]]:
-    """BFCL's ``ast_checker``, imported as the module docstring says (BfclMissingError if bfcl-eval is absent)."""
+    """BFCL's ``ast_checker``, imported as the module docstring says (MissingLibraryError if bfcl-eval is absent)."""
     bfcl_module("bfcl_eval")
     try:
         model_config = importlib.import_module(_MODEL_CONFIG_MODULE)
@@ -228,5 +219,5 @@ def _json_value(value: Any, field: str) -> Any:
         raise InputError(f"a bfcl row's {field} is not JSON ({str(error)[:200]}); write the rows with `posttrain prepare bfcl --out DIR`") from None
 
 
-__all__ = ["BFCL_PIN", "INSTALL_HINT", "MODEL_NAME", "BfclMissingError", "CheckerModelConfig", "Verdict", "answer_calls", "ast_checker", "bfcl_module",
+__all__ = ["BFCL_PIN", "INSTALL_HINT", "MODEL_NAME", "CheckerModelConfig", "Verdict", "answer_calls", "ast_checker", "bfcl_module",
            "check_calls", "compute_score", "data_dir", "installed_version", "is_no_call_category", "model_output"]

@@ -23,7 +23,7 @@ ask for that tag; ``posttrain prepare reasoning-gym`` puts one into each row.
 :func:`compute_score` returns ``{"score", "acc", "format"}``: the library's score; 1.0 when that is
 full credit; 1.0 when an answer tag was found. Datasets are regenerated once per process for each
 (task, config, seed, size) and kept (:func:`dataset`). The library is imported when first needed;
-without it, :class:`ReasoningGymMissingError` says how to install it.
+without it, :class:`MissingLibraryError` says how to install it.
 
 The registry's entry is :data:`SCORE_FUNCTION`, which calls :func:`compute_score` and, unpickled, imports
 the library: importing it takes seconds, and the scoring child process (``rewards/sandbox.py``) loads its
@@ -36,35 +36,24 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import importlib.metadata
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from posttrain.errors import InputError, PosttrainError
+from posttrain.errors import InputError, MissingLibraryError, import_optional
 
 DATA_SOURCE = "reasoning_gym"
 RG_PIN = "reasoning-gym==0.1.25"
 INSTALL_HINT = f'pip install "{RG_PIN}" (or pip install -e ".[envs]"; scripts/setup.sh does this)'
 
 
-class ReasoningGymMissingError(PosttrainError):
-    """reasoning-gym is not installed; the message says how to install it. Exit code 2."""
-
-    exit_code = 2
 
 
 def library(module: str = "reasoning_gym") -> Any:
     """The library's ``module`` (``reasoning_gym``, ``reasoning_gym.utils``), imported on first use."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as error:
-        if error.name is not None and error.name.split(".")[0] == "reasoning_gym":
-            raise ReasoningGymMissingError(
-                f"data_source {DATA_SOURCE!r} and `posttrain prepare reasoning-gym` use reasoning-gym's own generators "
-                f"and scorers, and it is not installed; {INSTALL_HINT}") from None
-        raise
+    return import_optional(module, package="reasoning-gym", hint=INSTALL_HINT,
+                           needed_by=f"data_source {DATA_SOURCE!r} and `posttrain prepare reasoning-gym` use reasoning-gym's own generators and scorers")
 
 
 def task_names() -> list[str]:
@@ -164,12 +153,12 @@ class _PreloadingScorer:
 def _preloaded_scorer() -> _PreloadingScorer:
     try:
         library()
-    except ReasoningGymMissingError:  # each call says so: a load error would fail the batch's other data sources too
+    except MissingLibraryError:  # each call says so: a load error would fail the batch's other data sources too
         pass
     return SCORE_FUNCTION
 
 
 SCORE_FUNCTION = _PreloadingScorer()
 
-__all__ = ["DATA_SOURCE", "INSTALL_HINT", "RG_PIN", "SCORE_FUNCTION", "ItemRef", "ReasoningGymMissingError", "compute_score", "dataset",
+__all__ = ["DATA_SOURCE", "INSTALL_HINT", "RG_PIN", "SCORE_FUNCTION", "ItemRef", "compute_score", "dataset",
            "installed_version", "library", "question_hash", "regenerate", "task_names"]

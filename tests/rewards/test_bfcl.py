@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("bfcl_eval", reason='bfcl-eval is installed by scripts/setup.sh (pip install --no-deps "bfcl-eval==2026.3.23")')
 
 from posttrain.data.preparers.bfcl import Question, load_category  # noqa: E402
-from posttrain.errors import InputError  # noqa: E402
+from posttrain.errors import InputError, MissingLibraryError  # noqa: E402
 from posttrain.rewards import DEFAULT_SCORE_FUNCTIONS, bfcl  # noqa: E402
 
 ANSWER_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple",
@@ -128,7 +128,7 @@ def test_score_dict_and_refusals():
 
 def test_a_missing_package_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "bfcl_eval", None)  # what an absent package looks like to import
-    with pytest.raises(bfcl.BfclMissingError, match='pip install --no-deps "bfcl-eval==2026.3.23"'):
+    with pytest.raises(MissingLibraryError, match='pip install --no-deps "bfcl-eval==2026.3.23"'):
         bfcl.ast_checker.__wrapped__()
-    with pytest.raises(bfcl.BfclMissingError, match="--no-deps"):
+    with pytest.raises(MissingLibraryError, match="--no-deps"):
         bfcl.data_dir()

@@ -14,7 +14,7 @@ import reasoning_gym  # noqa: E402
 from reasoning_gym.utils import extract_answer  # noqa: E402
 
 from posttrain.data.preparers.reasoning_gym import prepare_reasoning_gym  # noqa: E402
-from posttrain.errors import InputError  # noqa: E402
+from posttrain.errors import InputError, MissingLibraryError  # noqa: E402
 from posttrain.rewards import DEFAULT_SCORE_FUNCTIONS, InlineScorer, ProcessScorer, score_function_for  # noqa: E402
 from posttrain.rewards import reasoning_gym as rg  # noqa: E402
 
@@ -103,5 +103,5 @@ def test_a_changed_generator_is_refused_not_scored(rows):
 
 def test_without_the_library_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)
-    with pytest.raises(rg.ReasoningGymMissingError, match=r"pip install .*reasoning-gym==0\.1\.25"):
+    with pytest.raises(MissingLibraryError, match=r"pip install .*reasoning-gym==0\.1\.25"):
         rg.library()
