@@ -32,7 +32,7 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
     import ray
 
     console = Console()
-    setup = rollout_setup(config)  # what it refuses goes up to main, as one line
+    setup = rollout_setup(config, training=False)  # what it refuses goes up to main, as one line
     if setup.validator is None:
         raise InputError("no validation data: set data.val_files (or data.builtin)")
 

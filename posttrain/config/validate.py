@@ -52,11 +52,12 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Pro
     settings that cannot work together. The rules that ask the pieces a run builds — engine settings,
     registries, files — are ``cli/preflight.py``'s; its ``check_config`` runs both sets."""
     problems = _check_choices(config) + _check_positive(config) + check_ranges(config)
-    if not any(p.key in POSITIVE for p in problems):
+    if command == "train" and not any(p.key in POSITIVE for p in problems):  # SFT and evaluation make no RL batch
         problems += check_batch_arithmetic(config)
     if config.env.name is not None:
         problems += check_env(config)
-    problems += MODE_RULES.get(config.trainer.mode, _no_rules)(config)  # an unknown mode is _check_choices' problem
+    if command == "train":
+        problems += MODE_RULES.get(config.trainer.mode, _no_rules)(config)  # an unknown mode is _check_choices' problem
     problems += check_loss_scale_factor(config) + check_call_timeout(config) + check_overlong_buffer(config)
     problems += check_dynamic_sampling(config)
     problems += check_breakers(config) + check_retriever_token_env(config)

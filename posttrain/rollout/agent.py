@@ -38,7 +38,7 @@ from posttrain.rollout.env_llm import open_env_llm
 from posttrain.rollout.groups import filter_groups, normalize_rewards, update_batch_shape
 from posttrain.rollout.retriever import RetrieverHandle, corpus_path, open_retriever
 from posttrain.rollout.roles import RolloutRoles
-from posttrain.rollout.toolbox import needs_retriever, open_toolbox, uses_tools
+from posttrain.rollout.toolbox import needs_retriever, open_toolbox, row_check, uses_tools
 from posttrain.timing import timed
 from posttrain.tools import ToolBox
 from posttrain.tools.builtin import RETRIEVER_URL_VAR
@@ -81,11 +81,13 @@ class AgentRollout:
         self.first_failures: dict[str, str] = {}  # of the last rollout, by circuit breaker (trainer/breakers.py)
 
     def check_data(self, **datasets: RLDataset | None) -> None:
-        """Refuse, before any worker starts, a prompt the environment cannot play (its ``check_sample``)."""
+        """Refuse, before any worker starts, a prompt the environment cannot play (its ``check_sample``;
+        for a tool environment, its check with the run's tools: rollout/toolbox.py ``row_check``)."""
+        check = row_check(self.config.env) if uses_tools(self.config.env) else self.env_class.check_sample
         for split, dataset in datasets.items():
             for index, sample in enumerate(dataset.samples if dataset is not None else ()):
                 try:
-                    self.env_class.check_sample(EpisodeSample(list(sample.messages), sample.ground_truth, sample.data_source, dict(sample.extra_info or {})))
+                    check(EpisodeSample(list(sample.messages), sample.ground_truth, sample.data_source, dict(sample.extra_info or {})))
                 except ValueError as error:
                     raise InputError(f"{split} prompt {index}: {error}") from None
 

@@ -11,13 +11,16 @@ hands its address to the tool through ``$POSTTRAIN_RETRIEVER_URL``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from posttrain.agents.env import EpisodeSample
 from posttrain.agents.registry import load_env_class, wanted_resources
 from posttrain.config.schema import EnvConfig
 from posttrain.models.tool_format import template_renders_tools
 from posttrain.tools import CallParser, Tool, ToolBox, auto_parser_name, load_tools
-from posttrain.tools.load import check_unique, row_tool_class
+from posttrain.tools.env import DEFAULT_ANSWER, check_row
+from posttrain.tools.load import check_unique, has_reward, row_tool_class
 
 SEARCH_TOOL = "posttrain.tools:search"
 
@@ -68,3 +71,17 @@ def open_toolbox(env: EnvConfig, tokenizer: Any) -> ToolBox:
         tools, parser=parser, native_format=template_renders_tools(tokenizer), timeout_s=env.tool_timeout_s,
         max_calls=env.max_tool_calls, mcp=servers, row_class=row_class,
     )
+
+
+def row_check(env: EnvConfig) -> Callable[[EpisodeSample], None]:
+    """ToolEnv's check of a row (tools/env.py ``check_row``) with the run's tools, for the rollout to run
+    on every row before any worker starts (ToolEnv.reset runs it again on each episode). It loads
+    ``env.tools``; listing any MCP server counts as having tools (none is started here)."""
+    tools = load_tools(env.tools, env.tool_output_chars)
+    classes = [tool.tool_class for tool in tools if tool.tool_class is not None] + [row_tool_class(env.tools)]
+    scores = any(has_reward(tool_class.load()) for tool_class in classes if tool_class is not None)
+    answer = str(env.options.get("answer", DEFAULT_ANSWER))
+
+    def check(sample: EpisodeSample) -> None:
+        check_row(sample, answer, bool(tools or env.mcp_servers), scores)
+    return check

@@ -68,6 +68,10 @@ from posttrain.tools import CallResult, ParsedTurn, ToolBox
 from posttrain.tools.execute import failed
 
 
+ANSWER_MODES = ("text", "calls", "turns")
+DEFAULT_ANSWER = "text"
+
+
 class ToolEnv(Environment):
     """One task solved with the run's tools; see the module docstring for the rules."""
 
@@ -79,7 +83,7 @@ class ToolEnv(Environment):
 
     def __init__(
         self, toolbox: ToolBox, *, call_error_penalty: float = 0.0, answer_without_call_score: float | None = None,
-        answer: str = "text",
+        answer: str = DEFAULT_ANSWER,
     ) -> None:
         if call_error_penalty > 0:
             raise InputError(f"ToolEnv options: call_error_penalty={call_error_penalty} is added per failed call, so it must be <= 0")
@@ -98,8 +102,8 @@ class ToolEnv(Environment):
         self._episode: int | None = None                      # the key of this episode's tool class instances
         self._later_turns: list[str] = []                     # answer: turns: the user turns still to come, as text
 
-    # No check_sample of the data source: whether the row's score function is needed depends on the run's
-    # tool classes (a reward() scores instead), which a class method cannot see; reset refuses the row.
+    # No check_sample: what a row needs depends on the run's tools (check_row), which a class method cannot
+    # see; the rollout runs check_row on every row before any worker starts (rollout/toolbox.py), reset on each.
 
     @property
     def observation_role(self) -> str:
@@ -108,22 +112,9 @@ class ToolEnv(Environment):
     def reset(self, sample: EpisodeSample) -> str:
         self.close()
         self._sample = sample
-        self._later_turns = _user_turns(sample.extra_info.get(LATER_TURNS_KEY)) if self.answer == "turns" else []
+        self._row_schemas, self._later_turns = check_row(sample, self.answer, bool(self.toolbox.tools), self.toolbox.scores_episodes)
         self.calls_made = self.successes = 0
-        self._row_schemas = row_schemas(sample.extra_info.get(ROW_TOOLS_KEY))
         self._row_tools = {schema["function"]["name"]: schema["function"] for schema in self._row_schemas}
-        # a row that says it has no tools (an empty list, as some of BFCL's irrelevance rows) is played without
-        # any; a row that says nothing, in a run that has none, is a mistake in the data or the config
-        if not self._row_tools and not self.toolbox.tools and sample.extra_info.get(ROW_TOOLS_KEY) in (None, ""):
-            raise InputError(
-                "env.name=tools needs tools: list them in env.tools (e.g. posttrain.tools:calculator) or env.mcp_servers, "
-                f"or give each row its own (extra_info.tools); a row of {sample.data_source!r} has none"
-            )
-        if self.answer == "calls" or not self.toolbox.scores_episodes:
-            try:  # the final answer is scored by the row's data source
-                score_function_for(sample.data_source)
-            except UnknownDataSourceError as error:
-                raise InputError(f"{error}; or give a tool class of env.tools a reward() (docs/tools.md)") from None
         fields = {**sample.extra_info, "prompt": list(sample.prompt), "ground_truth": sample.ground_truth, "data_source": sample.data_source}
         self._episode, opened = self.toolbox.open_episode(fields)
         return opened.text
@@ -274,10 +265,30 @@ class ToolEnv(Environment):
         return StepResult("", score, True, StepInfo(valid=True, effective=True, success=success, counts=dict(counts)))
 
 
-ANSWER_MODES = ("text", "calls", "turns")
 LATER_TURNS_KEY = "later_turns"  # answer: turns: extra_info's user turns after the prompt
 UNREADABLE = ("bad_json", "too_large")  # a call in calls mode that no score function could judge
 _MALFORMED = 'the call could not be read; write <tool_call>{"name": ..., "arguments": {...}}</tool_call> with valid JSON'
+
+
+def check_row(sample: EpisodeSample, answer: str, run_has_tools: bool, scores_episodes: bool) -> tuple[list[dict[str, Any]], list[str]]:
+    """Raise InputError for a row ToolEnv cannot play with the run's tools (``run_has_tools``: env.tools
+    or env.mcp_servers give any; ``scores_episodes``: a tool class has ``reward()``): its own tools
+    unreadable, no tools at all, no score function for its data source where one is needed, later user
+    turns unreadable (``answer: turns``). Returns the row's own tool schemas and its later user turns."""
+    schemas = row_schemas(sample.extra_info.get(ROW_TOOLS_KEY))
+    # a row that says it has no tools (an empty list, as some of BFCL's irrelevance rows) is played without
+    # any; a row that says nothing, in a run that has none, is a mistake in the data or the config
+    if not schemas and not run_has_tools and sample.extra_info.get(ROW_TOOLS_KEY) in (None, ""):
+        raise InputError(
+            "env.name=tools needs tools: list them in env.tools (e.g. posttrain.tools:calculator) or env.mcp_servers, "
+            f"or give each row its own (extra_info.tools); a row of {sample.data_source!r} has none"
+        )
+    if answer == "calls" or not scores_episodes:
+        try:  # the final answer is scored by the row's data source
+            score_function_for(sample.data_source)
+        except UnknownDataSourceError as error:
+            raise InputError(f"{error}; or give a tool class of env.tools a reward() (docs/tools.md)") from None
+    return schemas, _user_turns(sample.extra_info.get(LATER_TURNS_KEY)) if answer == "turns" else []
 
 
 def _scored(scored: Any) -> tuple[float, bool]:

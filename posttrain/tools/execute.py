@@ -32,7 +32,7 @@ import jsonschema
 from posttrain.models.tool_format import merged_schemas, tool_observation
 from posttrain.rewards.sandbox import CallOutcome, ProcessScorer
 from posttrain.tools.instances import InstancePool
-from posttrain.tools.load import END_TURN, ROW_CALL, Tool, ToolClass
+from posttrain.tools.load import END_TURN, ROW_CALL, Tool, ToolClass, has_reward
 from posttrain.tools.parse import CallParser, ParsedCall, ParsedTurn
 
 # bad_json: unreadable call or arguments; unknown_tool; bad_arguments: against the schema; too_large:
@@ -96,7 +96,7 @@ class ToolBox:
         self._row_runner = self.classes.index(row_class) if row_class is not None else None
         self._turn_enders = [i for i, tool_class in enumerate(self.classes) if callable(getattr(tool_class.load(), END_TURN, None))]
         # the classes whose reward() scores the episode (docs/tools.md "Tool classes")
-        self._scoring = [i for i, tool_class in enumerate(self.classes) if callable(getattr(tool_class.load(), "reward", None))]
+        self._scoring = [i for i, tool_class in enumerate(self.classes) if has_reward(tool_class.load())]
         self._instances = InstancePool(self.classes, timeout_s) if self.classes else None
 
     @property

@@ -169,6 +169,11 @@ def runs_row_tools(cls: type) -> bool:
     return callable(getattr(cls, ROW_CALL, None))
 
 
+def has_reward(cls: type) -> bool:
+    """Whether the tool class scores the episode (it has a ``reward()``; docs/tools.md "Tool classes")."""
+    return callable(getattr(cls, "reward", None))
+
+
 def row_tool_class(specs: Sequence[Any], max_chars: int = 20_000) -> ToolClass | None:
     """The class among ``env.tools`` that runs the rows' own tools, if one does; two are refused."""
     found = []

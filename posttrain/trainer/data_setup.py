@@ -19,16 +19,19 @@ from posttrain.models import build_atomically, cache_root
 
 @dataclass
 class RunData:
-    train: PromptDataLoader
+    train: PromptDataLoader | None  # None for an evaluation: it reads no training set
     val: PromptDataLoader | None
     val_dataset: RLDataset | None
-    data_dir: Path  # the first training file's directory (a search corpus may sit beside it)
+    data_dir: Path  # the first training file's directory (a search corpus may sit beside it); an evaluation's first validation file's
 
 
-def resolve_files(data: DataConfig) -> tuple[list[str], list[str]]:
-    """(train files, validation files): as configured, or a built-in dataset's splits."""
-    if data.train_files:
+def resolve_files(data: DataConfig, training: bool = True) -> tuple[list[str], list[str]]:
+    """(train files, validation files): as configured, or a built-in dataset's splits. An evaluation
+    (``training`` False) needs validation files only."""
+    if data.train_files or (not training and data.val_files and not data.builtin):
         return list(data.train_files), list(data.val_files)
+    if not data.builtin and not training:
+        raise InputError("no validation data: set data.val_files=[path.parquet,...] (or data.builtin)")
     if not data.builtin:
         raise InputError(
             "no training data: set data.train_files=[path.parquet,...] (verl's row format; "
@@ -60,13 +63,19 @@ def _prepare(name: str, out_dir: Path, options: dict[str, Any]) -> None:
     prepare(name, out_dir, **options)
 
 
-def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None) -> RunData:
-    """Training and validation prompts; ``tools``: the schemas a tool-calling agent is told about in each prompt."""
-    train_files, val_files = resolve_files(data)
+def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None, training: bool = True) -> RunData:
+    """Training and validation prompts; ``tools``: the schemas a tool-calling agent is told about in each
+    prompt. ``training`` False (an evaluation): the validation prompts only, and none of the training
+    batch's rules (``data.train_batch_size`` against the training set's size) apply."""
+    train_files, val_files = resolve_files(data, training)
     common = {
         "prompt_key": data.prompt_key, "max_prompt_length": data.max_prompt_length,
         "truncation": data.truncation, "filter_overlong_prompts": data.filter_overlong_prompts, "tools": tools,
     }
+    if not training:
+        val_set = RLDataset(val_files, tokenizer, **common) if val_files else None
+        val = PromptDataLoader(val_set, data.val_batch_size or len(val_set), tokenizer.pad_token_id, shuffle=False, drop_last=False) if val_set else None
+        return RunData(None, val, val_set, Path((train_files or val_files or ["."])[0]).parent)
     train_set = RLDataset(train_files, tokenizer, **common)
     if len(train_set) < data.train_batch_size:
         raise InputError(

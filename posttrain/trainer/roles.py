@@ -88,15 +88,19 @@ def uses_reference(config: PosttrainConfig) -> bool:
     return config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
 
 
-def optimizer_steps(config: PosttrainConfig, trainer_steps: int, mini_batch_size: int, epochs: int) -> int:
-    """Optimizer steps over a run: one per mini-batch per PPO epoch per trainer step (the LR schedule's unit)."""
+def optimizer_steps(config: PosttrainConfig, trainer_steps: int, mini_batch_size: int, epochs: int, warmup_steps: int) -> int:
+    """Optimizer steps over a run: one per mini-batch per PPO epoch per trainer step (the LR schedule's
+    unit). An evaluation (0 trainer steps) builds an optimizer it never steps: the shortest schedule
+    its settings accept."""
+    if trainer_steps == 0:
+        return max(1, warmup_steps)
     return trainer_steps * epochs * (config.data.train_batch_size // mini_batch_size)
 
 
 def worker_specs(config: PosttrainConfig, total_steps: int, mode: ModeWorkers = ModeWorkers()) -> dict[str, WorkerSpec]:
     arr, seed = config.actor_rollout_ref, config.trainer.seed
-    actor_steps = optimizer_steps(config, total_steps, arr.actor.ppo_mini_batch_size, arr.actor.ppo_epochs)
-    critic_steps = optimizer_steps(config, total_steps, config.critic.ppo_mini_batch_size, config.critic.ppo_epochs)
+    actor_steps = optimizer_steps(config, total_steps, arr.actor.ppo_mini_batch_size, arr.actor.ppo_epochs, arr.actor.optim.warmup_steps)
+    critic_steps = optimizer_steps(config, total_steps, config.critic.ppo_mini_batch_size, config.critic.ppo_epochs, config.critic.optim.warmup_steps)
     specs = {"env_llm": WorkerSpec(EnvLLMWorker, (config.env.llm,), {"seed": seed})} if needs_env_llm_worker(config) else {}
     specs["actor"] = WorkerSpec(PolicyWorker, (arr.model, arr.actor, arr.rollout, config.data), {
         "total_steps": actor_steps, "seed": seed, "importance_cap": mode.importance_cap,

@@ -35,18 +35,20 @@ class RolloutSetup:
     total_steps: int
 
 
-def rollout_setup(config: PosttrainConfig) -> RolloutSetup:
+def rollout_setup(config: PosttrainConfig, training: bool = True) -> RolloutSetup:
+    """The run's tokenizer, data, rollout and validator; ``training`` False (``posttrain eval``): no
+    training set is read (``total_steps`` 0)."""
     tokenizer = load_tokenizer(resolve_model(config.actor_rollout_ref.model.path))
     # Hub ids are downloaded here, once, with the controller's network; workers then read the cache (offline)
     if critic_enabled(config) and config.critic.model_path:
         resolve_model(config.critic.model_path)
     if config.reward_model.enable and config.reward_model.model_path:
         resolve_model(config.reward_model.model_path)
-    data = build_run_data(config.data, tokenizer, tool_schemas(config.env))
-    epochs_steps = len(data.train) * config.trainer.total_epochs
+    data = build_run_data(config.data, tokenizer, tool_schemas(config.env), training)
+    epochs_steps = len(data.train) * config.trainer.total_epochs if data.train is not None else 0
     total_steps = min(config.trainer.total_training_steps or epochs_steps, epochs_steps)
     rollout = build_rollout(config, tokenizer, data.data_dir)
-    rollout.check_data(training=data.train.dataset, validation=data.val_dataset)
+    rollout.check_data(training=data.train.dataset if data.train is not None else None, validation=data.val_dataset)
     validator = Validator(
         rollout, data.val, config.actor_rollout_ref.rollout.val_kwargs.n, tokenizer, config.trainer.val_samples_in_report,
         Path(config.trainer.default_local_dir) / "validation",

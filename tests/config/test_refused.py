@@ -203,6 +203,17 @@ def test_group_and_critic_needs_are_judged_only_for_commands_that_train():
         load_run_config([], ["actor_rollout_ref.rollout.n=1"], command="train")
 
 
+def test_the_rl_batch_arithmetic_and_the_async_rules_are_judged_only_for_commands_that_train():
+    # evaluation and SFT make no RL batch: a mini-batch that does not divide it, or an async option, cannot matter there
+    odd = ["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+           "trainer.mode=async", "async.unit_groups=4"]
+    for command in ("sft", "eval"):
+        load_run_config([], odd, command=command)
+    with pytest.raises(ConfigError) as info:
+        load_run_config([], odd, command="train")
+    assert {"actor_rollout_ref.actor.ppo_mini_batch_size", "async.unit_groups"} <= {p.key for p in info.value.problems}
+
+
 def test_every_sft_problem_at_once():
     with pytest.raises(ConfigError) as info:
         load_run_config([], ["sft.micro_batch_size_per_gpu=3", "sft.optim.lr=0", "sft.train_files=[/nonexistent/sft.parquet]",

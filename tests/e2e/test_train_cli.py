@@ -114,6 +114,8 @@ def test_grpo_two_steps(two_steps, tmp_path):
     evaluation = subprocess.run(
         [sys.executable, "-m", "posttrain.cli", "eval", "--checkpoint", str(run_dir),
          f"actor_rollout_ref.model.path={cached_tiny_model('llama')}", f"trainer.default_local_dir={tmp_path / 'eval'}", *TINY_RUN,
+         # an evaluation reads no training set: a training batch larger than it cannot be refused
+         "data.train_batch_size=100000", "actor_rollout_ref.actor.ppo_mini_batch_size=100000",
          "--dump-episodes", str(tmp_path / "episodes.jsonl")],
         capture_output=True, text=True, timeout=300,
     )

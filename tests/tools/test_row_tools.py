@@ -170,3 +170,23 @@ def test_a_rows_broken_tools_are_reported_by_file_row_and_field(tmp_path, tokeni
         RLDataset([path], tokenizer, max_prompt_length=4096)
     assert f"{path} row 0, extra_info.tools: the row's tools are not JSON" in str(error.value)
     assert f"{path} row 1, extra_info.tools: the row's tool 0 has no name" in str(error.value)
+
+
+def test_every_row_a_tool_run_cannot_play_is_refused_before_any_worker_starts(tmp_path, tokenizer):
+    # a row with no tools in a run with none, 30 minutes into training, once stopped a BFCL run: the
+    # rollout now asks ToolEnv's own check of each row, with the run's tools, when it loads the data
+    from posttrain.config.schema import PosttrainConfig
+    from posttrain.rollout.agent import AgentRollout
+
+    config = PosttrainConfig()
+    config.env.name, config.env.options = "tools", {"answer": "calls"}
+    path = tmp_path / "rows.parquet"
+    scorable = [row("Weather?", WEATHER, 0), row("Anything?", [], 1), row("2+2?", None, 2)]
+    pq.write_table(pa.Table.from_pylist([each | {"data_source": "arithmetic"} for each in scorable]), path)
+    with pytest.raises(InputError, match=r"^validation prompt 2: env.name=tools needs tools"):
+        AgentRollout(config, tokenizer, tmp_path).check_data(training=None, validation=RLDataset([path], tokenizer, max_prompt_length=4096))
+    config.env.tools = ["posttrain.tools:calculator"]  # the run's own tool: every row has one
+    AgentRollout(config, tokenizer, tmp_path).check_data(validation=RLDataset([path], tokenizer, max_prompt_length=4096))
+    pq.write_table(pa.Table.from_pylist(scorable), path)  # data_source 'probe': no score function
+    with pytest.raises(InputError, match=r"^training prompt 0: no score function for data_source 'probe'"):
+        AgentRollout(config, tokenizer, tmp_path).check_data(training=RLDataset([path], tokenizer, max_prompt_length=4096))
