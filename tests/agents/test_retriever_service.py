@@ -5,6 +5,9 @@ process that dies at startup."""
 from __future__ import annotations
 
 import math
+import re
+import shutil
+from pathlib import Path
 
 import httpx
 import pytest
@@ -76,12 +79,19 @@ def test_the_dense_service_serves_and_caches_its_index(corpus_file, tmp_path):
     assert len(list(tmp_path.glob("*/index.faiss"))) == 1
 
 
-def test_a_process_that_dies_at_startup_raises_with_its_log(tmp_path):
+def test_a_process_that_dies_at_startup_raises_with_its_log_and_keeps_it_and_a_clean_stop_leaves_no_log(tmp_path, corpus_file):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("oops\n")
     with pytest.raises(RetrieverError, match="exited with code 2") as caught:
         RetrieverProcess(bad, "bm25", startup_timeout_s=60)
     assert "line 1: not valid JSON" in str(caught.value)
+    kept = Path(re.search(r"the end of its log (\S+retriever\.log)", str(caught.value)).group(1))
+    assert "not valid JSON" in kept.read_text()  # the log the error names is there to read
+    shutil.rmtree(kept.parent)
+    with RetrieverProcess(corpus_file, "bm25", startup_timeout_s=60) as service:
+        log = service.log_path
+        assert log.exists()
+    assert not log.parent.exists()  # a clean stop removes its temporary log directory
 
 
 def test_a_started_retriever_that_exits_mid_run_is_a_restartable_failure(corpus_file):

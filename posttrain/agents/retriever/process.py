@@ -6,7 +6,9 @@ file (``log_path``, or ``retriever.log`` in a fresh temporary directory), and re
 ``/health`` answers ok, with ``.url`` set. If the process exits first, or is not healthy within
 ``startup_timeout_s`` (building a dense index of a large corpus takes minutes the first time), it
 is stopped and a ``RetrieverError`` carries the end of its log. ``stop()`` sends SIGTERM, then
-SIGKILL after a few seconds; it is also called on interpreter exit and by the context manager.
+SIGKILL after a few seconds; it is also called on interpreter exit and by the context manager. A
+temporary log directory is removed by a clean stop, and kept when the service failed to start or had
+died (an error names its log).
 
 ``token`` is handed to the child in ``POSTTRAIN_RETRIEVER_TOKEN`` (never on its command line, which
 other users can read), and its health probes send it; without one the variable is removed from the
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -40,6 +43,8 @@ class RetrieverProcess:
         self.port = port or free_port(host)  # 0, like None, means any free port
         self.url = f"http://{host}:{self.port}"
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="posttrain-retriever-")) / "retriever.log"
+        # a temporary log goes with a clean stop; kept where an error names it (a failed start, a service that died)
+        self._temporary_log = log_path is None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.command = [sys.executable, "-m", "posttrain.cli", "serve-retriever", "--corpus", str(corpus),
                         "--index", index_kind, "--host", host, "--port", str(self.port)]
@@ -55,6 +60,7 @@ class RetrieverProcess:
         try:
             self._wait_until_healthy(startup_timeout_s)
         except BaseException:
+            self._temporary_log = False
             self.stop()
             raise
 
@@ -64,7 +70,8 @@ class RetrieverProcess:
         if process is None:
             return
         atexit.unregister(self.stop)
-        if process.poll() is None:
+        died = process.poll() is not None
+        if not died:
             process.terminate()
             try:
                 process.wait(timeout=_TERMINATE_GRACE_S)
@@ -72,6 +79,8 @@ class RetrieverProcess:
                 process.kill()
                 process.wait()
         self._log.close()
+        if self._temporary_log and not died:
+            shutil.rmtree(self.log_path.parent, ignore_errors=True)
 
     def exit_code(self) -> int | None:
         """The service's exit code once it has exited (None while it runs, or after :meth:`stop`)."""
