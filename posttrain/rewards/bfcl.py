@@ -63,8 +63,6 @@ INSTALL_HINT = f'pip install --no-deps "{BFCL_PIN}" (its pinned dependencies cla
 _MODEL_CONFIG_MODULE = "bfcl_eval.constants.model_config"
 
 
-
-
 @dataclass(frozen=True)
 class CheckerModelConfig:
     """The one field of BFCL's ``ModelConfig`` that its AST checker reads."""

@@ -48,8 +48,6 @@ RG_PIN = "reasoning-gym==0.1.25"
 INSTALL_HINT = f'pip install "{RG_PIN}" (or pip install -e ".[envs]"; scripts/setup.sh does this)'
 
 
-
-
 def library(module: str = "reasoning_gym") -> Any:
     """The library's ``module`` (``reasoning_gym``, ``reasoning_gym.utils``), imported on first use."""
     return import_optional(module, package="reasoning-gym", hint=INSTALL_HINT,

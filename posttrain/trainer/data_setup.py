@@ -73,9 +73,7 @@ def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, A
         "truncation": data.truncation, "filter_overlong_prompts": data.filter_overlong_prompts, "tools": tools,
     }
     if not training:
-        val_set = RLDataset(val_files, tokenizer, **common) if val_files else None
-        val = PromptDataLoader(val_set, data.val_batch_size or len(val_set), tokenizer.pad_token_id, shuffle=False, drop_last=False) if val_set else None
-        return RunData(None, val, val_set, Path((train_files or val_files or ["."])[0]).parent)
+        return RunData(None, *_validation(data, val_files, tokenizer, common), Path((train_files or val_files or ["."])[0]).parent)
     train_set = RLDataset(train_files, tokenizer, **common)
     if len(train_set) < data.train_batch_size:
         raise InputError(
@@ -83,8 +81,12 @@ def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, A
             f"(after filtering {train_set.num_filtered} overlong ones); lower the batch size or add data"
         )
     train = PromptDataLoader(train_set, data.train_batch_size, tokenizer.pad_token_id, shuffle=data.shuffle, seed=data.seed)
+    return RunData(train, *_validation(data, val_files, tokenizer, common), Path(train_files[0]).parent)
+
+
+def _validation(data: DataConfig, val_files: list[str], tokenizer: Any, common: dict[str, Any]) -> tuple[PromptDataLoader | None, RLDataset | None]:
+    """The validation loader (one batch unless ``data.val_batch_size`` says) and its dataset; (None, None) without files."""
     if not val_files:
-        return RunData(train, None, None, Path(train_files[0]).parent)
+        return None, None
     val_set = RLDataset(val_files, tokenizer, **common)
-    val = PromptDataLoader(val_set, data.val_batch_size or len(val_set), tokenizer.pad_token_id, shuffle=False, drop_last=False)
-    return RunData(train, val, val_set, Path(train_files[0]).parent)
+    return PromptDataLoader(val_set, data.val_batch_size or len(val_set), tokenizer.pad_token_id, shuffle=False, drop_last=False), val_set
