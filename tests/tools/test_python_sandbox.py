@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import time
 import tracemalloc
 import uuid
@@ -24,7 +26,8 @@ from posttrain.tools import python, sandbox
 
 CHECKOUT = Path(posttrain.__file__).resolve().parents[1]
 PROBLEM = sandbox.bwrap_problem()
-needs_bwrap = pytest.mark.skipif(PROBLEM is not None, reason=f"no bubblewrap sandbox here: {PROBLEM}; {sandbox.INSTALL_HINT}")
+needs_bwrap = pytest.mark.skipif(PROBLEM is not None, reason=f"no bubblewrap sandbox here: {PROBLEM}" + (
+    f"; {sandbox.INSTALL_HINT}" if shutil.which("bwrap") is None else ""))
 
 
 @pytest.fixture
@@ -99,7 +102,30 @@ def test_writes_outside_the_scratch_dir_never_reach_the_host(marker):
     finally:
         for path in targets:
             path.unlink(missing_ok=True)
-    assert "inside WRITTEN" in output and output.splitlines()[-1].startswith("['inside'")
+    assert "inside WRITTEN" in output and "'inside'" in output.splitlines()[-1]
+
+
+@needs_bwrap
+def test_a_python_installation_under_tmp_is_bound_read_only_inside_the_scratch_dir(monkeypatch):
+    """A clone in /tmp with its virtual environment there (how a CI job often checks out): the sandbox still
+    starts, the installation is readable and read-only, and the rest of /tmp is the sandbox's own."""
+    installation = Path(tempfile.mkdtemp(prefix="posttrain-sandbox-venv-", dir="/tmp"))
+    installation.chmod(0o755)  # as a virtual environment's directory is
+    (installation / "marker.txt").write_text("installed")
+    (installation / "marker.txt").chmod(0o644)
+    real = sandbox._python_prefixes()
+    monkeypatch.setattr(sandbox, "_python_prefixes", lambda: [*real, str(installation)])
+    program = (f"import os\nprint(open({str(installation / 'marker.txt')!r}).read())\n"
+               f"try:\n    open({str(installation / 'written')!r}, 'w')\nexcept OSError as error:\n"
+               f"    print('REFUSED', type(error).__name__)\nopen('/tmp/mine', 'w').write('x')\n"
+               f"print(sorted(os.listdir('/tmp')), os.getcwd())")
+    try:
+        output = python(program)
+        assert not (installation / "written").exists()
+    finally:
+        shutil.rmtree(installation)
+    assert "installed" in output and "REFUSED OSError" in output, output
+    assert "'mine'" in output and output.split()[-1] == "/tmp", output
 
 
 CONNECT = """
