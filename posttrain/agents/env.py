@@ -84,9 +84,9 @@ class Environment(abc.ABC):
         return None
 
     @classmethod
-    def check_sample(cls, sample: EpisodeSample) -> None:  # noqa: B027 - most environments take any row
-        """Raise ValueError (naming the row) for a dataset row this environment cannot play;
-        the trainer checks every row before any worker starts."""
+    def check_sample(cls, sample: EpisodeSample, options: Mapping[str, Any]) -> None:  # noqa: B027 - most environments take any row
+        """Raise ValueError (naming the row) for a dataset row this environment, built with the run's
+        ``env.options``, cannot play; the trainer checks every row before any worker starts."""
 
     @classmethod
     def before_training(cls, env: EnvConfig, resources: Mapping[str, Any], samples: Iterable[EpisodeSample]) -> None:  # noqa: B027

@@ -195,6 +195,15 @@ class Game:
         return None if not rewards else float(rewards[PLAYER])
 
 
+def _of_the_game(sample: EpisodeSample, game_id: str, kwargs: Mapping[str, Any]) -> GameRef:
+    """The row's game, refused unless it is ``game_id`` with ``kwargs`` (the run's ``env.options``)."""
+    ref = GameRef.from_json(sample.ground_truth)
+    if (ref.id, ref.kwargs) != (game_id, dict(kwargs)):
+        raise InputError(f"a row holds game {ref.id} with kwargs {ref.kwargs}, but env.options say {game_id} with "
+                         f"{dict(kwargs)}; prepare the data with the same id and kwargs (posttrain prepare textarena)")
+    return ref
+
+
 class TextArenaEnv(Environment):
     """One TextArena game per episode (module docstring)."""
 
@@ -205,14 +214,11 @@ class TextArenaEnv(Environment):
         self.game = Game(id, normalise_kwargs(kwargs))
 
     @classmethod
-    def check_sample(cls, sample: EpisodeSample) -> None:
-        GameRef.from_json(sample.ground_truth)
+    def check_sample(cls, sample: EpisodeSample, options: Mapping[str, Any]) -> None:
+        _of_the_game(sample, str(options.get("id")), normalise_kwargs(options.get("kwargs")))
 
     def reset(self, sample: EpisodeSample) -> str:
-        ref = GameRef.from_json(sample.ground_truth)
-        if (ref.id, ref.kwargs) != (self.game.id, self.game.kwargs):
-            raise InputError(f"a row holds game {ref.id} with kwargs {ref.kwargs}, but env.options say {self.game.id} with "
-                             f"{self.game.kwargs}; prepare the data with the same id and kwargs (posttrain prepare textarena)")
+        ref = _of_the_game(sample, self.game.id, self.game.kwargs)
         opening = self.game.reset(ref.seed)
         shown = sample.prompt[-1]["content"] if sample.prompt else None
         if shown != opening:

@@ -83,7 +83,8 @@ class AgentRollout:
     def check_data(self, **datasets: RLDataset | None) -> None:
         """Refuse, before any worker starts, a prompt the environment cannot play (its ``check_sample``;
         for a tool environment, its check with the run's tools: rollout/toolbox.py ``row_check``)."""
-        check = row_check(self.config.env) if uses_tools(self.config.env) else self.env_class.check_sample
+        options = self.config.env.options
+        check = row_check(self.config.env) if uses_tools(self.config.env) else lambda row: self.env_class.check_sample(row, options)
         for split, dataset in datasets.items():
             for index, sample in enumerate(dataset.samples if dataset is not None else ()):
                 try:

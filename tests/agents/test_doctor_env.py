@@ -58,7 +58,7 @@ def test_a_case_without_a_diagnosis_or_self_report_is_refused_naming_it(field, m
     else:
         truth["target"] = []
     with pytest.raises(CaseError, match=f"case 'case-7' has {message}"):
-        DoctorEnv.check_sample(EpisodeSample(broken.prompt, truth, broken.data_source, extra))
+        DoctorEnv.check_sample(EpisodeSample(broken.prompt, truth, broken.data_source, extra), {})
 
 
 def test_rewards_by_hand_with_the_rule_patient():

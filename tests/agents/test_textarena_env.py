@@ -141,10 +141,14 @@ def test_bad_game_arguments_and_rows_of_another_game_are_refused(tmp_path, guess
     sample = EpisodeSample(rows[0]["prompt"], rows[0]["reward_model"]["ground_truth"])
     with pytest.raises(InputError, match="env.options say GuessTheNumber-v0 with {'max_number': 20"):
         TextArenaEnv("GuessTheNumber-v0", {"max_number": 20, "max_turns": 5}).reset(sample)
+    # the same check on every row before any worker starts, against the run's env.options (kwargs as YAML or JSON text)
+    TextArenaEnv.check_sample(sample, {"id": "GuessTheNumber-v0", "kwargs": '{"max_number": 10, "max_turns": 5}'})
+    with pytest.raises(InputError, match="env.options say Bandit-v0 with {}"):
+        TextArenaEnv.check_sample(sample, {"id": "Bandit-v0"})
     with pytest.raises(InputError, match="does not end with the game's opening"):
         TextArenaEnv(**GUESS).reset(EpisodeSample([{"role": "user", "content": "guess"}], sample.ground_truth))
     with pytest.raises(ValueError, match="is not a TextArena game"):
-        TextArenaEnv.check_sample(EpisodeSample([], "42"))
+        TextArenaEnv.check_sample(EpisodeSample([], "42"), GUESS)
     with pytest.raises(InputError, match="overlap"):
         prepare("textarena", tmp_path, id="GuessTheNumber-v0", size=10, seed=0, test_size=5, test_seed=9)
 

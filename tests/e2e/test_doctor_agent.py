@@ -39,7 +39,9 @@ def posttrain(*args, timeout=600, env=None):
 
 def test_doctor_grpo_two_steps_with_an_env_llm_patient(tmp_path):
     tiny = str(cached_tiny_model("llama"))
-    models = [f"actor_rollout_ref.model.path={tiny}", f"env.llm.model_path={tiny}"]
+    # the doctor's rollout is HF generate (its engine is not the point here: the async test below runs it on vLLM);
+    # the patient's Env-LLM worker is vLLM
+    models = [f"actor_rollout_ref.model.path={tiny}", f"env.llm.model_path={tiny}", "actor_rollout_ref.rollout.name=hf"]
     # the patient's probe first: the tiny random model contradicts its cases, so RL against it refuses to start
     refused = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", "--preset", "doctor_grpo", *models,
                               f"trainer.default_local_dir={tmp_path / 'refused'}", *TINY_DOCTOR_RUN, "env.llm.min_faithfulness=0.8"],

@@ -1,7 +1,8 @@
 """Resuming through the real CLI (tiny model, HF rollout, local Ray): a run stopped at step k and
 resumed gives exactly the uninterrupted run's metrics (resumed at an epoch boundary and within an
-epoch), records each step once, reports from the run's first validation, keeps the trained policy
-and refuses to train a finished run again."""
+epoch), records each step once and reports from the run's first validation. (The last step's
+checkpoint without save_freq, and a finished run not trained again: test_grpo_two_steps in
+tests/e2e/test_train_cli.py.)"""
 
 import json
 import os
@@ -84,16 +85,3 @@ def test_a_resumed_run_gives_the_uninterrupted_runs_metrics(tmp_path):
     assert "(step 0) →" in report and "(step 3)" in report
     first_samples = first_report[first_report.index("## First validation"):first_report.index("## Last validation")]
     assert first_samples in report
-
-
-def test_the_last_step_keeps_the_policy_and_a_finished_run_is_not_trained_again(tmp_path):
-    run_dir = tmp_path / "run"
-    done = cli(run_dir, "trainer.total_training_steps=1", "trainer.val_before_train=false")  # save_freq unset
-    final = run_dir / "checkpoints" / "global_step_1"
-    assert (final / "actor").is_dir() and (final / "manifest.json").is_file()
-    assert f"posttrain export {final} --out {run_dir / 'hf_model'}" in done.stdout
-
-    again = cli(run_dir, "trainer.total_training_steps=1", "trainer.val_before_train=false")
-    assert "this run is finished" in again.stdout and f"posttrain export {final}" in again.stdout
-    assert "Started a local Ray instance" not in again.stderr + again.stdout and "resumed from" not in again.stdout
-    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1

@@ -64,6 +64,7 @@ def test_search_grpo_two_steps_with_a_live_retriever(tmp_path):
         [sys.executable, "-m", "posttrain.cli", "eval", "--preset", "search_grpo", "--checkpoint", str(tmp_path),
          f"actor_rollout_ref.model.path={cached_tiny_model('llama')}", f"trainer.default_local_dir={tmp_path / 'eval'}",
          f"data.builtin_options.seed={os.getpid()}", *TINY_SEARCH_RUN, "env.max_turns=0",
+         "actor_rollout_ref.rollout.name=hf",  # HF generate: the training run above is the agent's vLLM run
          "--dump-episodes", str(tmp_path / "episodes.jsonl"), "--by", "hops"],
         capture_output=True, text=True, timeout=300,
     )

@@ -15,7 +15,7 @@ import pytest
 
 from posttrain.models import cached_tiny_model
 from tests.e2e.cli_runs import records, when_step_logged
-from tests.e2e.test_train_cli import TINY_RUN
+from tests.e2e.test_train_cli import HF_ROLLOUT, TINY_RUN
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -44,7 +44,7 @@ def test_ctrl_c_stops_after_the_step_a_second_stops_at_once_and_the_same_command
                     "    time.sleep(0.25)\n    return 0.0\n")
     argv = [sys.executable, "-m", "posttrain.cli", "train", f"actor_rollout_ref.model.path={cached_tiny_model('llama')}",
             f"trainer.default_local_dir={tmp_path}", *TINY_RUN, "data.builtin_options.train_size=24", "trainer.test_freq=-1",
-            f"custom_reward_function.path={slow}"]
+            f"custom_reward_function.path={slow}", HF_ROLLOUT]  # what stops does not depend on the engine
     checkpoint = lambda step: tmp_path / "checkpoints" / f"global_step_{step}"  # noqa: E731
 
     # one Ctrl-C: the step in progress ends, its checkpoint is written, the command to continue is printed

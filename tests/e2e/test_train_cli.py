@@ -34,13 +34,18 @@ DEFAULT_SKIP = "actor_rollout_ref.actor.skip_zero_advantage=true"
 HF_ROLLOUT = "actor_rollout_ref.rollout.name=hf"
 
 
-def train(run_dir: Path, *overrides: str) -> list[dict]:
+def run_train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     command = [
         sys.executable, "-m", "posttrain.cli", "train", f"actor_rollout_ref.model.path={cached_tiny_model('llama')}",
         f"trainer.default_local_dir={run_dir}", *TINY_RUN, *overrides,
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONUNBUFFERED": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def train(run_dir: Path, *overrides: str) -> list[dict]:
+    run_train(run_dir, *overrides)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -65,7 +70,7 @@ def finite(record: dict, name: str) -> float:
 def test_grpo_by_default_leaves_out_the_samples_of_tied_groups(tmp_path):
     # the default (TINY_RUN turns it off): samples whose advantage is 0 everywhere are not run; a tiny
     # random model's groups mostly all score 0, and a mean over no samples is not reported
-    records = train(tmp_path, "trainer.total_training_steps=1", "trainer.val_before_train=false", DEFAULT_SKIP)
+    records = train(tmp_path, "trainer.total_training_steps=1", "trainer.val_before_train=false", DEFAULT_SKIP, HF_ROLLOUT)
     metrics = records[-1]["metrics"]
     left_out = finite(records[-1], "actor/rows_skipped")
     assert left_out > 0
@@ -74,19 +79,23 @@ def test_grpo_by_default_leaves_out_the_samples_of_tied_groups(tmp_path):
         assert metrics["actor/grad_norm"] == 0.0 and metrics["critic/advantages/max"] == metrics["critic/advantages/min"] == 0.0
 
 
+TWO_STEPS = ("trainer.total_training_steps=2", "trainer.total_epochs=2")  # save_freq unset: the last step is saved all the same
+
+
 @pytest.fixture(scope="module")
-def two_steps(tmp_path_factory) -> tuple[Path, list[dict]]:
-    """GRPO for two steps, the first of two epochs, with a checkpoint at step 2, on a Ray the CLI starts
-    itself (the default path a new user takes): one run that two tests read, the second continuing a
-    copy. Returns the run directory and its metrics."""
+def two_steps(tmp_path_factory) -> tuple[Path, list[dict], str]:
+    """GRPO for two steps, the first of two epochs, on a Ray the CLI starts itself (the default path a new
+    user takes): one run that two tests read, the second continuing a copy. Returns the run directory,
+    its metrics and its output."""
     run_dir = tmp_path_factory.mktemp("grpo_two_steps")
     with pytest.MonkeyPatch.context() as env:
         env.delenv("RAY_ADDRESS", raising=False)  # not the shared cluster of tests/e2e/conftest.py
-        return run_dir, train(run_dir, "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.total_epochs=2")
+        done = run_train(run_dir, *TWO_STEPS)
+    return run_dir, [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()], done.stdout
 
 
 def test_grpo_two_steps(two_steps, tmp_path):
-    run_dir, records = two_steps
+    run_dir, records, output = two_steps
     assert [r["step"] for r in records] == [0, 1, 2]
     assert "val/arithmetic/acc/mean@1" in records[0]["metrics"]
     for record in records[1:]:
@@ -100,9 +109,17 @@ def test_grpo_two_steps(two_steps, tmp_path):
         assert records[step]["metrics"]["val/arithmetic/acc/mean@1"] == sum(row["success"] for row in rows) / 4
         assert records[step]["metrics"]["val/arithmetic/reward/mean@1"] == pytest.approx(sum(row["reward"] for row in rows) / 4)
         assert records[step]["metrics"]["val/reward/samples"] == 4
-    assert (run_dir / "checkpoints" / "global_step_2" / "actor").is_dir()
+    # the last step keeps the policy with no save_freq, and says how to export it
+    final = run_dir / "checkpoints" / "global_step_2"
+    assert (final / "actor").is_dir() and (final / "manifest.json").is_file()
     assert (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert f"posttrain export {final} --out {run_dir / 'hf_model'}" in output
     assert (run_dir / "report" / "report.md").exists() and (run_dir / "report" / "reward.png").exists()
+    # the same command again: the run is finished, so it says so and trains nothing (no Ray started)
+    again = run_train(run_dir, *TWO_STEPS)
+    assert "this run is finished" in again.stdout and f"posttrain export {final}" in again.stdout
+    assert "Started a local Ray instance" not in again.stderr + again.stdout and "resumed from" not in again.stdout
+    assert [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == records
 
     # The trained policy: exported as a Hugging Face directory, and validated again from its checkpoint.
     export = subprocess.run([sys.executable, "-m", "posttrain.cli", "export", str(run_dir), "--out", str(tmp_path / "hf")],
@@ -152,7 +169,7 @@ def test_ppo_with_a_critic_and_kl_in_the_reward(tmp_path):
 
 
 def test_resume_exactly_at_an_epoch_boundary_continues_into_the_next_epoch(two_steps, tmp_path):
-    run_dir, first = two_steps
+    run_dir, first, _ = two_steps
     assert first[-1]["step"] == 2
     shutil.copytree(run_dir, tmp_path / "run", symlinks=True)  # continued on a copy: the first run stays as the other test reads it
     records = train(tmp_path / "run", "trainer.save_freq=2", "trainer.total_epochs=2")  # 2 epochs of 2 steps = 4 steps
@@ -172,7 +189,7 @@ def test_remax_scores_a_greedy_baseline_on_a_run_with_the_ray_dashboard(tmp_path
     command = [
         sys.executable, "-m", "posttrain.cli", "train", f"actor_rollout_ref.model.path={cached_tiny_model('llama')}",
         f"trainer.default_local_dir={tmp_path}", *TINY_RUN, "trainer.total_training_steps=1", "trainer.val_before_train=false",
-        "trainer.ray_dashboard=true", "algorithm.adv_estimator=remax", f"custom_reward_function.path={reward}",
+        "trainer.ray_dashboard=true", "algorithm.adv_estimator=remax", f"custom_reward_function.path={reward}", HF_ROLLOUT,
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONUNBUFFERED": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

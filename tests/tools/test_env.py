@@ -96,6 +96,6 @@ def test_every_episodes_calls_of_a_round_go_to_the_toolbox_together(tokenizer, t
 
 def test_a_row_without_a_score_function_is_refused_when_no_tool_class_scores_it(toolbox):
     # the class method cannot see the run's tool classes (a reward() of one scores instead): reset refuses
-    ToolEnv.check_sample(EpisodeSample([{"role": "user", "content": "x"}], "1", "nowhere"))
+    ToolEnv.check_sample(EpisodeSample([{"role": "user", "content": "x"}], "1", "nowhere"), {})
     with pytest.raises(ValueError, match="no score function for data_source 'nowhere'.*reward()"):
         ToolEnv(toolbox).reset(EpisodeSample([{"role": "user", "content": "x"}], "1", "nowhere"))

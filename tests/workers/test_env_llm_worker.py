@@ -17,6 +17,7 @@ def doctor_config(placement: str, **extra):
         f"actor_rollout_ref.model.path={tiny}", f"env.llm.model_path={tiny}", f"env.llm.placement={placement}",
         "env.llm.max_tokens=8", "env.llm.max_model_len=256", "env.llm.cpu_kv_cache_gb=0.0625",
         "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.0625", "data.max_prompt_length=64", "data.max_response_length=64",
+        "actor_rollout_ref.rollout.name=hf",  # the policy's engine is not the point: the patient's (vLLM) is
         *[f"{key}={value}" for key, value in extra.items()],
     ]
     return load_config([preset_path("doctor_grpo")], overrides)

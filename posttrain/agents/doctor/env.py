@@ -139,7 +139,7 @@ class DoctorEnv(Environment):
             probe_patient(env, resources["env_llm"], samples)
 
     @classmethod
-    def check_sample(cls, sample: EpisodeSample) -> None:
+    def check_sample(cls, sample: EpisodeSample, options: Mapping[str, Any]) -> None:
         case_from_sample(sample)
 
     @property
