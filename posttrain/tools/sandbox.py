@@ -6,8 +6,8 @@ pid, network, IPC and UTS namespaces (cgroup too where the kernel allows) and a 
 - read-only: ``/usr`` (with ``/bin``, ``/lib``, ``/lib64``, ... as on the host), the dynamic loader's files of
   ``/etc``, and the Python installation that runs posttrain (its prefix and, for a virtual environment, the
   environment, so installed packages import);
-- writable: ``/tmp``, an empty tmpfs of 64 MiB that is its working directory, ``$HOME`` and ``$TMPDIR``, gone
-  when it ends (a Python installation under the host's ``/tmp`` shows there, read-only);
+- writable: ``/tmp``, an empty tmpfs of 64 MiB, gone when it ends, where ``/tmp/work`` (empty) is its working
+  directory, ``$HOME`` and ``$TMPDIR`` (a Python installation under the host's ``/tmp`` shows in it, read-only);
 - its own ``/proc`` (its processes only) and a minimal ``/dev``; nothing else of the host's file system (no
   home directory, no checkout, no host ``/tmp``), no network but its own loopback, no host process.
 
@@ -50,7 +50,7 @@ import time
 
 logger = logging.getLogger(__name__)
 
-SCRATCH = "/tmp"
+SCRATCH = "/tmp/work"  # the program's working directory, $HOME and $TMPDIR: empty, in the sandbox's own /tmp
 SCRATCH_BYTES = 64 << 20
 MAX_TASKS = 32
 MAX_OUTPUT_BYTES = 1 << 20
@@ -118,8 +118,8 @@ def _file_system() -> list[str]:
         args += ["--ro-bind-try", path, path]
     # the scratch tmpfs before the installation: one under /tmp (a virtual environment in a clone there) is
     # bound inside it, read-only
-    args += ["--perms", "1777", "--size", str(SCRATCH_BYTES), "--tmpfs", SCRATCH]
-    made: set[str] = {SCRATCH}
+    args += ["--perms", "1777", "--size", str(SCRATCH_BYTES), "--tmpfs", "/tmp", "--perms", "1777", "--dir", SCRATCH]
+    made: set[str] = {"/tmp"}
     for prefix in _python_prefixes():
         for parent in _parents(prefix):
             if parent not in made:  # bwrap would make them 0700, which the fresh uid could not enter
