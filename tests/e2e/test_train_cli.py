@@ -2,7 +2,6 @@
 critic, resume exactly at an epoch boundary, ReMax with the Ray dashboard. Each run checks the metrics
 file a person would read."""
 
-import json
 import math
 import os
 import shutil
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.models import cached_tiny_model
+from tests.e2e import cli_runs
 from tests.e2e.cli_runs import episodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -46,7 +46,7 @@ def run_train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 def train(run_dir: Path, *overrides: str) -> list[dict]:
     run_train(run_dir, *overrides)
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return cli_runs.records(run_dir)
 
 
 def validation_rows(path: Path) -> list[dict]:
@@ -91,7 +91,7 @@ def two_steps(tmp_path_factory) -> tuple[Path, list[dict], str]:
     with pytest.MonkeyPatch.context() as env:
         env.delenv("RAY_ADDRESS", raising=False)  # not the shared cluster of tests/e2e/conftest.py
         done = run_train(run_dir, *TWO_STEPS)
-    return run_dir, [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()], done.stdout
+    return run_dir, cli_runs.records(run_dir), done.stdout
 
 
 def test_grpo_two_steps(two_steps, tmp_path):
@@ -119,7 +119,7 @@ def test_grpo_two_steps(two_steps, tmp_path):
     again = run_train(run_dir, *TWO_STEPS)
     assert "this run is finished" in again.stdout and f"posttrain export {final}" in again.stdout
     assert "Started a local Ray instance" not in again.stderr + again.stdout and "resumed from" not in again.stdout
-    assert [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == records
+    assert cli_runs.records(run_dir) == records
 
     # The trained policy: exported as a Hugging Face directory, and validated again from its checkpoint.
     export = subprocess.run([sys.executable, "-m", "posttrain.cli", "export", str(run_dir), "--out", str(tmp_path / "hf")],
@@ -197,7 +197,7 @@ def test_remax_scores_a_greedy_baseline_on_a_run_with_the_ray_dashboard(tmp_path
     # the run directory links to the session's logs: every worker process's stdout and stderr
     assert (tmp_path / "ray_logs").is_symlink() and list((tmp_path / "ray_logs").glob("worker-*.err"))
 
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = cli_runs.records(tmp_path)
     finite(records[0], "timing_s/gen_max")
     finite(records[0], "critic/advantages/mean")
     # ReMax's returns are verl's reward-to-go: with the score on the last token, each token's return is the score
