@@ -103,11 +103,13 @@ class TrainingEngine:
         # Each decoder layer on its own (regional compilation): the layers share one code object and
         # torch.compile treats their weights as inputs, so one layer's graphs serve them all. On CPU
         # that compiled in ~40 s against ~320 s for the whole model, with the same speed after
-        # (bench/update_peak.py --compile). In place, so the DDP wrapper and weight loading see the same
-        # modules and parameter names.
+        # (bench/update_peak.py --compile). Dynamic shapes from the start: micro-batches vary in length,
+        # so a static first graph would be compiled again as a dynamic one at the second shape anyway
+        # (first update 100.6 -> 74.4 s, docs/performance.md). In place, so the DDP wrapper and weight
+        # loading see the same modules and parameter names.
         layers = parallel.decoder_layers(self.module)
         for layer in layers or [self.module]:
-            layer.compile()
+            layer.compile(dynamic=True)
 
     def _distribute(self) -> torch.nn.Module:
         if self.strategy == "fsdp":
