@@ -70,17 +70,17 @@ def load_samples(path: Path) -> list[Sample]:
 
 
 def plot_panels(records: Sequence[dict], out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # a Figure of its own, not pyplot's: no global backend or figure registry touched in the caller's
+    # process, and pyplot's import is left out of every run's end
+    from matplotlib.figure import Figure
 
     written = []
     for panel, prefixes in PANELS.items():
         lines = series(records, prefixes)
         if not lines:
             continue
-        figure, axis = plt.subplots(figsize=(6, 3.5))
+        figure = Figure(figsize=(6, 3.5))
+        axis = figure.subplots()
         for name, (steps, values) in sorted(lines.items()):
             axis.plot(steps, values, marker="o", markersize=3, label=name)
         axis.set_xlabel("step")
@@ -90,7 +90,6 @@ def plot_panels(records: Sequence[dict], out_dir: Path) -> list[Path]:
         figure.tight_layout()
         path = out_dir / f"{panel}.png"
         figure.savefig(path, dpi=110)
-        plt.close(figure)
         written.append(path)
     return written
 

@@ -87,7 +87,8 @@ def test_sft_learns_its_transcripts_then_rl_from_its_export(tmp_path):
          seed, *TINY_DATA, "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=1",
          "trainer.test_freq=-1", "trainer.val_before_train=false",
-         "actor_rollout_ref.actor.skip_zero_advantage=false")  # its groups tie at 0 (a tiny model): run them, so the update is exercised
+         "actor_rollout_ref.actor.skip_zero_advantage=false",  # its groups tie at 0 (a tiny model): run them, so the update is exercised
+         "actor_rollout_ref.rollout.name=hf")  # what is checked is the start from the export, not the engine (vLLM's is the SFT run's)
     rl = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rl] == [1] and math.isfinite(rl[0]["metrics"]["actor/pg_loss"])
 

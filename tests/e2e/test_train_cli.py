@@ -66,7 +66,6 @@ def finite(record: dict, name: str) -> float:
     return value
 
 
-@pytest.mark.own_ray
 def test_grpo_by_default_leaves_out_the_samples_of_tied_groups(tmp_path):
     # the default (TINY_RUN turns it off): samples whose advantage is 0 everywhere are not run; a tiny
     # random model's groups mostly all score 0, and a mean over no samples is not reported
@@ -151,11 +150,13 @@ def test_grpo_two_steps(two_steps, tmp_path):
 def test_ppo_with_a_critic_and_kl_in_the_reward(tmp_path):
     # 4 steps over 2 epochs; the critic takes 4 passes over each batch at lr 1e-3 (the default 1e-5 moves
     # a fresh value head too little in 4 steps to tell learning from noise). Measured with trainer.seed 1
-    # to 3 (and as many data seeds): the last step's value loss is 0.43 to 0.60 times the first's.
+    # to 3 (and as many data seeds): the last step's value loss is 0.43 to 0.60 times the first's with
+    # vLLM, 0.43 to 0.57 with HF generate (what runs here: the critic, not the engine, is the point).
     records = train(
         tmp_path, "trainer.total_training_steps=4", "trainer.total_epochs=2", "trainer.val_before_train=false",
         "trainer.test_freq=-1", "algorithm.adv_estimator=gae", "algorithm.lam=0.95", "algorithm.use_kl_in_reward=true",
         "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=4", "critic.ppo_epochs=4", "critic.optim.lr=1e-3",
+        HF_ROLLOUT,
     )
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     for record in records:

@@ -68,7 +68,9 @@ def test_training_from_a_hub_id_with_the_cache_only(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "posttrain.cli", "train", "actor_rollout_ref.model.path=acme/tiny-chat",
          f"trainer.default_local_dir={tmp_path / 'run'}", *TINY_RUN, "trainer.total_training_steps=1",
-         "trainer.val_before_train=false", "actor_rollout_ref.actor.use_kl_loss=true"],
+         "trainer.val_before_train=false", "actor_rollout_ref.actor.use_kl_loss=true",
+         # HF generate: each worker resolves the id to the same cached directory whichever engine it loads
+         "actor_rollout_ref.rollout.name=hf"],
         capture_output=True, text=True, timeout=600, env=os.environ | {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"},
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

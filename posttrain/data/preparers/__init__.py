@@ -7,35 +7,29 @@ A preparer is a function ``(out_dir: Path, *, option=default, ...) -> list[Path]
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.data.preparers.arithmetic import prepare_arithmetic
-from posttrain.data.preparers.bfcl import prepare_bfcl
-from posttrain.data.preparers.doctor_json import prepare_doctor
-from posttrain.data.preparers.gsm8k import prepare_gsm8k
 from posttrain.data.preparers.options import check_output_dir
-from posttrain.data.preparers.reasoning_gym import prepare_reasoning_gym
-from posttrain.data.preparers.synthetic_doctor import prepare_synthetic_doctor
-from posttrain.data.preparers.synthetic_search import prepare_synthetic_search
-from posttrain.data.preparers.textarena import prepare_textarena
-from posttrain.data.preparers.tool_arithmetic import prepare_tool_arithmetic
 from posttrain.errors import InputError, PosttrainError
 
 Preparer = Callable[..., list[Path]]
-PREPARERS: dict[str, Preparer] = {
-    "gsm8k": prepare_gsm8k,
-    "arithmetic": prepare_arithmetic,
-    "synthetic-search": prepare_synthetic_search,
-    "synthetic-doctor": prepare_synthetic_doctor,
-    "doctor": prepare_doctor,
-    "tool-arithmetic": prepare_tool_arithmetic,
-    "bfcl": prepare_bfcl,
-    "reasoning-gym": prepare_reasoning_gym,
-    "textarena": prepare_textarena,
+# name -> "module:function", imported when that dataset is asked for: the doctor's and BFCL's preparers
+# bring their environments (and a web framework) with them, which a run on another dataset never needs
+PREPARERS: dict[str, str] = {
+    "gsm8k": "posttrain.data.preparers.gsm8k:prepare_gsm8k",
+    "arithmetic": "posttrain.data.preparers.arithmetic:prepare_arithmetic",
+    "synthetic-search": "posttrain.data.preparers.synthetic_search:prepare_synthetic_search",
+    "synthetic-doctor": "posttrain.data.preparers.synthetic_doctor:prepare_synthetic_doctor",
+    "doctor": "posttrain.data.preparers.doctor_json:prepare_doctor",
+    "tool-arithmetic": "posttrain.data.preparers.tool_arithmetic:prepare_tool_arithmetic",
+    "bfcl": "posttrain.data.preparers.bfcl:prepare_bfcl",
+    "reasoning-gym": "posttrain.data.preparers.reasoning_gym:prepare_reasoning_gym",
+    "textarena": "posttrain.data.preparers.textarena:prepare_textarena",
 }
 # the option a preparer that reads an input file takes it in (``--in FILE`` on the command line)
 SOURCE_FILE_OPTION = "source_file"
@@ -48,7 +42,8 @@ def preparer_names() -> list[str]:
 def get_preparer(name: str) -> Preparer:
     if name not in PREPARERS:
         raise InputError(f"unknown dataset {name!r}; the preparers are {preparer_names()}")
-    return PREPARERS[name]
+    module, function = PREPARERS[name].split(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def describe_options(name: str) -> str:
