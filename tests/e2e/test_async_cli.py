@@ -41,7 +41,9 @@ def staleness_within(metric_records: list[dict], bound: int) -> None:
 def test_async_stopped_gracefully_resumes_within_the_bound_and_trains_every_prompt_once(tmp_path):
     # 6 steps over 3 epochs (8 prompts in batches of 4), validated at steps 0, 2, 4 and 6; stopped from outside
     # (the STOP file) once step 3 is logged, then the same command, with a looser staleness bound, finishes it
-    schedule = ["trainer.total_training_steps=6", "trainer.total_epochs=3", "trainer.test_freq=2"]
+    # HF generate: the stop, the buffer and the bounds do not depend on the engine (async on vLLM, weights
+    # synced into it: tests/e2e/test_dapo_cli.py and the doctor's async run); each vLLM start costs ~8 CPU s more
+    schedule = ["trainer.total_training_steps=6", "trainer.total_epochs=3", "trainer.test_freq=2", HF_ROLLOUT]
     stopped = run(command(tmp_path, *schedule, "async.max_staleness=1"),
                   while_running=lambda: when_step_logged(tmp_path, 3, lambda: (tmp_path / "STOP").touch()))
     assert stopped.returncode == 0, stopped.stdout[-4000:]

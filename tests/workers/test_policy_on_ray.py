@@ -89,10 +89,13 @@ def test_generate_logprobs_update_sync(workers, tmp_path):
     synced = actor.generate(greedy)
     assert synced.meta[keys.WEIGHT_VERSION] == 1
 
+    # the synced engine answers as the exported weights do, greedily (HF generate on the export: float32
+    # greedy is vLLM's, tests/engines/test_vllm_engine.py; an in-process vLLM engine here would, once
+    # collected, tear down the vLLM state that the engine tests' engines in this process share)
     export_dir = actor.export(str(tmp_path / "export"))[0]
-    from posttrain.engines.rollout import GenerationParams, VLLMRolloutEngine
+    from posttrain.engines.rollout import GenerationParams, HFRolloutEngine
 
-    fresh = VLLMRolloutEngine(export_dir, max_model_len=80, dtype="float32", kv_cache_bytes=64 << 20)  # as the worker's
+    fresh = HFRolloutEngine(export_dir, device="cpu", max_model_len=80)
     expected = fresh.generate(prompt_token_lists(prompts), GenerationParams(max_new_tokens=16, temperature=0.0))
     for row, generation in enumerate(expected):
         assert list(synced[keys.TURN_TOKEN_IDS][row]) == generation.response_token_ids
