@@ -43,8 +43,10 @@ def test_doctor_grpo_two_steps_with_an_env_llm_patient(tmp_path):
     # the patient's Env-LLM worker is vLLM
     models = [f"actor_rollout_ref.model.path={tiny}", f"env.llm.model_path={tiny}", "actor_rollout_ref.rollout.name=hf"]
     # the patient's probe first: the tiny random model contradicts its cases, so RL against it refuses to start
+    # (the patient on HF generate here: the verdict, not the engine, is checked; vLLM's patient is the run below)
     refused = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", "--preset", "doctor_grpo", *models,
-                              f"trainer.default_local_dir={tmp_path / 'refused'}", *TINY_DOCTOR_RUN, "env.llm.min_faithfulness=0.8"],
+                              f"trainer.default_local_dir={tmp_path / 'refused'}", *TINY_DOCTOR_RUN, "env.llm.min_faithfulness=0.8",
+                              "env.llm.rollout=hf"],
                              capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
     assert re.search(r"the patient \(\S+\) agrees with its cases on 0\.\d\d of \d+ yes/no findings, below env\.llm\.min_faithfulness=0\.8",
