@@ -10,6 +10,7 @@ import pytest
 
 from posttrain.cli import main
 from posttrain.data import parse_options, prepare, preparer_names, read_rows
+from posttrain.data.preparers import get_preparer
 from posttrain.data.preparers.arithmetic import Problem, generate_problems
 from posttrain.data.preparers.gsm8k import INSTRUCTION, VENDORED_DIR, final_answer
 
@@ -20,6 +21,7 @@ def _rows(path):
 
 def test_registry_and_option_errors(tmp_path):
     assert preparer_names() == ["arithmetic", "bfcl", "doctor", "gsm8k", "reasoning-gym", "synthetic-doctor", "synthetic-search", "textarena", "tool-arithmetic"]
+    assert all(callable(get_preparer(name)) for name in preparer_names())  # each "module:function", imported when asked for, resolves
     with pytest.raises(ValueError, match="unknown dataset 'mnist'.*'arithmetic', 'bfcl', 'doctor', 'gsm8k'"):
         prepare("mnist", tmp_path)
     with pytest.raises(ValueError, match="bad options \\['size'\\].*train_size=240"):

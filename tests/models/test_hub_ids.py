@@ -62,15 +62,14 @@ def test_a_local_directory_with_a_slash_is_still_a_path(tmp_path, monkeypatch):
 @pytest.mark.ray
 def test_training_from_a_hub_id_with_the_cache_only(tmp_path):
     """The CLI end to end: the policy and the reference model named by a Hub id, HF_HUB_OFFLINE=1."""
-    from tests.e2e.test_train_cli import TINY_RUN
+    from tests.e2e.test_train_cli import HF_ROLLOUT, TINY_RUN
 
     cache = hub_cache(tmp_path / "hub", "acme/tiny-chat")
     done = subprocess.run(
         [sys.executable, "-m", "posttrain.cli", "train", "actor_rollout_ref.model.path=acme/tiny-chat",
          f"trainer.default_local_dir={tmp_path / 'run'}", *TINY_RUN, "trainer.total_training_steps=1",
          "trainer.val_before_train=false", "actor_rollout_ref.actor.use_kl_loss=true",
-         # HF generate: each worker resolves the id to the same cached directory whichever engine it loads
-         "actor_rollout_ref.rollout.name=hf"],
+         HF_ROLLOUT],  # each worker resolves the id to the same cached directory whichever engine it loads
         capture_output=True, text=True, timeout=600, env=os.environ | {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"},
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
