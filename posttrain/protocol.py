@@ -255,16 +255,31 @@ class Batch:
         non_tensors = {k: np.concatenate([b.non_tensors[k] for b in batches]) for k in first.non_tensors}
         return Batch(tensors, non_tensors, _merge_meta([b.meta for b in batches]))
 
-    def minibatches(self, size: int, *, epochs: int = 1, shuffle: bool = True, seed: int = 0) -> Iterator[Batch]:
+    def minibatches(
+        self, size: int, *, epochs: int = 1, shuffle: bool = True, seed: int = 0, group_ids: torch.Tensor | None = None
+    ) -> Iterator[Batch]:
         """Mini-batches of ``size`` for ``epochs`` passes; reshuffled each epoch from ``seed``.
 
         ``size`` must divide the length, so every mini-batch (and every gradient step) is the same size.
+        ``group_ids`` (B,): whole groups are shuffled, each group's samples staying side by side, so a
+        mini-batch holds whole groups where the sizes allow (a group's prompt can then be computed once).
         """
         if size < 1 or len(self) % size:
             raise BatchError(f"mini-batch size {size} must divide the batch of {len(self)} samples")
+        if group_ids is not None and tuple(group_ids.shape) != (len(self),):
+            raise BatchError(f"group_ids has shape {tuple(group_ids.shape)}; it needs one id per sample ({len(self)},)")
         generator = torch.Generator().manual_seed(seed)
         for _ in range(epochs):
-            order = torch.randperm(len(self), generator=generator) if shuffle else torch.arange(len(self))
+            if not shuffle:
+                order = torch.arange(len(self))
+            elif group_ids is None:
+                order = torch.randperm(len(self), generator=generator)
+            else:
+                groups = torch.unique(group_ids)
+                rank = torch.empty_like(groups)
+                rank[torch.randperm(len(groups), generator=generator)] = torch.arange(len(groups))
+                position = rank[torch.searchsorted(groups, group_ids)]
+                order = torch.argsort(position * len(self) + torch.arange(len(self)))
             for start in range(0, len(self), size):
                 yield self.index(order[start : start + size])
 

@@ -118,6 +118,23 @@ def test_minibatches_cover_every_sample_once_per_epoch_and_follow_the_seed():
         next(b.minibatches(3))
 
 
+def test_minibatches_by_group_keep_each_group_whole_and_side_by_side():
+    b = make(12)
+    group_ids = torch.tensor([5, 5, 5, 1, 1, 1, 9, 9, 9, 2, 2, 2])
+    orders = []
+    for seed in range(6):
+        scores = [[int(x) for x in m["score"].tolist()] for m in b.minibatches(6, epochs=2, seed=seed, group_ids=group_ids)]
+        for epoch in (scores[:2], scores[2:]):
+            assert sorted(sum(epoch, [])) == list(range(12))
+        for mini_batch in scores:  # two whole groups each, in their own order
+            groups = [mini_batch[i:i + 3] for i in (0, 3)]
+            assert all(g == list(range(g[0], g[0] + 3)) and g[0] % 3 == 0 for g in groups)
+        orders.append(scores[0])
+    assert len({tuple(o) for o in orders}) > 1  # the groups are shuffled
+    with pytest.raises(BatchError, match="one id per sample"):
+        next(b.minibatches(6, group_ids=group_ids[:4]))
+
+
 def test_pickle_round_trip_keeps_dtypes_and_writes_buffers_out_of_band():
     b = Batch.from_dict(
         {"ids": torch.arange(1000).view(10, 100), "h": torch.randn(10, 4).to(torch.bfloat16)},

@@ -221,6 +221,7 @@ def check_paths(config: PosttrainConfig) -> list[Problem]:
         problem = "required with reward_model.enable=true: the reward model's directory" if path is None else model_path_problem(path)
         if problem:
             problems.append(Problem(key, path, problem))
+    problems += share_prompt_problems(config, [path for key, path in models if key != "reward_model.model_path"])
     # with data.builtin, a bare file name in data.val_files names one of the built-in dataset's splits (found when it is written)
     val_files = [f for f in config.data.val_files if not (config.data.builtin and not config.data.train_files and Path(f).name == f)]
     problems += file_problems("data.train_files", config.data.train_files) + file_problems("data.val_files", val_files)
@@ -232,6 +233,30 @@ def check_paths(config: PosttrainConfig) -> list[Problem]:
     if mode not in ("auto", "disable") and not Path(mode).is_dir():
         problems.append(Problem("trainer.resume_mode", mode,
                                 "must be auto (the latest checkpoint, if any), disable, or an existing global_step_N directory"))
+    return problems
+
+
+def share_prompt_problems(config: PosttrainConfig, model_paths: list[str]) -> list[Problem]:
+    """``actor_rollout_ref.model.share_prompt`` on a local model whose attention cannot take its mask
+    (a Hub id is judged when the engine starts: it refuses it the same way)."""
+    from posttrain.engines.training.modeling import resolve_attn_implementation, shared_prompt_problem
+    from posttrain.models.loading import BUILTIN_MODELS
+
+    model = config.actor_rollout_ref.model
+    if not (model.share_prompt and model.use_remove_padding):
+        return []
+    import torch
+    from transformers import AutoConfig
+
+    device = torch.device("cuda" if config.trainer.device == "cuda" or (config.trainer.device == "auto" and torch.cuda.is_available()) else "cpu")
+    attention = resolve_attn_implementation(config.actor_rollout_ref.actor.attn_implementation, device)
+    problems = []
+    for path in model_paths:
+        if path in BUILTIN_MODELS or not (Path(path).expanduser() / "config.json").is_file():
+            continue
+        problem = shared_prompt_problem(AutoConfig.from_pretrained(Path(path).expanduser()), attention)
+        if problem:
+            problems.append(Problem("actor_rollout_ref.model.share_prompt", True, f"cannot run {path}: {problem}; set it to false"))
     return problems
 
 

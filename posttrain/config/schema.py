@@ -35,6 +35,8 @@ class ModelConfig:
     path: str = "smollm2-135m-instruct"
     enable_gradient_checkpointing: bool = False
     use_remove_padding: bool = True  # pack each sample's real tokens, several to a row, instead of padding (same results)
+    # with packing: samples that share a prompt run it once, their responses after it (exact; docs/performance.md)
+    share_prompt: bool = True
     lora_rank: int = 0  # 0 = full fine-tuning
     lora_alpha: int = 16
     target_modules: str = "all-linear"

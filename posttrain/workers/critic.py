@@ -42,7 +42,8 @@ class CriticWorker(Worker):
                 loss_agg_mode=self.loss_agg_mode,
             ))
             for mini_batch in batch.minibatches(
-                min(per_rank, len(batch)), epochs=self.critic.ppo_epochs, seed=self.seed + self.engine.global_step
+                min(per_rank, len(batch)), epochs=self.critic.ppo_epochs, seed=self.seed + self.engine.global_step,
+                group_ids=batch[keys.GROUP_IDS] if keys.GROUP_IDS in batch else None,
             )
         ]
         return Batch().with_metrics(merge(steps))

@@ -32,7 +32,7 @@ def training_engine_config(
         weight_decay=optim.weight_decay, lr_scheduler=optim.lr_scheduler, warmup_steps=optim.warmup_steps,
         total_steps=total_steps, min_lr_ratio=optim.min_lr_ratio, grad_clip=grad_clip,
         gradient_checkpointing=model.enable_gradient_checkpointing, attn_implementation=attn_implementation,
-        pack_sequences=model.use_remove_padding,
+        pack_sequences=model.use_remove_padding, share_prompt=model.share_prompt,
         compile=compile, lora_rank=model.lora_rank,
         lora_alpha=model.lora_alpha, lora_target_modules=model.target_modules, metric_prefix=metric_prefix,
         device=device, init_seed=seed,
@@ -46,6 +46,7 @@ ENGINE_FIELD_KEYS = {
     "warmup_steps": "optim.warmup_steps", "min_lr_ratio": "optim.min_lr_ratio", "total_steps": "optim.warmup_steps",
     "grad_clip": "grad_clip", "dtype": "dtype", "lora_rank": "model.lora_rank", "lora_alpha": "model.lora_alpha",
     "device": "trainer.device", "attn_implementation": "attn_implementation", "compile": "compile",
+    "share_prompt": "model.share_prompt",
 }
 
 

@@ -74,6 +74,7 @@ class PolicyWorker(Sampling, Worker):
         for mini_batch in batch.minibatches(
             min(per_rank, len(batch)), epochs=self.actor.ppo_epochs, shuffle=self.actor.shuffle,
             seed=self.seed + self.engine.global_step,  # optimizer steps so far: restored on resume
+            group_ids=batch[keys.GROUP_IDS] if keys.GROUP_IDS in batch else None,
         ):
             skip = self.objective.rows_without_gradient(mini_batch) if self.actor.skip_zero_advantage else None
             steps.append(self.engine.declared(self.engine.train_mini_batch(

@@ -315,3 +315,20 @@ def get_url(config, key):
     from posttrain.config.validate import get
 
     return get(config, key)
+
+
+def test_a_shared_prompt_on_a_model_with_sliding_window_layers_is_refused(tmp_path):
+    """The shared-prompt layout's mask would replace a sliding window: refused before any worker
+    starts, with the switch that turns it off (which is then accepted)."""
+    from transformers import MistralConfig
+
+    MistralConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                  intermediate_size=32, sliding_window=8).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_run_config([], [f"actor_rollout_ref.model.path={tmp_path}"])
+    named = [p for p in info.value.problems if p.key == "actor_rollout_ref.model.share_prompt"]
+    assert named and "sliding_window" in named[0].message and "set it to false" in named[0].message, str(info.value)
+    try:
+        load_run_config([], [f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.model.share_prompt=false"])
+    except ConfigError as error:
+        assert not [p for p in error.problems if "share_prompt" in p.key], str(error)

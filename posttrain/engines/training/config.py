@@ -44,6 +44,11 @@ class TrainingEngineConfig:
     pack_sequences: run the model on each sample's real tokens only, several samples to a row, each
                    attending only to itself (``packing``; verl's ``use_remove_padding``), instead of
                    on padded rows. The results agree to rounding; off only to compare the two.
+    share_prompt:  with ``pack_sequences``, the samples of a micro-batch that share a prompt run it
+                   once, their responses after it, each seeing the prompt and itself only
+                   (``packing.shared_prompt_layout``); exact, and cheaper by the prompt's repeats
+                   (docs/performance.md). Models whose attention cannot take its mask are refused
+                   (``modeling.shared_prompt_problem``); off only to compare.
     compile:       ``torch.compile`` each decoder layer (inductor; regional compilation: one layer's
                    graphs serve every layer). On CPU the main job's update (SmolLM2-135M, 64
                    sequences) ran 1.09-1.29x faster once compiled; the first update compiles for
@@ -76,6 +81,7 @@ class TrainingEngineConfig:
     gradient_checkpointing: bool = False
     attn_implementation: str = "auto"
     pack_sequences: bool = True
+    share_prompt: bool = True
     compile: bool = False
     lora_rank: int = 0
     lora_alpha: int = 16

@@ -51,18 +51,26 @@ from posttrain import keys
 from posttrain.algos import loss_normalizer
 from posttrain.engines.training import checkpoint, parallel, weights
 from posttrain.engines.training.config import TrainingEngineConfig
-from posttrain.engines.training.inputs import MODEL_INPUT_KEYS, check_batch, real_token_counts
+from posttrain.engines.training.inputs import (
+    MODEL_INPUT_KEYS,
+    check_batch,
+    prompt_groups,
+    real_token_counts,
+    response_attention_mask,
+)
 from posttrain.engines.training.micro_batches import (
     equalize_group_count,
     scatter_rows,
     split_by_count,
     split_by_token_budget,
+    split_units_by_token_budget,
 )
 from posttrain.engines.training.modeling import (
     ForwardOutputs,
     build_model,
     forward_micro_batch,
     resolve_attn_implementation,
+    model_shared_prompt_problem,
 )
 from posttrain.engines.training.schedule import make_lr_scheduler
 from posttrain.metrics import Metrics, latest, mean
@@ -88,6 +96,12 @@ class TrainingEngine:
         # self.module: the model itself (FSDP2 shards it in place); self.model: what training calls
         # (the DDP wrapper under DDP, else the module).
         self.module = build_model(self.model_dir, config, resolve_attn_implementation(config.attn_implementation, self.device))
+        self.share_prompt = config.share_prompt and config.pack_sequences
+        if self.share_prompt and (problem := model_shared_prompt_problem(self.module)):
+            raise ValueError(
+                f"share_prompt=True cannot run {config.model_path}: {problem}; turn it off "
+                "(actor_rollout_ref.model.share_prompt=false)"
+            )
         self.model = self._distribute()
         if config.compile:
             self._compile()
@@ -186,6 +200,7 @@ class TrainingEngine:
         return forward_micro_batch(
             model, micro_batch, device=self.device, dtype=self.compute_dtype, value_head=self.config.value_head,
             temperature=temperature, with_entropy=with_entropy, pack=self.config.pack_sequences,
+            share_prompt=self.share_prompt,
         )
 
     def _micro_batch_groups(
@@ -197,7 +212,17 @@ class TrainingEngine:
         if micro_batch_size is not None and max_tokens is not None:
             raise ValueError("pass micro_batch_size or max_tokens, not both")
         rows = list(range(len(batch))) if rows is None else rows
-        if max_tokens is not None:
+        if self.share_prompt:
+            # a group's rows side by side, so that micro-batches hold whole groups
+            units = prompt_groups(batch)
+            rows = sorted(rows, key=lambda row: (int(units[row]), row))
+        if max_tokens is not None and self.share_prompt:
+            lengths = real_token_counts(batch)[rows]
+            responses = response_attention_mask(batch)[rows].long().sum(dim=1)
+            local = split_units_by_token_budget(
+                (lengths - responses).tolist(), responses.tolist(), units[rows].tolist(), max_tokens
+            )
+        elif max_tokens is not None:
             local = split_by_token_budget(real_token_counts(batch)[rows], max_tokens)
         else:
             local = split_by_count(len(rows), micro_batch_size)

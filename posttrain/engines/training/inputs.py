@@ -114,3 +114,18 @@ def response_attention_mask(batch: Batch) -> Tensor:
 def real_token_counts(batch: Batch) -> Tensor:
     """Real (attended) tokens per sample, prompt and response.  # (B,) int64"""
     return batch[keys.ATTENTION_MASK].long().sum(dim=1)
+
+
+def prompt_groups(batch: Batch) -> Tensor:
+    """Samples with the same real prompt tokens share a number, in order of first appearance.  # (B,) int64
+
+    A group's samples (``rollout.n`` responses to one prompt, or an agent's episodes from one row)
+    have equal prompts whatever their GROUP_IDS say, so this reads the tokens themselves.
+    """
+    prompt_columns = batch[keys.INPUT_IDS].shape[1] - batch[keys.RESPONSE_IDS].shape[1]
+    mask = (batch[keys.ATTENTION_MASK][:, :prompt_columns] != 0).long()
+    # the mask beside the ids: a real token 0 is not padding
+    prompts = torch.cat([batch[keys.INPUT_IDS][:, :prompt_columns] * mask, mask], dim=1)
+    _, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+    first_seen: dict[int, int] = {}
+    return torch.tensor([first_seen.setdefault(int(g), len(first_seen)) for g in inverse.tolist()], dtype=torch.long)

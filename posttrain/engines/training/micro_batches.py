@@ -8,6 +8,11 @@ packed first-fit-decreasing (longest first, each into the first micro-batch with
 micro-batch holds at most ``max_tokens`` real tokens and samples of similar length end up
 together, which keeps the padding of each micro-batch (trimmed to its longest row) small.
 
+Shared prompts. When the engine runs a group's prompt once (``packing.shared_prompt_layout``), a
+micro-batch should hold whole groups, and what it costs is one prompt plus the group's responses:
+:func:`split_units_by_token_budget` packs groups by that cost, and splits a group larger than the
+budget into pieces, each repeating the prompt.
+
 Equal counts across ranks. Under FSDP every forward pass gathers parameters with a collective,
 so every rank must run the same number of micro-batches. :func:`equalize_group_count` splits the
 largest groups until there are ``count`` of them; when a rank has fewer samples than that, it adds
@@ -55,6 +60,40 @@ def split_by_token_budget(token_counts: Tensor, max_tokens: int) -> list[list[in
             groups.append([row])
             loads.append(counts[row])
     return [sorted(group) for group in groups]
+
+
+def split_units_by_token_budget(
+    prompt_lengths: list[int], response_lengths: list[int], units: list[int], max_tokens: int
+) -> list[list[int]]:
+    """Micro-batches of rows, each costing at most ``max_tokens`` with one prompt per unit in it.
+
+    ``units[i]`` numbers row i's prompt group (rows of a unit share their prompt). A unit whose
+    prompt plus responses exceeds the budget is cut into pieces (longest responses first, each piece
+    filled as far as it goes), each piece paying for the prompt again. The pieces are then packed
+    first-fit decreasing, as :func:`split_by_token_budget` packs samples.
+    """
+    sizes = [p + r for p, r in zip(prompt_lengths, response_lengths)]
+    if sizes and max(sizes) > max_tokens:
+        split_by_token_budget(torch.tensor(sizes), max_tokens)  # raises, naming the sample
+    pieces: list[list[int]] = []
+    costs: list[int] = []
+    members: dict[int, list[int]] = {}
+    for row, unit in enumerate(units):
+        members.setdefault(unit, []).append(row)
+    for rows in members.values():
+        prompt = prompt_lengths[rows[0]]
+        start = len(pieces)
+        for row in sorted(rows, key=lambda i: (-response_lengths[i], i)):
+            for k in range(start, len(pieces)):
+                if costs[k] + response_lengths[row] <= max_tokens:
+                    pieces[k].append(row)
+                    costs[k] += response_lengths[row]
+                    break
+            else:
+                pieces.append([row])
+                costs.append(prompt + response_lengths[row])
+    packed = split_by_token_budget(torch.tensor(costs, dtype=torch.long), max_tokens)
+    return [sorted(row for piece in group for row in pieces[piece]) for group in packed]
 
 
 def equalize_group_count(groups: list[list[int]], count: int) -> list[list[int]]:

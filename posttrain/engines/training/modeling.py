@@ -35,6 +35,7 @@ import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -42,7 +43,7 @@ from torch import Tensor, nn
 from posttrain import keys
 from posttrain.algos import entropy_from_logits, head_logprobs, logprobs_from_logits
 from posttrain.engines.training.config import TrainingEngineConfig
-from posttrain.engines.training.packing import packed_layout, padded_layout
+from posttrain.engines.training.packing import Layout, packed_layout, padded_layout, shared_prompt_layout
 from posttrain.models import check_causal_lm_config, load_causal_lm
 from posttrain.protocol import Batch
 
@@ -132,9 +133,12 @@ def forward_micro_batch(
     temperature: float = 1.0,
     with_entropy: bool = False,
     pack: bool = True,
+    share_prompt: bool = False,
 ) -> ForwardOutputs:
-    """Run ``model`` on a micro-batch (see the module docstring); differentiable if grad is on."""
-    layout = packed_layout(micro_batch, one_row=_flash_attention(model)) if pack else padded_layout(micro_batch)
+    """Run ``model`` on a micro-batch (see the module docstring); differentiable if grad is on.
+
+    ``share_prompt`` (with ``pack``): samples with the same prompt run it once (``shared_prompt_layout``)."""
+    layout = _layout(model, micro_batch, pack, share_prompt)
     inputs = {name: tensor.to(device) for name, tensor in layout.inputs.items()}
     scored = layout.scored.to(device)
     shape = micro_batch[keys.RESPONSE_IDS].shape
@@ -167,6 +171,39 @@ def forward_micro_batch(
             hidden, _unsharded_weight(head.weight), labels, temperature=temperature, with_entropy=with_entropy, compute_dtype=dtype
         )
     return ForwardOutputs(logprobs=place(logprobs), entropy=place(entropy) if with_entropy else None)
+
+
+def _layout(model: nn.Module, micro_batch: Batch, pack: bool, share_prompt: bool) -> Layout:
+    if not pack:
+        return padded_layout(micro_batch)
+    if share_prompt:
+        eager = _attention_implementation(model) == "eager"
+        return shared_prompt_layout(micro_batch, mask_dtype=torch.float32 if eager else torch.bool)
+    return packed_layout(micro_batch, one_row="flash" in _attention_implementation(model))
+
+
+def shared_prompt_problem(model_config: Any, attn_implementation: str) -> str | None:
+    """Why a model cannot run the shared-prompt layout (its mask would not be exact), or None.
+
+    ``model_config``: the model's transformers config. The layout hands the attention an explicit
+    4D mask: eager and sdpa take it as it is; flash attention reads packing from position ids only,
+    and a sliding-window or chunked layer would have its own window replaced by the layout's full
+    causal one.
+    """
+    if attn_implementation not in ("eager", "sdpa"):
+        return f"its attention implementation is {attn_implementation!r}; the shared prompt needs eager or sdpa"
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    layer_types = set(getattr(text, "layer_types", None) or ["full_attention"])
+    windowed = getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True)
+    if layer_types != {"full_attention"} or windowed:
+        kinds = ", ".join(sorted(layer_types - {"full_attention"})) or "sliding_window"
+        return f"it has attention layers other than full causal ones ({kinds}), which the layout's mask would override"
+    return None
+
+
+def model_shared_prompt_problem(model: nn.Module) -> str | None:
+    """:func:`shared_prompt_problem` for a built model (peft or DDP wrapped or not)."""
+    return shared_prompt_problem(getattr(_base_model(model), "config", None), _attention_implementation(model))
 
 
 # Config fields by which a model caps or scales its head's output; with any of them in effect the fused
@@ -213,6 +250,5 @@ def _unsharded_weight(weight: Tensor) -> Tensor:
     return weight
 
 
-def _flash_attention(model: nn.Module) -> bool:
-    implementation = getattr(getattr(_base_model(model), "config", None), "_attn_implementation", "") or ""
-    return "flash" in implementation
+def _attention_implementation(model: nn.Module) -> str:
+    return getattr(getattr(_base_model(model), "config", None), "_attn_implementation", "") or ""

@@ -17,6 +17,19 @@ as wide as the longest sample, not one long row, keep the attention's (width x w
 larger than the padded layout's. Flash-attention kernels read packing from the position ids of
 one row only, so for those every sample goes in one row.
 
+Shared prompt (``shared_prompt_layout``, the default where the model allows it): the samples of a
+micro-batch that have the same prompt (a GRPO group, an agent's episodes from one row) are one
+*unit*: the prompt's tokens once, then each sample's response after it. Each response token attends
+to the prompt and to its own response's earlier tokens only, with positions continuing from the
+prompt (p, p+1, ...), so it computes exactly what it would behind its own copy of the prompt; the
+prompt's outputs are computed once and get the gradient of every response. Position-id packing
+cannot say this (a reset would cut a response off from its prompt), so the layout carries an explicit
+(rows, 1, width, width) mask, which transformers' masking utilities pass to the attention kernels as
+it is (a 4D ``attention_mask`` is taken as prepared): boolean for sdpa, additive (0 or the float
+minimum) for eager. Units are placed in rows like packed samples (first-fit decreasing, rows as wide
+as the longest unit); a unit's first response token is scored by the prompt's last output. Where no
+two samples share a prompt it is the packed layout.
+
 Scored outputs: response token t of sample i is predicted by the output at the position before
 it. ``Layout.scored`` lists, for each response token the model saw (response attention mask 1),
 that position as a flat index into the (rows x width) outputs; ``Layout.samples`` and
@@ -31,7 +44,7 @@ import torch
 from torch import Tensor
 
 from posttrain import keys
-from posttrain.engines.training.inputs import response_attention_mask
+from posttrain.engines.training.inputs import prompt_groups, response_attention_mask
 from posttrain.protocol import Batch
 
 
@@ -121,6 +134,72 @@ def packed_layout(micro_batch: Batch, *, one_row: bool = False) -> Layout:
         scored=scored, samples=samples, columns=response_columns, labels=labels,
         real_tokens=int(lengths.sum()), width=width,
     )
+
+
+def shared_prompt_layout(micro_batch: Batch, *, mask_dtype: torch.dtype = torch.bool) -> Layout:
+    """The samples that share a prompt as one unit, the prompt once and the responses after it
+    (module docstring). ``mask_dtype``: torch.bool (sdpa) or a float dtype (eager's additive mask)."""
+    groups = prompt_groups(micro_batch)
+    if len(groups) == len(set(groups.tolist())):
+        return packed_layout(micro_batch)
+    input_ids, attention_mask = micro_batch[keys.INPUT_IDS], micro_batch[keys.ATTENTION_MASK] != 0
+    prompt_length = input_ids.shape[1] - micro_batch[keys.RESPONSE_IDS].shape[1]
+    lengths = attention_mask.sum(dim=1)
+    prompt_lengths = attention_mask[:, :prompt_length].sum(dim=1)
+    firsts = attention_mask.int().argmax(dim=1)
+    _check_runs(attention_mask, lengths, prompt_lengths, firsts, prompt_length)
+
+    members = [(groups == g).nonzero().flatten().tolist() for g in range(int(groups.max()) + 1)]
+    response_lengths = (lengths - prompt_lengths).tolist()
+    unit_sizes = [int(prompt_lengths[m[0]]) + sum(response_lengths[s] for s in m) for m in members]
+    width = max(unit_sizes)
+    slots = _first_fit_decreasing(unit_sizes, width)
+    rows = max(row for row, _ in slots) + 1
+    packed_ids = torch.zeros((rows, width), dtype=input_ids.dtype)
+    positions = torch.zeros((rows, width), dtype=torch.long)
+    # per column: its unit (filler: a unit of its own) and its part (0: the prompt, k: response k)
+    units = torch.arange(rows * width, dtype=torch.long).reshape(rows, width) + len(members)
+    parts = torch.zeros((rows, width), dtype=torch.long)
+    prompt_ends, response_starts = [0] * len(groups), [0] * len(groups)  # flat indices per sample
+    for unit, (sample_rows, (row, offset)) in enumerate(zip(members, slots)):
+        first, size = int(firsts[sample_rows[0]]), int(prompt_lengths[sample_rows[0]])
+        packed_ids[row, offset:offset + size] = input_ids[sample_rows[0], first:first + size]
+        positions[row, offset:offset + size] = torch.arange(size)
+        units[row, offset:offset + unit_sizes[unit]] = unit
+        cursor = offset + size
+        for part, sample in enumerate(sample_rows, start=1):
+            length = response_lengths[sample]
+            packed_ids[row, cursor:cursor + length] = input_ids[sample, prompt_length:prompt_length + length]
+            positions[row, cursor:cursor + length] = torch.arange(size, size + length)
+            parts[row, cursor:cursor + length] = part
+            prompt_ends[sample], response_starts[sample] = row * width + offset + size - 1, row * width + cursor
+            cursor += length
+
+    samples, response_columns, labels = _response_tokens(micro_batch)
+    on_cpu = samples.cpu(), response_columns.cpu()
+    prompt_ends_t, response_starts_t = torch.tensor(prompt_ends), torch.tensor(response_starts)
+    scored = torch.where(on_cpu[1] == 0, prompt_ends_t[on_cpu[0]], response_starts_t[on_cpu[0]] + on_cpu[1] - 1)
+    return Layout(
+        inputs={
+            "input_ids": packed_ids.to(input_ids.device),
+            "position_ids": positions.to(input_ids.device),
+            "attention_mask": _unit_mask(units, parts, mask_dtype).to(input_ids.device),
+        },
+        scored=scored.to(input_ids.device), samples=samples, columns=response_columns, labels=labels,
+        real_tokens=sum(unit_sizes), width=width,
+    )
+
+
+def _unit_mask(units: Tensor, parts: Tensor, dtype: torch.dtype) -> Tensor:
+    # (rows, 1, width, width): query i sees key j when j <= i in the same unit and j is prompt or i's own part
+    width = units.shape[1]
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    same_unit = units.unsqueeze(2) == units.unsqueeze(1)
+    visible_part = (parts.unsqueeze(1) == 0) | (parts.unsqueeze(2) == parts.unsqueeze(1))
+    allowed = (same_unit & visible_part & causal).unsqueeze(1)
+    if dtype == torch.bool:
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def _check_runs(attention_mask: Tensor, lengths: Tensor, prompt_lengths: Tensor, firsts: Tensor, prompt_length: int) -> None:

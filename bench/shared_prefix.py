@@ -1,0 +1,214 @@
+"""A group's prompt computed once: the shared-prompt layout against packing each sample, same batches, one run.
+
+The same Batch goes through two training engines that differ only in ``share_prompt``
+(``posttrain.engines.training.packing``): off, every sample carries its own copy of the prompt (the
+packed layout); on, the samples of a micro-batch that share a prompt run it once, their responses
+after it. Same model (SmolLM2-135M-Instruct), weights, dtype (the engine's ``auto``: bf16 autocast
+where native), attention implementation and micro-batching on both sides. Per shape:
+  tokens:   tokens the model computes in one update (sum over micro-batches), and their ratio;
+  update:   one ``train_mini_batch`` (PPO's clipped loss with entropy, the preset's micro-batching),
+            median CPU seconds of this process over ``--repeats``, the engines in turns (order
+            alternating: ``bench.train.interleaved_medians``);
+  logprobs: one ``compute_logprobs`` pass (micro-batches of the preset's log-prob size), the same way;
+  memory:   peak resident memory above the model's during one update, each path in a fresh process.
+Shapes:
+  bfcl@4, bfcl@8: 16 prompts of ``posttrain prepare bfcl``'s training rows (their functions in the
+            prompt, as the ``bfcl_grpo`` preset renders them; ~600 tokens), 4 or 8 samples each,
+            micro-batches of 4 samples (the preset's), sdpa (the preset's). Response lengths: no
+            recorded bfcl_grpo rollout is on this machine, so they are drawn uniformly from 20-60
+            tokens (the recipe's RL responses averaged ~40: docs/tools.md); ``--response-lengths``
+            takes a file of recorded lengths (one integer per line) instead.
+  main:     the main job's (``arithmetic_grpo``): 8 prompts of 40-60 tokens, 8 samples each,
+            responses of 8-48 tokens, micro-batches by a 2,048-token budget, eager (CPU's default).
+Also printed: the bf16 spread. The packed path against itself when the micro-batch contents change
+(micro-batches of 4 against of 16 samples), and the shared path against the packed one: the largest
+per-token log-prob difference, so the shared path's rounding is set beside the ordinary one.
+Last line: ``shared_prefix_update_speedup: X`` (bfcl@4, update, packed / shared CPU seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import torch
+
+from bench.train import fresh_memory, interleaved_medians, ppo_loss
+from posttrain import keys
+from posttrain.engines.training import TrainingEngine, TrainingEngineConfig
+from posttrain.engines.training.inputs import build_model_inputs, lengths_to_mask
+from posttrain.engines.training.packing import packed_layout, shared_prompt_layout
+from posttrain.models import resolve_model
+from posttrain.protocol import Batch, pad_rows
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    micro: dict  # the preset's micro-batching: micro_batch_size or max_tokens
+    log_prob_micro_batch_size: int
+    attn_implementation: str
+
+
+def bfcl_prompts(model_dir: Path, count: int, data_dir: Path | None) -> list[list[int]]:
+    """Token ids of ``count`` BFCL training prompts with their functions, as bfcl_grpo renders them."""
+    import tempfile
+
+    from posttrain.data.format import read_rows
+    from posttrain.data.preparers import prepare
+    from posttrain.models import load_tokenizer
+    from posttrain.models.loading import tokenize_prompts
+
+    if data_dir is None:
+        data_dir = Path(tempfile.mkdtemp(prefix="bench-bfcl-"))
+        prepare("bfcl", data_dir, max_prompt_tokens=768, no_call_share=0.2)
+    rows = read_rows([data_dir / "train.parquet"])[:count]
+    tokenizer = load_tokenizer(str(model_dir))
+    return tokenize_prompts([list(r.messages) for r in rows], tokenizer, row_tools=[r.tools for r in rows])
+
+
+def grouped_batch(prompts: list[list[int]], samples: int, response_lengths: list[int], vocab: int, seed: int = 1) -> Batch:
+    """Each prompt ``samples`` times (a group side by side), random response ids of the given lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    repeated = [p for p in prompts for _ in range(samples)]
+    width_p, width_r = max(map(len, repeated)), max(response_lengths)
+    prompt_ids = pad_rows(repeated, width_p, 0, left=True)
+    prompt_mask = pad_rows([[1] * len(p) for p in repeated], width_p, left=True)
+    response_mask = lengths_to_mask(torch.tensor(response_lengths), width_r, left_padded=False)
+    response_ids = torch.randint(1, vocab, (len(repeated), width_r), generator=generator) * response_mask
+    tensors = build_model_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
+    tensors[keys.RESPONSE_MASK] = response_mask.float()
+    tensors[keys.ADVANTAGES] = torch.randn(len(repeated), width_r, generator=generator)
+    tensors[keys.OLD_LOGPROBS] = -torch.rand(len(repeated), width_r, generator=generator) - 8.0
+    return Batch.from_dict(tensors)
+
+
+def engine(model_dir: Path, shape: Shape, share: bool) -> TrainingEngine:
+    config = TrainingEngineConfig(model_path=str(model_dir), lr=1e-6, device="cpu", share_prompt=share,
+                                  attn_implementation=shape.attn_implementation)
+    built = TrainingEngine(config)
+    fresh_memory(built.module)
+    return built
+
+
+def tokens_computed(built: TrainingEngine, batch: Batch, shape: Shape) -> int:
+    """Tokens the model computes over one update's micro-batches."""
+    layout = shared_prompt_layout if built.share_prompt else packed_layout
+    groups = built._micro_batch_groups(batch, shape.micro.get("micro_batch_size"), shape.micro.get("max_tokens"))
+    return sum(layout(batch.index(group)).real_tokens for group in groups if group)
+
+
+def update(built: TrainingEngine, batch: Batch, shape: Shape) -> None:
+    built.train_mini_batch(batch, ppo_loss, with_entropy=True, **shape.micro)
+
+
+def logprobs(built: TrainingEngine, batch: Batch, shape: Shape) -> torch.Tensor:
+    return built.compute_logprobs(batch, micro_batch_size=shape.log_prob_micro_batch_size, with_entropy=True)[0]
+
+
+def _peak_above_base(model_dir: Path, shape: Shape, share: bool, batch: Batch, queue) -> None:
+    built = engine(model_dir, shape, share)
+    update(built, batch, shape)  # warm: the allocator's first-touch pages are the same on both sides
+    process, peak, done = psutil.Process(), [0], threading.Event()
+    base = process.memory_info().rss
+
+    def sample() -> None:
+        while not done.wait(0.05):
+            peak[0] = max(peak[0], process.memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    update(built, batch, shape)
+    done.set()
+    sampler.join()
+    queue.put(max(peak[0], process.memory_info().rss) - base)
+
+
+def peak_memory(model_dir: Path, shape: Shape, share: bool, batch: Batch) -> float:
+    """GiB above the loaded model's resident memory at the peak of one update, in a fresh process."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_peak_above_base, args=(model_dir, shape, share, batch, queue))
+    child.start()
+    result = queue.get()
+    child.join()
+    return result / 2**30
+
+
+def measure(model_dir: Path, shape: Shape, batch: Batch, repeats: int, memory: bool) -> float:
+    off, on = engine(model_dir, shape, False), engine(model_dir, shape, True)
+    tokens = tokens_computed(off, batch, shape), tokens_computed(on, batch, shape)
+    (_, update_off), (_, update_on) = interleaved_medians([lambda: update(off, batch, shape), lambda: update(on, batch, shape)], repeats)
+    (_, lp_off), (_, lp_on) = interleaved_medians([lambda: logprobs(off, batch, shape), lambda: logprobs(on, batch, shape)], repeats)
+    print(f"{shape.name}: {len(batch)} samples, {shape.attn_implementation}, {shape.micro}")
+    print(f"  tokens computed   packed {tokens[0]:>7,}  shared {tokens[1]:>7,}  ratio {tokens[0] / tokens[1]:.2f}x")
+    print(f"  update CPU s      packed {update_off:7.2f}  shared {update_on:7.2f}  speedup {update_off / update_on:.2f}x")
+    print(f"  logprob pass CPU s packed {lp_off:6.2f}  shared {lp_on:7.2f}  speedup {lp_off / lp_on:.2f}x")
+    if memory:
+        peaks = peak_memory(model_dir, shape, False, batch), peak_memory(model_dir, shape, True, batch)
+        print(f"  update peak GiB   packed {peaks[0]:7.2f}  shared {peaks[1]:7.2f}  ratio {peaks[0] / max(peaks[1], 1e-9):.2f}x")
+    return update_off / update_on
+
+
+def bf16_spread(model_dir: Path, batch: Batch) -> None:
+    """Packed vs packed with other micro-batch contents, and shared vs packed, under the engine's dtype."""
+    shape = Shape("spread", {}, 4, "sdpa")
+    off, on = engine(model_dir, shape, False), engine(model_dir, shape, True)
+    mask = batch[keys.RESPONSE_MASK].bool()
+    packed_4 = off.compute_logprobs(batch, micro_batch_size=4)[0]
+    packed_16 = off.compute_logprobs(batch, micro_batch_size=16)[0]
+    shared_4 = on.compute_logprobs(batch, micro_batch_size=4)[0]
+    itself = (packed_4 - packed_16)[mask].abs()
+    across = (shared_4 - packed_4)[mask].abs()
+    print(f"bf16 spread ({off.compute_dtype}): packed vs packed (micro 4 vs 16) max {itself.max():.4f} mean {itself.mean():.5f}; "
+          f"shared vs packed max {across.max():.4f} mean {across.mean():.5f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--bfcl-data", type=Path, help="a `posttrain prepare bfcl` directory (default: prepared here)")
+    parser.add_argument("--response-lengths", type=Path, help="recorded BFCL response lengths, one per line")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
+    parser.add_argument("--shapes", default="bfcl@4,bfcl@8,main")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = resolve_model(args.model)
+    vocab = 49152
+    generator = torch.Generator().manual_seed(0)
+    recorded = [int(x) for x in args.response_lengths.read_text().split()] if args.response_lengths else None
+    prompts = bfcl_prompts(model_dir, 16, args.bfcl_data)
+    print(f"bfcl prompts: {len(prompts)}, tokens mean {sum(map(len, prompts)) / len(prompts):.0f}, max {max(map(len, prompts))}")
+    headline = None
+    for name in args.shapes.split(","):
+        start = time.perf_counter()
+        if name.startswith("bfcl@"):
+            samples = int(name.split("@")[1])
+            count = len(prompts) * samples
+            lengths = ([recorded[i % len(recorded)] for i in range(count)] if recorded
+                       else torch.randint(20, 61, (count,), generator=generator).tolist())
+            batch = grouped_batch(prompts, samples, lengths, vocab)
+            shape = Shape(name, {"micro_batch_size": 4}, 16, "sdpa")
+        else:
+            main_prompts = [torch.randint(1, vocab, (int(n),), generator=generator).tolist()
+                            for n in torch.randint(40, 61, (8,), generator=generator)]
+            batch = grouped_batch(main_prompts, 8, torch.randint(8, 49, (64,), generator=generator).tolist(), vocab)
+            shape = Shape(name, {"max_tokens": 2048}, 32, "eager")
+        speedup = measure(model_dir, shape, batch, args.repeats, not args.no_memory)
+        print(f"  ({time.perf_counter() - start:.0f} s)")
+        if name == "bfcl@4":
+            headline = speedup
+            bf16_spread(model_dir, batch)
+    if headline is not None:
+        print(f"shared_prefix_update_speedup: {headline:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""A group's prompt computed once (packing.shared_prompt_layout): laid out as written, and exact.
+
+Exactness is against the packed layout (each sample with its own copy of the prompt), float32 on a
+tiny model: per-token log-probs to 1e-5, gradients to 1e-4 relative, for single-turn and multi-turn
+batches, the policy (GRPO/PPO losses with entropy) and the critic.
+"""
+
+import pytest
+import torch
+
+from posttrain import keys
+from posttrain.engines.training import TrainingEngine
+from posttrain.engines.training.inputs import build_model_inputs, lengths_to_mask, prompt_groups
+from posttrain.engines.training.micro_batches import split_units_by_token_budget
+from posttrain.engines.training.modeling import forward_micro_batch, model_shared_prompt_problem
+from posttrain.engines.training.packing import shared_prompt_layout
+from posttrain.protocol import Batch
+from tests.engines.training.helpers import engine_config, parameters, ppo_entropy_loss
+
+
+def _batch(prompts: list[list[int]], responses: list[list[int]]) -> Batch:
+    width_p, width_r = max(map(len, prompts)), max(map(len, responses))
+    prompt_mask = lengths_to_mask(torch.tensor([len(p) for p in prompts]), width_p, left_padded=True)
+    response_mask = lengths_to_mask(torch.tensor([len(r) for r in responses]), width_r, left_padded=False)
+    prompt_ids = torch.tensor([[0] * (width_p - len(p)) + p for p in prompts])
+    response_ids = torch.tensor([r + [0] * (width_r - len(r)) for r in responses])
+    return Batch.from_dict(build_model_inputs(prompt_ids, prompt_mask, response_ids, response_mask))
+
+
+def grouped_batch(groups: int, samples: int, *, prompt_length: int = 10, response_length: int = 12,
+                  seed: int = 0, observation_holes: bool = False) -> Batch:
+    """``groups`` prompts of random lengths, each ``samples`` times with its own random response.
+
+    ``observation_holes``: a multi-turn batch, where a stretch inside each response is an observation
+    (attention 1, RESPONSE_MASK 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    size = groups * samples
+    prompt_lengths = torch.randint(2, prompt_length + 1, (groups,), generator=generator).repeat_interleave(samples)
+    response_lengths = torch.randint(1, response_length + 1, (size,), generator=generator)
+    response_lengths[0] = response_length
+    prompt_mask = lengths_to_mask(prompt_lengths, prompt_length, left_padded=True)
+    attended = lengths_to_mask(response_lengths, response_length, left_padded=False)
+    prompt_ids = torch.randint(3, 256, (groups, prompt_length), generator=generator).repeat_interleave(samples, 0) * prompt_mask
+    response_ids = torch.randint(3, 256, (size, response_length), generator=generator) * attended
+    tensors = build_model_inputs(prompt_ids, prompt_mask, response_ids, attended)
+    loss_mask = attended.float()
+    if observation_holes:
+        loss_mask[:, 3:6] = 0.0
+    tensors[keys.RESPONSE_MASK] = loss_mask
+    tensors[keys.ADVANTAGES] = torch.randn(size, response_length, generator=generator)
+    tensors[keys.OLD_LOGPROBS] = -torch.rand(size, response_length, generator=generator) * 3 - 3
+    tensors[keys.RETURNS] = torch.randn(size, response_length, generator=generator)
+    tensors[keys.VALUES] = torch.randn(size, response_length, generator=generator)
+    return Batch.from_dict(tensors)
+
+
+def test_a_group_is_its_prompt_once_then_each_response_continuing_its_positions():
+    # Samples 0 and 2 share prompt [11, 12, 13]; sample 1 has a prompt of its own.
+    batch = _batch([[11, 12, 13], [21], [11, 12, 13]], [[14, 15], [22, 23], [16]])
+    assert prompt_groups(batch).tolist() == [0, 1, 0]
+    layout = shared_prompt_layout(batch)
+    # Units: [11 12 13 | 14 15 | 16] (6 tokens) and [21 | 22 23] (3): rows as wide as the longest unit.
+    assert layout.width == 6 and layout.rows == 2 and layout.real_tokens == 9
+    assert layout.inputs["input_ids"].tolist() == [[11, 12, 13, 14, 15, 16], [21, 22, 23, 0, 0, 0]]
+    assert layout.inputs["position_ids"].tolist() == [[0, 1, 2, 3, 4, 3], [0, 1, 2, 0, 0, 0]]
+    seen = layout.inputs["attention_mask"][:, 0].int().tolist()
+    assert seen[0] == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 0],
+        [1, 1, 1, 0, 0, 1],  # the second response sees the prompt and itself, not the first response
+    ]
+    assert [row[:3] for row in seen[1][:3]] == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    assert [row[3:] for row in seen[1][3:]] == [[1, 0, 0], [0, 1, 0], [0, 0, 1]]  # filler: each token alone
+    # Each response's first token is scored by the prompt's last output (flat index 2), the rest by the token before.
+    flat = layout.inputs["input_ids"].reshape(-1)
+    scored = dict(zip(zip(layout.samples.tolist(), layout.columns.tolist()), layout.scored.tolist()))
+    assert scored == {(0, 0): 2, (0, 1): 3, (1, 0): 6, (1, 1): 7, (2, 0): 2}
+    assert layout.labels.tolist() == [14, 15, 22, 23, 16] and flat[7 + 1] == 23
+
+
+def test_an_additive_mask_for_eager_attention():
+    batch = _batch([[11, 12], [11, 12]], [[13], [14]])
+    mask = shared_prompt_layout(batch, mask_dtype=torch.float32).inputs["attention_mask"][0, 0]
+    allowed = shared_prompt_layout(batch).inputs["attention_mask"][0, 0]
+    assert torch.equal(mask == 0, allowed) and (mask[~allowed] == torch.finfo(torch.float32).min).all()
+
+
+def test_no_shared_prompt_is_the_packed_layout():
+    batch = _batch([[11, 12], [21]], [[13], [22, 23]])
+    layout = shared_prompt_layout(batch)
+    assert "attention_mask" not in layout.inputs and layout.inputs["position_ids"].tolist() == [[0, 1, 2], [0, 1, 2]]
+
+
+def _forward_and_gradients(model_dir, batch, *, share: bool, value_head: bool = False, attn: str = "eager"):
+    engine = TrainingEngine(engine_config(model_dir, share_prompt=share, value_head=value_head,
+                                          metric_prefix="critic" if value_head else "actor", attn_implementation=attn))
+    outputs = forward_micro_batch(engine.module, batch, device=torch.device("cpu"), dtype=torch.float32,
+                                  value_head=value_head, with_entropy=not value_head, share_prompt=share)
+    mask = batch[keys.RESPONSE_MASK]
+    if value_head:
+        loss = ((outputs.values - batch[keys.RETURNS]) ** 2 * mask).sum()
+        result = outputs.values
+    else:  # a policy-gradient surrogate plus the entropy: every token's log-prob and entropy get a gradient
+        loss = -(outputs.logprobs * batch[keys.ADVANTAGES] * mask).sum() - 0.1 * (outputs.entropy * mask).sum()
+        result = outputs.logprobs
+    loss.backward()
+    gradients = {name: p.grad.clone() for name, p in engine.module.named_parameters() if p.grad is not None}
+    return result.detach(), gradients
+
+
+def _assert_gradients_close(shared: dict, packed: dict) -> None:
+    assert shared.keys() == packed.keys() and shared
+    for name in packed:
+        relative = (shared[name] - packed[name]).norm() / packed[name].norm().clamp_min(1e-12)
+        assert relative < 1e-4, f"{name}: relative gradient difference {relative:.2e}"
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("multi_turn", [False, True], ids=["single_turn", "multi_turn"])
+def test_policy_logprobs_and_gradients_equal_the_packed_path(small_lm, attn, multi_turn):
+    batch = grouped_batch(3, 4, seed=1, observation_holes=multi_turn)
+    logprobs, gradients = _forward_and_gradients(small_lm, batch, share=True, attn=attn)
+    packed_logprobs, packed_gradients = _forward_and_gradients(small_lm, batch, share=False, attn=attn)
+    torch.testing.assert_close(logprobs, packed_logprobs, rtol=0, atol=1e-5)
+    _assert_gradients_close(gradients, packed_gradients)
+
+
+def test_critic_values_and_gradients_equal_the_packed_path(small_lm):
+    batch = grouped_batch(2, 4, seed=2)
+    values, gradients = _forward_and_gradients(small_lm, batch, share=True, value_head=True)
+    packed_values, packed_gradients = _forward_and_gradients(small_lm, batch, share=False, value_head=True)
+    torch.testing.assert_close(values, packed_values, rtol=0, atol=1e-5)
+    _assert_gradients_close(gradients, packed_gradients)
+
+
+@pytest.mark.parametrize("micro", [{"max_tokens": 40}, {"micro_batch_size": 3}], ids=["token_budget", "count"])
+def test_an_update_equals_the_packed_path_whatever_the_micro_batches(small_lm, micro):
+    """Whole updates through the engine (groups cut across micro-batches, a group over the budget
+    split with its prompt repeated): the same metrics and the same weights after."""
+    batch = grouped_batch(3, 4, seed=3)
+    results = {}
+    for share in (True, False):
+        engine = TrainingEngine(engine_config(small_lm, share_prompt=share))
+        metrics = engine.train_mini_batch(batch, ppo_entropy_loss, with_entropy=True, **micro)
+        results[share] = metrics, parameters(engine)
+    (metrics, weights), (packed_metrics, packed_weights) = results[True], results[False]
+    assert abs(metrics["actor/loss"] - packed_metrics["actor/loss"]) < 1e-5
+    assert abs(metrics["actor/grad_norm"] - packed_metrics["actor/grad_norm"]) < 1e-4 * packed_metrics["actor/grad_norm"]
+    assert max((weights[k] - packed_weights[k]).abs().max().item() for k in weights) < 1e-5
+
+
+def test_units_are_packed_by_the_tokens_they_compute_and_split_over_the_budget():
+    # Two groups: prompt 10 with responses 5, 5, 5 (25 tokens computed) and prompt 4 with 2, 2 (8).
+    prompts, responses, units = [10, 10, 10, 4, 4], [5, 5, 5, 2, 2], [0, 0, 0, 1, 1]
+    assert split_units_by_token_budget(prompts, responses, units, 33) == [[0, 1, 2, 3, 4]]  # 25 + 8
+    # A budget of 24: group 0 is cut in two pieces, each paying its prompt (10 + 5 + 5, 10 + 5), and the
+    # second shares a micro-batch with group 1 (15 + 8).
+    pieces = split_units_by_token_budget(prompts, responses, units, 24)
+    assert sorted(map(sorted, pieces)) == [[0, 1], [2, 3, 4]]
+    with pytest.raises(ValueError, match="more than the micro-batch token budget"):
+        split_units_by_token_budget(prompts, responses, units, 14)
+
+
+def test_a_model_whose_attention_cannot_take_the_mask_is_refused(small_lm):
+    engine = TrainingEngine(engine_config(small_lm))
+    assert engine.share_prompt and model_shared_prompt_problem(engine.module) is None
+    engine.module.config.sliding_window = 16
+    assert "other than full causal ones (sliding_window)" in model_shared_prompt_problem(engine.module)
+    engine.module.config.sliding_window = None
+    engine.module.config._attn_implementation = "flash_attention_2"
+    assert "needs eager or sdpa" in model_shared_prompt_problem(engine.module)
