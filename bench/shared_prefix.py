@@ -10,10 +10,12 @@ where native), attention implementation and micro-batching on both sides. Per sh
             median CPU seconds of this process over ``--repeats``, the engines in turns (order
             alternating: ``bench.train.interleaved_medians``);
   logprobs: one ``compute_logprobs`` pass (micro-batches of the preset's log-prob size), the same way;
-  memory:   peak resident memory above the model's during one update, each path in a fresh process.
+  memory:   peak resident memory above the model's during one update, each path in a fresh process
+            (``--memory-shapes``, bfcl@4 by default: each costs two more model loads and updates).
 Shapes:
-  bfcl@4, bfcl@8: 16 prompts of ``posttrain prepare bfcl``'s training rows (their functions in the
-            prompt, as the ``bfcl_grpo`` preset renders them; ~600 tokens), 4 or 8 samples each,
+  bfcl@4, bfcl@8: 8 prompts (``--prompts``) drawn from ``posttrain prepare bfcl``'s training rows within the
+            preset's cap of 768 tokens (their functions in the prompt, as ``bfcl_grpo`` renders them),
+            4 or 8 samples each,
             micro-batches of 4 samples (the preset's), sdpa (the preset's). Response lengths: no
             recorded bfcl_grpo rollout is on this machine, so they are drawn uniformly from 20-60
             tokens (the recipe's RL responses averaged ~40: docs/tools.md); ``--response-lengths``
@@ -23,6 +25,10 @@ Shapes:
 Also printed: the bf16 spread. The packed path against itself when the micro-batch contents change
 (micro-batches of 4 against of 16 samples), and the shared path against the packed one: the largest
 per-token log-prob difference, so the shared path's rounding is set beside the ordinary one.
+``--vllm``: generation of the bfcl@4 prompts (each row repeated 4 times, as the trainer sends them;
+40 new tokens each, eos ignored) by vLLM with its prefix caching on and off (``vllm.LLM`` built as
+``VLLMRolloutEngine`` builds it, plus its statistics), wall seconds and the prefix cache's hit rate
+(hit tokens over queried tokens, vLLM's own counters), each in a fresh process.
 Last line: ``shared_prefix_update_speedup: X`` (bfcl@4, update, packed / shared CPU seconds).
 """
 
@@ -47,6 +53,9 @@ from posttrain.models import resolve_model
 from posttrain.protocol import Batch, pad_rows
 
 
+BFCL_PROMPT_CAP = 768  # bfcl_grpo's builtin_options.max_prompt_tokens
+
+
 @dataclass(frozen=True)
 class Shape:
     name: str
@@ -55,8 +64,9 @@ class Shape:
     attn_implementation: str
 
 
-def bfcl_prompts(model_dir: Path, count: int, data_dir: Path | None) -> list[list[int]]:
-    """Token ids of ``count`` BFCL training prompts with their functions, as bfcl_grpo renders them."""
+def bfcl_prompts(model_dir: Path, count: int, data_dir: Path | None, seed: int = 0) -> list[list[int]]:
+    """Token ids of ``count`` BFCL training prompts with their functions, as bfcl_grpo renders them:
+    a seeded draw from the rows within the preset's cap of 768 prompt tokens."""
     import tempfile
 
     from posttrain.data.format import read_rows
@@ -66,10 +76,13 @@ def bfcl_prompts(model_dir: Path, count: int, data_dir: Path | None) -> list[lis
 
     if data_dir is None:
         data_dir = Path(tempfile.mkdtemp(prefix="bench-bfcl-"))
-        prepare("bfcl", data_dir, max_prompt_tokens=768, no_call_share=0.2)
-    rows = read_rows([data_dir / "train.parquet"])[:count]
+        prepare("bfcl", data_dir, max_prompt_tokens=BFCL_PROMPT_CAP, no_call_share=0.2)
+    rows = read_rows([data_dir / "train.parquet"])
     tokenizer = load_tokenizer(str(model_dir))
-    return tokenize_prompts([list(r.messages) for r in rows], tokenizer, row_tools=[r.tools for r in rows])
+    prompts = [p for p in tokenize_prompts([list(r.messages) for r in rows], tokenizer, row_tools=[r.tools for r in rows])
+               if len(p) <= BFCL_PROMPT_CAP]
+    picked = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed))[:count]
+    return [prompts[i] for i in picked.tolist()]
 
 
 def grouped_batch(prompts: list[list[int]], samples: int, response_lengths: list[int], vocab: int, seed: int = 1) -> Batch:
@@ -155,6 +168,43 @@ def measure(model_dir: Path, shape: Shape, batch: Batch, repeats: int, memory: b
     return update_off / update_on
 
 
+def _vllm_generation(model_dir: Path, prompts: list[list[int]], caching: bool, queue) -> None:
+    import os
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=str(model_dir), dtype="bfloat16", max_model_len=1024, seed=0, enforce_eager=True,
+              kv_cache_memory_bytes=2**30, enable_prefix_caching=caching, enable_chunked_prefill=False,
+              disable_log_stats=False)
+    params = SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True, seed=0)
+    rows = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    llm.generate(rows[:1], params, use_tqdm=False)  # warm-up (its prompt is in the cache afterwards: reset)
+    llm.reset_prefix_cache()
+    start = time.perf_counter()
+    llm.generate(rows, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    counters = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+    queries, hits = counters.get("vllm:prefix_cache_queries", 0), counters.get("vllm:prefix_cache_hits", 0)
+    queue.put((seconds, hits / queries if queries else float("nan")))
+
+
+def vllm_prefix_caching(model_dir: Path, prompts: list[list[int]], samples: int) -> None:
+    rows = [p for p in prompts for _ in range(samples)]
+    context = multiprocessing.get_context("spawn")
+    results = {}
+    for caching in (True, False):
+        queue = context.Queue()
+        child = context.Process(target=_vllm_generation, args=(model_dir, rows, caching, queue))
+        child.start()
+        results[caching] = queue.get()
+        child.join()
+    (on_s, on_hit), (off_s, off_hit) = results[True], results[False]
+    print(f"vLLM prefix caching, {len(rows)} rows ({samples} per prompt), 40 new tokens: on {on_s:.1f} s "
+          f"(hit rate {on_hit:.3f}), off {off_s:.1f} s (hit rate {off_hit:.3f}): generation {off_s / on_s:.2f}x faster with it")
+
+
 def bf16_spread(model_dir: Path, batch: Batch) -> None:
     """Packed vs packed with other micro-batch contents, and shared vs packed, under the engine's dtype."""
     shape = Shape("spread", {}, 4, "sdpa")
@@ -173,21 +223,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is stable on a shared 2-core machine)")
     parser.add_argument("--bfcl-data", type=Path, help="a `posttrain prepare bfcl` directory (default: prepared here)")
     parser.add_argument("--response-lengths", type=Path, help="recorded BFCL response lengths, one per line")
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
+    parser.add_argument("--prompts", type=int, default=8, help="BFCL prompts per batch (the preset trains on 16)")
+    parser.add_argument("--memory-shapes", default="bfcl@4", help="shapes whose peak memory is measured (fresh processes)")
     parser.add_argument("--shapes", default="bfcl@4,bfcl@8,main")
+    parser.add_argument("--vllm", action="store_true", help="also vLLM's prefix caching on vs off (bfcl@4 prompts)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model)
     vocab = 49152
     generator = torch.Generator().manual_seed(0)
     recorded = [int(x) for x in args.response_lengths.read_text().split()] if args.response_lengths else None
-    prompts = bfcl_prompts(model_dir, 16, args.bfcl_data)
+    prompts = bfcl_prompts(model_dir, args.prompts, args.bfcl_data)
     print(f"bfcl prompts: {len(prompts)}, tokens mean {sum(map(len, prompts)) / len(prompts):.0f}, max {max(map(len, prompts))}")
+    if args.vllm:
+        vllm_prefix_caching(model_dir, prompts, 4)
     headline = None
-    for name in args.shapes.split(","):
+    for name in filter(None, args.shapes.split(",")):
         start = time.perf_counter()
         if name.startswith("bfcl@"):
             samples = int(name.split("@")[1])
@@ -201,7 +255,7 @@ def main() -> None:
                             for n in torch.randint(40, 61, (8,), generator=generator)]
             batch = grouped_batch(main_prompts, 8, torch.randint(8, 49, (64,), generator=generator).tolist(), vocab)
             shape = Shape(name, {"max_tokens": 2048}, 32, "eager")
-        speedup = measure(model_dir, shape, batch, args.repeats, not args.no_memory)
+        speedup = measure(model_dir, shape, batch, args.repeats, name in args.memory_shapes.split(","))
         print(f"  ({time.perf_counter() - start:.0f} s)")
         if name == "bfcl@4":
             headline = speedup

@@ -136,14 +136,15 @@ def test_critic_values_and_gradients_equal_the_packed_path(small_lm):
     _assert_gradients_close(gradients, packed_gradients)
 
 
-@pytest.mark.parametrize("micro", [{"max_tokens": 40}, {"micro_batch_size": 3}], ids=["token_budget", "count"])
-def test_an_update_equals_the_packed_path_whatever_the_micro_batches(small_lm, micro):
+@pytest.mark.parametrize("micro, lora", [({"max_tokens": 40}, 0), ({"micro_batch_size": 3}, 0), ({"max_tokens": 40}, 4)],
+                         ids=["token_budget", "count", "token_budget_lora"])
+def test_an_update_equals_the_packed_path_whatever_the_micro_batches(small_lm, micro, lora):
     """Whole updates through the engine (groups cut across micro-batches, a group over the budget
-    split with its prompt repeated): the same metrics and the same weights after."""
+    split with its prompt repeated; full weights or LoRA): the same metrics and the same weights after."""
     batch = grouped_batch(3, 4, seed=3)
     results = {}
     for share in (True, False):
-        engine = TrainingEngine(engine_config(small_lm, share_prompt=share))
+        engine = TrainingEngine(engine_config(small_lm, share_prompt=share, lora_rank=lora))
         metrics = engine.train_mini_batch(batch, ppo_entropy_loss, with_entropy=True, **micro)
         results[share] = metrics, parameters(engine)
     (metrics, weights), (packed_metrics, packed_weights) = results[True], results[False]
