@@ -1,12 +1,15 @@
-"""Shared set-up for the benchmarks: a policy worker on local Ray and chat prompts as a Batch."""
+"""Shared set-up for the benchmarks: a policy worker on local Ray, chat prompts as a Batch, and host
+memory sampled while a long run goes (its peak per step, and how that peak grows)."""
 
 from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
+import psutil
 import torch
 
 from posttrain import keys
@@ -53,3 +56,38 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def tree_rss() -> int:
+    """Resident bytes of this process and all its descendants."""
+    total = 0
+    me = psutil.Process()
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            total += process.memory_info().rss
+        except psutil.Error:  # it exited between the listing and the read
+            pass
+    return total
+
+
+class MemorySampler(threading.Thread):
+    """Samples :func:`tree_rss` while a run goes, keeping the peak of each step that ``step_now``
+    names: every step is then seen at the same phase (its peak), whatever the sampling period."""
+
+    def __init__(self, step_now: Callable[[], int], period_s: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.step_now, self.period_s = step_now, period_s
+        self.peaks: dict[int, int] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.period_s):
+            step = self.step_now()
+            self.peaks[step] = max(self.peaks.get(step, 0), tree_rss())
+
+
+def peak_growth(peaks: Mapping[int, int], early: Iterable[int], late: Iterable[int]) -> tuple[float, float, float]:
+    """(early, late, late / early): the median of the peaks of the ``early`` steps and of the ``late`` ones."""
+    early_peak = statistics.median(peaks[s] for s in early if s in peaks)
+    late_peak = statistics.median(peaks[s] for s in late if s in peaks)
+    return early_peak, late_peak, late_peak / early_peak

@@ -19,46 +19,19 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Collection
 from pathlib import Path
 
 import psutil
 
+from bench.common import MemorySampler, peak_growth
+
 EARLY_STEP = 20
 WINDOW = 10
 GRACE_S = 10.0
-
-
-def tree_rss() -> int:
-    """Resident bytes of this process and all its descendants."""
-    total = 0
-    me = psutil.Process()
-    for process in [me, *me.children(recursive=True)]:
-        try:
-            total += process.memory_info().rss
-        except psutil.Error:  # it exited between the listing and the read
-            pass
-    return total
-
-
-class MemorySampler(threading.Thread):
-    """Samples :func:`tree_rss` while the run goes, keeping each step's peak."""
-
-    def __init__(self, trainer, period_s: float = 0.25) -> None:
-        super().__init__(daemon=True)
-        self.trainer, self.period_s = trainer, period_s
-        self.peaks: dict[int, int] = {}
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(self.period_s):
-            step = self.trainer.step
-            self.peaks[step] = max(self.peaks.get(step, 0), tree_rss())
 
 
 def ray_leftovers(grace_s: float) -> tuple[int, int, float]:
@@ -122,7 +95,7 @@ def soak(mode: str, steps: int, model: str, out: Path) -> dict[str, float]:
     ])
     trainer = training_run(config)
     start_ray(config.trainer, trainer.run_dir)
-    sampler = MemorySampler(trainer)
+    sampler = MemorySampler(lambda: trainer.step)
     sampler.start()
     try:
         trainer.fit()
@@ -136,11 +109,9 @@ def soak(mode: str, steps: int, model: str, out: Path) -> dict[str, float]:
     for line in left:
         print(f"  {mode}: process left: {line}")
     last = max(sampler.peaks)
-    early = [sampler.peaks[s] for s in range(EARLY_STEP, EARLY_STEP + WINDOW) if s in sampler.peaks]
-    late = [sampler.peaks[s] for s in range(last - WINDOW, last) if s in sampler.peaks]
+    early, late, growth = peak_growth(sampler.peaks, range(EARLY_STEP, EARLY_STEP + WINDOW), range(last - WINDOW, last))
     return {
-        "early_mib": statistics.median(early) / 2**20, "late_mib": statistics.median(late) / 2**20,
-        "growth": statistics.median(late) / statistics.median(early), "actors": actors, "objects": objects,
+        "early_mib": early / 2**20, "late_mib": late / 2**20, "growth": growth, "actors": actors, "objects": objects,
         "object_mib": object_mib, "processes": len(left), "last_step": last,
     }
 

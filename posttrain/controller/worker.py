@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.controller.decorator import Dispatch, register
+from posttrain.controller.memory import resident_gb
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,11 @@ class Worker:
     def pid(self) -> int:
         """This rank's process id (to find, or stop, one worker's process from outside)."""
         return os.getpid()
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def resident_memory_gb(self) -> float:
+        """This rank's process's resident memory (RSS), in GB: colocated roles share the one number."""
+        return resident_gb()
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def node_id(self) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 from posttrain.controller import faults
 from posttrain.controller.decorator import REGISTER_ATTR, Dispatch, Execute, registered_methods
 from posttrain.controller.dispatch import GroupFuture, own_batches, plan_call
+from posttrain.controller.memory import limit_heap_growth
 from posttrain.controller.resource_pool import ResourcePool
 from posttrain.controller.worker import Worker, WorkerContext, free_port, init_process_group, node_address
 from posttrain.errors import PosttrainError, ProcessLost
@@ -94,7 +95,9 @@ class WorkerHost:
 
     def build(self, ctx: WorkerContext, set_threads: bool, distributed: bool = False) -> None:
         """Construct this process's workers; with ``distributed``, join the process group first so
-        that workers (a training engine choosing DDP or FSDP) see their group when they are built."""
+        that workers (a training engine choosing DDP or FSDP) see their group when they are built.
+        ``set_threads``: the process is the workers' own (a Ray actor), so its threads and its malloc
+        are set for them (local mode leaves the caller's process as it is)."""
         if set_threads:
             # Two processes that each use every core thrash a small machine: size the pool by
             # the CPUs this process was given.
@@ -103,6 +106,7 @@ class WorkerHost:
             threads = max(1, math.ceil(ctx.num_cpus))  # a fractional share rounds up: it shares a core
             torch.set_num_threads(threads)
             os.environ["OMP_NUM_THREADS"] = str(threads)
+            limit_heap_growth()  # before the engines allocate: glibc otherwise keeps GBs that PyTorch frees
         if distributed:
             init_process_group(ctx)
         self.workers = {role: spec.cls(ctx, *spec.args, **dict(spec.kwargs)) for role, spec in self.specs.items()}

@@ -30,8 +30,9 @@ from ray.actor import ActorHandle
 
 from posttrain.config.schema import PosttrainConfig
 from posttrain.controller import Dispatch, Worker, WorkerContext, register
+from posttrain.controller.memory import RSS_METRIC, resident_gb
 from posttrain.models import load_tokenizer, resolve_model
-from posttrain.metrics import Metrics
+from posttrain.metrics import Metrics, maximum
 from posttrain.protocol import Batch
 from posttrain.rollout import build_rollout
 from posttrain.rollout.batching import repeat_for_groups
@@ -83,6 +84,7 @@ class GeneratorWorker(Sampling, Worker):
         self.pull_weights()
         version, self.seed_step, self.row_offset = self.rollout.version, batch_index, row_offset
         batch, metrics = self.producer(self.roles, repeat_for_groups(prompts, self.group_size), whole_batch=False)
+        metrics[RSS_METRIC.format(group="generator")] = maximum(resident_gb())  # the largest generator's, over a batch's units
         seconds = time.perf_counter() - start
         return GeneratedUnit(index, version, batch, metrics, seconds, self.generator_index, (started_at, time.time()))
 

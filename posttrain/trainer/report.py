@@ -2,8 +2,9 @@
 
 Plots read ``metrics.jsonl`` (the JSONL tracker's file): reward (``critic/score/mean``), validation
 accuracy (every ``val/*/acc/*``), response length (``response_length/mean``), KL (``actor/ppo_kl``,
-``actor/kl_loss``, ``critic/kl``, whichever were logged), the SFT loss (``sft/loss``, ``val/sft_loss``) and, in
-asynchronous runs, staleness, buffer fill and the trainer's waiting share. ``report.md`` ties them together with each
+``actor/kl_loss``, ``critic/kl``, whichever were logged), the SFT loss (``sft/loss``, ``val/sft_loss``), each
+worker process's resident memory (every ``memory/*/rss_gb``: a line that climbs step after step is a leak)
+and, in asynchronous runs, staleness, buffer fill and the trainer's waiting share. ``report.md`` ties them together with each
 validation accuracy's first and last value and the first and last validation's sample generations.
 
 "First" is the run's, across resumes: the values come from ``metrics.jsonl`` (which a resumed run
@@ -28,6 +29,7 @@ PANELS = {
     "kl": ("actor/ppo_kl", "actor/kl_loss", "critic/kl"),
     "sft_loss": ("sft/loss", "val/sft_loss"),
     "async": ("async/staleness/mean", "async/buffer_units", "async/trainer_wait_fraction"),
+    "memory": ("memory/",),
 }
 FIRST_SAMPLES = "first_samples.json"  # in <run_dir>/report/: the run's first validation's samples
 
@@ -40,11 +42,12 @@ class Sample:
 
 
 def series(records: Sequence[dict], prefixes: Sequence[str]) -> dict[str, tuple[list[int], list[float]]]:
-    """name -> (steps, values) for every logged metric matching a panel (val: only accuracies)."""
+    """name -> (steps, values) for every logged metric matching a panel: a name, or a prefix ending in
+    "/" (every name under it; under ``val/`` only accuracies)."""
     found: dict[str, tuple[list[int], list[float]]] = {}
     for record in records:
         for name, value in record["metrics"].items():
-            wanted = any(name == p or (p.endswith("/") and name.startswith(p) and "/acc/" in name) for p in prefixes)
+            wanted = any(name == p or (p.endswith("/") and name.startswith(p) and (p != "val/" or "/acc/" in name)) for p in prefixes)
             if wanted and value is not None:
                 steps, values = found.setdefault(name, ([], []))
                 steps.append(record["step"])

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.controller import ResourcePool, ResourcePoolManager, WorkerGroup, WorkerSpec, kill_group, spawn_pools
+from posttrain.controller.memory import RSS_METRIC
+from posttrain.metrics import Metrics, maximum, merge
 from posttrain.rollout.env_llm import needs_env_llm_worker
 from posttrain.rollout.roles import RolloutRoles
 from posttrain.workers.critic import CriticWorker
@@ -74,6 +76,20 @@ class Roles:
     def for_rollout(self) -> RolloutRoles:
         """The workers a rollout calls."""
         return RolloutRoles(self.actor, self.reward_model, self.env_llm)
+
+    def resident_memory(self) -> Metrics:
+        """``memory/<group>/rss_gb`` for each pool's processes, asked once per process (colocated roles
+        share it): ``policy`` for the trainer's pool, the role's name for a pool of its own (a separate
+        Env-LLM); the largest rank's, as a maximum. A mode's side pools report their own (generators:
+        in each unit's metrics)."""
+        groups = {"actor": self.actor, "ref": self.ref, "critic": self.critic, "reward_model": self.reward_model, "env_llm": self.env_llm}
+        pieces = []
+        for roles in self.pools.roles_by_pool().values():
+            role = "actor" if "actor" in roles else next((r for r in roles if groups.get(r) is not None), None)
+            if role is not None:
+                name = RSS_METRIC.format(group="policy" if role == "actor" else role)
+                pieces += [{name: maximum(gb)} for gb in groups[role].resident_memory_gb()]
+        return merge(pieces)
 
     def release(self) -> None:
         """Stop every worker process (a stuck one too), then free the pools."""

@@ -46,6 +46,7 @@ from posttrain.config import to_yaml
 from posttrain.config.schema import PosttrainConfig
 from posttrain.data import PromptDataLoader
 from posttrain.errors import PosttrainError, is_restartable
+from posttrain.metrics import values
 from posttrain.trainer.checkpoint import ASYNC_STATE, CheckpointError, CheckpointManager, load_rng_state, save_rng_state, step_of
 from posttrain.trainer.report import FIRST_SAMPLES, Sample, load_samples, save_samples, write_report
 from posttrain.trainer.roles import ModeWorkers, Roles, start_roles
@@ -254,6 +255,7 @@ class Run(Generic[Item]):
                 return
             self.step += 1
             metrics["run/restarts"] = float(self.restarts)
+            metrics |= values(roles.resident_memory())  # each worker process's RSS, once a step
             if epoch is not None:
                 metrics["training/epoch"] = float(epoch)
             self._record_prompts()

@@ -56,7 +56,8 @@ def test_async_stopped_gracefully_resumes_within_the_bound_and_trains_every_prom
     staleness_within(first, 1)
     for record in first[1:]:
         for name in ("actor/pg_loss", "actor/behaviour_weight_mean", "async/trainer_wait_fraction", "async/generated_samples_per_s",
-                     "async/trained_samples_per_s", "async/generator_idle_fraction", "timing_s/update_actor"):
+                     "async/trained_samples_per_s", "async/generator_idle_fraction", "timing_s/update_actor",
+                     "memory/policy/rss_gb", "memory/generator/rss_gb"):
             assert math.isfinite(record["metrics"][name]), name
         assert record["metrics"]["async/version"] == record["step"]
     for step in (0, 2):  # validation on the trainer's engine: its metrics are those of the 4 episodes it wrote

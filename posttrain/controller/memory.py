@@ -1,0 +1,42 @@
+"""A worker process's memory: how much it holds (logged every step), and keeping glibc from hoarding it.
+
+Measured (``bench/soak_varied.py``, docs/performance.md#memory-over-a-long-run): the policy worker of
+TextArena GRPO grew by about 1 GB a step because glibc's malloc kept what PyTorch freed. glibc serves
+an allocation of at least ``M_MMAP_THRESHOLD`` bytes with its own ``mmap``, returned to the system on
+``free``; smaller ones come from its heaps, which keep freed memory for reuse. The threshold starts at
+128 KiB but is *dynamic*: each time a mapped block is freed, it rises to that block's size (up to
+32 MiB). After the first update frees its activations, every activation of a micro-batch (a 4,096-token
+micro-batch's are 9-25 MiB each) comes from the heaps, whose free space holds several GB, fragmented
+by shapes that change from micro-batch to micro-batch. :func:`limit_heap_growth` fixes the threshold
+(which also turns the dynamic rise off), so large tensors go back to the system when freed, as they
+did before the rise. It is called once per worker process, before its engines are built.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+import psutil
+
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
+MMAP_THRESHOLD_BYTES = 1 << 20  # blocks of 1 MiB and more: mapped, and unmapped when freed
+RSS_METRIC = "memory/{group}/rss_gb"
+
+
+def resident_gb() -> float:
+    """This process's resident memory (RSS), in GB (10^9 bytes)."""
+    return psutil.Process().memory_info().rss / 1e9
+
+
+def limit_heap_growth(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Serve allocations of ``threshold_bytes`` or more by mmap for the rest of this process (module
+    docstring); returns whether it took effect (False off glibc, e.g. macOS or musl: nothing to do)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold_bytes))
+    except (OSError, AttributeError):  # no libc by that name, or one without mallopt (musl)
+        return False

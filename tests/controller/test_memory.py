@@ -1,0 +1,69 @@
+"""A worker process's memory: the RSS it reports, and the malloc setting that keeps it from hoarding."""
+
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from posttrain.controller import WorkerSpec, spawn_local
+from posttrain.metrics import Kind
+from posttrain.trainer.roles import Roles
+from tests.controller.workers import Counter
+
+# 64 blocks of 4 MiB, each followed by a 256 KiB one that stays (so the freed ones cannot be trimmed from
+# the heap's top), after a freed 16 MiB block has raised glibc's dynamic mmap threshold above them:
+# the free space the heap keeps afterwards, in MiB.
+HEAP_KEPT = textwrap.dedent("""
+    import ctypes, sys
+    from posttrain.controller.memory import limit_heap_growth
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+    libc.mallinfo2.restype = MallInfo2
+    if sys.argv[1] == "limited":
+        assert limit_heap_growth()
+    libc.free(libc.malloc(16 << 20))
+    pairs = [(libc.malloc(4 << 20), libc.malloc(256 << 10)) for _ in range(64)]
+    for big, _ in pairs:
+        libc.free(big)
+    print(libc.mallinfo2().fordblks >> 20)
+""")
+
+
+def heap_kept_mib(mode: str) -> int:
+    done = subprocess.run([sys.executable, "-c", HEAP_KEPT, mode], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_limited_heap_growth_gives_freed_tensors_back_where_glibc_would_keep_them():
+    assert heap_kept_mib("default") >= 250  # the 256 MiB freed, kept by the heap
+    assert heap_kept_mib("limited") < 8
+
+
+def test_every_worker_reports_its_process_rss():
+    group = spawn_local({"c": WorkerSpec(Counter)}, world_size=2)["c"]  # local mode: both ranks are this process
+    assert group.resident_memory_gb() == pytest.approx([psutil.Process().memory_info().rss / 1e9] * 2, rel=0.05)
+
+
+class FakeGroup:
+    def __init__(self, *gb: float) -> None:
+        self.gb, self.calls = list(gb), 0
+
+    def resident_memory_gb(self) -> list[float]:
+        self.calls += 1
+        return self.gb
+
+
+def test_each_pools_processes_report_once_as_the_largest_rank():
+    actor, ref, env_llm = FakeGroup(3.0, 5.0), FakeGroup(3.0, 5.0), FakeGroup(2.0)
+    pools = SimpleNamespace(roles_by_pool=lambda: {"global_pool": ["ref", "actor"], "env_llm_pool": ["env_llm"], "generator_0": ["generator_0"]})
+    metrics = Roles(actor, ref, None, None, pools, env_llm).resident_memory()
+    assert {name: (m.value, m.kind) for name, m in metrics.items()} == {
+        "memory/policy/rss_gb": (5.0, Kind.MAX), "memory/env_llm/rss_gb": (2.0, Kind.MAX)}
+    assert (actor.calls, ref.calls, env_llm.calls) == (1, 0, 1)  # the reference shares the policy's processes
