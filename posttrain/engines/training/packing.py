@@ -102,12 +102,8 @@ def packed_layout(micro_batch: Batch, *, one_row: bool = False) -> Layout:
     ``one_row``: every sample in a single row (flash-attention kernels). Raises ValueError for a
     sample whose attended tokens are not one run or that has no prompt token.
     """
-    input_ids, attention_mask = micro_batch[keys.INPUT_IDS], micro_batch[keys.ATTENTION_MASK] != 0
-    prompt_length = input_ids.shape[1] - micro_batch[keys.RESPONSE_IDS].shape[1]
-    lengths = attention_mask.sum(dim=1)
-    prompt_lengths = attention_mask[:, :prompt_length].sum(dim=1)
-    firsts = attention_mask.int().argmax(dim=1)
-    _check_runs(attention_mask, lengths, prompt_lengths, firsts, prompt_length)
+    input_ids = micro_batch[keys.INPUT_IDS]
+    prompt_length, lengths, prompt_lengths, firsts = _sample_runs(micro_batch)
 
     sizes = lengths.tolist()
     width = sum(sizes) if one_row else max(sizes)
@@ -142,12 +138,8 @@ def shared_prompt_layout(micro_batch: Batch, *, mask_dtype: torch.dtype = torch.
     groups = prompt_groups(micro_batch)
     if len(groups) == len(set(groups.tolist())):
         return packed_layout(micro_batch)
-    input_ids, attention_mask = micro_batch[keys.INPUT_IDS], micro_batch[keys.ATTENTION_MASK] != 0
-    prompt_length = input_ids.shape[1] - micro_batch[keys.RESPONSE_IDS].shape[1]
-    lengths = attention_mask.sum(dim=1)
-    prompt_lengths = attention_mask[:, :prompt_length].sum(dim=1)
-    firsts = attention_mask.int().argmax(dim=1)
-    _check_runs(attention_mask, lengths, prompt_lengths, firsts, prompt_length)
+    input_ids = micro_batch[keys.INPUT_IDS]
+    prompt_length, lengths, prompt_lengths, firsts = _sample_runs(micro_batch)
 
     members = [(groups == g).nonzero().flatten().tolist() for g in range(int(groups.max()) + 1)]
     response_lengths = (lengths - prompt_lengths).tolist()
@@ -200,6 +192,17 @@ def _unit_mask(units: Tensor, parts: Tensor, dtype: torch.dtype) -> Tensor:
     if dtype == torch.bool:
         return allowed
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def _sample_runs(micro_batch: Batch) -> tuple[int, Tensor, Tensor, Tensor]:
+    """(prompt columns P, each sample's attended tokens, its prompt tokens, its first column), checked."""
+    attention_mask = micro_batch[keys.ATTENTION_MASK] != 0
+    prompt_length = attention_mask.shape[1] - micro_batch[keys.RESPONSE_IDS].shape[1]
+    lengths = attention_mask.sum(dim=1)
+    prompt_lengths = attention_mask[:, :prompt_length].sum(dim=1)
+    firsts = attention_mask.int().argmax(dim=1)
+    _check_runs(attention_mask, lengths, prompt_lengths, firsts, prompt_length)
+    return prompt_length, lengths, prompt_lengths, firsts
 
 
 def _check_runs(attention_mask: Tensor, lengths: Tensor, prompt_lengths: Tensor, firsts: Tensor, prompt_length: int) -> None:

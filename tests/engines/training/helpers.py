@@ -39,6 +39,18 @@ def engine_config(model_dir: Path, **overrides) -> TrainingEngineConfig:
     return TrainingEngineConfig(**(settings | overrides))
 
 
+def batch_of(prompts: list[list[int]], responses: list[list[int]]) -> Batch:
+    """A Batch of these prompt and response token ids (left- and right-padded with 0)."""
+    from posttrain.engines.training.inputs import build_model_inputs, lengths_to_mask
+
+    width_p, width_r = max(map(len, prompts)), max(map(len, responses))
+    prompt_mask = lengths_to_mask(torch.tensor([len(p) for p in prompts]), width_p, left_padded=True)
+    response_mask = lengths_to_mask(torch.tensor([len(r) for r in responses]), width_r, left_padded=False)
+    prompt_ids = torch.tensor([[0] * (width_p - len(p)) + p for p in prompts])
+    response_ids = torch.tensor([r + [0] * (width_r - len(r)) for r in responses])
+    return Batch.from_dict(build_model_inputs(prompt_ids, prompt_mask, response_ids, response_mask))
+
+
 def make_batch(batch_size: int, *, prompt_length: int = 8, response_length: int = 8, seed: int = 0,
                vocab: int = VOCAB) -> Batch:
     """Left-padded prompts and right-padded responses of random lengths, with PPO's tensors.

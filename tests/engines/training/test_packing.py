@@ -5,11 +5,11 @@ import torch
 
 from posttrain import keys
 from posttrain.engines.training import TrainingEngine
-from posttrain.engines.training.inputs import build_model_inputs, lengths_to_mask
 from posttrain.engines.training.modeling import forward_micro_batch, plain_head
 from posttrain.engines.training.packing import packed_layout, padded_layout
 from posttrain.protocol import Batch
 from tests.engines.training.helpers import (
+    batch_of,
     critic_loss,
     engine_config,
     make_batch,
@@ -18,17 +18,8 @@ from tests.engines.training.helpers import (
 )
 
 
-def _batch(prompts: list[list[int]], responses: list[list[int]]) -> Batch:
-    width_p, width_r = max(map(len, prompts)), max(map(len, responses))
-    prompt_mask = lengths_to_mask(torch.tensor([len(p) for p in prompts]), width_p, left_padded=True)
-    response_mask = lengths_to_mask(torch.tensor([len(r) for r in responses]), width_r, left_padded=False)
-    prompt_ids = torch.tensor([[0] * (width_p - len(p)) + p for p in prompts])
-    response_ids = torch.tensor([r + [0] * (width_r - len(r)) for r in responses])
-    return Batch.from_dict(build_model_inputs(prompt_ids, prompt_mask, response_ids, response_mask))
-
-
 def test_samples_are_packed_longest_first_each_counted_from_position_zero():
-    batch = _batch([[11, 12, 13, 14], [21], [31, 32]], [[15, 16, 17, 18], [22, 23], [33]])
+    batch = batch_of([[11, 12, 13, 14], [21], [31, 32]], [[15, 16, 17, 18], [22, 23], [33]])
     layout = packed_layout(batch)
     # Lengths 8, 3 and 3: a row as wide as the longest, the two short ones sharing the second.
     assert layout.width == 8 and layout.rows == 2 and layout.real_tokens == 14
@@ -47,14 +38,14 @@ def test_samples_are_packed_longest_first_each_counted_from_position_zero():
 
 
 def test_one_row_puts_every_sample_end_to_end():
-    batch = _batch([[11, 12], [21]], [[13], [22, 23]])
+    batch = batch_of([[11, 12], [21]], [[13], [22, 23]])
     layout = packed_layout(batch, one_row=True)
     assert layout.inputs["input_ids"].tolist() == [[11, 12, 13, 21, 22, 23]]
     assert layout.inputs["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2]]
 
 
 def test_samples_that_cannot_be_packed_are_named():
-    batch = _batch([[11, 12], [21]], [[13], [22, 23]])
+    batch = batch_of([[11, 12], [21]], [[13], [22, 23]])
     holed = Batch({**batch.tensors, keys.ATTENTION_MASK: batch[keys.ATTENTION_MASK].clone()}, batch.non_tensors, batch.meta)
     holed[keys.ATTENTION_MASK][1, -2] = 0  # a hole inside sample 1's response
     with pytest.raises(ValueError, match="sample 1's attended tokens are not one run"):

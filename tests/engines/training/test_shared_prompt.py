@@ -15,16 +15,7 @@ from posttrain.engines.training.micro_batches import split_units_by_token_budget
 from posttrain.engines.training.modeling import forward_micro_batch, model_shared_prompt_problem
 from posttrain.engines.training.packing import shared_prompt_layout
 from posttrain.protocol import Batch
-from tests.engines.training.helpers import engine_config, parameters, ppo_entropy_loss
-
-
-def _batch(prompts: list[list[int]], responses: list[list[int]]) -> Batch:
-    width_p, width_r = max(map(len, prompts)), max(map(len, responses))
-    prompt_mask = lengths_to_mask(torch.tensor([len(p) for p in prompts]), width_p, left_padded=True)
-    response_mask = lengths_to_mask(torch.tensor([len(r) for r in responses]), width_r, left_padded=False)
-    prompt_ids = torch.tensor([[0] * (width_p - len(p)) + p for p in prompts])
-    response_ids = torch.tensor([r + [0] * (width_r - len(r)) for r in responses])
-    return Batch.from_dict(build_model_inputs(prompt_ids, prompt_mask, response_ids, response_mask))
+from tests.engines.training.helpers import batch_of, engine_config, parameters, ppo_entropy_loss
 
 
 def grouped_batch(groups: int, samples: int, *, prompt_length: int = 10, response_length: int = 12,
@@ -56,7 +47,7 @@ def grouped_batch(groups: int, samples: int, *, prompt_length: int = 10, respons
 
 def test_a_group_is_its_prompt_once_then_each_response_continuing_its_positions():
     # Samples 0 and 2 share prompt [11, 12, 13]; sample 1 has a prompt of its own.
-    batch = _batch([[11, 12, 13], [21], [11, 12, 13]], [[14, 15], [22, 23], [16]])
+    batch = batch_of([[11, 12, 13], [21], [11, 12, 13]], [[14, 15], [22, 23], [16]])
     assert prompt_groups(batch).tolist() == [0, 1, 0]
     layout = shared_prompt_layout(batch)
     # Units: [11 12 13 | 14 15 | 16] (6 tokens) and [21 | 22 23] (3): rows as wide as the longest unit.
@@ -82,14 +73,14 @@ def test_a_group_is_its_prompt_once_then_each_response_continuing_its_positions(
 
 
 def test_an_additive_mask_for_eager_attention():
-    batch = _batch([[11, 12], [11, 12]], [[13], [14]])
+    batch = batch_of([[11, 12], [11, 12]], [[13], [14]])
     mask = shared_prompt_layout(batch, mask_dtype=torch.float32).inputs["attention_mask"][0, 0]
     allowed = shared_prompt_layout(batch).inputs["attention_mask"][0, 0]
     assert torch.equal(mask == 0, allowed) and (mask[~allowed] == torch.finfo(torch.float32).min).all()
 
 
 def test_no_shared_prompt_is_the_packed_layout():
-    batch = _batch([[11, 12], [21]], [[13], [22, 23]])
+    batch = batch_of([[11, 12], [21]], [[13], [22, 23]])
     layout = shared_prompt_layout(batch)
     assert "attention_mask" not in layout.inputs and layout.inputs["position_ids"].tolist() == [[0, 1, 2], [0, 1, 2]]
 
