@@ -16,7 +16,7 @@ Shapes:
   bfcl@4, bfcl@8: 8 prompts (``--prompts``) drawn from ``posttrain prepare bfcl``'s training rows within the
             preset's cap of 768 tokens (their functions in the prompt, as ``bfcl_grpo`` renders them),
             4 or 8 samples each,
-            micro-batches of 4 samples (the preset's), sdpa (the preset's). Response lengths: no
+            micro-batches of 4 samples (the preset's; ``bfcl@8/8``: of 8, a whole group), sdpa (the preset's). Response lengths: no
             recorded bfcl_grpo rollout is on this machine, so they are drawn uniformly from 20-60
             tokens (the recipe's RL responses averaged ~40: docs/tools.md); ``--response-lengths``
             takes a file of recorded lengths (one integer per line) instead.
@@ -244,12 +244,13 @@ def main() -> None:
     for name in filter(None, args.shapes.split(",")):
         start = time.perf_counter()
         if name.startswith("bfcl@"):
-            samples = int(name.split("@")[1])
+            samples, _, micro = name.split("@")[1].partition("/")
+            samples, micro = int(samples), int(micro or 4)
             count = len(prompts) * samples
             lengths = ([recorded[i % len(recorded)] for i in range(count)] if recorded
                        else torch.randint(20, 61, (count,), generator=generator).tolist())
             batch = grouped_batch(prompts, samples, lengths, vocab)
-            shape = Shape(name, {"micro_batch_size": 4}, 16, "sdpa")
+            shape = Shape(name, {"micro_batch_size": micro}, 16, "sdpa")
         else:
             main_prompts = [torch.randint(1, vocab, (int(n),), generator=generator).tolist()
                             for n in torch.randint(40, 61, (8,), generator=generator)]
