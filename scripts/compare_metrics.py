@@ -1,7 +1,8 @@
 """Compare two runs' metrics.jsonl, step by step: the same steps, the same metric names, equal values.
 
 Wall-clock metrics (``timing_s/*``, ``timing_per_token_ms/*``, ``perf/throughput``,
-``perf/time_per_step``) differ between any two runs and are skipped, as is ``run/restarts`` (how
+``perf/time_per_step``) and each process's resident memory (``memory/*/rss_gb``) differ between any two
+runs and are skipped, as is ``run/restarts`` (how
 often a run was restarted after a dead worker: a restarted run must otherwise equal an uninterrupted one). Exit 0 when everything else is
 equal, 1 otherwise (the differences printed).
 
@@ -14,7 +15,8 @@ import json
 import sys
 
 WALL_CLOCK = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step")
-SKIPPED = WALL_CLOCK + ("run/restarts",)
+PER_PROCESS = ("memory/",)
+SKIPPED = WALL_CLOCK + PER_PROCESS + ("run/restarts",)
 
 
 def differences(first: list[dict], second: list[dict]) -> tuple[int, list[str]]:

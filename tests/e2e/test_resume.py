@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.models import cached_tiny_model
+from scripts.compare_metrics import PER_PROCESS
 from tests.e2e.test_train_cli import DEFAULT_SKIP, TINY_RUN
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -23,8 +24,8 @@ VOWEL_REWARD = '''
 def compute_score(solution_str, ground_truth):
     return sum(c in "aeiou" for c in solution_str) / max(len(solution_str), 1)
 '''
-# Timings and throughputs differ between any two runs; everything else must not.
-UNTIMED = ("timing_s/", "timing_per_token_ms/", "perf/")
+# Timings, throughputs and each process's resident memory differ between any two runs; nothing else may.
+UNTIMED = ("timing_s/", "timing_per_token_ms/", "perf/", *PER_PROCESS)
 
 
 def cli(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
