@@ -239,22 +239,20 @@ def check_paths(config: PosttrainConfig) -> list[Problem]:
 def share_prompt_problems(config: PosttrainConfig, model_paths: list[str]) -> list[Problem]:
     """``actor_rollout_ref.model.share_prompt`` on a local model whose attention cannot take its mask
     (a Hub id is judged when the engine starts: it refuses it the same way)."""
-    from posttrain.engines.training.modeling import resolve_attn_implementation, shared_prompt_problem
+    from posttrain.engines.training.modeling import shared_prompt_problem
     from posttrain.models.loading import BUILTIN_MODELS
 
     model = config.actor_rollout_ref.model
     if not (model.share_prompt and model.use_remove_padding):
         return []
-    import torch
     from transformers import AutoConfig
 
-    device = torch.device("cuda" if config.trainer.device == "cuda" or (config.trainer.device == "auto" and torch.cuda.is_available()) else "cpu")
-    attention = resolve_attn_implementation(config.actor_rollout_ref.actor.attn_implementation, device)
     problems = []
     for path in model_paths:
         if path in BUILTIN_MODELS or not (Path(path).expanduser() / "config.json").is_file():
             continue
-        problem = shared_prompt_problem(AutoConfig.from_pretrained(Path(path).expanduser()), attention)
+        # attention not judged: the config's choices (auto, eager, sdpa) all take the layout's mask
+        problem = shared_prompt_problem(AutoConfig.from_pretrained(Path(path).expanduser()), None)
         if problem:
             problems.append(Problem("actor_rollout_ref.model.share_prompt", True, f"cannot run {path}: {problem}; set it to false"))
     return problems

@@ -69,8 +69,8 @@ from posttrain.engines.training.modeling import (
     ForwardOutputs,
     build_model,
     forward_micro_batch,
-    resolve_attn_implementation,
     model_shared_prompt_problem,
+    resolve_attn_implementation,
 )
 from posttrain.engines.training.schedule import make_lr_scheduler
 from posttrain.metrics import Metrics, latest, mean

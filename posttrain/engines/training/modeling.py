@@ -182,15 +182,15 @@ def _layout(model: nn.Module, micro_batch: Batch, pack: bool, share_prompt: bool
     return packed_layout(micro_batch, one_row="flash" in _attention_implementation(model))
 
 
-def shared_prompt_problem(model_config: Any, attn_implementation: str) -> str | None:
+def shared_prompt_problem(model_config: Any, attn_implementation: str | None) -> str | None:
     """Why a model cannot run the shared-prompt layout (its mask would not be exact), or None.
 
     ``model_config``: the model's transformers config. The layout hands the attention an explicit
     4D mask: eager and sdpa take it as it is; flash attention reads packing from position ids only,
     and a sliding-window or chunked layer would have its own window replaced by the layout's full
-    causal one.
+    causal one. ``attn_implementation`` None: not judged (a config's choices are all eager or sdpa).
     """
-    if attn_implementation not in ("eager", "sdpa"):
+    if attn_implementation is not None and attn_implementation not in ("eager", "sdpa"):
         return f"its attention implementation is {attn_implementation!r}; the shared prompt needs eager or sdpa"
     text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     layer_types = set(getattr(text, "layer_types", None) or ["full_attention"])
