@@ -3,10 +3,9 @@
 from posttrain.agents.env import EpisodeSample, Environment, StepInfo, StepResult
 from posttrain.agents.loop import AgentLoopConfig, Episode, GenerateTurn, TurnOutput, run_episodes, turn_budgets
 from posttrain.agents.metrics import episode_metrics
-from posttrain.agents.registry import builtin_env_names, env_factory, load_env_class
 from posttrain.agents.render import ObservationRenderer
 
 __all__ = [
     "AgentLoopConfig", "Environment", "Episode", "EpisodeSample", "GenerateTurn", "ObservationRenderer", "StepInfo",
-    "StepResult", "TurnOutput", "builtin_env_names", "env_factory", "episode_metrics", "load_env_class", "run_episodes", "turn_budgets",
+    "StepResult", "TurnOutput", "episode_metrics", "run_episodes", "turn_budgets",
 ]

@@ -12,7 +12,7 @@ belong to the pieces a run will build, and each is asked of that piece, so that 
 the training engine's settings (optimizer, schedule, dtype, LoRA) and the rollout engine's sampling
 settings, built from the config exactly as the workers build them (``workers/engines.py``); the
 names the algos registries know; the estimator's needs (values need a critic, a group baseline
-needs several samples per prompt); the environment class and its options (``agents/registry.py``);
+needs several samples per prompt); the environment class and its options (``rollout/environments.py``);
 tracker names; and the models and files the run reads. Every problem comes in one report, each
 labelled by the loader with where its key was set.
 """
@@ -161,7 +161,7 @@ def _engine_key(section: str, field_key: str) -> str:
 def check_environment(config: PosttrainConfig) -> list[Problem]:
     """``env.name`` (or ``env.path`` + ``env.class_name``) names an environment, and ``env.options``
     build one (the environment's own checks, run on one built with stand-ins for its resources)."""
-    from posttrain.agents.registry import load_env_class, probe_environment, wanted_resources
+    from posttrain.rollout.environments import load_env_class, probe_environment, wanted_resources
 
     env = config.env
     try:

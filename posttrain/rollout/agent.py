@@ -21,11 +21,9 @@ from transformers import PreTrainedTokenizerBase
 
 from posttrain import keys
 from posttrain.agents import (
-    AgentLoopConfig, Environment, Episode, EpisodeSample, ObservationRenderer, TurnOutput, env_factory, episode_metrics,
-    load_env_class, run_episodes,
+    AgentLoopConfig, Environment, Episode, EpisodeSample, ObservationRenderer, TurnOutput, episode_metrics, run_episodes,
 )
 from posttrain.agents.env_llm import EnvLLMClient
-from posttrain.agents.registry import probe_environment, wanted_resources
 from posttrain.config.schema import PosttrainConfig
 from posttrain.data import RLDataset
 from posttrain.errors import InputError
@@ -35,6 +33,7 @@ from posttrain.metrics import Metrics
 from posttrain.protocol import Batch
 from posttrain.rollout.batching import prompt_token_lists, sequences_to_batch
 from posttrain.rollout.env_llm import open_env_llm
+from posttrain.rollout.environments import env_factory, load_env_class, probe_environment, wanted_resources
 from posttrain.rollout.groups import filter_groups, normalize_rewards, update_batch_shape
 from posttrain.rollout.retriever import RetrieverHandle, corpus_path, open_retriever
 from posttrain.rollout.roles import RolloutRoles

@@ -20,10 +20,10 @@ from posttrain.agents.env_llm import (
     ReplyCache,
     model_identity,
 )
-from posttrain.agents.registry import load_env_class, wanted_resources
 from posttrain.config.schema import EnvLLMConfig, PosttrainConfig
 from posttrain.models import resolve_model
 from posttrain.protocol import Batch
+from posttrain.rollout.environments import load_env_class, wanted_resources
 from posttrain.rollout.roles import ChatModel
 
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from posttrain.agents.env import EpisodeSample
-from posttrain.agents.registry import load_env_class, wanted_resources
 from posttrain.config.schema import EnvConfig
 from posttrain.models.tool_format import template_renders_tools
+from posttrain.rollout.environments import load_env_class, wanted_resources
 from posttrain.tools import CallParser, Tool, ToolBox, auto_parser_name, load_tools
 from posttrain.tools.env import DEFAULT_ANSWER, check_row
 from posttrain.tools.load import check_unique, has_reward, row_tool_class
@@ -27,7 +27,7 @@ SEARCH_TOOL = "posttrain.tools:search"
 
 def uses_tools(env: EnvConfig) -> bool:
     """The environment's class takes the run's tools: its constructor asks for the ``toolbox`` resource
-    (``ToolEnv``, ``env.name: tools``; agents/registry.py)."""
+    (``ToolEnv``, ``env.name: tools``; rollout/environments.py)."""
     return env.name is not None and "toolbox" in wanted_resources(load_env_class(env.name, env.path, env.class_name), env.options)
 
 

@@ -6,7 +6,7 @@ from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer
 from posttrain.agents.doctor import DONT_KNOW, QA, Case, CaseError, DoctorEnv, case_from_sample, doctor_instruction, question_similarity
 from posttrain.agents.doctor.patient import clean_reply
 from posttrain.agents.env_llm import EnvLLMError, EnvLLMReply
-from posttrain.agents.registry import load_env_class, wanted_resources
+from posttrain.rollout.environments import load_env_class, wanted_resources
 
 CASE = Case(
     "case-7", "I've had chest pain for three days.",

@@ -18,7 +18,7 @@ pytest.importorskip("openenv.core.generic_client", reason='openenv-core is insta
 from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer, run_episodes  # noqa: E402
 from posttrain.agents import openenv_env  # noqa: E402
 from posttrain.agents.openenv_env import OpenEnvEnv, OpenEnvServerLost  # noqa: E402
-from posttrain.agents.registry import load_env_class  # noqa: E402
+from posttrain.rollout.environments import load_env_class  # noqa: E402
 from posttrain.agents.retriever.process import free_port  # noqa: E402
 from posttrain.cli.preflight import check_environment  # noqa: E402
 from posttrain.config import load_config  # noqa: E402

@@ -17,7 +17,7 @@ pytest.importorskip("textarena", reason='textarena is installed by scripts/setup
 import textarena  # noqa: E402
 
 from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer, TurnOutput, run_episodes  # noqa: E402
-from posttrain.agents.registry import load_env_class, probe_environment  # noqa: E402
+from posttrain.rollout.environments import load_env_class, probe_environment  # noqa: E402
 from posttrain.agents.textarena_env import TextArenaEnv, offline_ids  # noqa: E402
 from posttrain.data.preparers import parse_options, prepare  # noqa: E402
 from posttrain.errors import InputError  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import posttrain.config
-from posttrain.agents.registry import builtin_env_names
+from posttrain.rollout.environments import builtin_env_names
 from posttrain.config import ConfigError, load_config, preset_names, preset_path, to_yaml
 from posttrain.cli.preflight import implied_command, load_run_config
 

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from posttrain.agents.doctor.case import Case, case_from_sample
 from posttrain.agents.doctor.patient import PatientReply, RulePatient, best_match, clean_reply, is_refusal, polarity, question_similarity
+from posttrain.agents.doctor.probe import probe_patient, probe_wanted
 from posttrain.agents.doctor.prompts import DIAGNOSIS_TAG, QUESTION_TAG, how_to_act, judge_messages, patient_messages
 from posttrain.agents.env import EpisodeSample, Environment, StepInfo, StepResult
 from posttrain.agents.env_llm import EnvLLM, EnvLLMError, EnvLLMReply
@@ -133,8 +134,6 @@ class DoctorEnv(Environment):
     @classmethod
     def before_training(cls, env: EnvConfig, resources: Mapping[str, Any], samples: Iterable[EpisodeSample]) -> None:
         """The patient probe (``probe.py``) for an LLM patient with ``env.llm.min_faithfulness`` set."""
-        from posttrain.agents.doctor.probe import probe_patient, probe_wanted  # probe.py builds on this module
-
         if probe_wanted(env):
             probe_patient(env, resources["env_llm"], samples)
 
@@ -303,25 +302,3 @@ def _check_options(patient: str, judge: str, correct: float, relevant: float, pe
     if problems:
         raise InputError("DoctorEnv options: " + "; ".join(problems))
 
-
-def patient_faithfulness(env_llm: EnvLLM, samples: Sequence[EpisodeSample], max_questions: int = 64,
-                         max_reply_chars: int = 300) -> tuple[float, int]:
-    """How often the patient's answer agrees with its case on a yes/no finding, each finding asked
-    as the first question of a fresh consultation (one batched request); returns (agreement, answered).
-    A failed reply (no answer at all: a service problem, not an unfaithful patient) is left out.
-    (0.0, 0) when nothing was answered."""
-    conversations, expected = [], []
-    for sample in samples:
-        case = case_from_sample(sample)
-        for pair in case.qa:
-            want = polarity(pair.answer)
-            if want is not None and len(expected) < max_questions:
-                conversations.append(patient_messages(case.description, [], pair.question))
-                expected.append(want)
-    if not expected:
-        return 0.0, 0
-    answered = [(reply, want) for reply, want in zip(env_llm.chat(conversations), expected) if not reply.failed]
-    if not answered:
-        return 0.0, 0
-    agreed = sum(polarity(clean_reply(reply.text, reply.finish_reason, max_reply_chars).text) == want for reply, want in answered)
-    return agreed / len(answered), len(answered)

@@ -2,7 +2,7 @@
 its cases?
 
 Each of up to 64 yes/no findings of the held-out cases (the training cases when there are none) is
-asked as a fresh first question (:func:`~posttrain.agents.doctor.env.patient_faithfulness`). A patient
+asked as a fresh first question (:func:`patient_faithfulness`). A patient
 agreeing on less than ``env.llm.min_faithfulness`` stops the run before its first step, with the
 command that trains a faithful one; ``env.llm.min_faithfulness=null`` skips the probe. When no finding
 was answered at all (every reply failed: a service problem, not an unfaithful patient) nothing is
@@ -13,13 +13,15 @@ which the trainer calls once when a run starts, never on a resume (the run was p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from posttrain.agents.doctor.env import patient_faithfulness
+from posttrain.agents.doctor.case import case_from_sample
+from posttrain.agents.doctor.patient import clean_reply, polarity
+from posttrain.agents.doctor.prompts import patient_messages
 from posttrain.agents.env import EpisodeSample
-from posttrain.agents.env_llm import EnvLLMClient
+from posttrain.agents.env_llm import EnvLLM, EnvLLMClient
 from posttrain.errors import PosttrainError
 
 if TYPE_CHECKING:
@@ -56,3 +58,26 @@ def probe_patient(env: EnvConfig, env_llm: EnvLLMClient, samples: Iterable[Episo
             "sft.total_epochs=1 sft.max_length=512 trainer.experiment_name=doctor_patient_sft` and "
             "env.llm.model_path=runs/posttrain/doctor_patient_sft/export); or set env.llm.min_faithfulness=null to train anyway"
         )
+
+
+def patient_faithfulness(env_llm: EnvLLM, samples: Sequence[EpisodeSample], max_questions: int = 64,
+                         max_reply_chars: int = 300) -> tuple[float, int]:
+    """How often the patient's answer agrees with its case on a yes/no finding, each finding asked
+    as the first question of a fresh consultation (one batched request); returns (agreement, answered).
+    A failed reply (no answer at all: a service problem, not an unfaithful patient) is left out.
+    (0.0, 0) when nothing was answered."""
+    conversations, expected = [], []
+    for sample in samples:
+        case = case_from_sample(sample)
+        for pair in case.qa:
+            want = polarity(pair.answer)
+            if want is not None and len(expected) < max_questions:
+                conversations.append(patient_messages(case.description, [], pair.question))
+                expected.append(want)
+    if not expected:
+        return 0.0, 0
+    answered = [(reply, want) for reply, want in zip(env_llm.chat(conversations), expected) if not reply.failed]
+    if not answered:
+        return 0.0, 0
+    agreed = sum(polarity(clean_reply(reply.text, reply.finish_reason, max_reply_chars).text) == want for reply, want in answered)
+    return agreed / len(answered), len(answered)

@@ -4,8 +4,9 @@ import textwrap
 
 import pytest
 
-from posttrain.agents import Environment, env_factory, load_env_class
+from posttrain.agents import Environment
 from posttrain.agents.search import SearchEnv
+from posttrain.rollout.environments import env_factory, load_env_class
 
 USER_ENV = textwrap.dedent('''
     from posttrain.agents import Environment, StepInfo, StepResult

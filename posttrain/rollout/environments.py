@@ -1,4 +1,6 @@
-"""Environments by name: the built-ins, or a user's class from their own file or module.
+"""Environments by name: the built-ins, or a user's class from their own file or module. It lives above
+agents/ and tools/ (the built-ins come from both), each built-in imported by its module's name only when
+used, so that an optional library (textarena, openenv) is needed only by a run of its environment.
 
     env.name: search                                   # a built-in
     env.name: my_game, env.path: my_envs.py, env.class_name: MyGame   # a user's class
