@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
@@ -67,11 +67,37 @@ def _lookup(registry: Mapping[str, Any], kind: str, name: str) -> Any:
 
 @dataclass(frozen=True)
 class AdvantageEstimator:
-    """An estimator function and the `AdvantageInputs` fields it takes, in positional order."""
+    """An estimator function and what it declares, which the trainer and the config check read (never
+    its name): the `AdvantageInputs` fields it takes, in positional order (``values``: a critic runs;
+    ``group_ids``: several samples per prompt; ``baseline_scores``: a greedy rollout of the step's
+    prompts with the weights being trained, a phase before learning), and its keyword options with
+    the config key each is read from."""
 
     name: str
     function: Callable[..., adv.AdvantageOutput]
     inputs: tuple[str, ...]
+    options: Mapping[str, str] = field(default_factory=dict)  # keyword → config key, e.g. {"gamma": "algorithm.gamma"}
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.inputs) - set(_FIELD_HINTS) - set(_ALWAYS))
+        if unknown:
+            raise ValueError(f"advantage estimator {self.name!r} takes inputs {unknown} that AdvantageInputs does not have")
+        _check_options("advantage estimator", self.name, self.function, self.options)
+
+    @property
+    def needs_values(self) -> bool:
+        """A critic's values (the critic runs by default)."""
+        return "values" in self.inputs
+
+    @property
+    def needs_groups(self) -> bool:
+        """Several samples of each prompt, compared with each other."""
+        return "group_ids" in self.inputs
+
+    @property
+    def needs_greedy_baseline(self) -> bool:
+        """A greedy rollout of the step's prompts with the weights being trained (ReMax), scored raw."""
+        return "baseline_scores" in self.inputs
 
     def __call__(self, batch: adv.AdvantageInputs, **options: Any) -> adv.AdvantageOutput:
         arguments = []
@@ -83,13 +109,15 @@ class AdvantageEstimator:
         return self.function(*arguments, **options)
 
 
+_ALWAYS = ("token_rewards", "response_mask")  # every batch has them
 _OUTCOME = ("token_rewards", "response_mask", "group_ids")
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     estimator.name: estimator
     for estimator in (
-        AdvantageEstimator("gae", adv.gae_advantages, ("token_rewards", "values", "response_mask")),
-        AdvantageEstimator("grpo", adv.grpo_advantages, _OUTCOME),
+        AdvantageEstimator("gae", adv.gae_advantages, ("token_rewards", "values", "response_mask"),
+                           {"gamma": "algorithm.gamma", "lam": "algorithm.lam"}),
+        AdvantageEstimator("grpo", adv.grpo_advantages, _OUTCOME, {"scale_by_std": "algorithm.norm_adv_by_std_in_grpo"}),
         AdvantageEstimator("drgrpo", adv.drgrpo_advantages, _OUTCOME),
         AdvantageEstimator("rloo", adv.rloo_advantages, _OUTCOME),
         AdvantageEstimator("reinforce_plus_plus", adv.reinforce_plus_plus_advantages,

@@ -26,7 +26,7 @@ from typing import Any
 
 from posttrain.config import PosttrainConfig, load_config
 from posttrain.config.schema import SFTConfig
-from posttrain.config.validate import CHOICES, critic_enabled, get, validate_config
+from posttrain.config.validate import CHOICES, advantage_estimator_of, critic_enabled, get, validate_config
 from posttrain.errors import InputError, InvalidSettings, Problem
 
 COMMANDS = ("train", "eval", "sft")  # the commands that run a config; ``posttrain config`` checks for one of them
@@ -95,17 +95,15 @@ def check_names(config: PosttrainConfig) -> list[Problem]:
 
 
 def check_estimator_needs(config: PosttrainConfig) -> list[Problem]:
-    """What the advantage estimator reads: values need a critic; a group baseline needs n >= 2."""
-    from posttrain.algos import ADVANTAGE_ESTIMATORS
-
+    """What the advantage estimator declares: values need a critic; a group baseline needs n >= 2."""
     name, n = config.algorithm.adv_estimator, config.actor_rollout_ref.rollout.n
-    estimator = ADVANTAGE_ESTIMATORS.get(name)
+    estimator = advantage_estimator_of(config)
     problems = []
-    if estimator is not None and "values" in estimator.inputs and not critic_enabled(config):
+    if estimator is not None and estimator.needs_values and not critic_enabled(config):
         problems.append(Problem("critic.enable", config.critic.enable,
                                 f"algorithm.adv_estimator={name} needs a critic's values: set critic.enable=true "
                                 "(or null), or choose an estimator without a critic (grpo, rloo, reinforce_plus_plus)"))
-    if estimator is not None and "group_ids" in estimator.inputs and n < 2:
+    if estimator is not None and estimator.needs_groups and n < 2:
         problems.append(Problem("actor_rollout_ref.rollout.n", n,
                                 f"algorithm.adv_estimator={name} compares the samples of each prompt: set "
                                 "rollout.n >= 2 (4-8 is usual), or use reinforce_plus_plus or gae with one sample per prompt"))

@@ -4,10 +4,13 @@ so that a user sees every mistake in one go."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posttrain.config.schema import PosttrainConfig
 from posttrain.errors import Problem
+
+if TYPE_CHECKING:
+    from posttrain.algos.registry import AdvantageEstimator
 
 ENGINE_DTYPES = ("auto", "bfloat16", "float32")  # a rollout engine's weights (auto: bf16 where native)
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -101,10 +104,10 @@ def check_dynamic_sampling(config: PosttrainConfig) -> list[Problem]:
     if config.actor_rollout_ref.rollout.n < 2:
         problems.append(Problem("actor_rollout_ref.rollout.n", config.actor_rollout_ref.rollout.n,
                                 "dynamic sampling (algorithm.filter_groups.enable) compares the samples of each prompt: set rollout.n >= 2"))
-    if config.algorithm.adv_estimator == "remax":
+    if needs_greedy_baseline(config):
         problems.append(Problem("algorithm.filter_groups.enable", True,
-                                "ReMax's greedy baseline is scored for the step's first prompts, not for the groups dynamic sampling keeps; "
-                                "use grpo/rloo, or turn dynamic sampling off"))
+                                f"algorithm.adv_estimator={config.algorithm.adv_estimator}'s greedy baseline is scored for the step's "
+                                "first prompts, not for the groups dynamic sampling keeps; use grpo/rloo, or turn dynamic sampling off"))
     return problems
 
 
@@ -156,9 +159,9 @@ def check_async(config: PosttrainConfig) -> list[Problem]:
     if unit is not None and unit >= 1 and batch % unit:
         problems.append(Problem("async.unit_groups", unit,
                                 f"must divide data.train_batch_size={batch} (a batch is a whole number of generator calls), or null"))
-    if config.algorithm.adv_estimator == "remax":
-        problems.append(Problem("algorithm.adv_estimator", "remax",
-                                "ReMax needs a greedy baseline rollout with the very weights being trained, which "
+    if needs_greedy_baseline(config):
+        problems.append(Problem("algorithm.adv_estimator", config.algorithm.adv_estimator,
+                                "it needs a greedy baseline rollout with the very weights being trained, which "
                                 "asynchronous generators do not have; use grpo/rloo, or trainer.mode=sync",
                                 source="trainer.mode=async"))
     if config.reward_model.enable:
@@ -216,10 +219,11 @@ def check_env(config: PosttrainConfig) -> list[Problem]:
         ))
     if config.reward_model.enable:
         problems.append(Problem("reward_model.enable", True, "multi-turn environments give the rewards; set reward_model.enable=false"))
-    if config.algorithm.adv_estimator == "remax" and env.reward_norm != "none":
+    if needs_greedy_baseline(config) and env.reward_norm != "none":
         problems.append(Problem(
             "env.reward_norm", env.reward_norm,
-            "ReMax subtracts the greedy episode's raw reward, so the rewards must stay raw: set env.reward_norm=none",
+            f"algorithm.adv_estimator={config.algorithm.adv_estimator} subtracts the greedy episode's raw reward, so the "
+            "rewards must stay raw: set env.reward_norm=none",
         ))
     return problems + _check_env_llm(config) + _check_tool_settings(config)
 
@@ -299,11 +303,26 @@ def check_batch_arithmetic(config: PosttrainConfig) -> list[Problem]:
     return problems
 
 
+def advantage_estimator_of(config: PosttrainConfig) -> AdvantageEstimator | None:
+    """``algorithm.adv_estimator``'s declaration (what it needs, its options), None for an unknown name
+    (the preflight names the valid ones)."""
+    from posttrain.algos import ADVANTAGE_ESTIMATORS  # torch: imported when a config is checked, not when it is read
+
+    return ADVANTAGE_ESTIMATORS.get(config.algorithm.adv_estimator)
+
+
 def critic_enabled(config: PosttrainConfig) -> bool:
     """The critic runs when asked to, or by default when the advantage estimator needs values."""
     if config.critic.enable is None:
-        return config.algorithm.adv_estimator == "gae"
+        estimator = advantage_estimator_of(config)
+        return estimator is not None and estimator.needs_values
     return config.critic.enable
+
+
+def needs_greedy_baseline(config: PosttrainConfig) -> bool:
+    """The advantage estimator subtracts a greedy rollout's score (ReMax): a sync-only phase before learning."""
+    estimator = advantage_estimator_of(config)
+    return estimator is not None and estimator.needs_greedy_baseline
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:

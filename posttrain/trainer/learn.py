@@ -20,9 +20,13 @@ from collections.abc import Callable, Mapping
 import torch
 
 from posttrain import keys
-from posttrain.algos import AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage_estimator, masked_mean, overlong_penalty
+from posttrain.algos import (
+    ADVANTAGE_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage_estimator, masked_mean,
+    overlong_penalty,
+)
 from posttrain.algos.advantages import AdvantageInputs, AdvantageOutput
 from posttrain.config.schema import PosttrainConfig
+from posttrain.config.validate import get
 from posttrain.engines.training.inputs import response_attention_mask
 from posttrain.metrics import Metrics, latest, mean, merge_collected
 from posttrain.protocol import Batch
@@ -83,12 +87,11 @@ def compute_advantages(batch: Batch, estimator: Callable[[AdvantageInputs], Adva
 
 
 def advantage_estimator(config: PosttrainConfig) -> Callable[[AdvantageInputs], AdvantageOutput]:
-    """``algorithm.adv_estimator`` with its options (GAE's γ and λ, GRPO's std scaling)."""
-    algorithm = config.algorithm
-    options = {"gamma": algorithm.gamma, "lam": algorithm.lam} if algorithm.adv_estimator == "gae" else {}
-    if algorithm.adv_estimator == "grpo":
-        options["scale_by_std"] = algorithm.norm_adv_by_std_in_grpo
-    return get_advantage_estimator(algorithm.adv_estimator, **options)
+    """``algorithm.adv_estimator`` with the options it declares, read from their config keys (GAE's γ and
+    λ, GRPO's std scaling)."""
+    name = config.algorithm.adv_estimator
+    declared = ADVANTAGE_ESTIMATORS[name].options if name in ADVANTAGE_ESTIMATORS else {}
+    return get_advantage_estimator(name, **{keyword: get(config, key) for keyword, key in declared.items()})
 
 
 class Learner:

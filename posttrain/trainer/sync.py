@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from posttrain import keys
 from posttrain.config.schema import PosttrainConfig
+from posttrain.config.validate import needs_greedy_baseline
 from posttrain.metrics import Metrics, values
 from posttrain.protocol import Batch
 from posttrain.rollout import Rollout, repeat_for_groups
@@ -50,7 +51,8 @@ class GreedyBaseline:
 
 
 def estimator_phases(config: PosttrainConfig, rollout: Rollout) -> list[Phase]:
-    return [GreedyBaseline(rollout)] if config.algorithm.adv_estimator == "remax" else []
+    """What the advantage estimator declares it needs before learning (ReMax: a greedy baseline)."""
+    return [GreedyBaseline(rollout)] if needs_greedy_baseline(config) else []
 
 
 class SyncStep:

@@ -73,3 +73,53 @@ def test_missing_inputs_are_named(name, missing, gen):
     batch = AdvantageInputs(**{**batch.__dict__, missing: None})
     with pytest.raises(ValueError, match=f"advantage estimator '{name}' needs {missing}"):
         get_advantage_estimator(name)(batch)
+
+
+def test_the_trainer_and_config_check_read_what_an_estimator_declares_not_its_name(monkeypatch):
+    """A new estimator, registered under a name no code knows, gets a critic by default when it takes
+    values, the greedy-baseline phase (and ReMax's refusals) when it takes baseline scores, n >= 2 checked
+    when it takes groups, and its options read from the config keys it names."""
+    from posttrain.algos.registry import AdvantageEstimator
+    from posttrain.cli.preflight import load_run_config
+    from posttrain.config import ConfigError, load_config
+    from posttrain.config.validate import critic_enabled, needs_greedy_baseline
+    from posttrain.trainer.learn import advantage_estimator
+    from posttrain.trainer.sync import GreedyBaseline, estimator_phases
+
+    seen = {}
+
+    def valued(token_rewards, values, response_mask, *, discount=1.0):
+        seen["discount"] = discount
+        return get_advantage_estimator("gae")(AdvantageInputs(token_rewards, response_mask, values=values))
+
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "my_valued", AdvantageEstimator(
+        "my_valued", valued, ("token_rewards", "values", "response_mask"), {"discount": "algorithm.gamma"}))
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "my_baselined", AdvantageEstimator(
+        "my_baselined", ADVANTAGE_ESTIMATORS["remax"].function, ("token_rewards", "response_mask", "baseline_scores")))
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "my_grouped", AdvantageEstimator(
+        "my_grouped", grpo_advantages, ("token_rewards", "response_mask", "group_ids")))
+
+    valued_config = load_config(overrides=["algorithm.adv_estimator=my_valued", "algorithm.gamma=0.5"])
+    assert critic_enabled(valued_config) and not needs_greedy_baseline(valued_config)
+    advantage_estimator(valued_config)(AdvantageInputs(torch.ones(2, 3), torch.ones(2, 3), values=torch.zeros(2, 3)))
+    assert seen["discount"] == 0.5
+
+    baselined = load_config(overrides=["algorithm.adv_estimator=my_baselined"])
+    assert not critic_enabled(baselined) and [type(p) for p in estimator_phases(baselined, rollout=None)] == [GreedyBaseline]
+    with pytest.raises(ConfigError, match="needs a greedy baseline rollout"):
+        load_run_config([], ["algorithm.adv_estimator=my_baselined", "trainer.mode=async"])
+    with pytest.raises(ConfigError, match="my_baselined's greedy baseline is scored for the step's first prompts"):
+        load_run_config([], ["algorithm.adv_estimator=my_baselined", "algorithm.filter_groups.enable=true"])
+
+    with pytest.raises(ConfigError, match="my_grouped compares the samples of each prompt"):
+        load_run_config([], ["algorithm.adv_estimator=my_grouped", "actor_rollout_ref.rollout.n=1"])
+    assert estimator_phases(load_config(overrides=["algorithm.adv_estimator=my_grouped"]), rollout=None) == []
+
+
+def test_a_declaration_with_an_input_or_option_its_function_lacks_is_refused_when_written():
+    from posttrain.algos.registry import AdvantageEstimator
+
+    with pytest.raises(ValueError, match="inputs \\['rewardz'\\]"):
+        AdvantageEstimator("bad", grpo_advantages, ("rewardz", "response_mask", "group_ids"))
+    with pytest.raises(ValueError, match="takes no option gamma"):
+        AdvantageEstimator("bad", grpo_advantages, ("token_rewards", "response_mask", "group_ids"), {"gamma": "algorithm.gamma"})

@@ -104,7 +104,7 @@ def test_multi_turn_settings_that_cannot_work_together_are_named():
     message = str(info.value)
     for expected in ("env.max_turn_tokens = 200", "data.max_response_length=128", "env.turns_range = [3, 1]",
                      "env.filter_groups_quantile = 1.0", "env.observation_role = 'system'", "reward_model.enable",
-                     "ReMax subtracts"):
+                     "adv_estimator=remax subtracts"):
         assert expected in message
     assert load_config([], ["env.name=search"]).env.max_turns == 4  # the defaults are consistent
 
@@ -156,7 +156,7 @@ def test_async_settings_that_cannot_work_are_refused_before_start():
         ])
     message = str(info.value)
     for expected in ("async.max_staleness = -1", "async.num_generators = 0", "async.buffer_size = 4", "must hold at least one batch",
-                     "async.unit_groups = 3", "ReMax needs a greedy baseline", "async.correction = 'vtrace'",
+                     "async.unit_groups = 3", "(from trainer.mode=async): it needs a greedy baseline", "async.correction = 'vtrace'",
                      "async.partial_rollout = 'abort'"):
         assert expected in message, expected
     config = load_config([], ["trainer.mode=async", "async.max_staleness=2"])  # both spellings reach one section

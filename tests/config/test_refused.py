@@ -238,7 +238,8 @@ def test_grad_clip_null_turns_clipping_off():
 
 def test_the_config_layer_has_no_import_circle_and_imports_nothing_above_it():
     """Every import in posttrain/config/ (inside functions too) stays in config/ or is posttrain.errors,
-    which imports only the standard library, and none goes round in a circle."""
+    which imports only the standard library, or posttrain.algos (its row of the layer table) for what an
+    advantage estimator declares it needs, and none goes round in a circle."""
     package = Path(posttrain.config.__file__).parent
     graph = {}
     for path in package.glob("*.py"):
@@ -251,7 +252,7 @@ def test_the_config_layer_has_no_import_circle_and_imports_nothing_above_it():
             elif isinstance(node, ast.Import):
                 imported.update(alias.name for alias in node.names)
         graph[module] = {name for name in imported if name.startswith("posttrain")}
-    above = {module: sorted(name for name in names if not name.startswith("posttrain.config") and name != "posttrain.errors")
+    above = {module: sorted(name for name in names if not name.startswith("posttrain.config") and name not in ("posttrain.errors", "posttrain.algos", "posttrain.algos.registry"))
              for module, names in graph.items()}
     assert above == dict.fromkeys(graph, [])
     assert graph["posttrain.config.loader"] >= {"posttrain.config.validate"}  # the loader runs the config's rules...
