@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from posttrain.rewards import bfcl
-from posttrain.tools.parse import CallParser
+from posttrain.models.tool_formats import CallParser
 
 KINDS = {
     "wrong_func_name": "wrong function", "wrong_count": "wrong number of calls", "missing_required": "missing parameter",

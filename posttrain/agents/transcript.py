@@ -51,12 +51,14 @@ class Transcript:
 class TranscriptTokenizer:
     """Tokenises chat transcripts for ``tokenizer`` the way the agent loop does (module docstring)."""
 
-    def __init__(self, tokenizer: Any, stop_strings: Sequence[str] = (), tools: Sequence[Mapping[str, Any]] = ()) -> None:
-        """``tools``: the schemas a tool-calling agent's prompt tells it about (as the RL prompts do)."""
+    def __init__(self, tokenizer: Any, stop_strings: Sequence[str] = (), tools: Sequence[Mapping[str, Any]] = (),
+                 tool_format: str = "auto") -> None:
+        """``tools``: the schemas a tool-calling agent's prompt tells it about in ``tool_format`` (as the RL prompts do)."""
         tokenize_prompts([[{"role": "user", "content": "x"}]], tokenizer)  # raises for a tokenizer without a chat template
         self.tokenizer = tokenizer
         self.stop_strings = tuple(stop_strings)
         self.tools = [dict(schema) for schema in tools] or None
+        self.tool_format = tool_format
         self._renderers: dict[str, ObservationRenderer] = {}
 
     def renderer(self, role: str) -> ObservationRenderer:
@@ -71,7 +73,7 @@ class TranscriptTokenizer:
         if first == 0:
             raise TranscriptError("the conversation starts with an assistant message; it needs a prompt (a user message) before it")
         prompt = [{"role": m["role"], "content": m["content"]} for m in messages[:first]]
-        prompt_ids = list(tokenize_prompts([prompt], self.tokenizer, self.tools, [list(row_tools)])[0])
+        prompt_ids = list(tokenize_prompts([prompt], self.tokenizer, self.tools, [list(row_tools)], self.tool_format)[0])
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
         response, mask = [], []
         for index in range(first, last + 1):

@@ -18,8 +18,10 @@
                                                      bfcl, reasoning-gym tasks=A,B, doctor --in FILE.json) as verl-format Parquet
   posttrain serve-retriever --corpus FILE [--index bm25|dense] [--port P] [--host H --token T]
                                                      the search agent's retriever (Search-R1's HTTP API)
-  posttrain tools SPEC... [--model M] [--parsers]   the tools' JSON schemas as the model receives them, then
-                                                     the prompt the model sees (SPEC: FILE.py:FUNCTION, FILE.py:CLASS or module:FUNCTION)
+  posttrain tools SPEC... [--model M] [--format F]   the tools' JSON schemas as the model receives them, then
+                                                     the prompt the model sees (SPEC: FILE.py:FUNCTION, FILE.py:CLASS or
+                                                     module:FUNCTION); --parsers, --formats: what env.tool_parser and
+                                                     env.tool_format accept
   posttrain demo                                     the single controller at work on local Ray
 """
 
@@ -132,23 +134,26 @@ def _serve_retriever_command(args: argparse.Namespace) -> int:
 def _tools_command(args: argparse.Namespace) -> int:
     import json
 
+    from posttrain.models.tool_formats import format_class, format_names, parser_names
     from posttrain.tools import load_tools
-    from posttrain.tools.parse import parser_names
 
     if args.parsers:
         print("\n".join(parser_names()))
+        return 0
+    if args.formats:
+        print("\n".join(format_names()))
         return 0
     if not args.specs:
         raise InputError("name at least one tool, e.g. `posttrain tools posttrain.tools:calculator my_tools.py:lookup`")
     schemas = [tool.schema for tool in load_tools(args.specs)]
     from posttrain.models import load_tokenizer, resolve_model
-    from posttrain.models.tool_format import render_with_tools, template_renders_tools
+    from posttrain.models.tool_format import render_with_tools
 
     print(json.dumps(schemas, indent=2, ensure_ascii=False))
     tokenizer = load_tokenizer(resolve_model(args.model))
-    how = "its chat template (tools=)" if template_renders_tools(tokenizer) else "posttrain's built-in format (docs/tools.md)"
-    print(f"\n# the prompt {args.model} sees, with the tools told by {how}:")
-    print(render_with_tools([[{"role": "user", "content": "<the task>"}]], tokenizer, schemas)[0])
+    tool_format = format_class(args.format, tokenizer)(tokenizer)
+    print(f"\n# the prompt {args.model} sees, with the tools told in the {tool_format.name} format (docs/tools.md):")
+    print(render_with_tools([[{"role": "user", "content": "<the task>"}]], tokenizer, schemas, tool_format=tool_format)[0])
     return 0
 
 
@@ -196,6 +201,8 @@ def _add_service_commands(commands) -> None:
     tools.add_argument("specs", nargs="*", metavar="SPEC", help="FILE.py:FUNCTION, FILE.py:CLASS (its public methods) or module:FUNCTION, e.g. posttrain.tools:calculator")
     tools.add_argument("--model", default="smollm2-135m-instruct", help="whose chat template renders the prompt (default smollm2-135m-instruct)")
     tools.add_argument("--parsers", action="store_true", help="list the tool-call parsers env.tool_parser accepts, and stop")
+    tools.add_argument("--format", default="auto", help="the tool format (env.tool_format) the prompt is rendered in (default auto)")
+    tools.add_argument("--formats", action="store_true", help="list the tool formats env.tool_format accepts, and stop")
     tools.set_defaults(run=_tools_command)
 
     demo = commands.add_parser("demo", help="run the single-controller demo on local Ray")

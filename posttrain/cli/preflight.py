@@ -188,10 +188,10 @@ def unused_tools(config: PosttrainConfig) -> list[Problem]:
 
 
 def check_tools(config: PosttrainConfig) -> list[Problem]:
-    """Every ``env.tools`` entry loads and can be described to the model, and ``env.tool_parser`` exists
-    (MCP servers are asked for their tools when the run starts them)."""
+    """Every ``env.tools`` entry loads and can be described to the model, and ``env.tool_format`` and
+    ``env.tool_parser`` exist and fit (MCP servers are asked for their tools when the run starts them)."""
+    from posttrain.models.tool_formats import FORMATS, format_names, parser_names
     from posttrain.tools import ToolSpecError, load_tools
-    from posttrain.tools.parse import parser_names
 
     env, problems = config.env, []  # no tools at all is for rows that bring their own (ToolEnv.reset refuses a row with none)
     for spec in env.tools:  # each entry on its own, so every bad one is named
@@ -201,6 +201,13 @@ def check_tools(config: PosttrainConfig) -> list[Problem]:
             problems.append(Problem("env.tools", list(env.tools), str(error)))
     if env.tool_parser != "auto" and env.tool_parser not in parser_names():
         problems.append(Problem("env.tool_parser", env.tool_parser, f"is not a tool-call parser; use auto or one of {', '.join(parser_names())}"))
+    if env.tool_format != "auto" and env.tool_format not in FORMATS:
+        problems.append(Problem("env.tool_format", env.tool_format, f"is not a tool format; use auto or one of {', '.join(format_names())}"))
+    elif env.tool_format != "auto":
+        try:  # a format that reads its own calls refuses a parser (nothing is rendered or parsed here)
+            FORMATS[env.tool_format](None, [], env.tool_parser)
+        except InputError as error:
+            problems.append(Problem("env.tool_parser", env.tool_parser, str(error)))
     return problems
 
 

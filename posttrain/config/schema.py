@@ -249,7 +249,8 @@ class EnvConfig:
     # tool-calling agents (env.name: tools; docs/tools.md)
     tools: list[Any] = field(default_factory=list)  # FILE.py:FUNCTION, FILE.py:CLASS (docs/tools.md "Tool classes"), module:FUNCTION, or {schemas: FILE.json, module: FILE.py}
     mcp_servers: list[Any] = field(default_factory=list)  # [{command: [program, arg, ...], env: {...}}]: MCP servers over stdio
-    tool_parser: str = "auto"  # a vLLM tool parser (hermes, llama3_json, pythonic, ...); auto: from the chat template
+    tool_format: str = "auto"  # how tools are told, calls written, results returned (models/tool_formats/: builtin, template, jsonl); auto: template if the chat template renders tools, else builtin
+    tool_parser: str = "auto"  # the builtin and template formats: a vLLM tool parser (hermes, llama3_json, pythonic, ...); auto: from the chat template
     tool_timeout_s: float = 10.0  # seconds one call may run
     max_tool_calls: int = 8  # calls per episode; later ones are answered with an over_budget error
     tool_output_chars: int = 20000  # characters of one result kept before the observation is cut to max_obs_length tokens

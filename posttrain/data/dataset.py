@@ -61,14 +61,16 @@ class RLDataset:
         truncation: str = "error",
         filter_overlong_prompts: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
+        tool_format: str = "auto",
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise InputError(f"truncation={truncation!r} (data.truncation) is not one of {TRUNCATION_MODES}")
         if max_prompt_length < 1:
             raise InputError(f"max_prompt_length={max_prompt_length} (data.max_prompt_length) must be at least 1")
         rows = read_rows(files, prompt_key)
-        # tools: the run's schemas an agent may call; each row's own (its extra_info.tools) are added to its prompt
-        token_ids = tokenize_prompts([row.messages for row in rows], tokenizer, tools, [row.tools for row in rows])
+        # tools: the run's schemas an agent may call, told in tool_format (env.tool_format); each row's own
+        # (its extra_info.tools) are added to its prompt
+        token_ids = tokenize_prompts([row.messages for row in rows], tokenizer, tools, [row.tools for row in rows], tool_format)
         kept = range(len(rows))
         if filter_overlong_prompts:
             kept = [i for i in kept if len(token_ids[i]) <= max_prompt_length]

@@ -78,6 +78,7 @@ class SFTDataset:
         stop_strings: Sequence[str] = (),
         require_success: bool = False,
         tools: Sequence[dict[str, Any]] = (),
+        tool_format: str = "auto",
     ) -> None:
         if truncation not in SFT_TRUNCATION_MODES:
             raise InputError(f"sft.truncation={truncation!r}: use one of {', '.join(SFT_TRUNCATION_MODES)}")
@@ -85,7 +86,7 @@ class SFTDataset:
             raise InputError(f"sft.max_length={max_length}: must be at least 2 tokens")
         if not files:
             raise SFTDataError("no SFT files given; set sft.train_files=[file.parquet,...] (a 'messages' column of chat turns)")
-        layout = TranscriptTokenizer(tokenizer, stop_strings, tools)
+        layout = TranscriptTokenizer(tokenizer, stop_strings, tools, tool_format)
         self.samples: list[SFTSample] = []
         self.num_dropped = 0
         self.num_rows = 0

@@ -217,11 +217,12 @@ def load_causal_lm(
 
 def tokenize_prompts(
     conversations: list[list[dict[str, str]]], tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None,
-    row_tools: Sequence[Sequence[dict[str, Any]] | None] | None = None,
+    row_tools: Sequence[Sequence[dict[str, Any]] | None] | None = None, tool_format: str = "auto",
 ) -> list[list[int]]:
     """Token ids of each conversation after the chat template with the generation prompt added;
     with ``tools`` (OpenAI-style schemas) the model is told about them, and with ``row_tools`` (one
-    entry per conversation) about that conversation's own tools too (models/tool_format.py)."""
+    entry per conversation) about that conversation's own tools too, in ``tool_format``
+    (``env.tool_format``, models/tool_formats/)."""
     if not getattr(tokenizer, "chat_template", None):
         raise InputError(
             f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template, so chat "
@@ -230,6 +231,6 @@ def tokenize_prompts(
         )
     if not conversations:
         return []
-    texts = render_with_tools(conversations, tokenizer, tools, row_tools)
+    texts = render_with_tools(conversations, tokenizer, tools, row_tools, tool_format)
     # The template already placed the special tokens (BOS, role markers); adding them again would double them.
     return tokenizer(texts, add_special_tokens=False)["input_ids"]

@@ -173,7 +173,8 @@ def answer_calls(ground_truth: str | list, bfcl_functions: str | list) -> list[d
 
     Two BFCL rows need more than that, so a parameter is also left out when its function's doc does not
     define it and ``""`` is among its values, and is given its first non-``""`` value when ``""`` comes
-    first but the doc requires it. Where the checker reads a value as a dict of acceptable values (a
+    first but the doc requires it, and given ``""`` when that is its only acceptable value and the doc
+    requires it (BFCL's checker accepts it: live_multiple_507-149-4's ``origin_airport``). Where the checker reads a value as a dict of acceptable values (a
     ``dict`` parameter's answer, its ``dict_checker``; each dict of an array of ``dict`` items, its
     ``list_dict_checker``) its keys are chosen the same way; any other value (a nested dict included)
     is used as it is. A few BFCL answers no call can match (a required parameter with no acceptable
@@ -191,6 +192,8 @@ def _first_values(params: dict[str, list], schema: dict[str, Any] | None) -> dic
         left_out = (values[:1] == [""] and key not in required) or (schema is not None and key not in properties and "" in values)
         if chosen and not left_out:
             arguments[key] = _as_checked(chosen[0], properties.get(key, {}))
+        elif values == [""] and key in required:  # a required parameter whose one acceptable value is the empty string
+            arguments[key] = ""
     return arguments
 
 

@@ -28,7 +28,7 @@ from posttrain.config.schema import PosttrainConfig
 from posttrain.data import RLDataset
 from posttrain.errors import InputError
 from posttrain.models import resolve_model
-from posttrain.models.tool_format import template_renders_tools
+from posttrain.models.tool_formats import format_class
 from posttrain.metrics import Metrics
 from posttrain.protocol import Batch
 from posttrain.rollout.batching import prompt_token_lists, sequences_to_batch
@@ -55,8 +55,8 @@ class AgentRollout:
         self.config, self.tokenizer, self.data_dir = config, tokenizer, data_dir
         self.env_class = load_env_class(env.name, env.path, env.class_name)
         role = env.observation_role
-        if uses_tools(env):  # results go back as the format says: a tool message where the template renders tools
-            role = "tool" if template_renders_tools(tokenizer) else "user"
+        if uses_tools(env):  # results go back in the role the tool format says (a tool message for the template's own)
+            role = format_class(env.tool_format, tokenizer).observation_role
         self.renderer = ObservationRenderer(tokenizer, role)
         drawn = tuple(env.turns_range) if env.turns_range else (SEED_TURNS_RANGE if env.max_turns == -1 else None)
         self.loop_config = AgentLoopConfig(

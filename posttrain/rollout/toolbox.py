@@ -3,8 +3,8 @@ resource, e.g. ``env.name: tools``): loaded, started, stopped.
 
 ``tool_schemas`` is what every prompt is told (read before the data is tokenised); ``open_toolbox``
 makes the process's :class:`~posttrain.tools.ToolBox`: the ``env.tools`` functions, the
-``env.mcp_servers`` started for the run, the call parser ``env.tool_parser`` names, and whether the
-chat template renders tools itself. ``close`` on the box stops the servers and the call process.
+``env.mcp_servers`` started for the run, and the run's tool format (``env.tool_format``, with the call
+parser ``env.tool_parser`` names where the format uses one). ``close`` on the box stops the servers and the call process.
 When ``env.tools`` lists the built-in ``search`` tool, the rollout opens the retriever first and
 hands its address to the tool through ``$POSTTRAIN_RETRIEVER_URL``.
 """
@@ -16,9 +16,9 @@ from typing import Any
 
 from posttrain.agents.env import EpisodeSample
 from posttrain.config.schema import EnvConfig
-from posttrain.models.tool_format import template_renders_tools
+from posttrain.models.tool_formats import make_tool_format
 from posttrain.rollout.environments import load_env_class, wanted_resources
-from posttrain.tools import CallParser, Tool, ToolBox, auto_parser_name, load_tools
+from posttrain.tools import Tool, ToolBox, load_tools
 from posttrain.tools.env import DEFAULT_ANSWER, check_row
 from posttrain.tools.load import check_unique, has_reward, row_tool_class
 
@@ -60,15 +60,15 @@ def tool_schemas(env: EnvConfig) -> list[dict[str, Any]]:
 def open_toolbox(env: EnvConfig, tokenizer: Any) -> ToolBox:
     tools, servers = _load(env)
     try:
-        parser_name = auto_parser_name(tokenizer) if env.tool_parser == "auto" else env.tool_parser
-        parser = CallParser(parser_name, tokenizer, [tool.schema for tool in tools])
+        tool_format = make_tool_format(env.tool_format, tokenizer, [tool.schema for tool in tools], env.tool_parser)
+        tool_format.parse("")  # its parser is made now: a parser that cannot be had fails before any worker starts
         row_class = row_tool_class(env.tools, env.tool_output_chars)
     except BaseException:  # the MCP servers are running: none is left behind, whatever failed
         if servers is not None:
             servers.close()
         raise
     return ToolBox(
-        tools, parser=parser, native_format=template_renders_tools(tokenizer), timeout_s=env.tool_timeout_s,
+        tools, tool_format=tool_format, timeout_s=env.tool_timeout_s,
         max_calls=env.max_tool_calls, mcp=servers, row_class=row_class,
     )
 

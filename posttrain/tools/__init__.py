@@ -2,7 +2,6 @@
 
     schema.py    a function's JSON schema from its signature and docstring
     load.py      ``env.tools`` entries → :class:`Tool` (schema + a picklable reference to run it)
-    parse.py     the calls in an agent turn, read with vLLM's tool parsers
     execute.py   :class:`ToolBox`: argument checks, calls in a child process with deadlines, errors as text
     instances.py tool classes' instances: one per episode, each episode's in a process forked for it
     mcp.py       tools discovered on MCP servers (stdio), called through the same box
@@ -15,10 +14,9 @@ The environment that lets a model use them is ``posttrain.tools.env.ToolEnv`` (`
 from posttrain.tools.builtin import calculator, python, search
 from posttrain.tools.execute import ERROR_KINDS, CallResult, ToolBox
 from posttrain.tools.load import Tool, ToolFunction, load_tools
-from posttrain.tools.parse import CallParser, ParsedCall, ParsedTurn, auto_parser_name
+from posttrain.models.tool_formats import ParsedCall, ParsedTurn
 from posttrain.tools.schema import ToolSpecError, function_schema
 
 __all__ = [
-    "ERROR_KINDS", "CallParser", "CallResult", "ParsedCall", "ParsedTurn", "Tool", "ToolBox", "ToolFunction", "ToolSpecError",
-    "auto_parser_name", "calculator", "function_schema", "load_tools", "python", "search",
+    "ERROR_KINDS", "CallResult", "ParsedCall", "ParsedTurn", "Tool", "ToolBox", "ToolFunction", "ToolSpecError", "calculator", "function_schema", "load_tools", "python", "search",
 ]

@@ -1,8 +1,8 @@
 """The tool environment (``env.name: tools``): the agent calls the run's tools in its own format.
 
 The tools are ``env.tools`` and ``env.mcp_servers`` (posttrain/tools), told to the model in each
-prompt by its chat template or the built-in format (models/tool_format.py). Each agent turn is read
-by the run's tool parser (``env.tool_parser``):
+prompt in the run's tool format (``env.tool_format``, models/tool_formats/: the chat template's own, the
+built-in format, JSON lines), which also reads each agent turn:
 
 - **Calls** (one or several): each runs through the run's :class:`~posttrain.tools.ToolBox`; the
   results, successes and errors alike, come back as the next observation (``<tool_response>``
@@ -107,7 +107,7 @@ class ToolEnv(Environment):
 
     @property
     def observation_role(self) -> str:
-        return "tool" if self.toolbox.native_format else "user"
+        return self.toolbox.format.observation_role
 
     def reset(self, sample: EpisodeSample) -> str:
         self.close()
@@ -162,7 +162,7 @@ class ToolEnv(Environment):
         """None for a final answer; else one slot per call: an error decided here, or None (to run)."""
         if turn.is_final:
             return None
-        plan: list[CallResult | None] = [failed("?", "bad_json", _MALFORMED)] * turn.malformed
+        plan: list[CallResult | None] = [failed("?", "bad_json", self.toolbox.format.malformed_hint)] * turn.malformed
         for call in turn.calls:
             if self.calls_made >= self.toolbox.max_calls:
                 plan.append(failed(call.name, "over_budget", f"this task allows {self.toolbox.max_calls} tool calls; answer now"))
@@ -267,7 +267,6 @@ class ToolEnv(Environment):
 
 LATER_TURNS_KEY = "later_turns"  # answer: turns: extra_info's user turns after the prompt
 UNREADABLE = ("bad_json", "too_large")  # a call in calls mode that no score function could judge
-_MALFORMED = 'the call could not be read; write <tool_call>{"name": ..., "arguments": {...}}</tool_call> with valid JSON'
 
 
 def check_row(sample: EpisodeSample, answer: str, run_has_tools: bool, scores_episodes: bool) -> tuple[list[dict[str, Any]], list[str]]:

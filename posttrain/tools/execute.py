@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jsonschema
 
-from posttrain.models.tool_format import merged_schemas, tool_observation
+from posttrain.models.tool_format import merged_schemas
+from posttrain.models.tool_formats import ParsedCall, ParsedTurn, ToolFormat
+from posttrain.models.tool_formats.builtin import BuiltinFormat
 from posttrain.rewards.sandbox import CallOutcome, ProcessScorer
 from posttrain.tools.instances import InstancePool
 from posttrain.tools.load import END_TURN, ROW_CALL, Tool, ToolClass, has_reward
-from posttrain.tools.parse import CallParser, ParsedCall, ParsedTurn
 
 # bad_json: unreadable call or arguments; unknown_tool; bad_arguments: against the schema; too_large:
 # arguments over the limit; exception: the tool raised; timeout; crashed: the tool's process died;
@@ -74,16 +75,15 @@ class ToolBox:
     """The run's tools and the means to call them; one per process that runs agent episodes."""
 
     def __init__(
-        self, tools: Sequence[Tool], *, parser: Callable[[str], ParsedTurn] | None = None, native_format: bool = False,
+        self, tools: Sequence[Tool], *, tool_format: ToolFormat | None = None,
         timeout_s: float = 10.0, max_calls: int = 8, max_argument_chars: int = 100_000, mcp: McpTools | None = None,
         row_class: ToolClass | None = None,
     ) -> None:
-        """``parser`` reads a turn's calls (default: the hermes format); ``native_format``: the chat template
-        renders the tools itself, so results go back as a tool message; ``max_calls``: per episode;
+        """``tool_format`` reads a turn's calls and writes its results (default: the built-in format, read
+        without a tokenizer); ``max_calls``: per episode;
         ``row_class``: the tool class that runs the rows' own tools (``load.row_tool_class``), if one does."""
         self.tools = {tool.name: tool for tool in tools}
-        self.parse = parser or CallParser("hermes", None, [])
-        self.native_format = native_format
+        self.format = tool_format or BuiltinFormat(None)
         self.max_calls = max_calls
         self.timeout_s = timeout_s
         self.max_argument_chars = max_argument_chars
@@ -138,7 +138,7 @@ class ToolBox:
 
     def observation(self, results: Sequence[tuple[str, str]]) -> str:
         """The message text that carries a turn's results (``(name, text)`` per call)."""
-        return tool_observation(results, self.native_format)
+        return self.format.observation(results)
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
@@ -146,9 +146,7 @@ class ToolBox:
 
     def read(self, text: str, row_tools: Sequence[dict[str, Any]] = ()) -> ParsedTurn:
         """The calls in an agent turn; ``row_tools``: the schemas of the row's own tools, if it has any."""
-        if row_tools and isinstance(self.parse, CallParser):
-            return self.parse(text, merged_schemas(self.schemas, row_tools))
-        return self.parse(text)
+        return self.format.parse(text, merged_schemas(self.schemas, row_tools) if row_tools else None)
 
     def run(
         self, calls: Sequence[ParsedCall], row_tools: Sequence[Mapping[str, dict[str, Any]]] | None = None,

@@ -63,14 +63,16 @@ def _prepare(name: str, out_dir: Path, options: dict[str, Any]) -> None:
     prepare(name, out_dir, **options)
 
 
-def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None, training: bool = True) -> RunData:
+def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None, training: bool = True,
+                   tool_format: str = "auto") -> RunData:
     """Training and validation prompts; ``tools``: the schemas a tool-calling agent is told about in each
-    prompt. ``training`` False (an evaluation): the validation prompts only, and none of the training
+    prompt, in ``tool_format`` (``env.tool_format``). ``training`` False (an evaluation): the validation prompts only, and none of the training
     batch's rules (``data.train_batch_size`` against the training set's size) apply."""
     train_files, val_files = resolve_files(data, training)
     common = {
         "prompt_key": data.prompt_key, "max_prompt_length": data.max_prompt_length,
         "truncation": data.truncation, "filter_overlong_prompts": data.filter_overlong_prompts, "tools": tools,
+        "tool_format": tool_format,
     }
     if not training:
         return RunData(None, *_validation(data, val_files, tokenizer, common), Path((train_files or val_files or ["."])[0]).parent)

@@ -44,7 +44,7 @@ def rollout_setup(config: PosttrainConfig, training: bool = True) -> RolloutSetu
         resolve_model(config.critic.model_path)
     if config.reward_model.enable and config.reward_model.model_path:
         resolve_model(config.reward_model.model_path)
-    data = build_run_data(config.data, tokenizer, tool_schemas(config.env), training)
+    data = build_run_data(config.data, tokenizer, tool_schemas(config.env), training, config.env.tool_format)
     epochs_steps = len(data.train) * config.trainer.total_epochs if data.train is not None else 0
     total_steps = min(config.trainer.total_training_steps or epochs_steps, epochs_steps)
     rollout = build_rollout(config, tokenizer, data.data_dir)

@@ -191,7 +191,8 @@ def sft_datasets(config: PosttrainConfig, tokenizer: PreTrainedTokenizerBase, da
     sft = config.sft
     train_files, val_files = sft_files(sft.train_files, sft.val_files, data_dir)
     common = {"max_length": sft.max_length, "messages_key": sft.messages_key, "truncation": sft.truncation,
-              "stop_strings": tuple(stop_strings), "require_success": sft.require_success, "tools": tools}
+              "stop_strings": tuple(stop_strings), "require_success": sft.require_success, "tools": tools,
+              "tool_format": config.env.tool_format}
     train_set = SFTDataset(train_files, tokenizer, **common)
     if len(train_set) < sft.train_batch_size:
         raise SFTDataError(

@@ -15,9 +15,10 @@ from posttrain.rewards import DEFAULT_SCORE_FUNCTIONS, bfcl  # noqa: E402
 ANSWER_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple",
                      "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
 # BFCL possible answers that no call satisfies: a required parameter with no acceptable value
-# (live_simple_106, _112: []; live_multiple_507: only ""), one the answer needs but the function does
-# not define (live_multiple_862), one the function requires but the answer lacks (live_multiple_964)
-UNANSWERABLE = {"live_simple_106-63-0", "live_simple_112-68-0", "live_multiple_507-149-4", "live_multiple_862-181-3", "live_multiple_964-207-0"}
+# (live_simple_106, _112: []), one the answer needs but the function does not define (live_multiple_862),
+# one the function requires but the answer lacks (live_multiple_964). (live_multiple_507-149-4's required
+# origin_airport accepts only "", and the call that gives it "" passes.)
+UNANSWERABLE = {"live_simple_106-63-0", "live_simple_112-68-0", "live_multiple_862-181-3", "live_multiple_964-207-0"}
 
 
 def _row(question: Question) -> tuple[str, dict]:

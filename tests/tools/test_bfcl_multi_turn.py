@@ -18,7 +18,8 @@ from posttrain.data.preparers.bfcl import load_multi_turn, multi_turn_row  # noq
 from posttrain.models import tokenize_prompts  # noqa: E402
 from posttrain.models.tool_format import row_schemas  # noqa: E402
 from posttrain.rewards import bfcl_multi_turn  # noqa: E402
-from posttrain.tools import CallParser, ToolBox, load_tools  # noqa: E402
+from posttrain.models.tool_formats.builtin import BuiltinFormat  # noqa: E402
+from posttrain.tools import ToolBox, load_tools  # noqa: E402
 from posttrain.tools.env import ToolEnv  # noqa: E402
 from posttrain.tools.load import row_tool_class  # noqa: E402
 from tests.tools.test_tool_classes import GroupEngine, call  # noqa: E402
@@ -35,7 +36,7 @@ def questions():
 
 @pytest.fixture
 def box(tokenizer):
-    toolbox = ToolBox(load_tools([WRAPPER]), parser=CallParser("hermes", tokenizer, []), timeout_s=20.0, max_calls=64,
+    toolbox = ToolBox(load_tools([WRAPPER]), tool_format=BuiltinFormat(tokenizer, [], "hermes"), timeout_s=20.0, max_calls=64,
                       row_class=row_tool_class([WRAPPER]))
     yield toolbox
     toolbox.close()

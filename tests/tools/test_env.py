@@ -10,7 +10,8 @@ import pytest
 from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer, episode_metrics, run_episodes
 from posttrain.tools.env import ToolEnv
 from posttrain.models import tokenize_prompts
-from posttrain.tools import CallParser, ToolBox, load_tools
+from posttrain.models.tool_formats.builtin import BuiltinFormat
+from posttrain.tools import ToolBox, load_tools
 from tests.agents.test_loop import ScriptedEngine
 
 
@@ -21,7 +22,7 @@ def call(expression: str, name: str = "calculator") -> str:
 @pytest.fixture
 def toolbox(tokenizer):
     tools = load_tools(["posttrain.tools:calculator"])
-    box = ToolBox(tools, parser=CallParser("hermes", tokenizer, [t.schema for t in tools]), timeout_s=10, max_calls=2)
+    box = ToolBox(tools, tool_format=BuiltinFormat(tokenizer, [t.schema for t in tools], "hermes"), timeout_s=10, max_calls=2)
     yield box
     box.close()
 

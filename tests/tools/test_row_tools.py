@@ -15,7 +15,8 @@ from posttrain.data.dataset import RLDataset
 from posttrain.data.format import DataFormatError
 from posttrain.data.sft_dataset import SFTDataset
 from posttrain.errors import InputError
-from posttrain.tools import CallParser, ToolBox, load_tools
+from posttrain.models.tool_formats.builtin import BuiltinFormat
+from posttrain.tools import ToolBox, load_tools
 from posttrain.tools import env as tool_env
 from posttrain.tools.env import ToolEnv
 
@@ -44,7 +45,7 @@ def call(name: str, **arguments) -> str:
 def box(tokenizer):
     """A toolbox with the run's calculator, read by the hermes parser."""
     tools = load_tools(["posttrain.tools:calculator"])
-    made = ToolBox(tools, parser=CallParser("hermes", tokenizer, [t.schema for t in tools]), timeout_s=10, max_calls=4)
+    made = ToolBox(tools, tool_format=BuiltinFormat(tokenizer, [t.schema for t in tools], "hermes"), timeout_s=10, max_calls=4)
     yield made
     made.close()
 
@@ -52,7 +53,7 @@ def box(tokenizer):
 @pytest.fixture
 def empty_box(tokenizer):
     """No tool of the run's own: every tool comes with its row."""
-    made = ToolBox([], parser=CallParser("hermes", tokenizer, []), timeout_s=10)
+    made = ToolBox([], tool_format=BuiltinFormat(tokenizer, [], "hermes"), timeout_s=10)
     yield made
     made.close()
 

@@ -19,7 +19,8 @@ import pytest
 from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer, TurnOutput, episode_metrics, run_episodes
 from posttrain.cli.main import main
 from posttrain.models import cached_tiny_model, tokenize_prompts
-from posttrain.tools import CallParser, ToolBox, ToolSpecError, load_tools
+from posttrain.models.tool_formats.builtin import BuiltinFormat
+from posttrain.tools import ToolBox, ToolSpecError, load_tools
 from posttrain.tools.env import ToolEnv
 from posttrain.tools.instances import InstancePool
 from posttrain.tools.load import ToolClass
@@ -70,7 +71,7 @@ def descendants() -> set[int]:
 
 def toolbox(tokenizer, specs, max_chars: int = 20_000, **options) -> ToolBox:
     tools = load_tools(specs, max_chars)
-    return ToolBox(tools, parser=CallParser("hermes", tokenizer, [t.schema for t in tools]), **({"timeout_s": 2.0, "max_calls": 8} | options))
+    return ToolBox(tools, tool_format=BuiltinFormat(tokenizer, [t.schema for t in tools], "hermes"), **({"timeout_s": 2.0, "max_calls": 8} | options))
 
 
 def play_group(tokenizer, box, scripts, scratch: Path, *, truth: str = "0", on_turn=lambda: None):
@@ -279,7 +280,7 @@ def test_functions_and_mcp_tools_run_beside_a_class(tokenizer, tmp_path):
     (tmp_path / "server.py").write_text(MCP_SERVER)
     servers = McpServers([{"command": [sys.executable, str(tmp_path / "server.py")]}])
     tools = load_tools([WAREHOUSE, "posttrain.tools:calculator"]) + servers.tools()
-    box = ToolBox(tools, parser=CallParser("hermes", tokenizer, [t.schema for t in tools]), timeout_s=15.0, mcp=servers)
+    box = ToolBox(tools, tool_format=BuiltinFormat(tokenizer, [t.schema for t in tools], "hermes"), timeout_s=15.0, mcp=servers)
     try:
         env = ToolEnv(box)
         env.reset(EpisodeSample([{"role": "user", "content": "q"}], "0", "fruit", {"stock": {"apple": 3}, "scratch_dir": str(tmp_path)}))

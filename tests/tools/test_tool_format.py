@@ -9,13 +9,10 @@ import re
 
 import pytest
 
-from posttrain.models.tool_format import (
-    builtin_system_prompt,
-    render_with_tools,
-    template_renders_tools,
-    tool_observation,
-    with_tools,
-)
+from posttrain.models.tool_format import render_with_tools
+from posttrain.models.tool_formats import template_renders_tools
+from posttrain.models.tool_formats.builtin import BuiltinFormat, builtin_system_prompt, with_tools
+from posttrain.models.tool_formats.template import TemplateFormat
 
 SCHEMAS = [
     {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.", "parameters": {
@@ -123,7 +120,7 @@ def test_a_template_that_renders_tools_is_given_them(tool_tokenizer):
 
 def test_builtin_observation_has_one_response_block_per_result_in_order():
     results = [("calculator", "391"), ("lookup", 'said "hi"\nline two, ünïcode'), ("calculator", "Error (timeout): stopped")]
-    text = tool_observation(results, native=False)
+    text = BuiltinFormat(None).observation(results)
     blocks = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", text, re.DOTALL)
     assert [json.loads(block) for block in blocks] == [{"name": name, "content": content} for name, content in results]
     assert text.count("<tool_response>") == 3 and text.count("</tool_response>") == 3
@@ -131,5 +128,5 @@ def test_builtin_observation_has_one_response_block_per_result_in_order():
 
 def test_native_observation_is_the_texts_alone():
     """A template that renders tools wraps the tool message itself: only the texts, in order."""
-    text = tool_observation([("calculator", "391"), ("lookup", "a word")], native=True)
+    text = TemplateFormat(None).observation([("calculator", "391"), ("lookup", "a word")])
     assert text == "391\n\na word" and "<tool_response>" not in text

@@ -108,6 +108,7 @@ def test_tool_episodes_train_on_exactly_the_tokens_the_engine_sampled(workers):
     from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer, TurnOutput, run_episodes
     from posttrain.tools.env import ToolEnv
     from posttrain.rollout.agent import episodes_to_batch
+    from posttrain.models.tool_formats.template import TemplateFormat
     from posttrain.tools import ParsedCall, ParsedTurn, ToolBox, load_tools
 
     groups, model_dir = workers
@@ -126,8 +127,11 @@ def test_tool_episodes_train_on_exactly_the_tokens_the_engine_sampled(workers):
         return [TurnOutput(list(t), list(lp), str(r)) for t, lp, r in
                 zip(reply[keys.TURN_TOKEN_IDS], reply[keys.TURN_LOGPROBS], reply[keys.FINISH_REASON])]
 
-    toolbox = ToolBox(load_tools(["posttrain.tools:calculator"]), native_format=True,
-                      parser=lambda text: ParsedTurn([ParsedCall("calculator", '{"expression": "6*7"}')], ""))
+    class EveryTurnCalls(TemplateFormat):  # results as the texts alone; each turn read as a call
+        def parse(self, text, schemas=None):
+            return ParsedTurn([ParsedCall("calculator", '{"expression": "6*7"}')], "")
+
+    toolbox = ToolBox(load_tools(["posttrain.tools:calculator"]), tool_format=EveryTurnCalls(tokenizer))
     renderer = ObservationRenderer(tokenizer, "user")
     config = AgentLoopConfig(max_response_length=44, max_turns=1, max_turn_tokens=4, max_obs_length=32)
     try:

@@ -26,7 +26,7 @@ from posttrain.data.format import make_row, write_conversations, write_rows
 from posttrain.data.preparers.arithmetic import DATA_SOURCE, Problem, generate_problems
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
-from posttrain.models.tool_format import tool_observation
+from posttrain.models.tool_formats.builtin import tool_responses
 from posttrain.tools.builtin import calculator
 
 TOOL_SPEC = "posttrain.tools:calculator"
@@ -46,7 +46,7 @@ def transcript(problem: Problem, direct: bool) -> list[dict[str, str]]:
     return [
         *messages,
         {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
-        {"role": "user", "content": tool_observation([("calculator", result)], native=False)},
+        {"role": "user", "content": tool_responses([("calculator", result)])},
         {"role": "assistant", "content": f"{problem.expression} = {result}"},
     ]
 

@@ -1,4 +1,4 @@
-"""Reading tool calls out of an agent turn, with vLLM's own tool-call parsers.
+"""Reading tool calls out of an agent turn (the builtin and template formats), with vLLM's own tool-call parsers.
 
 ``env.tool_parser`` names a parser of ``vllm.tool_parsers`` (``hermes``, ``llama3_json``,
 ``pythonic``, ``mistral``, ...; ``posttrain tools --parsers`` lists them). ``auto`` picks from the

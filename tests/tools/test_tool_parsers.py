@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from posttrain.tools import CallParser, ParsedCall, auto_parser_name
+from posttrain.models.tool_formats import CallParser, ParsedCall, auto_parser_name
 
 SCHEMAS = [
     {"type": "function", "function": {"name": "calculator", "description": "Evaluate.", "parameters": {
