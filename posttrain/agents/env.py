@@ -59,11 +59,23 @@ class StepInfo:
 
 
 @dataclass(frozen=True)
+class EpisodeAnswer:
+    """An episode's final answer, for the reward path to score by the row's data source (the rollout
+    does, with deadlines and counts, after the episodes end: rollout/scoring.py); the step's reward does
+    not include it. ``score_cap``: its score is at most this (ToolEnv's ``answer_without_call_score``).
+    An environment with a judge of its own (a game, a tool class's ``reward()``) scores itself instead."""
+
+    text: str
+    score_cap: float | None = None
+
+
+@dataclass(frozen=True)
 class StepResult:
     observation: str
     reward: float
     done: bool
     info: StepInfo
+    answer: EpisodeAnswer | None = None  # an answer for the reward path (its score is added to this step's reward)
 
 
 class Environment(abc.ABC):

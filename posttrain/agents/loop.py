@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from posttrain.agents.env import EpisodeSample, Environment, StepResult
+from posttrain.agents.env import EpisodeAnswer, EpisodeSample, Environment, StepResult
 from posttrain.agents.render import ObservationRenderer
 
 
@@ -98,6 +98,8 @@ class Episode:
     counts: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     weight_version: int = 0
     observation_role: str = "user"
+    answer: EpisodeAnswer | None = None  # the answer the reward path scores, and the turn its score goes to
+    answer_turn: int = -1
 
     @property
     def num_turns(self) -> int:
@@ -153,6 +155,8 @@ class Episode:
         for name, value in result.info.counts.items():
             self.counts[name] += float(value)
         self.done = self.done or result.done
+        if result.answer is not None:
+            self.answer, self.answer_turn = result.answer, len(self.turn_rewards) - 1
 
 
 def turn_budgets(episode_keys: Sequence[str], config: AgentLoopConfig) -> list[int]:

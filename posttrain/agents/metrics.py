@@ -48,11 +48,11 @@ def episode_metrics(
         "agent/observations_truncated": mean(float(np.mean([e.observations_truncated for e in episodes])), n),
     }
     names = sorted({name for e in episodes for name in e.counts} | set(counters))
-    metrics |= {_metric_name(name): mean(float(np.mean([e.counts.get(name, 0.0) for e in episodes])), n) for name in names}
+    metrics |= {counter_metric_name(name): mean(float(np.mean([e.counts.get(name, 0.0) for e in episodes])), n) for name in names}
     metrics |= {f"{COUNTER_TOTALS}/{name}": total(sum(e.counts.get(name, 0.0) for e in episodes)) for name in names}
     for name, (numerator, denominator) in (ratios or {}).items():
         below = sum(e.counts.get(denominator, 0.0) for e in episodes)
-        metrics[_metric_name(name)] = mean(sum(e.counts.get(numerator, 0.0) for e in episodes) / below if below else 0.0, below)
+        metrics[counter_metric_name(name)] = mean(sum(e.counts.get(numerator, 0.0) for e in episodes) / below if below else 0.0, below)
     if group_ids is not None:
         groups: dict[int, list[float]] = defaultdict(list)
         for group, episode in zip(group_ids, episodes, strict=True):
@@ -61,5 +61,6 @@ def episode_metrics(
     return metrics
 
 
-def _metric_name(counter: str) -> str:
+def counter_metric_name(counter: str) -> str:
+    """``env/<counter>``, or the counter's own name where it has a namespace (``tool/calls``)."""
     return counter if "/" in counter else f"env/{counter}"

@@ -172,8 +172,24 @@ def check_environment(config: PosttrainConfig) -> list[Problem]:
     except (ValueError, TypeError) as error:
         return [Problem("env.options", dict(env.options), str(error))]
     if "toolbox" in wanted_resources(env_class, env.options):  # its class takes the run's tools
-        return check_tools(config)
+        return check_tools(config) + single_turn_calls(config)
     return unused_tools(config)
+
+
+def single_turn_calls(config: PosttrainConfig) -> list[Problem]:
+    """Where the calls are the answer (``env.options.answer: calls``) the rollout is single-turn
+    (rollout/calls.py): the settings of episodes' batches do not apply, so they are refused, not ignored."""
+    env = config.env
+    if env.options.get("answer") != "calls":
+        return []
+    why = "with env.options.answer=calls each response is one answer scored as a single-turn rollout's (rollout/calls.py)"
+    problems = []
+    if env.reward_norm != "none":
+        problems.append(Problem("env.reward_norm", env.reward_norm, f"{why}; set env.reward_norm=none (GRPO normalises per group)"))
+    if env.filter_groups_quantile > 0:
+        problems.append(Problem("env.filter_groups_quantile", env.filter_groups_quantile,
+                                f"{why}; set it to 0, or use algorithm.filter_groups (dynamic sampling)"))
+    return problems
 
 
 def unused_tools(config: PosttrainConfig) -> list[Problem]:

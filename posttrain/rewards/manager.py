@@ -1,5 +1,14 @@
 """Reward managers: responses in a Batch → a score on each response's last token.
 
+The one reward path: every answer that a rule, a batched scorer or a custom function judges is
+scored here, with deadlines and the counts the circuit breakers read. Two ways in:
+
+- ``manager(batch)``: single-turn responses in a Batch (below);
+- ``manager.score(answers)``: :class:`Answer` s that a rollout read out of its responses or episodes
+  (a tool-calling agent's final text; a one-turn task's parsed calls, passed as ``calls=`` to a
+  function that takes it). ``None`` in their place is an answer that could not be read: it scores 0
+  without a call (the rollout that read it counts why).
+
 Both managers read from the Batch (see :mod:`posttrain.keys`)
   RESPONSE_IDS (B, T), and RESPONSE_MASK (B, T) or else the last T columns of ATTENTION_MASK (B, L);
   DATA_SOURCE, GROUND_TRUTH and (optionally) EXTRA_INFO, one per sample;
@@ -72,6 +81,27 @@ class RewardResult:
         """TOKEN_SCORES as a Batch to union into the step's batch; extras as ``reward_extra/<name>``, metrics in meta."""
         extra = {f"reward_extra/{name}": values for name, values in self.extra.items()}
         return Batch.from_dict({keys.TOKEN_SCORES: self.token_scores}, extra).with_metrics(self.metrics)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a response or an episode answered, for the reward path: its text, the row's ground truth,
+    data source and extra_info, and, where the calls are the answer, the calls as
+    ``[{"name": ..., "arguments": {...}}]`` in the order written."""
+
+    text: str
+    ground_truth: Any
+    data_source: str
+    extra_info: Mapping[str, Any] | None = None
+    calls: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class AnswerScores:
+    scores: torch.Tensor                                           # (B,) float32
+    extra: dict[str, np.ndarray]                                   # as RewardResult's
+    metrics: Metrics                                               # reward/{samples,errors,timeouts}: counts
+    first_failure: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,22 +182,25 @@ class RewardManager:
 
     def __call__(self, batch: Batch) -> RewardResult:
         decoded = decode_responses(batch, self.tokenizer)
-        sources = _per_sample(batch, keys.DATA_SOURCE)
-        truths = _per_sample(batch, keys.GROUND_TRUTH)
-        infos = _per_sample(batch, keys.EXTRA_INFO, required=False)
+        return place_answer_scores(self.score(answers_of(batch, decoded.texts)), decoded)
+
+    def score(self, answers: Sequence[Answer | None]) -> AnswerScores:
+        """Each answer's score by its data source's function (or the custom one), in a child process
+        with a deadline each; None (unreadable) scores 0 without a call."""
+        read = [answer for answer in answers if answer is not None]
         if self.score_function is not None:
-            functions = [self.score_function] * len(batch)
+            functions = [self.score_function] * len(read)
         else:  # every data source is looked up before any scoring, so an unknown one fails fast
-            functions = [score_function_for(source, self.score_functions) for source in sources]
+            functions = [score_function_for(answer.data_source, self.score_functions) for answer in read]
         table = {function: index for index, function in enumerate(dict.fromkeys(functions))}
         accepted = {function: context_keywords(function) for function in table}
         calls = []
-        for text, truth, source, info, function in zip(decoded.texts, truths, sources, infos, functions):
-            context = {"data_source": source, "extra_info": info}
-            arguments = {"solution_str": text, "ground_truth": truth} | {k: context[k] for k in accepted[function]}
+        for answer, function in zip(read, functions):
+            context = {"data_source": answer.data_source, "extra_info": answer.extra_info, "calls": answer.calls}
+            arguments = {"solution_str": answer.text, "ground_truth": answer.ground_truth} | {k: context[k] for k in accepted[function]}
             calls.append((table[function], arguments))
-        outcomes = self.scorer.run(list(table), calls, budget_s=self.budget_s)
-        return _collect(outcomes, decoded)
+        outcomes = iter(self.scorer.run(list(table), calls, budget_s=self.budget_s) if calls else [])
+        return _collect([None if answer is None else next(outcomes) for answer in answers])
 
     def close(self) -> None:
         """Stop the scoring process (it is also stopped when the manager is garbage-collected)."""
@@ -190,12 +223,22 @@ class BatchRewardManager:
 
     def __call__(self, batch: Batch) -> RewardResult:
         decoded = decode_responses(batch, self.tokenizer)
-        context = {"data_sources": _per_sample(batch, keys.DATA_SOURCE), "extra_infos": _per_sample(batch, keys.EXTRA_INFO, required=False)}
-        arguments = {"solution_strs": decoded.texts, "ground_truths": _per_sample(batch, keys.GROUND_TRUTH)}
+        return place_answer_scores(self.score(answers_of(batch, decoded.texts)), decoded)
+
+    def score(self, answers: Sequence[Answer | None]) -> AnswerScores:
+        """The read answers in one call (None, unreadable, scores 0 without it)."""
+        read = [answer for answer in answers if answer is not None]
+        context = {"data_sources": [a.data_source for a in read], "extra_infos": [a.extra_info for a in read],
+                   "calls": [a.calls for a in read]}
+        arguments = {"solution_strs": [a.text for a in read], "ground_truths": [a.ground_truth for a in read]}
         arguments |= {k: context[k] for k in context_keywords(self.score_function, BATCHED_CONTEXT_KEYWORDS)}
-        deadline = None if self.timeout_s is None else self.timeout_s * max(len(batch), 1)
-        (outcome,) = self.scorer.run([self.score_function], [(0, arguments)], timeout_s=deadline, budget_s=self.budget_s)
-        return _collect(_split_batched(outcome, len(batch)), decoded)
+        deadline = None if self.timeout_s is None else self.timeout_s * max(len(read), 1)
+        outcomes = []
+        if read:
+            (outcome,) = self.scorer.run([self.score_function], [(0, arguments)], timeout_s=deadline, budget_s=self.budget_s)
+            outcomes = _split_batched(outcome, len(read))
+        outcomes = iter(outcomes)
+        return _collect([None if answer is None else next(outcomes) for answer in answers])
 
     def close(self) -> None:
         self.scorer.close()
@@ -227,6 +270,20 @@ def build_reward_manager(
     if batched:
         return BatchRewardManager(tokenizer, function, timeout_s=timeout_s, budget_s=budget_s)
     return RewardManager(tokenizer, score_function=function, timeout_s=timeout_s, budget_s=budget_s)
+
+
+def answers_of(batch: Batch, texts: Sequence[str]) -> list[Answer]:
+    """The batch's responses (``texts``, decoded) as answers, with each row's ground truth, data source and extra_info."""
+    return [Answer(text, truth, source, info) for text, truth, source, info in zip(
+        texts, _per_sample(batch, keys.GROUND_TRUTH), _per_sample(batch, keys.DATA_SOURCE),
+        _per_sample(batch, keys.EXTRA_INFO, required=False), strict=True)]
+
+
+def place_answer_scores(scored: AnswerScores, decoded: DecodedResponses) -> RewardResult:
+    """Scores on each response's last valid token, with the count of empty responses."""
+    metrics = scored.metrics | {"reward/empty_responses": total((decoded.last_positions < 0).sum().item())}
+    return RewardResult(place_scores(scored.scores, decoded.last_positions, decoded.width), scored.scores, scored.extra,
+                        metrics, scored.first_failure)
 
 
 def _split_batched(outcome: CallOutcome, size: int) -> list[CallOutcome]:
@@ -271,10 +328,14 @@ def _shown(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _collect(outcomes: Sequence[CallOutcome], decoded: DecodedResponses) -> RewardResult:
+def _collect(outcomes: Sequence[CallOutcome | None]) -> AnswerScores:
+    """Scores from each answer's outcome (None: an unreadable answer, 0 without a call)."""
     results: list[dict[str, Any] | None] = []
     errors, timeouts, first_failure = 0, 0, None
     for index, outcome in enumerate(outcomes):
+        if outcome is None:
+            results.append(None)
+            continue
         failure = outcome.error or ("timed out" if outcome.timed_out else None)
         if failure is None:
             try:
@@ -294,11 +355,8 @@ def _collect(outcomes: Sequence[CallOutcome], decoded: DecodedResponses) -> Rewa
         "reward/samples": total(len(outcomes)),
         "reward/errors": total(errors),
         "reward/timeouts": total(timeouts),
-        "reward/empty_responses": total((decoded.last_positions < 0).sum().item()),
     }
-    return RewardResult(
-        place_scores(scores, decoded.last_positions, decoded.width), scores, _extra_columns(results), metrics, first_failure,
-    )
+    return AnswerScores(scores, _extra_columns(results), metrics, first_failure)
 
 
 def _extra_columns(results: Sequence[dict[str, Any] | None]) -> dict[str, np.ndarray]:

@@ -1,8 +1,9 @@
 """Which score function scores which ``data_source``.
 
 A score function is a plain callable ``score(solution_str, ground_truth, **kwargs) -> float | dict``
-(a dict holds at least ``"score"``, plus extras such as ``"acc"``). It may also take ``data_source``
-and ``extra_info`` keywords; the reward manager passes them only to functions that accept them.
+(a dict holds at least ``"score"``, plus extras such as ``"acc"``). It may also take ``data_source``,
+``extra_info`` and ``calls`` (the parsed calls, where the calls are the answer: BFCL's one-turn rows)
+keywords; the reward manager passes them only to functions that accept them.
 
 To score a data source of your own, either give the manager a table with it added::
 
@@ -32,10 +33,10 @@ ScoreFunction = Callable[..., "float | dict[str, Any]"]
 
 # Keyword arguments of one call: what every score function takes, and what it may take.
 REQUIRED_KEYWORDS = ("solution_str", "ground_truth")
-CONTEXT_KEYWORDS = ("data_source", "extra_info")
+CONTEXT_KEYWORDS = ("data_source", "extra_info", "calls")  # calls: where the calls are the answer (None otherwise)
 # The batched calling convention: the same, one list per keyword.
 BATCHED_REQUIRED_KEYWORDS = ("solution_strs", "ground_truths")
-BATCHED_CONTEXT_KEYWORDS = ("data_sources", "extra_infos")
+BATCHED_CONTEXT_KEYWORDS = ("data_sources", "extra_infos", "calls")  # calls: one list (or None) per sample
 
 DEFAULT_SCORE_FUNCTIONS: Mapping[str, ScoreFunction] = MappingProxyType(
     {

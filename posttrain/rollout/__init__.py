@@ -15,10 +15,11 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.config.schema import PosttrainConfig
-from posttrain.rewards import build_reward_manager
 from posttrain.rollout.agent import AgentRollout
 from posttrain.rollout.batching import group_ids_of, join_rollouts, repeat_for_groups, sequences_to_batch
+from posttrain.rollout.calls import CallsAnswers, answers_with_calls
 from posttrain.rollout.roles import RolloutRoles
+from posttrain.rollout.scoring import reward_manager_for
 from posttrain.rollout.single_turn import SingleTurnRollout
 
 Rollout = SingleTurnRollout | AgentRollout
@@ -26,15 +27,13 @@ Rollout = SingleTurnRollout | AgentRollout
 
 def build_rollout(config: PosttrainConfig, tokenizer: PreTrainedTokenizerBase, data_dir: Path | None) -> Rollout:
     """The rollout ``env.name`` asks for: agent episodes in that environment, or single responses
-    scored by the reward manager (``custom_reward_function``, ``reward_model.reward_manager``)."""
-    if config.env.name is not None:
+    scored by the reward manager (``custom_reward_function``, ``reward_model.reward_manager``), read
+    into their calls first where the calls are the answer (``env.options.answer: calls``, rollout/calls.py)."""
+    calls = answers_with_calls(config.env)
+    if config.env.name is not None and not calls:
         return AgentRollout(config, tokenizer, data_dir)
-    reward = config.custom_reward_function
-    manager = build_reward_manager(
-        tokenizer, custom_path=reward.path, custom_name=reward.name, reward_kwargs=reward.reward_kwargs,
-        timeout_s=reward.timeout_s, budget_s=reward.step_timeout_s, batched=config.reward_model.reward_manager == "batch",
-    )
-    return SingleTurnRollout(manager, config.data.max_response_length, tokenizer.pad_token_id)
+    return SingleTurnRollout(reward_manager_for(config, tokenizer), config.data.max_response_length, tokenizer.pad_token_id,
+                             CallsAnswers(config.env, tokenizer) if calls else None)
 
 
 __all__ = [

@@ -37,6 +37,7 @@ from posttrain.rollout.environments import env_factory, load_env_class, probe_en
 from posttrain.rollout.groups import filter_groups, normalize_rewards, update_batch_shape
 from posttrain.rollout.retriever import RetrieverHandle, corpus_path, open_retriever
 from posttrain.rollout.roles import RolloutRoles
+from posttrain.rollout.scoring import reward_manager_for, score_episode_answers
 from posttrain.rollout.toolbox import needs_retriever, open_toolbox, row_check, uses_tools
 from posttrain.timing import timed
 from posttrain.tools import ToolBox
@@ -77,6 +78,7 @@ class AgentRollout:
         self.make_env: Callable[[], Environment] | None = None
         self.opened: dict[str, object] = {}  # the shared resources open now, by name
         self.batch_shape = update_batch_shape(config)
+        self.reward_manager = reward_manager_for(config, tokenizer)  # scores the answers episodes hand over
         self.first_failures: dict[str, str] = {}  # of the last rollout, by circuit breaker (trainer/breakers.py)
 
     def check_data(self, **datasets: RLDataset | None) -> None:
@@ -123,6 +125,7 @@ class AgentRollout:
         if self.toolbox is not None:
             self.toolbox.close()
             self.toolbox = None
+        self.reward_manager.close()
         self.make_env, self.opened = None, {}
 
     def __call__(
@@ -159,10 +162,14 @@ class AgentRollout:
                 episodes = run_episodes(envs, samples, prompts, generate, self.renderer, self.loop_config, episode_keys(prompts))
             finally:
                 roles.actor.release_rollout()  # the engine stayed awake across turns
+        with timed({} if timings is None else timings, "reward"):
+            reward_metrics, reward_failure = score_episode_answers(self.reward_manager, episodes, samples)
         group_ids = batch[keys.GROUP_IDS].tolist() if keys.GROUP_IDS in batch else None
-        metrics = episode_metrics(episodes, group_ids, self.env_class.counters, self.env_class.ratios)
+        metrics = episode_metrics(episodes, group_ids, self.env_class.counters, self.env_class.ratios) | reward_metrics
+        self.first_failures = {"reward": reward_failure} if reward_failure else {}
         if self.env_llm is not None:
-            self.first_failures = {"env LLM": self.env_llm.stats.first_error} if self.env_llm.stats.first_error else {}
+            if self.env_llm.stats.first_error:
+                self.first_failures["env LLM"] = self.env_llm.stats.first_error
             metrics |= self.env_llm.drain_metrics()
         # the episodes' prompts replace the batch's: an episode may have extended its prompt
         rest = Batch({k: v for k, v in batch.tensors.items() if k not in (keys.PROMPT_IDS, keys.PROMPT_MASK)}, batch.non_tensors, batch.meta)

@@ -3,6 +3,9 @@
     actor.generate (token lists) → sequences_to_batch → reward manager on each response's last
     token (+ reward model scores)
 
+Where the calls are the answer (``env.options.answer: calls``, rollout/calls.py), each response is
+read into its calls first, and those go to the reward manager as the answer.
+
 A prompt the reward manager's table cannot score is refused before any worker starts
 (:meth:`SingleTurnRollout.check_data`).
 """
@@ -14,11 +17,13 @@ from collections.abc import Iterable, Mapping
 from posttrain import keys
 from posttrain.agents.env import EpisodeSample
 from posttrain.data import DataFormatError, RLDataset, RowProblem, problems_report
+from posttrain.errors import InputError
 from posttrain.metrics import Metrics
 from posttrain.protocol import Batch
-from posttrain.rewards.manager import BatchRewardManager, RewardManager
+from posttrain.rewards.manager import BatchRewardManager, RewardManager, RewardResult, decode_responses, place_answer_scores
 from posttrain.rewards.registry import GROUND_TRUTH_FIX, ScoreFunction, lacks_ground_truth, unknown_source_fix
 from posttrain.rollout.batching import responses_to_batch
+from posttrain.rollout.calls import CallsAnswers, counter_metrics
 from posttrain.rollout.roles import RolloutRoles
 from posttrain.timing import timed
 from posttrain.workers.sampling import VALIDATE_META_KEY
@@ -32,8 +37,11 @@ def validation_view(batch: Batch) -> Batch:
 class SingleTurnRollout:
     """One response per row from ``actor.generate``, scored by the reward manager (+ reward model)."""
 
-    def __init__(self, reward_manager: RewardManager | BatchRewardManager, max_response_length: int, pad_token_id: int) -> None:
-        self.reward_manager = reward_manager
+    def __init__(self, reward_manager: RewardManager | BatchRewardManager, max_response_length: int, pad_token_id: int,
+                 calls: CallsAnswers | None = None) -> None:
+        """``calls``: the responses' calls are the answer (rollout/calls.py)."""
+        self.reward_manager, self.calls = reward_manager, calls
+        self._counts: list[dict[str, float]] = []  # each response's counters, of the last scoring (calls only)
         self.max_response_length, self.pad_token_id = max_response_length, pad_token_id
         self.first_failures: dict[str, str] = {}  # of the last rollout, by circuit breaker (trainer/breakers.py)
         self.stop_strings: tuple[str, ...] = ()  # a single turn ends on eos
@@ -43,16 +51,28 @@ class SingleTurnRollout:
         data source has no function, its ground truth is missing); a custom function takes any."""
         if self.reward_manager.score_function is None:
             check_scorable(self.reward_manager.score_functions, datasets.values())
+        if self.calls is not None:
+            for split, dataset in datasets.items():
+                for index, sample in enumerate(dataset.samples if dataset is not None else ()):
+                    try:
+                        self.calls.check(EpisodeSample(list(sample.messages), sample.ground_truth, sample.data_source,
+                                                       dict(sample.extra_info or {})))
+                    except ValueError as error:
+                        raise InputError(f"{split} prompt {index}: {error}") from None
 
     def open(self, roles: RolloutRoles) -> None:
-        """Nothing to start."""
+        """The toolbox that reads the calls, where the calls are the answer."""
+        if self.calls is not None:
+            self.calls.open()
 
     def before_training(self, samples: Iterable[EpisodeSample]) -> None:
         """Nothing to check before step 1: a reward function has no state to probe."""
 
     def close(self) -> None:
-        """Stop the reward's scoring process (started again by the next scoring call, if any)."""
+        """Stop the reward's scoring process (started again by the next scoring call, if any) and the toolbox."""
         self.reward_manager.close()
+        if self.calls is not None:
+            self.calls.close()
 
     def __call__(
         self, roles: RolloutRoles, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None,
@@ -66,20 +86,30 @@ class SingleTurnRollout:
             if validate:
                 responses.meta.clear()
         with timed(timings, "reward"):
-            return self.score(roles, batch.union(responses))
+            scored, metrics = self.score(roles, batch.union(responses))
+        if validate and self.calls is not None:  # each response's counters, in the episode records
+            scored = scored.union(Batch.from_dict(non_tensors={keys.EPISODE_STATS: [dict(count) for count in self._counts]}))
+        return scored, metrics
 
     def finish_batch(self, batch: Batch, metrics: Metrics) -> tuple[Batch, Metrics]:
         """Nothing is decided across the whole batch."""
         return batch, metrics
 
     def score(self, roles: RolloutRoles, batch: Batch) -> tuple[Batch, Metrics]:
-        result = self.reward_manager(batch)
+        result = self.reward_manager(batch) if self.calls is None else self._score_calls(batch)
         self.first_failures = {"reward": result.first_failure} if result.first_failure else {}
         scored = batch.union(result.to_batch().select(meta_keys=[]))
         if roles.reward_model is not None:
             model_scores = roles.reward_model.compute_rm_score(batch)[keys.TOKEN_SCORES]
             scored.tensors[keys.TOKEN_SCORES] = scored[keys.TOKEN_SCORES] + model_scores
         return scored, dict(result.metrics)
+
+    def _score_calls(self, batch: Batch) -> RewardResult:
+        decoded = decode_responses(batch, self.reward_manager.tokenizer)
+        answers, self._counts = self.calls(decoded.texts, batch)
+        result = place_answer_scores(self.reward_manager.score(answers), decoded)
+        result.metrics |= counter_metrics(self._counts)
+        return result
 
 
 def check_scorable(score_functions: Mapping[str, ScoreFunction], datasets: Iterable[RLDataset | None]) -> None:

@@ -10,9 +10,11 @@ built-in format, JSON lines), which also reads each agent turn:
   parser could not read, an unknown tool, arguments that do not fit the schema, an exception, a
   timeout, a crashed tool, a call past ``env.max_tool_calls`` per episode: each is an error the
   model reads, with reward ``call_error_penalty`` (<= 0) per failed call. The loop never stops on one.
-- **No call**: the turn is the final answer. It ends the episode and is scored by the score
-  function of the row's ``data_source`` (rewards/registry.py; e.g. ``arithmetic`` reads the last
-  number) — the task's own answer format. ``info.success`` is its ``acc`` (or score >= 1).
+- **No call**: the turn is the final answer. It ends the episode and is handed to the reward path
+  (``StepResult.answer``; rollout/scoring.py), which scores it with the score function of the row's
+  ``data_source`` (rewards/registry.py; e.g. ``arithmetic`` reads the last number: the task's own
+  answer format) or the run's custom one, with a deadline; the episode's success is its ``acc`` (or
+  score >= 1).
 - **The final turn** (after ``env.max_turns`` turns): calls are no longer run; the turn counts as
   the answer only if it holds none.
 
@@ -22,13 +24,10 @@ schema wins where a name is in both), and a call to a tool in neither is ``unkno
 runs only if the run has an implementation of that name; otherwise the call is ``unknown_tool`` with
 "no implementation" (such rows suit the next mode). A row with no tools in a run with none is refused.
 
-**Calls as the answer** (``env.options.answer: calls``, e.g. BFCL's single-turn categories): the
-episode ends with the model's first turn, whose calls are scored, not run. They are read by the tool
-parser and checked as above (the counters count their errors), then handed to the row's score function
-as ``calls=[{"name": ..., "arguments": {...}}, ...]`` in the order written ([] for a turn with no call:
-an irrelevance row's right answer), with ``extra_info``. A turn with a call that could not be read
-(``bad_json``, ``too_large``) scores 0 without asking the function. ``answer: text`` (the default) is
-the mode above.
+**Calls as the answer** (``env.options.answer: calls``, e.g. BFCL's single-turn categories) is not an
+episode: the run is a single-turn rollout whose responses are read into their calls and scored by the
+reward path (rollout/calls.py); this class only checks the option and its rows (:func:`check_row`).
+``answer: text`` (the default) is the mode above.
 
 **User turns** (``env.options.answer: turns``, e.g. BFCL's multi-turn categories): the row's prompt is
 the first user turn and ``extra_info.later_turns`` (a list of user turns, each a list of chat messages,
@@ -60,10 +59,10 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from posttrain.agents.env import Environment, EpisodeSample, StepInfo, StepResult
+from posttrain.agents.env import EpisodeAnswer, Environment, EpisodeSample, StepInfo, StepResult
 from posttrain.errors import InputError
 from posttrain.models.tool_format import ROW_TOOLS_KEY, row_schemas
-from posttrain.rewards.registry import UnknownDataSourceError, context_keywords, score_function_for
+from posttrain.rewards.registry import UnknownDataSourceError, score_function_for
 from posttrain.tools import CallResult, ParsedTurn, ToolBox
 from posttrain.tools.execute import failed
 
@@ -110,6 +109,9 @@ class ToolEnv(Environment):
         return self.toolbox.format.observation_role
 
     def reset(self, sample: EpisodeSample) -> str:
+        if self.answer == "calls":
+            raise InputError("env.options.answer=calls is a single-turn rollout (rollout/calls.py, which build_rollout picks), "
+                             "not a ToolEnv episode")
         self.close()
         self._sample = sample
         self._row_schemas, self._later_turns = check_row(sample, self.answer, bool(self.toolbox.tools), self.toolbox.scores_episodes)
@@ -125,8 +127,6 @@ class ToolEnv(Environment):
         self._episode = None
 
     def final_turn_instruction(self) -> str:
-        if self.answer == "calls":  # the first turn is the answer, whatever the turn budget
-            return ""
         return "You have no tool calls left. Give your final answer now, without calling a tool."
 
     def step(self, action: str) -> StepResult:
@@ -134,8 +134,6 @@ class ToolEnv(Environment):
 
     def finish(self, action: str) -> StepResult:
         turn = self.toolbox.read(action, self._row_schemas)
-        if self.answer == "calls":
-            return self._calls_answer(action, turn)
         return self._end(action if turn.is_final else None)
 
     @classmethod
@@ -143,7 +141,7 @@ class ToolEnv(Environment):
         """Every episode's calls of this round go to the toolbox together."""
         tool_envs = [_as_tool_env(env) for env in envs]
         turns = [env.toolbox.read(action, env._row_schemas) for env, action in zip(tool_envs, actions, strict=True)]
-        planned = [None if env.answer == "calls" else env._plan(turn) for env, turn in zip(tool_envs, turns)]
+        planned = [env._plan(turn) for env, turn in zip(tool_envs, turns)]
         runs: dict[int, list[tuple[int, int]]] = {}  # toolbox -> (episode, call index) of calls to run
         for i, (env, plan) in enumerate(zip(tool_envs, planned)):
             for j, result in enumerate(plan or []):
@@ -155,8 +153,8 @@ class ToolEnv(Environment):
                               [tool_envs[i]._episode for i, _ in members])
             for (i, j), result in zip(members, results, strict=True):
                 planned[i][j] = result
-        return [env._calls_answer(action, turn) if env.answer == "calls" else env._answered(action) if plan is None
-                else env._calls_result(turn, plan) for env, action, turn, plan in zip(tool_envs, actions, turns, planned)]
+        return [env._answered(action) if plan is None else env._calls_result(turn, plan)
+                for env, action, turn, plan in zip(tool_envs, actions, turns, planned)]
 
     def _plan(self, turn: ParsedTurn) -> list[CallResult | None] | None:
         """None for a final answer; else one slot per call: an error decided here, or None (to run)."""
@@ -209,7 +207,8 @@ class ToolEnv(Environment):
     def _end(self, answer: str | None) -> StepResult:
         """The episode's end: ``answer`` is its final turn's text, None for a forced final turn that held
         calls (not run; one failed call's penalty). Scored by the tool classes' reward() if they have one,
-        else by the row's score function (an answer only)."""
+        else handed to the reward path (an answer only: rollout/scoring.py), capped by
+        ``answer_without_call_score`` when no call succeeded."""
         if self._sample is None:
             raise RuntimeError("ToolEnv.step before reset: call reset(sample) first")
         counts = {"answers": 1} if answer is not None else {"tool/late_calls": 1}
@@ -219,12 +218,12 @@ class ToolEnv(Environment):
         if not self.toolbox.alive(self._episode):
             counts["tool/lost_instances"] = 1
             return StepResult("", penalty, True, StepInfo(valid=answer is not None, effective=False, counts=counts))
-        if self.toolbox.scores_episodes:
-            score, success = self._rewarded(answer, counts)
-        elif answer is not None:
-            score, success = _scored(score_function_for(self._sample.data_source)(solution_str=answer, ground_truth=self._sample.ground_truth))
-        else:
-            return StepResult("", penalty, True, StepInfo(valid=False, effective=False, counts=counts))
+        if not self.toolbox.scores_episodes:  # the row's score function judges the answer: the reward path scores it
+            if answer is None:
+                return StepResult("", penalty, True, StepInfo(valid=False, effective=False, counts=counts))
+            return StepResult("", 0.0, True, StepInfo(valid=True, effective=True, counts=counts),
+                              answer=EpisodeAnswer(answer, self.answer_without_call_score if self.successes == 0 else None))
+        score, success = self._rewarded(answer, counts)
         if self.answer_without_call_score is not None and self.successes == 0:
             score = min(score, self.answer_without_call_score)
         answered = answer is not None
@@ -243,30 +242,8 @@ class ToolEnv(Environment):
             return 0.0, False
         return sum(score for score, _ in scored), all(success for _, success in scored)
 
-    def _calls_answer(self, action: str, turn: ParsedTurn) -> StepResult:
-        """The turn's calls as the episode's answer, scored by the row's score function (module docstring)."""
-        if self._sample is None:
-            raise RuntimeError("ToolEnv.step before reset: call reset(sample) first")
-        checked = [self.toolbox.check(call, self._row_tools) for call in turn.calls]
-        errors = [c.error for c in checked if isinstance(c, CallResult)] + ["bad_json"] * turn.malformed
-        counts: dict[str, float] = defaultdict(float, {"answers": 1, "tool/calls": len(turn.calls) + turn.malformed})
-        counts["tool/successes"] = counts["tool/calls"] - len(errors)
-        for kind in errors:
-            counts["tool/errors"] += 1
-            counts[f"tool/errors/{kind}"] += 1
-        arguments = [c if isinstance(c, dict) else _json_object(call.arguments) for call, c in zip(turn.calls, checked)]
-        if any(kind in UNREADABLE for kind in errors) or None in arguments:
-            return StepResult("", 0.0, True, StepInfo(valid=False, effective=False, counts=dict(counts)))
-        calls = [{"name": call.name, "arguments": args} for call, args in zip(turn.calls, arguments)]
-        function = score_function_for(self._sample.data_source)
-        context = {"extra_info": dict(self._sample.extra_info), "calls": calls}
-        score, success = _scored(function(solution_str=action, ground_truth=self._sample.ground_truth,
-                                          **{key: context[key] for key in context_keywords(function, tuple(context))}))
-        return StepResult("", score, True, StepInfo(valid=True, effective=True, success=success, counts=dict(counts)))
-
 
 LATER_TURNS_KEY = "later_turns"  # answer: turns: extra_info's user turns after the prompt
-UNREADABLE = ("bad_json", "too_large")  # a call in calls mode that no score function could judge
 
 
 def check_row(sample: EpisodeSample, answer: str, run_has_tools: bool, scores_episodes: bool) -> tuple[list[dict[str, Any]], list[str]]:
@@ -305,15 +282,6 @@ def _user_turns(value: Any) -> list[str]:
         raise InputError(f"extra_info.{LATER_TURNS_KEY} must be a list of user turns, each a list of chat messages "
                          '([[{"role": "user", "content": ...}], ...]); env.options.answer=turns reads it')
     return ["\n\n".join(str(message["content"]) for message in turn) for turn in turns]
-
-
-def _json_object(text: str) -> dict[str, Any] | None:
-    """A call's arguments as a dict, or None where they are not a JSON object."""
-    try:
-        value = json.loads(text) if text.strip() else {}
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _as_tool_env(env: Environment) -> ToolEnv:

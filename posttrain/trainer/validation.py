@@ -127,15 +127,16 @@ def episode_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict[
     success, ``messages`` (the conversation, in the layout ``posttrain sft`` reads) and, for agent
     episodes, ``stats`` (turns, valid actions, the environment's counters)."""
     rewards = batch[keys.TOKEN_SCORES].sum(-1).tolist()
-    success = batch["reward_extra/acc"] if "reward_extra/acc" in batch else [r > 0 for r in rewards]
+    success = sample_accuracy(batch)
     rows = []
     for row in range(len(batch)):
+        stats = dict(batch[keys.EPISODE_STATS][row]) if keys.EPISODE_STATS in batch else {}  # a single turn's counters, where it has them
         if keys.TRANSCRIPT in batch:
-            messages, stats = list(batch[keys.TRANSCRIPT][row]), dict(batch[keys.EPISODE_STATS][row])
+            messages = list(batch[keys.TRANSCRIPT][row])
         else:
             length = int(response_attention_mask(batch)[row].sum())
             response = tokenizer.decode(batch[keys.RESPONSE_IDS][row, :length], skip_special_tokens=True)
-            messages, stats = [*batch[keys.RAW_PROMPT][row], {"role": "assistant", "content": response}], {}
+            messages = [*batch[keys.RAW_PROMPT][row], {"role": "assistant", "content": response}]
         rows.append({
             "data_source": str(batch[keys.DATA_SOURCE][row]), "extra_info": _plain(batch[keys.EXTRA_INFO][row]),
             "ground_truth": _plain(batch[keys.GROUND_TRUTH][row]), "reward": float(rewards[row]),
@@ -201,15 +202,26 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def sample_accuracy(batch: Batch) -> np.ndarray:
+    """Each sample's accuracy: ``reward_extra/acc`` where the score function reported it, else score > 0
+    (so a sample it could not score, an error or an unreadable answer, is 0 and never NaN)."""
+    scores = batch[keys.TOKEN_SCORES].sum(-1).numpy()
+    positive = (scores > 0).astype(float)
+    if "reward_extra/acc" not in batch:
+        return positive
+    acc = np.array([np.nan if value is None else float(value) for value in batch["reward_extra/acc"]], dtype=float)
+    return np.where(np.isnan(acc), positive, acc)
+
+
 def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
     """Per data source: ``val/<source>/acc/mean@n`` (mean over all samples) and ``best@n`` (any of a
     prompt's n samples right), and ``maj@n`` when the scores carry predictions (``reward_extra/pred``),
     each with its 95 % interval (``acc_low`` / ``acc_high``, trainer/intervals.py).
 
-    Accuracy is ``reward_extra/acc`` when the score function reports it, else score > 0.
+    Accuracy is :func:`sample_accuracy`.
     """
     scores = batch[keys.TOKEN_SCORES].sum(-1).numpy()
-    acc = np.asarray(batch["reward_extra/acc"], dtype=float) if "reward_extra/acc" in batch else (scores > 0).astype(float)
+    acc = sample_accuracy(batch)
     predictions = batch["reward_extra/pred"] if "reward_extra/pred" in batch else None
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     for row, (source, uid) in enumerate(zip(batch[keys.DATA_SOURCE], batch[keys.UID])):

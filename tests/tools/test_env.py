@@ -11,6 +11,8 @@ from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer
 from posttrain.tools.env import ToolEnv
 from posttrain.models import tokenize_prompts
 from posttrain.models.tool_formats.builtin import BuiltinFormat
+from posttrain.rewards.manager import RewardManager
+from posttrain.rollout.scoring import score_episode_answers
 from posttrain.tools import ToolBox, load_tools
 from tests.agents.test_loop import ScriptedEngine
 
@@ -34,7 +36,9 @@ def play(tokenizer, toolbox, scripts, truths, *, max_turns=3, max_obs_length=256
     engine = ScriptedEngine(tokenizer, prompts, scripts, eos_after=True)
     envs = [ToolEnv(toolbox) for _ in scripts]
     config = AgentLoopConfig(max_response_length=1024, max_turns=max_turns, max_turn_tokens=96, max_obs_length=max_obs_length)
-    return run_episodes(envs, samples, prompts, engine, ObservationRenderer(tokenizer, "user"), config), engine
+    episodes = run_episodes(envs, samples, prompts, engine, ObservationRenderer(tokenizer, "user"), config)
+    score_episode_answers(RewardManager(tokenizer, timeout_s=None), episodes, samples)  # the answers, by the reward path
+    return episodes, engine
 
 
 def test_the_prompt_tells_the_model_its_tools_in_the_builtin_format(tokenizer, toolbox):
@@ -100,3 +104,30 @@ def test_a_row_without_a_score_function_is_refused_when_no_tool_class_scores_it(
     ToolEnv.check_sample(EpisodeSample([{"role": "user", "content": "x"}], "1", "nowhere"), {})
     with pytest.raises(ValueError, match="no score function for data_source 'nowhere'.*reward()"):
         ToolEnv(toolbox).reset(EpisodeSample([{"role": "user", "content": "x"}], "1", "nowhere"))
+
+
+def test_answers_go_to_the_reward_path_capped_without_a_successful_call_and_failures_are_counted(tokenizer, toolbox):
+    """The answer is handed over, not scored by the environment: the reward path scores it (here with
+    answer_without_call_score=0.25, an answer with no successful call is capped), and a score function
+    that raises scores 0 and is counted for the reward breaker, never stopping the loop."""
+    samples = [EpisodeSample([{"role": "user", "content": f"episode {k}"}], "56088", "arithmetic") for k in range(2)]
+    prompts = tokenize_prompts([s.prompt for s in samples], tokenizer, toolbox.schemas)
+    config = AgentLoopConfig(max_response_length=1024, max_turns=3, max_turn_tokens=96, max_obs_length=256)
+
+    def episodes(manager):
+        engine = ScriptedEngine(tokenizer, prompts, [["56088"], [call("123 * 456"), "56088"]], eos_after=True)
+        envs = [ToolEnv(toolbox, answer_without_call_score=0.25) for _ in samples]
+        played = run_episodes(envs, samples, prompts, engine, ObservationRenderer(tokenizer, "user"), config)
+        assert [e.reward for e in played] == [0.0, 0.0]  # nothing scored by the environment itself
+        return played, score_episode_answers(manager, played, samples)
+
+    played, (metrics, failure) = episodes(RewardManager(tokenizer, timeout_s=None))
+    assert [e.reward for e in played] == [0.25, 1.0] and [e.success for e in played] == [True, True] and failure is None
+    assert metrics["reward/samples"].value == 2 and metrics["reward/errors"].value == 0
+
+    def broken(solution_str, ground_truth):
+        raise ZeroDivisionError("no")
+
+    played, (metrics, failure) = episodes(RewardManager(tokenizer, score_functions={"arithmetic": broken}, timeout_s=None))
+    assert [e.reward for e in played] == [0.0, 0.0] and not any(e.success for e in played)
+    assert metrics["reward/errors"].value == 2 and "ZeroDivisionError" in failure

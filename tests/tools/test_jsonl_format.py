@@ -14,6 +14,8 @@ from posttrain.errors import InputError
 from posttrain.models import tokenize_prompts
 from posttrain.models.tool_formats import FORMATS, format_class, format_names, make_tool_format
 from posttrain.models.tool_formats.jsonl import JsonLinesFormat
+from posttrain.rewards.manager import RewardManager
+from posttrain.rollout.scoring import score_episode_answers
 from posttrain.tools import ParsedCall, ToolBox, load_tools
 from posttrain.tools.env import ToolEnv
 from tests.agents.test_loop import ScriptedEngine
@@ -76,6 +78,7 @@ def test_an_episode_in_the_jsonl_format_calls_reads_its_result_and_is_told_how_t
         engine = ScriptedEngine(tokenizer, prompts, [script], eos_after=True)
         config = AgentLoopConfig(max_response_length=1024, max_turns=4, max_turn_tokens=96, max_obs_length=256)
         (episode,) = run_episodes([ToolEnv(box)], [sample], prompts, engine, ObservationRenderer(tokenizer, "user"), config)
+        score_episode_answers(RewardManager(tokenizer, timeout_s=None), [episode], [sample])
     finally:
         box.close()
     bad, good = episode.observations[:2]

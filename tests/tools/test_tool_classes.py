@@ -16,10 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer, TurnOutput, episode_metrics, run_episodes
+from posttrain.agents import AgentLoopConfig, EpisodeAnswer, EpisodeSample, ObservationRenderer, TurnOutput, episode_metrics, run_episodes
 from posttrain.cli.main import main
 from posttrain.models import cached_tiny_model, tokenize_prompts
 from posttrain.models.tool_formats.builtin import BuiltinFormat
+from posttrain.rewards.manager import Answer, RewardManager
 from posttrain.tools import ToolBox, ToolSpecError, load_tools
 from posttrain.tools.env import ToolEnv
 from posttrain.tools.instances import InstancePool
@@ -219,8 +220,10 @@ def test_reset_gets_the_rows_fields_and_without_reward_the_rows_score_function_s
                          "prompt=[{'role': 'user', 'content': '2+2?'}]")
         echoed = env.step(call("echo", text="ab"))
         assert echoed.observation.count("ab") == 100 and "(cut at 200 characters)" in echoed.observation
-        answered = env.step("4")
-        assert answered.done and answered.reward == 1.0 and answered.info.success  # arithmetic's score function
+        answered = env.step("4")  # handed to the reward path, which scores it by arithmetic's score function
+        assert answered.done and answered.reward == 0.0 and answered.answer == EpisodeAnswer("4")
+        scored = RewardManager(tokenizer, timeout_s=None).score([Answer("4", "4", "arithmetic", {})])
+        assert scored.scores.tolist() == [1.0]
         env.close()
     finally:
         box.close()
