@@ -37,10 +37,10 @@ class CriticWorker(Worker):
     def update(self, batch: Batch) -> Batch:
         per_rank = self.critic.ppo_mini_batch_size * self.rollout_n // self.world_size
         steps = [
-            self.engine.declared(self.engine.train_mini_batch(
+            self.engine.train_mini_batch(
                 mini_batch, self.objective, micro_batch_size=self.critic.ppo_micro_batch_size_per_gpu,
                 loss_agg_mode=self.loss_agg_mode,
-            ))
+            )
             for mini_batch in batch.minibatches(
                 min(per_rank, len(batch)), epochs=self.critic.ppo_epochs, seed=self.seed + self.engine.global_step,
                 group_ids=batch[keys.GROUP_IDS] if keys.GROUP_IDS in batch else None,

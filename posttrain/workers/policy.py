@@ -77,10 +77,10 @@ class PolicyWorker(Sampling, Worker):
             group_ids=batch[keys.GROUP_IDS] if keys.GROUP_IDS in batch else None,
         ):
             skip = self.objective.rows_without_gradient(mini_batch) if self.actor.skip_zero_advantage else None
-            steps.append(self.engine.declared(self.engine.train_mini_batch(
+            steps.append(self.engine.train_mini_batch(
                 mini_batch, self.objective, loss_agg_mode=self.actor.loss_agg_mode,
                 temperature=self.rollout_config.temperature, with_entropy=True, skip_rows=skip, **micro,
-            )))
+            ))
         return Batch().with_metrics(merge(steps))
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
@@ -89,7 +89,7 @@ class PolicyWorker(Sampling, Worker):
         metrics = self.engine.train_mini_batch(
             batch, sft_objective, micro_batch_size=self.actor.ppo_micro_batch_size_per_gpu, loss_agg_mode="token-mean",
         )
-        return Batch().with_metrics(self.engine.declared(metrics))
+        return Batch().with_metrics(metrics)
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO, borrow_inputs=True)
     def compute_sft_logprobs(self, batch: Batch) -> Batch:

@@ -243,9 +243,9 @@ def test_a_real_engine_with_a_non_finite_loss_trips_the_breaker_on_the_third_ste
     engine = TrainingEngine(engine_config(make_small_lm(tmp_path / "lm")))
     breakers, batch = CircuitBreakers(BreakerLimits(skipped_steps=3)), make_batch(2, seed=0)
     for step in (1, 2):
-        breakers.check_update(engine.declared(engine.train_mini_batch(batch, poisoned)), step)
+        breakers.check_update(engine.train_mini_batch(batch, poisoned), step)
     with pytest.raises(CircuitBreakerError, match="3 steps in a row"):
-        breakers.check_update(engine.declared(engine.train_mini_batch(batch, poisoned)), 3)
+        breakers.check_update(engine.train_mini_batch(batch, poisoned), 3)
     assert engine.skipped_steps == 3 and engine.global_step == 0
 
 
@@ -259,14 +259,19 @@ def test_the_console_line_shows_skipped_updates_only_when_there_are_some():
 
 
 def test_a_running_count_over_mini_batches_is_its_last_value_not_a_mean(tmp_path):
-    # the engine declares its running count as such; a step's other metrics are means over its updates
+    # the engine types its running count as such where it makes it; a step's other metrics are means over its updates
     from posttrain.engines.training import TrainingEngine
-    from tests.engines.training.helpers import engine_config, make_small_lm
+    from tests.engines.training.helpers import engine_config, make_batch, make_small_lm, ppo_loss
 
-    engine = TrainingEngine(engine_config(make_small_lm(tmp_path / "lm")))
-    steps = [engine.declared({"actor/skipped": 1.0, "actor/skipped_total": 4.0}), engine.declared({"actor/skipped": 0.0, "actor/skipped_total": 4.0}),
-             engine.declared({"actor/skipped": 1.0, "actor/skipped_total": 5.0})]
-    assert values(merge(steps)) == {"actor/skipped": pytest.approx(2 / 3), "actor/skipped_total": 5.0}
+    def poisoned(outputs, micro_batch, normalizer):
+        loss, metrics = ppo_loss(outputs, micro_batch, normalizer)
+        return loss * math.nan, metrics
+
+    engine, batch = TrainingEngine(engine_config(make_small_lm(tmp_path / "lm"))), make_batch(2, seed=0)
+    steps = [engine.train_mini_batch(batch, loss) for loss in (poisoned, ppo_loss, poisoned)]
+    assert [values(step)["actor/skipped_total"] for step in steps] == [1.0, 1.0, 2.0]
+    merged = values(merge(steps))
+    assert merged["actor/skipped"] == pytest.approx(2 / 3) and merged["actor/skipped_total"] == 2.0
 
 
 # ---- configuration -------------------------------------------------------------------------------

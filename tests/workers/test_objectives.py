@@ -13,12 +13,12 @@ from posttrain.engines.training.modeling import ForwardOutputs
 from posttrain.protocol import Batch
 from posttrain.workers.objectives import PolicyObjective
 from tests.engines.training.conftest import small_lm  # noqa: F401  (fixture)
-from tests.engines.training.helpers import engine_config, make_batch, with_zero_advantages
+from tests.engines.training.helpers import engine_config, make_batch, with_zero_advantages, trained
 
 
 def _updated_weights(model_dir, batch: Batch) -> dict[str, torch.Tensor]:
     engine = TrainingEngine(engine_config(model_dir))
-    engine.train_mini_batch(batch, PolicyObjective.from_config(ActorConfig(), 8), micro_batch_size=3)
+    trained(engine, batch, PolicyObjective.from_config(ActorConfig(), 8), micro_batch_size=3)
     return {name: p.detach().clone() for name, p in engine.module.named_parameters()}
 
 
@@ -107,7 +107,7 @@ def test_skipping_rows_without_gradient_gives_the_same_update(small_lm, policy_l
     results = []
     for rows in (None, skip):
         engine = TrainingEngine(engine_config(small_lm, eps=1.0, lr=1e-2))
-        metrics = engine.train_mini_batch(batch, objective, micro_batch_size=3, loss_agg_mode=loss_agg_mode, skip_rows=rows)
+        metrics = trained(engine, batch, objective, micro_batch_size=3, loss_agg_mode=loss_agg_mode, skip_rows=rows)
         results.append((metrics, dict(engine.module.named_parameters())))
     (full, full_params), (skipped, skipped_params) = results
     assert skipped["actor/rows_skipped"] == 3 / 8 and skipped["actor/micro_batches"] == 2 < full["actor/micro_batches"]

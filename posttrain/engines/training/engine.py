@@ -32,8 +32,8 @@ Reported metrics (prefix ``config.metric_prefix``): ``loss`` (mini-batch loss, s
 micro-batches and ranks), ``grad_norm`` (before clipping; inf/nan when skipped), ``lr`` (of this
 update), ``skipped`` (1 if skipped), ``skipped_total``, ``micro_batches`` (on this rank), and with
 ``skip_rows`` given ``rows_skipped`` (the share of this rank's rows not run). Each is a mean
-over one optimizer step, except ``skipped_total``, a running count (:meth:`TrainingEngine.declared`
-says so, for whoever merges several steps or ranks).
+over one optimizer step, except ``skipped_total``, a running count; each is typed so where it is made
+(``posttrain/metrics.py``: ``mean``, ``latest``), for whoever merges several steps or ranks.
 """
 
 from __future__ import annotations
@@ -247,8 +247,9 @@ class TrainingEngine:
         temperature: float = 1.0,
         with_entropy: bool = False,
         skip_rows: Tensor | None = None,
-    ) -> dict[str, float]:
-        """One optimizer step on ``mini_batch`` (this rank's share); returns the metrics (module docstring).
+    ) -> Metrics:
+        """One optimizer step on ``mini_batch`` (this rank's share); returns the metrics (module docstring),
+        each typed as it is made: a mean over this optimizer step, the running ``skipped_total`` as it stands.
 
         ``mask_key`` names the (B, T) mask the global normaliser counts under ``loss_agg_mode``.
         ``skip_rows`` (bool (B,)) marks rows whose loss is exactly 0 with a zero gradient: they count in
@@ -277,10 +278,10 @@ class TrainingEngine:
             else:
                 totals.declare(metrics)  # a rank that ran padding only must still reduce the same metrics
         step_metrics = self._optimizer_step()
-        step_metrics[self._name("micro_batches")] = float(len(groups))
+        step_metrics[self._name("micro_batches")] = mean(float(len(groups)))
         if rows is not None:
-            step_metrics[self._name("rows_skipped")] = 1.0 - len(rows) / len(mini_batch)
-        return {**totals.reduce(self.config.metric_prefix), **step_metrics}
+            step_metrics[self._name("rows_skipped")] = mean(1.0 - len(rows) / len(mini_batch))
+        return {**{name: mean(value) for name, value in totals.reduce(self.config.metric_prefix).items()}, **step_metrics}
 
     def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         # DDP: all-reduce once, in the last micro-batch's backward. FSDP2 reduce-scatters in every
@@ -289,7 +290,7 @@ class TrainingEngine:
             return self.model.no_sync()
         return contextlib.nullcontext()
 
-    def _optimizer_step(self) -> dict[str, float]:
+    def _optimizer_step(self) -> Metrics:
         parameters = self.trainable_parameters
         norm = parallel.grad_norm(parameters)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -305,20 +306,14 @@ class TrainingEngine:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         return {
-            self._name("grad_norm"): norm,
-            self._name("lr"): lr,
-            self._name("skipped"): 0.0 if finite else 1.0,
-            self._name("skipped_total"): float(self.skipped_steps),
+            self._name("grad_norm"): mean(norm),
+            self._name("lr"): mean(lr),
+            self._name("skipped"): mean(0.0 if finite else 1.0),
+            self._name("skipped_total"): latest(float(self.skipped_steps)),  # a running count: the last piece's
         }
 
     def _name(self, metric: str) -> str:
         return f"{self.config.metric_prefix}/{metric}"
-
-    def declared(self, step_metrics: dict[str, float]) -> Metrics:
-        """:meth:`train_mini_batch`'s metrics with their merge rule: each a mean over one optimizer
-        step, the running ``skipped_total`` as it stands after the last."""
-        running = self._name("skipped_total")
-        return {name: latest(value) if name == running else mean(value) for name, value in step_metrics.items()}
 
     # ---- weights and checkpoints --------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from tests.engines.training.helpers import (
     make_batch,
     parameters,
     ppo_loss,
+    trained,
     with_zero_advantages,
 )
 
@@ -60,7 +61,7 @@ def _even_step(strategy: str, rank: int, model_dir: Path, micro_batch_size: int 
     """Each rank half the mini-batch (one micro-batch by default)."""
     engine = TrainingEngine(engine_config(model_dir, strategy=strategy, **EXACT))
     assert engine.strategy == strategy
-    metrics = engine.train_mini_batch(make_batch(8, seed=1).index(even_rows(rank)), ppo_loss, micro_batch_size=micro_batch_size)
+    metrics = trained(engine, make_batch(8, seed=1).index(even_rows(rank)), ppo_loss, micro_batch_size=micro_batch_size)
     return {"metrics": metrics, "params": parameters(engine)}
 
 
@@ -73,7 +74,7 @@ def _skipping_fsdp(rank: int, model_dir: Path) -> dict:
     engine = TrainingEngine(engine_config(model_dir, strategy="fsdp", **EXACT))
     share = skipping_batch().index(even_rows(rank))
     skip = (share[keys.ADVANTAGES] == 0).all(dim=1)
-    metrics = engine.train_mini_batch(share, ppo_loss, micro_batch_size=1, skip_rows=skip)
+    metrics = trained(engine, share, ppo_loss, micro_batch_size=1, skip_rows=skip)
     return {"metrics": metrics, "params": parameters(engine)}
 
 
@@ -83,8 +84,8 @@ def _uneven_fsdp(rank: int, model_dir: Path, out_dir: Path) -> dict:
     rows = UNEVEN_ROWS[rank]
     batch = make_batch(8, seed=1)
     logprobs, _ = engine.compute_logprobs(batch.index(rows), max_tokens=UNEVEN_MAX_TOKENS)
-    first = engine.train_mini_batch(batch.index(rows), ppo_loss, max_tokens=UNEVEN_MAX_TOKENS)
+    first = trained(engine, batch.index(rows), ppo_loss, max_tokens=UNEVEN_MAX_TOKENS)
     engine.save_checkpoint(out_dir / "fsdp_checkpoint")
-    second = engine.train_mini_batch(make_batch(8, seed=2).index(even_rows(rank)), ppo_loss, micro_batch_size=2)
+    second = trained(engine, make_batch(8, seed=2).index(even_rows(rank)), ppo_loss, micro_batch_size=2)
     engine.export_hf(out_dir / "fsdp_export")
     return {"logprobs": logprobs, "first": first, "second": second, "params": parameters(engine)}

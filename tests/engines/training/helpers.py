@@ -13,6 +13,7 @@ from posttrain import keys
 from posttrain.algos import aggregate_loss, ppo_policy_loss, value_loss
 from posttrain.engines.training import ForwardOutputs, TrainingEngine, TrainingEngineConfig, modeling
 from posttrain.engines.training.inputs import random_model_inputs
+from posttrain.metrics import values
 from posttrain.protocol import Batch
 
 VOCAB = 256
@@ -116,7 +117,7 @@ def packed_and_padded(model_dir: Path, batch: Batch, **overrides) -> dict[bool, 
     for pack in (True, False):
         engine = TrainingEngine(engine_config(model_dir, pack_sequences=pack, **overrides))
         logprobs, entropy = engine.compute_logprobs(batch, with_entropy=True, micro_batch_size=4)
-        metrics = engine.train_mini_batch(batch, ppo_entropy_loss, micro_batch_size=4, with_entropy=True)
+        metrics = trained(engine, batch, ppo_entropy_loss, micro_batch_size=4, with_entropy=True)
         results[pack] = (logprobs, entropy, metrics, parameters(engine))
     return results
 
@@ -136,3 +137,8 @@ def counting_fused_head() -> Iterator[list[int]]:
         yield calls
     finally:
         modeling.head_logprobs = fused
+
+
+def trained(engine, *args, **kwargs) -> dict[str, float]:
+    """``engine.train_mini_batch(...)``'s metrics as the floats that are logged."""
+    return values(engine.train_mini_batch(*args, **kwargs))

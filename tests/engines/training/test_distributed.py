@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 
 from posttrain.engines.training import TrainingEngine
 from tests.engines.training import distributed
-from tests.engines.training.helpers import engine_config, make_batch, max_difference, parameters, ppo_loss
+from tests.engines.training.helpers import engine_config, make_batch, max_difference, parameters, ppo_loss, trained
 
 @pytest.fixture(scope="module")
 def ranks(small_lm, small_lm_tied, tmp_path_factory):
@@ -29,7 +29,7 @@ def single_process_step(small_lm):
     """One rank, the whole mini-batch as two accumulated micro-batches of 4."""
     torch.set_num_threads(1)
     engine = TrainingEngine(engine_config(small_lm, **distributed.EXACT))
-    metrics = engine.train_mini_batch(make_batch(8, seed=1), ppo_loss, micro_batch_size=4)
+    metrics = trained(engine, make_batch(8, seed=1), ppo_loss, micro_batch_size=4)
     return metrics, parameters(engine)
 
 
@@ -49,7 +49,7 @@ def test_fsdp2_takes_the_fused_head_and_reduces_its_gradient_with_tied_embedding
     _, results = ranks
     torch.set_num_threads(1)
     engine = TrainingEngine(engine_config(small_lm_tied, **distributed.EXACT))
-    metrics = engine.train_mini_batch(make_batch(8, seed=1), ppo_loss, micro_batch_size=4)
+    metrics = trained(engine, make_batch(8, seed=1), ppo_loss, micro_batch_size=4)
     for rank_result in results:
         tied = rank_result["fsdp_tied"]
         assert tied["fused_head_calls"] == 4 // distributed.TIED_MICRO_BATCH
@@ -68,8 +68,8 @@ def test_fsdp_with_uneven_micro_batch_counts_equals_one_rank(ranks, single_proce
     expected, _ = engine.compute_logprobs(make_batch(8, seed=1))
     gathered = torch.cat([r["uneven"]["logprobs"] for r in results])
     torch.testing.assert_close(gathered, expected, atol=2e-5, rtol=0)
-    engine.train_mini_batch(make_batch(8, seed=1), ppo_loss)
-    engine.train_mini_batch(make_batch(8, seed=2), ppo_loss)
+    trained(engine, make_batch(8, seed=1), ppo_loss)
+    trained(engine, make_batch(8, seed=2), ppo_loss)
     assert max_difference(parameters(engine), results[0]["uneven"]["params"]) < 1e-7
 
 
@@ -77,7 +77,7 @@ def test_an_fsdp_checkpoint_resumes_in_one_process(ranks, small_lm):
     out_dir, results = ranks
     engine = TrainingEngine(engine_config(small_lm, warmup_steps=2, **distributed.EXACT))
     engine.load_checkpoint(out_dir / "fsdp_checkpoint")
-    metrics = engine.train_mini_batch(make_batch(8, seed=2), ppo_loss)
+    metrics = trained(engine, make_batch(8, seed=2), ppo_loss)
     fsdp = results[0]["uneven"]
     assert metrics["actor/lr"] == fsdp["second"]["actor/lr"] == pytest.approx(1e-2)
     assert metrics["actor/grad_norm"] == pytest.approx(fsdp["second"]["actor/grad_norm"], rel=1e-5)
@@ -97,7 +97,7 @@ def test_fsdp_with_a_rank_whose_rows_are_all_skipped_equals_one_rank_running_the
     # rank 0 runs padding micro-batches only, in step with rank 1's three; the update is the full one
     _, results = ranks
     engine = TrainingEngine(engine_config(small_lm, **distributed.EXACT))
-    metrics = engine.train_mini_batch(distributed.skipping_batch(), ppo_loss, micro_batch_size=1)
+    metrics = trained(engine, distributed.skipping_batch(), ppo_loss, micro_batch_size=1)
     assert [r["skipping"]["metrics"]["actor/rows_skipped"] for r in results] == [1.0, 0.25]
     assert [r["skipping"]["metrics"]["actor/micro_batches"] for r in results] == [3.0, 3.0]
     for rank_result in results:

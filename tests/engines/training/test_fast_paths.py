@@ -11,13 +11,13 @@ import torch
 
 from posttrain.engines.training import TrainingEngine, parallel
 from posttrain.engines.training.engine import _adamw
-from tests.engines.training.helpers import engine_config, make_batch, max_difference, parameters, ppo_entropy_loss
+from tests.engines.training.helpers import engine_config, make_batch, max_difference, parameters, ppo_entropy_loss, trained
 
 EXACT = {"eps": 1.0, "lr": 1e-2}
 
 
 def _two_updates(engine: TrainingEngine) -> tuple[list[float], dict]:
-    losses = [engine.train_mini_batch(make_batch(6, seed=seed), ppo_entropy_loss, micro_batch_size=4, with_entropy=True)["actor/loss"]
+    losses = [trained(engine, make_batch(6, seed=seed), ppo_entropy_loss, micro_batch_size=4, with_entropy=True)["actor/loss"]
               for seed in (1, 2)]
     return losses, parameters(engine)
 

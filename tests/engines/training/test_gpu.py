@@ -22,6 +22,7 @@ from tests.engines.training.helpers import (
     packed_and_padded,
     parameters,
     ppo_loss,
+    trained,
 )
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
@@ -53,8 +54,8 @@ def test_fsdp2_on_nccl_equals_a_plain_model_on_the_gpu(small_lm):
     sharded = TrainingEngine(engine_config(small_lm, **EXACT))
     assert sharded.strategy == "fsdp" and _local_device(sharded).type == "cuda"
     plain = TrainingEngine(engine_config(small_lm, strategy="none", **EXACT))
-    sharded_metrics = sharded.train_mini_batch(batch, ppo_loss, micro_batch_size=3)
-    plain_metrics = plain.train_mini_batch(batch, ppo_loss, max_tokens=40)
+    sharded_metrics = trained(sharded, batch, ppo_loss, micro_batch_size=3)
+    plain_metrics = trained(plain, batch, ppo_loss, max_tokens=40)
     assert sharded_metrics["actor/grad_norm"] == pytest.approx(plain_metrics["actor/grad_norm"], rel=1e-4)
     assert max_difference(parameters(sharded), parameters(plain)) < 1e-6
 
@@ -65,7 +66,7 @@ def test_cpu_offload_keeps_shards_on_the_cpu_and_gives_the_same_update(small_lm)
     assert _local_device(offloaded).type == "cpu"
     on_gpu = TrainingEngine(engine_config(small_lm, **EXACT))
     for engine in (offloaded, on_gpu):
-        engine.train_mini_batch(batch, ppo_loss, micro_batch_size=4)
+        trained(engine, batch, ppo_loss, micro_batch_size=4)
     assert max_difference(parameters(offloaded), parameters(on_gpu)) < 1e-6
 
 
@@ -84,7 +85,7 @@ def test_bf16_training_on_fsdp2_stays_finite_and_learns(small_lm):
     engine = TrainingEngine(engine_config(small_lm, device="cuda", dtype="bfloat16", lr=1e-3))
     before, _ = engine.compute_logprobs(batch)
     for _ in range(3):
-        metrics = engine.train_mini_batch(batch, ppo_loss, micro_batch_size=4)
+        metrics = trained(engine, batch, ppo_loss, micro_batch_size=4)
         assert metrics["actor/skipped"] == 0.0
     after, _ = engine.compute_logprobs(batch)
     assert torch.isfinite(after).all() and not torch.equal(before, after)
@@ -93,12 +94,12 @@ def test_bf16_training_on_fsdp2_stays_finite_and_learns(small_lm):
 def test_checkpoint_round_trip_under_fsdp2(small_lm, tmp_path):
     config = engine_config(small_lm, warmup_steps=2, **EXACT)
     original = TrainingEngine(config)
-    original.train_mini_batch(make_batch(4, seed=5), ppo_loss)
+    trained(original, make_batch(4, seed=5), ppo_loss)
     original.save_checkpoint(tmp_path)
-    expected = original.train_mini_batch(make_batch(4, seed=6), ppo_loss)
+    expected = trained(original, make_batch(4, seed=6), ppo_loss)
     resumed = TrainingEngine(config)
     resumed.load_checkpoint(tmp_path)
-    metrics = resumed.train_mini_batch(make_batch(4, seed=6), ppo_loss)
+    metrics = trained(resumed, make_batch(4, seed=6), ppo_loss)
     assert metrics["actor/lr"] == expected["actor/lr"]
     assert max_difference(parameters(resumed), parameters(original)) < 1e-6
 
@@ -110,7 +111,7 @@ def test_export_of_sharded_weights_reloads_with_the_same_logprobs(small_lm, tmp_
     engine = TrainingEngine(engine_config(small_lm, lora_rank=lora_rank, **EXACT))
     batch = make_batch(4, seed=7)
     for _ in range(2):
-        engine.train_mini_batch(batch, ppo_loss)
+        trained(engine, batch, ppo_loss)
     engine.export_hf(tmp_path)
     exported = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     assert max_difference(dict(exported.state_dict()), parameters(engine)) < 1e-6

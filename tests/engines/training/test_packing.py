@@ -15,6 +15,7 @@ from tests.engines.training.helpers import (
     make_batch,
     max_difference,
     packed_and_padded,
+    trained,
 )
 
 
@@ -77,7 +78,7 @@ def test_packed_critic_equals_padded_critic(small_lm):
     for pack in (True, False):
         engine = TrainingEngine(engine_config(small_lm, value_head=True, metric_prefix="critic", pack_sequences=pack))
         values = engine.compute_values(batch, max_tokens=40)
-        metrics = engine.train_mini_batch(batch, critic_loss, max_tokens=40)
+        metrics = trained(engine, batch, critic_loss, max_tokens=40)
         out[pack] = (values, metrics)
     torch.testing.assert_close(out[True][0], out[False][0], rtol=0, atol=1e-5)
     assert abs(out[True][1]["critic/grad_norm"] - out[False][1]["critic/grad_norm"]) < 1e-4

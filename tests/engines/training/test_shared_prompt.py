@@ -15,7 +15,7 @@ from posttrain.engines.training.micro_batches import split_units_by_token_budget
 from posttrain.engines.training.modeling import forward_micro_batch, model_shared_prompt_problem
 from posttrain.engines.training.packing import shared_prompt_layout
 from posttrain.protocol import Batch
-from tests.engines.training.helpers import batch_of, engine_config, parameters, ppo_entropy_loss
+from tests.engines.training.helpers import batch_of, engine_config, parameters, ppo_entropy_loss, trained
 
 
 def grouped_batch(groups: int, samples: int, *, prompt_length: int = 10, response_length: int = 12,
@@ -136,7 +136,7 @@ def test_an_update_equals_the_packed_path_whatever_the_micro_batches(small_lm, m
     results = {}
     for share in (True, False):
         engine = TrainingEngine(engine_config(small_lm, share_prompt=share, lora_rank=lora))
-        metrics = engine.train_mini_batch(batch, ppo_entropy_loss, with_entropy=True, **micro)
+        metrics = trained(engine, batch, ppo_entropy_loss, with_entropy=True, **micro)
         results[share] = metrics, parameters(engine)
     (metrics, weights), (packed_metrics, packed_weights) = results[True], results[False]
     assert abs(metrics["actor/loss"] - packed_metrics["actor/loss"]) < 1e-5

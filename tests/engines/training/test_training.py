@@ -22,6 +22,7 @@ from tests.engines.training.helpers import (
     parameters,
     ppo_entropy_loss,
     ppo_loss,
+    trained,
     with_zero_advantages,
 )
 
@@ -37,7 +38,7 @@ def test_any_split_gives_the_same_update(small_lm, with_entropy):
     for name, split in {"full": {}, "one": {"micro_batch_size": 1}, "three": {"micro_batch_size": 3},
                         "tokens": {"max_tokens": 30}}.items():
         engine = TrainingEngine(engine_config(small_lm, **EXACT))
-        metrics = engine.train_mini_batch(batch, loss_fn, with_entropy=with_entropy, **split)
+        metrics = trained(engine, batch, loss_fn, with_entropy=with_entropy, **split)
         results[name] = (parameters(engine), metrics)
     full_params, full_metrics = results["full"]
     assert max_difference(full_params, before) > 1e-4
@@ -52,8 +53,8 @@ def test_gradient_checkpointing_gives_the_same_update(small_lm):
     batch = make_batch(4, seed=2)
     plain = TrainingEngine(engine_config(small_lm, **EXACT))
     checkpointed = TrainingEngine(engine_config(small_lm, gradient_checkpointing=True, **EXACT))
-    plain.train_mini_batch(batch, ppo_loss, micro_batch_size=2)
-    checkpointed.train_mini_batch(batch, ppo_loss, micro_batch_size=2)
+    trained(plain, batch, ppo_loss, micro_batch_size=2)
+    trained(checkpointed, batch, ppo_loss, micro_batch_size=2)
     assert max_difference(parameters(plain), parameters(checkpointed)) < 1e-7
 
 
@@ -73,10 +74,10 @@ def _poisoned(value):
 def test_a_non_finite_loss_skips_the_step_and_changes_nothing(small_lm, bad):
     batch = make_batch(4, seed=3)
     engine = TrainingEngine(engine_config(small_lm, warmup_steps=4))
-    first = engine.train_mini_batch(batch, ppo_loss, micro_batch_size=2)  # Adam has state from here on
+    first = trained(engine, batch, ppo_loss, micro_batch_size=2)  # Adam has state from here on
     weights = parameters(engine)
     adam = {k: v.clone() for k, v in engine.optimizer.state_dict()["state"][0].items()}
-    metrics = engine.train_mini_batch(batch, _poisoned(bad), micro_batch_size=2)
+    metrics = trained(engine, batch, _poisoned(bad), micro_batch_size=2)
     assert metrics["actor/skipped"] == 1.0 and metrics["actor/skipped_total"] == 1.0
     assert not math.isfinite(metrics["actor/grad_norm"])
     after = parameters(engine)
@@ -84,7 +85,7 @@ def test_a_non_finite_loss_skips_the_step_and_changes_nothing(small_lm, bad):
     assert all(torch.equal(adam[k], v) for k, v in engine.optimizer.state_dict()["state"][0].items())
     assert engine.global_step == 1 and all(p.grad is None for p in engine.trainable_parameters)
     # The schedule did not advance: the next good step uses the lr the skipped one would have.
-    good = engine.train_mini_batch(batch, ppo_loss, micro_batch_size=2)
+    good = trained(engine, batch, ppo_loss, micro_batch_size=2)
     assert (first["actor/lr"], metrics["actor/lr"], good["actor/lr"]) == pytest.approx((0.25e-3, 0.5e-3, 0.5e-3))
     assert good["actor/skipped"] == 0.0 and max_difference(parameters(engine), weights) > 0
 
@@ -95,9 +96,9 @@ def test_clipping_scales_the_gradient_to_the_max_norm(small_lm):
     linear = {"eps": 1e4, "lr": 1e4, "weight_decay": 0.0}
     start = parameters(TrainingEngine(engine_config(small_lm, **linear)))
     unclipped = TrainingEngine(engine_config(small_lm, grad_clip=None, **linear))
-    norm = unclipped.train_mini_batch(batch, ppo_loss)["actor/grad_norm"]
+    norm = trained(unclipped, batch, ppo_loss)["actor/grad_norm"]
     clipped = TrainingEngine(engine_config(small_lm, grad_clip=norm / 4, **linear))
-    assert clipped.train_mini_batch(batch, ppo_loss)["actor/grad_norm"] == pytest.approx(norm, rel=1e-6)
+    assert trained(clipped, batch, ppo_loss)["actor/grad_norm"] == pytest.approx(norm, rel=1e-6)
     free, capped = parameters(unclipped), parameters(clipped)
     for name in start:
         torch.testing.assert_close(capped[name] - start[name], (free[name] - start[name]) / 4, atol=1e-6, rtol=1e-3)
@@ -110,9 +111,9 @@ def test_the_critic_learns_the_returns(small_lm):
     losses = []
     for _ in range(10):
         batch.tensors[keys.VALUES] = engine.compute_values(batch)  # PPO's old values, refreshed each round
-        losses.append(engine.train_mini_batch(batch, critic_loss, micro_batch_size=2)["critic/loss"])
+        losses.append(trained(engine, batch, critic_loss, micro_batch_size=2)["critic/loss"])
     assert losses[-1] < 0.1 * losses[0], losses
-    assert "critic/vf_clipfrac" in engine.train_mini_batch(batch, critic_loss)
+    assert "critic/vf_clipfrac" in trained(engine, batch, critic_loss)
 
 
 def test_bad_inputs_say_what_to_fix(small_lm, tmp_path):
@@ -124,11 +125,11 @@ def test_bad_inputs_say_what_to_fix(small_lm, tmp_path):
     engine = TrainingEngine(engine_config(small_lm))
     batch = make_batch(2)
     with pytest.raises(KeyError, match="response_mask"):
-        engine.train_mini_batch(batch.select([k for k in batch.keys() if k != keys.RESPONSE_MASK]), ppo_loss)
+        trained(engine, batch.select([k for k in batch.keys() if k != keys.RESPONSE_MASK]), ppo_loss)
     with pytest.raises(ValueError, match="loss_fn must return"):
-        engine.train_mini_batch(batch, lambda outputs, micro_batch, n: (outputs.logprobs, {}))
+        trained(engine, batch, lambda outputs, micro_batch, n: (outputs.logprobs, {}))
     with pytest.raises(ValueError, match="max_tokens=5"):
-        engine.train_mini_batch(batch, ppo_loss, max_tokens=5)
+        trained(engine, batch, ppo_loss, max_tokens=5)
 
 
 def test_skipped_rows_count_in_the_normaliser_and_are_not_run(small_lm):
@@ -142,8 +143,8 @@ def test_skipped_rows_count_in_the_normaliser_and_are_not_run(small_lm):
         return ppo_loss(outputs, micro_batch, normalizer)
 
     plain, skipping = TrainingEngine(engine_config(small_lm, **EXACT)), TrainingEngine(engine_config(small_lm, **EXACT))
-    expected = plain.train_mini_batch(batch, ppo_loss, max_tokens=30)
-    metrics = skipping.train_mini_batch(batch, counting_loss, max_tokens=30, skip_rows=skip)
+    expected = trained(plain, batch, ppo_loss, max_tokens=30)
+    metrics = trained(skipping, batch, counting_loss, max_tokens=30, skip_rows=skip)
     assert sum(rows for rows, _ in seen) == 5
     assert {normalizer for _, normalizer in seen} == {float(batch[keys.RESPONSE_MASK].sum())}  # all 8 rows' tokens
     assert metrics["actor/rows_skipped"] == pytest.approx(3 / 8)
@@ -156,10 +157,10 @@ def test_a_mini_batch_with_every_row_skipped_still_steps_adam(small_lm):
     first, idle = make_batch(4, seed=5), with_zero_advantages(make_batch(4, seed=6), [0, 1, 2, 3])
     plain, skipping = TrainingEngine(engine_config(small_lm, **EXACT)), TrainingEngine(engine_config(small_lm, **EXACT))
     for engine in (plain, skipping):
-        engine.train_mini_batch(first, ppo_loss, micro_batch_size=2)
+        trained(engine, first, ppo_loss, micro_batch_size=2)
     after_first = parameters(plain)
-    plain.train_mini_batch(idle, ppo_loss, micro_batch_size=2)
-    metrics = skipping.train_mini_batch(idle, ppo_loss, micro_batch_size=2, skip_rows=torch.ones(4, dtype=torch.bool))
+    trained(plain, idle, ppo_loss, micro_batch_size=2)
+    metrics = trained(skipping, idle, ppo_loss, micro_batch_size=2, skip_rows=torch.ones(4, dtype=torch.bool))
     assert metrics["actor/rows_skipped"] == 1.0 and metrics["actor/micro_batches"] == 1.0
     assert metrics["actor/grad_norm"] == 0.0 and metrics["actor/loss"] == 0.0
     assert "actor/pg_clipfrac" not in metrics  # a mean over no rows is not reported
@@ -170,4 +171,4 @@ def test_a_mini_batch_with_every_row_skipped_still_steps_adam(small_lm):
 def test_skip_rows_must_flag_each_row(small_lm):
     engine = TrainingEngine(engine_config(small_lm))
     with pytest.raises(ValueError, match=r"skip_rows must be a bool tensor of shape \(4,\)"):
-        engine.train_mini_batch(make_batch(4), ppo_loss, skip_rows=torch.zeros(3, dtype=torch.bool))
+        trained(engine, make_batch(4), ppo_loss, skip_rows=torch.zeros(3, dtype=torch.bool))

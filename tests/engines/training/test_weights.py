@@ -10,7 +10,7 @@ from posttrain import keys
 from posttrain.engines.training import TrainingEngine
 from posttrain.engines.training.weights import export_hf
 from posttrain.models import cached_tiny_model
-from tests.engines.training.helpers import engine_config, make_batch, max_difference, parameters, ppo_loss
+from tests.engines.training.helpers import engine_config, make_batch, max_difference, parameters, ppo_loss, trained
 
 
 def _checkpoint_names(model_dir):
@@ -34,16 +34,16 @@ def test_a_checkpoint_round_trip_gives_the_identical_next_update(small_lm, tmp_p
     first, second = make_batch(4, seed=1), make_batch(4, seed=2)
     config = engine_config(small_lm, warmup_steps=3, lora_rank=lora_rank)
     original = TrainingEngine(config)
-    original.train_mini_batch(first, ppo_loss, micro_batch_size=2)
+    trained(original, first, ppo_loss, micro_batch_size=2)
     original.save_checkpoint(tmp_path / "ckpt")
     draw = torch.rand(3)
-    expected = original.train_mini_batch(second, ppo_loss, micro_batch_size=2)
+    expected = trained(original, second, ppo_loss, micro_batch_size=2)
 
     resumed = TrainingEngine(config)
     assert max_difference(parameters(resumed), parameters(original)) > 0
     resumed.load_checkpoint(tmp_path / "ckpt")
     assert torch.equal(torch.rand(3), draw)  # the random state came back too
-    metrics = resumed.train_mini_batch(second, ppo_loss, micro_batch_size=2)
+    metrics = trained(resumed, second, ppo_loss, micro_batch_size=2)
     assert metrics["actor/lr"] == expected["actor/lr"] == pytest.approx(2 / 3 * 1e-3)  # the schedule resumed
     assert metrics["actor/grad_norm"] == expected["actor/grad_norm"]
     assert resumed.global_step == original.global_step == 2
@@ -62,7 +62,7 @@ def test_export_loads_in_transformers_with_the_same_logits_and_tokenizer(tmp_pat
     source = cached_tiny_model("llama")  # has the SmolLM2 tokenizer
     engine = TrainingEngine(engine_config(source))
     batch = make_batch(3, seed=3, vocab=1000)
-    engine.train_mini_batch(batch, ppo_loss)
+    trained(engine, batch, ppo_loss)
     engine.export_hf(tmp_path / "export")
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32)
     torch.testing.assert_close(_logits(exported, batch), _logits(engine.module.eval(), batch), atol=1e-5, rtol=0)
@@ -77,7 +77,7 @@ def test_tied_embeddings_are_exported_once_and_stay_tied(small_lm_tied, tmp_path
     engine = TrainingEngine(engine_config(small_lm_tied))
     names = [name for name, _ in engine.named_weights()]
     assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
-    engine.train_mini_batch(make_batch(2), ppo_loss)
+    trained(engine, make_batch(2), ppo_loss)
     engine.export_hf(tmp_path)
     exported = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     assert exported.lm_head.weight.data_ptr() == exported.model.embed_tokens.weight.data_ptr()
@@ -94,7 +94,7 @@ def test_lora_export_is_merged_and_equals_the_adapted_model(small_lm, tmp_path):
     assert trainable and all(".lora_" in n for n in trainable)  # the base is frozen
     batch = make_batch(4, seed=4)
     for _ in range(2):  # lora_B starts at 0: the first step leaves the merged weights unchanged
-        engine.train_mini_batch(batch, ppo_loss)
+        trained(engine, batch, ppo_loss)
     merged = parameters(engine)
     assert merged.keys() == base.keys() == _checkpoint_names(small_lm)
     assert max_difference(merged, base) > 1e-4
