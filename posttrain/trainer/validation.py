@@ -76,7 +76,7 @@ class Validator:
         scores = batch[keys.TOKEN_SCORES].sum(-1)
         rows = list(range(count))
         if count and keys.EPISODE_STATS in batch:  # show at least one episode that acted (a search, a tool call) if any did
-            acted = [row for row in range(len(batch)) if batch[keys.EPISODE_STATS][row]["num_turns"] > 1]
+            acted = [row for row in range(len(batch)) if batch[keys.EPISODE_STATS][row].get("num_turns", 1) > 1]  # a single turn acts once
             if acted and not set(acted) & set(rows):
                 rows[-1] = acted[0]
         samples = []

@@ -140,3 +140,34 @@ def test_a_users_own_tool_is_described_checked_and_trained_on(tmp_path):
     assert any('"arguments": {"a": 7, "b": 6}' in m["content"] for row in validated for m in row["messages"] if m["role"] == "assistant")
     counted = sum(r["metrics"]["episodes_total/tool/successes"] for r in logged[1:]) + sum(row["stats"]["tool/successes"] for row in validated)
     assert len(ran) == counted, (len(ran), counted)
+
+
+REWARD = '''
+def score(solution_str, ground_truth, calls):
+    """1 for exactly the call multiply(7, 6), else 0: the calls are the answer."""
+    return {"score": float(calls == [{"name": "multiply", "arguments": {"a": 7, "b": 6}}]), "acc": calls == [{"name": "multiply", "arguments": {"a": 7, "b": 6}}]}
+'''
+
+
+def test_calls_as_the_answer_are_read_from_a_single_turn_and_scored_by_the_reward_path_never_run(tmp_path):
+    """``env.options.answer: calls``: `posttrain eval` runs single responses (no agent loop), each read by
+    the tool format, and the user's own score function (in the reward path's child process) gets the
+    calls; the tool itself never runs."""
+    tools, calls, reward = tmp_path / "my_tools.py", tmp_path / "calls.jsonl", tmp_path / "reward.py"
+    tools.write_text(user_tools(calls))
+    reward.write_text(REWARD)
+    run_dir, dumped = tmp_path / "eval", tmp_path / "episodes.jsonl"
+    done = posttrain(
+        "eval", "--preset", "tool_grpo", f"actor_rollout_ref.model.path={tool_calling_model()}", f"trainer.default_local_dir={run_dir}",
+        f"env.tools=[{tools}:multiply]", "env.options={answer: calls}", f"custom_reward_function.path={reward}",
+        "custom_reward_function.name=score", "--dump-episodes", str(dumped),
+        "data.builtin_options.train_size=16", "data.builtin_options.val_size=4", "data.builtin_options.longer_size=2",
+        "data.builtin_options.sft_size=0", "data.builtin_options.sft_val_size=0",
+        "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.0625", "data.max_response_length=64",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = episodes(dumped)
+    assert len(rows) == 4 and all(row["success"] and row["reward"] == 1.0 for row in rows)
+    assert all(row["stats"] == {"answers": 1.0, "tool/calls": 1.0, "tool/successes": 1.0} for row in rows)
+    assert [m["role"] for m in rows[0]["messages"]][-1] == "assistant" and "agent/episodes" not in done.stdout
+    assert not calls.exists()  # scored, never run
