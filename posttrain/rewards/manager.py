@@ -36,6 +36,9 @@ and is counted in ``metrics`` when its call
 
 ``timeout_s`` is the deadline per sample (see :mod:`posttrain.rewards.sandbox`); the batched call
 gets ``timeout_s`` times the batch size. ``timeout_s=None`` scores in this process with no deadline.
+A score function that asks a service (an LLM judge on a Ray worker or at a URL), marked
+``in_process = True``, is called in this process instead of the child, its calls side by side in
+threads, each with the same deadline and counted the same way.
 ``budget_s`` bounds the whole batch's scoring (one manager call: a training step, or an
 asynchronous generator's unit): the samples not scored when it is spent score 0 as timeouts.
 """
@@ -64,7 +67,9 @@ from posttrain.rewards.registry import (
     context_keywords,
     score_function_for,
 )
-from posttrain.rewards.sandbox import CallOutcome, InlineScorer, ProcessScorer, check_picklable, describe_exception
+from posttrain.rewards.sandbox import (
+    CallOutcome, InlineScorer, ProcessScorer, ServiceScorer, check_picklable, describe_exception, runs_in_process,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +163,24 @@ def _make_scorer(timeout_s: float | None) -> InlineScorer | ProcessScorer:
     return InlineScorer() if timeout_s is None else ProcessScorer(timeout_s)
 
 
+def _run(scorer: InlineScorer | ProcessScorer, services: ServiceScorer, functions: Sequence[ScoreFunction],
+         calls: Sequence[tuple[int, dict[str, Any]]], **limits: Any) -> list[CallOutcome]:
+    """Each call's outcome, in order: a service's calls (:func:`runs_in_process`) in this process's
+    threads, every other in ``scorer`` (its child process)."""
+    here = [i for i, (index, _) in enumerate(calls) if runs_in_process(functions[index])]
+    if not here:
+        return scorer.run(functions, calls, **limits) if calls else []
+    away = [i for i in range(len(calls)) if i not in set(here)]
+    local = [f if runs_in_process(f) else None for f in functions]
+    remote = [None if runs_in_process(f) else f for f in functions]
+    outcomes: list[CallOutcome | None] = [None] * len(calls)
+    for i, outcome in zip(here, services.run(local, [calls[i] for i in here], **limits)):
+        outcomes[i] = outcome
+    for i, outcome in zip(away, scorer.run(remote, [calls[i] for i in away], **limits) if away else []):
+        outcomes[i] = outcome
+    return outcomes
+
+
 class RewardManager:
     """Scores each sample with the function for its data source (or with ``score_function``)."""
 
@@ -176,9 +199,10 @@ class RewardManager:
         candidates = {"custom": score_function} if score_function is not None else self.score_functions
         for name, function in candidates.items():
             check_callable_with(function, repr(name))
-            if timeout_s is not None:
+            if timeout_s is not None and not runs_in_process(function):
                 check_picklable(function, repr(name))
         self.scorer = _make_scorer(timeout_s)
+        self.services = ServiceScorer(timeout_s)
 
     def __call__(self, batch: Batch) -> RewardResult:
         decoded = decode_responses(batch, self.tokenizer)
@@ -199,7 +223,7 @@ class RewardManager:
             context = {"data_source": answer.data_source, "extra_info": answer.extra_info, "calls": answer.calls}
             arguments = {"solution_str": answer.text, "ground_truth": answer.ground_truth} | {k: context[k] for k in accepted[function]}
             calls.append((table[function], arguments))
-        outcomes = iter(self.scorer.run(list(table), calls, budget_s=self.budget_s) if calls else [])
+        outcomes = iter(_run(self.scorer, self.services, list(table), calls, budget_s=self.budget_s))
         return _collect([None if answer is None else next(outcomes) for answer in answers])
 
     def close(self) -> None:
@@ -216,10 +240,11 @@ class BatchRewardManager:
 
     def __init__(self, tokenizer: Any, score_function: ScoreFunction, *, timeout_s: float | None = 10.0, budget_s: float | None = None) -> None:
         check_callable_with(score_function, "custom (batched)", BATCHED_REQUIRED_KEYWORDS, BATCHED_CONTEXT_KEYWORDS)
-        if timeout_s is not None:
+        if timeout_s is not None and not runs_in_process(score_function):
             check_picklable(score_function, "custom (batched)")
         self.tokenizer, self.score_function, self.timeout_s, self.budget_s = tokenizer, score_function, timeout_s, budget_s
         self.scorer = _make_scorer(timeout_s)
+        self.services = ServiceScorer(timeout_s)
 
     def __call__(self, batch: Batch) -> RewardResult:
         decoded = decode_responses(batch, self.tokenizer)
@@ -235,7 +260,8 @@ class BatchRewardManager:
         deadline = None if self.timeout_s is None else self.timeout_s * max(len(read), 1)
         outcomes = []
         if read:
-            (outcome,) = self.scorer.run([self.score_function], [(0, arguments)], timeout_s=deadline, budget_s=self.budget_s)
+            (outcome,) = _run(self.scorer, self.services, [self.score_function], [(0, arguments)], timeout_s=deadline,
+                              budget_s=self.budget_s)
             outcomes = _split_batched(outcome, len(read))
         outcomes = iter(outcomes)
         return _collect([None if answer is None else next(outcomes) for answer in answers])

@@ -19,7 +19,13 @@ the child and loading the functions are not.
 still contained, but a hanging function hangs the caller. It is for trusted, fast functions and for
 functions that cannot be pickled.
 
-Both return one :class:`CallOutcome` per call, in order. Neither is thread-safe.
+:class:`ServiceScorer` is for a score function that asks a service (an LLM judge on a Ray worker or at
+a URL: a client a child process could not hold, or reach as an actor), marked ``in_process = True``
+(:func:`runs_in_process`). Its calls run in this process, side by side in threads (the service batches
+what arrives together), each with a deadline; a call past it is a timeout and its answer, if one ever
+comes, is dropped (a thread cannot be stopped: the client's own request timeout ends it).
+
+All return one :class:`CallOutcome` per call, in order. None is thread-safe.
 """
 
 from __future__ import annotations
@@ -105,6 +111,45 @@ class InlineScorer:
             start = time.monotonic()
             outcomes.append(_call(functions, call))
             budget.charge(time.monotonic() - start)
+        return outcomes
+
+    def close(self) -> None:
+        pass
+
+
+def runs_in_process(function: Callable[..., Any]) -> bool:
+    """A score function that asks a service from this process (``in_process = True`` on it)."""
+    return bool(getattr(function, "in_process", False))
+
+
+class ServiceScorer:
+    """Calls in this process, ``max_concurrent`` at a time in threads, each with a deadline of
+    ``timeout_s`` seconds from its start (module docstring)."""
+
+    def __init__(self, timeout_s: float | None, max_concurrent: int = 16) -> None:
+        self.timeout_s, self.max_concurrent = timeout_s, max_concurrent
+
+    def run(
+        self, functions: Sequence[Callable[..., Any]], calls: Sequence[Call], timeout_s: float | None = None, budget_s: float | None = None,
+    ) -> list[CallOutcome]:
+        from concurrent.futures import ThreadPoolExecutor, wait
+
+        deadline_s = timeout_s or self.timeout_s
+        budget, outcomes = Budget(budget_s), []
+        pool = ThreadPoolExecutor(max_workers=self.max_concurrent, thread_name_prefix="posttrain-score")
+        try:
+            for wave in range(0, len(calls), self.max_concurrent):
+                if budget.spent:
+                    return outcomes + budget.outcomes(len(calls) - len(outcomes))
+                start = time.monotonic()
+                futures = [pool.submit(_call, functions, call) for call in calls[wave: wave + self.max_concurrent]]
+                limit = min(deadline_s if deadline_s is not None else math.inf, budget.left)
+                wait(futures, timeout=None if math.isinf(limit) else limit)
+                budget.charge(time.monotonic() - start)
+                late = "not answered within its deadline of %g s" % deadline_s if deadline_s is not None else "past the budget"
+                outcomes += [future.result() if future.done() else CallOutcome(error=late, timed_out=True) for future in futures]
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # a late call's thread ends with its client's own timeout
         return outcomes
 
     def close(self) -> None:

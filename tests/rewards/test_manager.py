@@ -241,3 +241,46 @@ def test_a_huge_score_from_the_scoring_process_is_an_error_too(tmp_path):
         manager.close()
     assert result.scores.tolist() == [0.0, 1.0] and result.metrics["reward/errors"].value == 1.0
     assert "too large for a float" in result.first_failure
+
+
+class _Judge:
+    """A score function that asks a service from the controller's process: it holds what a child process
+    could not be sent (a lock, as a client to a Ray worker or a URL would), and one answer never comes."""
+
+    in_process = True
+
+    def __init__(self):
+        import threading
+
+        self.lock, self.asked_from, self.release = threading.Lock(), set(), threading.Event()
+
+    def __call__(self, solution_str, ground_truth):
+        import os
+
+        with self.lock:
+            self.asked_from.add(os.getpid())
+        if solution_str == "hang":
+            self.release.wait(30)  # a service that stops answering
+        return float(solution_str == ground_truth)
+
+
+def test_a_score_function_that_asks_a_service_runs_in_this_process_side_by_side_with_a_deadline(tokenizer):
+    import os
+    import time
+
+    from posttrain.rewards.manager import Answer
+
+    judge = _Judge()
+    manager = RewardManager(tokenizer, score_functions={"judged": judge, "gsm8k": DEFAULT_SCORE_FUNCTIONS["gsm8k"]}, timeout_s=1.0)
+    answers = [Answer(text, "42", "judged") for text in ("42", "hang", "41", "42")] + [Answer("#### 42", "42", "gsm8k")]
+    try:
+        start = time.monotonic()
+        scored = manager.score(answers)
+        took = time.monotonic() - start
+    finally:
+        judge.release.set()
+        manager.close()
+    assert scored.scores.tolist() == [1.0, 0.0, 0.0, 1.0, 1.0]  # the rule's answer still scored in the child
+    assert scored.metrics["reward/timeouts"].value == 1 and scored.metrics["reward/errors"].value == 0
+    assert "deadline of 1 s" in scored.first_failure
+    assert judge.asked_from == {os.getpid()} and took < 10  # here, side by side: one wait of the deadline, not one per call
