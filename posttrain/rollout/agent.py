@@ -38,7 +38,7 @@ from posttrain.rollout.groups import filter_groups, normalize_rewards, update_ba
 from posttrain.rollout.retriever import RetrieverHandle, corpus_path, open_retriever
 from posttrain.rollout.roles import RolloutRoles
 from posttrain.rollout.scoring import reward_manager_for, score_episode_answers
-from posttrain.rollout.toolbox import needs_retriever, open_toolbox, row_check, uses_tools
+from posttrain.rollout.toolbox import needs_retriever, open_toolbox, sample_checker, uses_tools
 from posttrain.timing import timed
 from posttrain.tools import ToolBox
 from posttrain.tools.builtin import RETRIEVER_URL_VAR
@@ -83,9 +83,11 @@ class AgentRollout:
 
     def check_data(self, **datasets: RLDataset | None) -> None:
         """Refuse, before any worker starts, a prompt the environment cannot play (its ``check_sample``;
-        for a tool environment, its check with the run's tools: rollout/toolbox.py ``row_check``)."""
+        for a tool environment, its check with the run's tools: rollout/toolbox.py ``sample_checker``)."""
         options = self.config.env.options
-        check = row_check(self.config.env) if uses_tools(self.config.env) else lambda row: self.env_class.check_sample(row, options)
+        by_data_source = self.config.custom_reward_function.path is None  # else a custom function scores every row
+        check = sample_checker(self.config.env, by_data_source) if uses_tools(self.config.env) else \
+            lambda row: self.env_class.check_sample(row, options)
         for split, dataset in datasets.items():
             for index, sample in enumerate(dataset.samples if dataset is not None else ()):
                 try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from posttrain.metrics import Metrics, mean, total
 from posttrain.models.tool_format import ROW_TOOLS_KEY, row_schemas
 from posttrain.protocol import Batch
 from posttrain.rewards.manager import Answer
-from posttrain.rollout.toolbox import open_toolbox, row_check, uses_tools
+from posttrain.rollout.toolbox import open_toolbox, sample_checker, uses_tools
 from posttrain.tools import CallResult, ToolBox
 
 UNREADABLE = ("bad_json", "too_large")  # a call no score function could judge
@@ -49,10 +49,13 @@ class CallsAnswers:
     def __init__(self, env: EnvConfig, tokenizer: Any) -> None:
         self.env, self.tokenizer = env, tokenizer
         self.toolbox: ToolBox | None = None
+        self._check: Callable[[EpisodeSample], None] | None = None
 
     def check(self, sample: EpisodeSample) -> None:
         """Raise InputError for a row the calls cannot answer (its tools unreadable, no tools, no score function)."""
-        row_check(self.env)(sample)
+        if self._check is None:  # the data sources are SingleTurnRollout.check_data's
+            self._check = sample_checker(self.env, by_data_source=False)
+        self._check(sample)
 
     def open(self) -> None:
         self.toolbox = open_toolbox(self.env, self.tokenizer)

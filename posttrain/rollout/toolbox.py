@@ -19,7 +19,7 @@ from posttrain.config.schema import EnvConfig
 from posttrain.models.tool_formats import make_tool_format
 from posttrain.rollout.environments import load_env_class, wanted_resources
 from posttrain.tools import Tool, ToolBox, load_tools
-from posttrain.tools.env import DEFAULT_ANSWER, check_row
+from posttrain.tools.env import ToolEnv
 from posttrain.tools.load import check_unique, has_reward, row_tool_class
 
 SEARCH_TOOL = "posttrain.tools:search"
@@ -73,15 +73,15 @@ def open_toolbox(env: EnvConfig, tokenizer: Any) -> ToolBox:
     )
 
 
-def row_check(env: EnvConfig) -> Callable[[EpisodeSample], None]:
-    """ToolEnv's check of a row (tools/env.py ``check_row``) with the run's tools, for the rollout to run
-    on every row before any worker starts (ToolEnv.reset runs it again on each episode). It loads
-    ``env.tools``; listing any MCP server counts as having tools (none is started here)."""
+def sample_checker(env: EnvConfig, by_data_source: bool = True) -> Callable[[EpisodeSample], None]:
+    """ToolEnv's ``check_sample`` with the run's tools, for the rollout to run on every row before any
+    worker starts; ``by_data_source``: answers are scored by their data source's function (no custom
+    one). It loads ``env.tools``; listing any MCP server counts as having tools (none is started here)."""
     tools = load_tools(env.tools, env.tool_output_chars)
     classes = [tool.tool_class for tool in tools if tool.tool_class is not None] + [row_tool_class(env.tools)]
     scores = any(has_reward(tool_class.load()) for tool_class in classes if tool_class is not None)
-    answer = str(env.options.get("answer", DEFAULT_ANSWER))
+    facts = {"run_has_tools": bool(tools or env.mcp_servers), "scores_episodes": scores, "by_data_source": by_data_source}
 
     def check(sample: EpisodeSample) -> None:
-        check_row(sample, answer, bool(tools or env.mcp_servers), scores)
+        ToolEnv.check_sample(sample, env.options, **facts)
     return check

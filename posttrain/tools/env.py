@@ -26,7 +26,7 @@ runs only if the run has an implementation of that name; otherwise the call is `
 
 **Calls as the answer** (``env.options.answer: calls``, e.g. BFCL's single-turn categories) is not an
 episode: the run is a single-turn rollout whose responses are read into their calls and scored by the
-reward path (rollout/calls.py); this class only checks the option and its rows (:func:`check_row`).
+reward path (rollout/calls.py); this class only checks the option and its rows (:meth:`ToolEnv.check_sample`).
 ``answer: text`` (the default) is the mode above.
 
 **User turns** (``env.options.answer: turns``, e.g. BFCL's multi-turn categories): the row's prompt is
@@ -101,8 +101,16 @@ class ToolEnv(Environment):
         self._episode: int | None = None                      # the key of this episode's tool class instances
         self._later_turns: list[str] = []                     # answer: turns: the user turns still to come, as text
 
-    # No check_sample: what a row needs depends on the run's tools (check_row), which a class method cannot
-    # see; the rollout runs check_row on every row before any worker starts (rollout/toolbox.py), reset on each.
+    @classmethod
+    def check_sample(cls, sample: EpisodeSample, options: Mapping[str, Any], *, run_has_tools: bool = True,
+                     scores_episodes: bool = False, by_data_source: bool = True) -> None:
+        """Raise InputError for a row this environment cannot play with the run's tools, which the
+        rollout names (rollout/toolbox.py ``sample_checker`` runs it on every row before any worker
+        starts): ``run_has_tools``, env.tools or env.mcp_servers give any; ``scores_episodes``, a tool
+        class has ``reward()``; ``by_data_source``, answers are scored by their data source's function
+        (no custom one). Its own tools unreadable, no tools at all, no score function for its data
+        source where one is needed, later user turns unreadable (``answer: turns``)."""
+        _read_sample(sample, str(options.get("answer", DEFAULT_ANSWER)), run_has_tools, scores_episodes, by_data_source)
 
     @property
     def observation_role(self) -> str:
@@ -114,7 +122,9 @@ class ToolEnv(Environment):
                              "not a ToolEnv episode")
         self.close()
         self._sample = sample
-        self._row_schemas, self._later_turns = check_row(sample, self.answer, bool(self.toolbox.tools), self.toolbox.scores_episodes)
+        # its data source was checked with the run's reward path before any worker started (check_sample)
+        self._row_schemas, self._later_turns = _read_sample(sample, self.answer, bool(self.toolbox.tools), self.toolbox.scores_episodes,
+                                                            by_data_source=False)
         self.calls_made = self.successes = 0
         self._row_tools = {schema["function"]["name"]: schema["function"] for schema in self._row_schemas}
         fields = {**sample.extra_info, "prompt": list(sample.prompt), "ground_truth": sample.ground_truth, "data_source": sample.data_source}
@@ -246,11 +256,9 @@ class ToolEnv(Environment):
 LATER_TURNS_KEY = "later_turns"  # answer: turns: extra_info's user turns after the prompt
 
 
-def check_row(sample: EpisodeSample, answer: str, run_has_tools: bool, scores_episodes: bool) -> tuple[list[dict[str, Any]], list[str]]:
-    """Raise InputError for a row ToolEnv cannot play with the run's tools (``run_has_tools``: env.tools
-    or env.mcp_servers give any; ``scores_episodes``: a tool class has ``reward()``): its own tools
-    unreadable, no tools at all, no score function for its data source where one is needed, later user
-    turns unreadable (``answer: turns``). Returns the row's own tool schemas and its later user turns."""
+def _read_sample(sample: EpisodeSample, answer: str, run_has_tools: bool, scores_episodes: bool,
+                 by_data_source: bool) -> tuple[list[dict[str, Any]], list[str]]:
+    """The row's own tool schemas and its later user turns, or InputError (:meth:`ToolEnv.check_sample`)."""
     schemas = row_schemas(sample.extra_info.get(ROW_TOOLS_KEY))
     # a row that says it has no tools (an empty list, as some of BFCL's irrelevance rows) is played without
     # any; a row that says nothing, in a run that has none, is a mistake in the data or the config
@@ -259,7 +267,7 @@ def check_row(sample: EpisodeSample, answer: str, run_has_tools: bool, scores_ep
             "env.name=tools needs tools: list them in env.tools (e.g. posttrain.tools:calculator) or env.mcp_servers, "
             f"or give each row its own (extra_info.tools); a row of {sample.data_source!r} has none"
         )
-    if answer == "calls" or not scores_episodes:
+    if by_data_source and (answer == "calls" or not scores_episodes):
         try:  # the final answer is scored by the row's data source
             score_function_for(sample.data_source)
         except UnknownDataSourceError as error:

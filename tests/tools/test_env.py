@@ -99,11 +99,16 @@ def test_every_episodes_calls_of_a_round_go_to_the_toolbox_together(tokenizer, t
     assert [e.success for e in episodes] == [True, True, True]
 
 
-def test_a_row_without_a_score_function_is_refused_when_no_tool_class_scores_it(toolbox):
-    # the class method cannot see the run's tool classes (a reward() of one scores instead): reset refuses
-    ToolEnv.check_sample(EpisodeSample([{"role": "user", "content": "x"}], "1", "nowhere"), {})
+def test_a_row_without_a_score_function_is_refused_when_no_tool_class_scores_it_and_no_custom_function_does():
+    from posttrain.rollout.toolbox import sample_checker
+    from posttrain.config.schema import EnvConfig
+
+    row = EpisodeSample([{"role": "user", "content": "x"}], "1", "nowhere")
+    env = EnvConfig(name="tools", tools=["posttrain.tools:calculator"])
     with pytest.raises(ValueError, match="no score function for data_source 'nowhere'.*reward()"):
-        ToolEnv(toolbox).reset(EpisodeSample([{"role": "user", "content": "x"}], "1", "nowhere"))
+        sample_checker(env)(row)  # what the rollout runs on every row before any worker starts
+    sample_checker(env, by_data_source=False)(row)  # a custom function scores every row
+    ToolEnv.check_sample(row, {}, scores_episodes=True)  # so does a tool class's reward()
 
 
 def test_answers_go_to_the_reward_path_capped_without_a_successful_call_and_failures_are_counted(tokenizer, toolbox):
