@@ -86,3 +86,14 @@ def test_an_episode_in_the_jsonl_format_calls_reads_its_result_and_is_told_how_t
     assert told.startswith("Error (bad_json)") and 'on a line of its own as {"name": ..., "arguments": {...}}' in told
     assert json.loads(good) == {"name": "calculator", "content": "56088"}
     assert episode.success and episode.reward == 1.0 and episode.counts["tool/successes"] == 1
+
+
+def test_posttrain_tools_lists_the_formats_and_prints_a_prompt_in_the_one_asked_for(capsys):
+    from posttrain.cli.main import main
+    from posttrain.models import cached_tiny_model
+
+    assert main(["tools", "--formats"]) == 0
+    assert capsys.readouterr().out.split() == ["builtin", "jsonl", "template"]
+    assert main(["tools", "posttrain.tools:calculator", "--model", str(cached_tiny_model("llama")), "--format", "jsonl"]) == 0
+    shown = capsys.readouterr().out
+    assert "in the jsonl format" in shown and 'like {"name": "calculator", "arguments": {...}}' in shown and "<tool_call>" not in shown
