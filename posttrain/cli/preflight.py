@@ -179,8 +179,10 @@ def check_environment(config: PosttrainConfig) -> list[Problem]:
 def single_turn_calls(config: PosttrainConfig) -> list[Problem]:
     """Where the calls are the answer (``env.options.answer: calls``) the rollout is single-turn
     (rollout/calls.py): the settings of episodes' batches do not apply, so they are refused, not ignored."""
+    from posttrain.tools.env import answer_mode
+
     env = config.env
-    if env.options.get("answer") != "calls":
+    if not answer_mode(env.options).calls_are_the_answer:
         return []
     why = "with env.options.answer=calls each response is one answer scored as a single-turn rollout's (rollout/calls.py)"
     problems = []

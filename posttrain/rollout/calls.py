@@ -32,6 +32,7 @@ from posttrain.protocol import Batch
 from posttrain.rewards.manager import Answer
 from posttrain.rollout.toolbox import open_toolbox, sample_checker, uses_tools
 from posttrain.tools import CallResult, ToolBox
+from posttrain.tools.env import answer_mode
 
 UNREADABLE = ("bad_json", "too_large")  # a call no score function could judge
 COUNTERS = ("answers", "tool/calls", "tool/successes", "tool/errors")
@@ -39,7 +40,7 @@ COUNTERS = ("answers", "tool/calls", "tool/successes", "tool/errors")
 
 def answers_with_calls(env: EnvConfig) -> bool:
     """The run's answers are its calls: a tool environment with ``env.options.answer: calls``."""
-    return uses_tools(env) and env.options.get("answer") == "calls"
+    return uses_tools(env) and answer_mode(env.options).calls_are_the_answer
 
 
 class CallsAnswers:

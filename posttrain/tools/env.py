@@ -57,6 +57,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from posttrain.agents.env import EpisodeAnswer, Environment, EpisodeSample, StepInfo, StepResult
@@ -67,8 +68,33 @@ from posttrain.tools import CallResult, ParsedTurn, ToolBox
 from posttrain.tools.execute import failed
 
 
-ANSWER_MODES = ("text", "calls", "turns")
+@dataclass(frozen=True)
+class AnswerMode:
+    """What ``env.options.answer`` says, as what the code reads (never the mode's name): whether the
+    row's later user turns come as observations (``turns``), whether the calls are the answer, read from
+    a single turn by the rollout (``calls``: rollout/calls.py), and whether a tool class's ``reward()``
+    may score the episode instead of the row's data source (not where the calls are the answer)."""
+
+    name: str
+    later_user_turns: bool = False
+    calls_are_the_answer: bool = False
+
+    @property
+    def tool_classes_may_score(self) -> bool:
+        return not self.calls_are_the_answer
+
+
+ANSWER_MODES = {mode.name: mode for mode in (
+    AnswerMode("text"), AnswerMode("turns", later_user_turns=True), AnswerMode("calls", calls_are_the_answer=True))}
 DEFAULT_ANSWER = "text"
+
+
+def answer_mode(options: Mapping[str, Any]) -> AnswerMode:
+    """``options["answer"]``'s mode (InputError naming the modes for another)."""
+    answer = options.get("answer", DEFAULT_ANSWER)
+    if answer not in ANSWER_MODES:
+        raise InputError(f"ToolEnv options: answer={answer!r} is not one of {', '.join(ANSWER_MODES)} (module docstring)")
+    return ANSWER_MODES[answer]
 
 
 class ToolEnv(Environment):
@@ -86,9 +112,7 @@ class ToolEnv(Environment):
     ) -> None:
         if call_error_penalty > 0:
             raise InputError(f"ToolEnv options: call_error_penalty={call_error_penalty} is added per failed call, so it must be <= 0")
-        if answer not in ANSWER_MODES:
-            raise InputError(f"ToolEnv options: answer={answer!r} is not one of {', '.join(ANSWER_MODES)} (module docstring)")
-        self.answer = answer
+        self.mode = answer_mode({"answer": answer})
         self.toolbox = toolbox
         self.call_error_penalty = call_error_penalty
         # None: an answer is scored the same with or without a successful call before it; a number caps it
@@ -110,20 +134,20 @@ class ToolEnv(Environment):
         class has ``reward()``; ``by_data_source``, answers are scored by their data source's function
         (no custom one). Its own tools unreadable, no tools at all, no score function for its data
         source where one is needed, later user turns unreadable (``answer: turns``)."""
-        _read_sample(sample, str(options.get("answer", DEFAULT_ANSWER)), run_has_tools, scores_episodes, by_data_source)
+        _read_sample(sample, answer_mode(options), run_has_tools, scores_episodes, by_data_source)
 
     @property
     def observation_role(self) -> str:
         return self.toolbox.format.observation_role
 
     def reset(self, sample: EpisodeSample) -> str:
-        if self.answer == "calls":
+        if self.mode.calls_are_the_answer:
             raise InputError("env.options.answer=calls is a single-turn rollout (rollout/calls.py, which build_rollout picks), "
                              "not a ToolEnv episode")
         self.close()
         self._sample = sample
         # its data source was checked with the run's reward path before any worker started (check_sample)
-        self._row_schemas, self._later_turns = _read_sample(sample, self.answer, bool(self.toolbox.tools), self.toolbox.scores_episodes,
+        self._row_schemas, self._later_turns = _read_sample(sample, self.mode, bool(self.toolbox.tools), self.toolbox.scores_episodes,
                                                             by_data_source=False)
         self.calls_made = self.successes = 0
         self._row_tools = {schema["function"]["name"]: schema["function"] for schema in self._row_schemas}
@@ -223,7 +247,7 @@ class ToolEnv(Environment):
             raise RuntimeError("ToolEnv.step before reset: call reset(sample) first")
         counts = {"answers": 1} if answer is not None else {"tool/late_calls": 1}
         penalty = 0.0 if answer is not None else self.call_error_penalty
-        if self.answer == "turns":  # the last user turn ends with the episode
+        if self.mode.later_user_turns:  # the last user turn ends with the episode
             self.toolbox.end_turn(self._episode)
         if not self.toolbox.alive(self._episode):
             counts["tool/lost_instances"] = 1
@@ -256,7 +280,7 @@ class ToolEnv(Environment):
 LATER_TURNS_KEY = "later_turns"  # answer: turns: extra_info's user turns after the prompt
 
 
-def _read_sample(sample: EpisodeSample, answer: str, run_has_tools: bool, scores_episodes: bool,
+def _read_sample(sample: EpisodeSample, mode: AnswerMode, run_has_tools: bool, scores_episodes: bool,
                  by_data_source: bool) -> tuple[list[dict[str, Any]], list[str]]:
     """The row's own tool schemas and its later user turns, or InputError (:meth:`ToolEnv.check_sample`)."""
     schemas = row_schemas(sample.extra_info.get(ROW_TOOLS_KEY))
@@ -267,12 +291,12 @@ def _read_sample(sample: EpisodeSample, answer: str, run_has_tools: bool, scores
             "env.name=tools needs tools: list them in env.tools (e.g. posttrain.tools:calculator) or env.mcp_servers, "
             f"or give each row its own (extra_info.tools); a row of {sample.data_source!r} has none"
         )
-    if by_data_source and (answer == "calls" or not scores_episodes):
+    if by_data_source and not (scores_episodes and mode.tool_classes_may_score):
         try:  # the final answer is scored by the row's data source
             score_function_for(sample.data_source)
         except UnknownDataSourceError as error:
             raise InputError(f"{error}; or give a tool class of env.tools a reward() (docs/tools.md)") from None
-    return schemas, _user_turns(sample.extra_info.get(LATER_TURNS_KEY)) if answer == "turns" else []
+    return schemas, _user_turns(sample.extra_info.get(LATER_TURNS_KEY)) if mode.later_user_turns else []
 
 
 def _scored(scored: Any) -> tuple[float, bool]:
