@@ -1,7 +1,7 @@
 """A worker process's memory: how much it holds (logged every step), and keeping glibc from hoarding it.
 
-Measured (``bench/soak_varied.py``, docs/performance.md#memory-over-a-long-run): the policy worker of
-TextArena GRPO grew by about 1 GB a step because glibc's malloc kept what PyTorch freed. glibc serves
+Why (measured in docs/performance.md#memory-over-a-long-run, ``bench/soak_varied.py``): without it a
+worker's memory grows under shapes that vary, because glibc's malloc keeps what PyTorch freed. glibc serves
 an allocation of at least ``M_MMAP_THRESHOLD`` bytes with its own ``mmap``, returned to the system on
 ``free``; smaller ones come from its heaps, which keep freed memory for reuse. The threshold starts at
 128 KiB but is *dynamic*: each time a mapped block is freed, it rises to that block's size (up to
