@@ -60,6 +60,8 @@ def render_with_tools(
     """Each conversation as prompt text (with the generation prompt), told about ``schemas`` (the run's
     tools) and, with ``row_tools`` (one entry per conversation), that conversation's own tools, in
     ``tool_format`` (a format, or ``env.tool_format``'s name)."""
+    if not schemas and (row_tools is None or not any(row_tools)):  # no tools: the chat template alone, whatever the format
+        return tokenizer.apply_chat_template(list(conversations), add_generation_prompt=True, tokenize=False)
     if isinstance(tool_format, str):
         tool_format = format_class(tool_format, tokenizer)(tokenizer)
     if row_tools is None or not any(row_tools):

@@ -66,6 +66,11 @@ class FileScoreFunction:
         return self.function(**arguments, **self.kwargs)
 
     @property
+    def in_process(self) -> bool:
+        """The loaded function asks a service from this process (``in_process = True`` on it; rewards/sandbox.py)."""
+        return bool(getattr(self.function, "in_process", False))
+
+    @property
     def __signature__(self) -> inspect.Signature:
         """The loaded function's signature without the bound kwargs (what callers still pass)."""
         signature = inspect.signature(self.function)

@@ -45,8 +45,10 @@ asynchronous generator's unit): the samples not scored when it is spent score 0 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,6 +161,11 @@ def _per_sample(batch: Batch, key: str, required: bool = True) -> list[Any]:
     raise KeyError(f"the reward manager needs the non-tensor column {key!r}; the Batch has {sorted(batch.keys())}")
 
 
+def _names(function: ScoreFunction, parameter: str) -> bool:
+    """``function`` has a parameter of that name (not only ``**kwargs``)."""
+    return parameter in inspect.signature(function).parameters
+
+
 def _make_scorer(timeout_s: float | None) -> InlineScorer | ProcessScorer:
     return InlineScorer() if timeout_s is None else ProcessScorer(timeout_s)
 
@@ -170,14 +177,19 @@ def _run(scorer: InlineScorer | ProcessScorer, services: ServiceScorer, function
     here = [i for i, (index, _) in enumerate(calls) if runs_in_process(functions[index])]
     if not here:
         return scorer.run(functions, calls, **limits) if calls else []
-    away = [i for i in range(len(calls)) if i not in set(here)]
+    kept = set(here)
+    away = [i for i in range(len(calls)) if i not in kept]
     local = [f if runs_in_process(f) else None for f in functions]
     remote = [None if runs_in_process(f) else f for f in functions]
     outcomes: list[CallOutcome | None] = [None] * len(calls)
+    start = time.monotonic()
     for i, outcome in zip(here, services.run(local, [calls[i] for i in here], **limits)):
         outcomes[i] = outcome
-    for i, outcome in zip(away, scorer.run(remote, [calls[i] for i in away], **limits) if away else []):
-        outcomes[i] = outcome
+    if away:  # the budget bounds both together: the child's calls get what the service's left
+        if limits.get("budget_s") is not None:
+            limits = limits | {"budget_s": max(limits["budget_s"] - (time.monotonic() - start), 1e-9)}
+        for i, outcome in zip(away, scorer.run(remote, [calls[i] for i in away], **limits)):
+            outcomes[i] = outcome
     return outcomes
 
 
@@ -221,7 +233,9 @@ class RewardManager:
         calls = []
         for answer, function in zip(read, functions):
             context = {"data_source": answer.data_source, "extra_info": answer.extra_info, "calls": answer.calls}
-            arguments = {"solution_str": answer.text, "ground_truth": answer.ground_truth} | {k: context[k] for k in accepted[function]}
+            # calls=None (the calls are not the answer) goes only to a function that names the parameter
+            given = [k for k in accepted[function] if k != "calls" or answer.calls is not None or _names(function, "calls")]
+            arguments = {"solution_str": answer.text, "ground_truth": answer.ground_truth} | {k: context[k] for k in given}
             calls.append((table[function], arguments))
         outcomes = iter(_run(self.scorer, self.services, list(table), calls, budget_s=self.budget_s))
         return _collect([None if answer is None else next(outcomes) for answer in answers])
@@ -378,7 +392,7 @@ def _collect(outcomes: Sequence[CallOutcome | None]) -> AnswerScores:
                        errors + timeouts, len(outcomes), errors, timeouts, first_failure)
     scores = torch.tensor([r["score"] if r else 0.0 for r in results], dtype=torch.float32)
     metrics = {
-        "reward/samples": total(len(outcomes)),
+        "reward/samples": total(sum(outcome is not None for outcome in outcomes)),  # scored: an unreadable answer is not
         "reward/errors": total(errors),
         "reward/timeouts": total(timeouts),
     }

@@ -136,20 +136,21 @@ class ServiceScorer:
 
         deadline_s = timeout_s or self.timeout_s
         budget, outcomes = Budget(budget_s), []
-        pool = ThreadPoolExecutor(max_workers=self.max_concurrent, thread_name_prefix="posttrain-score")
-        try:
-            for wave in range(0, len(calls), self.max_concurrent):
-                if budget.spent:
-                    return outcomes + budget.outcomes(len(calls) - len(outcomes))
-                start = time.monotonic()
-                futures = [pool.submit(_call, functions, call) for call in calls[wave: wave + self.max_concurrent]]
-                limit = min(deadline_s if deadline_s is not None else math.inf, budget.left)
-                wait(futures, timeout=None if math.isinf(limit) else limit)
-                budget.charge(time.monotonic() - start)
-                late = "not answered within its deadline of %g s" % deadline_s if deadline_s is not None else "past the budget"
-                outcomes += [future.result() if future.done() else CallOutcome(error=late, timed_out=True) for future in futures]
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # a late call's thread ends with its client's own timeout
+        for wave in range(0, len(calls), self.max_concurrent):
+            if budget.spent:
+                return outcomes + budget.outcomes(len(calls) - len(outcomes))
+            # a pool per wave: a late call keeps its thread (its client's own timeout ends it), never a later call's
+            pool = ThreadPoolExecutor(max_workers=self.max_concurrent, thread_name_prefix="posttrain-score")
+            start = time.monotonic()
+            futures = [pool.submit(_call, functions, call) for call in calls[wave: wave + self.max_concurrent]]
+            pool.shutdown(wait=False)
+            deadline = deadline_s if deadline_s is not None else math.inf
+            late = (f"not answered within its deadline of {deadline_s:g} s" if deadline <= budget.left
+                    else f"not scored within the budget of {budget.seconds:g} s for all of this batch's calls")
+            limit = min(deadline, budget.left)
+            wait(futures, timeout=None if math.isinf(limit) else limit)
+            budget.charge(time.monotonic() - start)
+            outcomes += [future.result() if future.done() else CallOutcome(error=late, timed_out=True) for future in futures]
         return outcomes
 
     def close(self) -> None:

@@ -27,6 +27,8 @@ from posttrain.protocol import Batch, pad_rows
 # whose prompt columns a join left-pads: (key, pad value)
 _PROMPT_SIDE = ((keys.PROMPT_IDS, None), (keys.PROMPT_MASK, 0), (keys.INPUT_IDS, None), (keys.ATTENTION_MASK, 0), (keys.POSITION_IDS, 0))
 
+REWARD_EXTRA = "reward_extra/"  # a score function's values besides the score, one column each (rewards/manager.py)
+
 
 def sequences_to_batch(
     prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *, pad_token_id: int, response_width: int | None = None,
@@ -79,13 +81,20 @@ def join_rollouts(batches: Sequence[Batch], pad_token_id: int) -> Batch:
     """Concatenate rollouts whose prompts were padded to different widths: each one's prompt-side
     columns are left-padded to the widest (position ids of padding are 0, as the builder makes them)."""
     width = max(b[keys.PROMPT_IDS].shape[1] for b in batches)
+    # a score function's extra values (reward_extra/acc, ...) are missing from a piece where no sample was
+    # scored (every answer unreadable, or every call failed): NaN there, as for one unscored sample
+    extras = {key: batch.non_tensors[key] for batch in batches for key in batch.non_tensors if key.startswith(REWARD_EXTRA)}
     padded = []
     for batch in batches:
         extra = width - batch[keys.PROMPT_IDS].shape[1]
         tensors = dict(batch.tensors)
         for key, value in _PROMPT_SIDE:
             tensors[key] = F.pad(batch[key], (extra, 0), value=pad_token_id if value is None else value)
-        padded.append(Batch(tensors, batch.non_tensors, {}))
+        non_tensors = dict(batch.non_tensors)
+        for key, example in extras.items():
+            if key not in non_tensors:
+                non_tensors[key] = np.full(len(batch), np.nan) if example.dtype != object else np.array([None] * len(batch), dtype=object)
+        padded.append(Batch(tensors, non_tensors, {}))
     return Batch.concat(padded)
 
 

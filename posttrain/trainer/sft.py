@@ -164,7 +164,7 @@ def sft_parts(config: PosttrainConfig) -> RunParts[Batch]:
     run_config = sft_run_config(config, total_steps)
     validator = None
     if rollout is not None and sft.val_rollout:
-        run_data = build_run_data(run_config.data, tokenizer, tools)
+        run_data = build_run_data(run_config.data, tokenizer, tools, tool_format=config.env.tool_format)
         if run_data.val is not None:
             rollout.check_data(validation=run_data.val_dataset)  # a case the environment cannot play fails now
             validator = Validator(rollout, run_data.val, config.actor_rollout_ref.rollout.val_kwargs.n, tokenizer,

@@ -284,3 +284,47 @@ def test_a_score_function_that_asks_a_service_runs_in_this_process_side_by_side_
     assert scored.metrics["reward/timeouts"].value == 1 and scored.metrics["reward/errors"].value == 0
     assert "deadline of 1 s" in scored.first_failure
     assert judge.asked_from == {os.getpid()} and took < 10  # here, side by side: one wait of the deadline, not one per call
+
+
+def test_a_service_call_that_hangs_costs_only_itself_not_the_calls_after_it():
+    import threading
+    import time
+
+    from posttrain.rewards.sandbox import ServiceScorer
+
+    release = threading.Event()
+
+    def slow(seconds):
+        if seconds > 1:
+            release.wait(10)
+        else:
+            time.sleep(seconds)
+        return seconds
+
+    try:
+        outcomes = ServiceScorer(timeout_s=0.5, max_concurrent=2).run([slow], [(0, {"seconds": s}) for s in (3, 0, 0.3, 0.3)])
+    finally:
+        release.set()
+    assert [o.timed_out for o in outcomes] == [True, False, False, False] and [o.value for o in outcomes[1:]] == [0, 0.3, 0.3]
+
+
+def test_a_custom_function_from_a_file_that_asks_a_service_is_called_in_this_process(tmp_path, tokenizer):
+    import os
+
+    from posttrain.rewards.manager import Answer
+    from posttrain.rewards.sandbox import runs_in_process
+
+    path = write_module(tmp_path / "judge.py", """
+        import os, threading
+        LOCK = threading.Lock()  # what a client holds: it could not be sent to a child process
+
+        def judge(solution_str, ground_truth):
+            return float(os.getpid())
+        judge.in_process = True
+    """)
+    manager = build_reward_manager(tokenizer, custom_path=str(path), custom_name="judge", timeout_s=5.0)
+    try:
+        assert runs_in_process(manager.score_function)
+        assert manager.score([Answer("x", "y", "any")]).scores.tolist() == [float(os.getpid())]
+    finally:
+        manager.close()

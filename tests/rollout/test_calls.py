@@ -88,7 +88,7 @@ def test_the_calls_are_the_answer_scored_by_the_reward_path_and_never_run(tokeni
     assert rollout._counts[1]["tool/errors/unknown_tool"] == 1 and rollout._counts[3]["tool/errors/bad_json"] == 1
     assert metrics["episodes_total/tool/calls"].value == 4 and metrics["episodes_total/tool/errors"].value == 2
     assert metrics["episodes_total/answers"].value == 4 and metrics["tool/success_rate"].value == pytest.approx(2 / 4)
-    assert metrics["reward/samples"].value == 4 and metrics["reward/errors"].value == 0
+    assert metrics["reward/samples"].value == 3 and metrics["reward/errors"].value == 0  # the unreadable one is not scored
     assert scored["reward_extra/acc"][:3].tolist() == [1.0, 0.0, 1.0] and np.isnan(scored["reward_extra/acc"][3])
 
 

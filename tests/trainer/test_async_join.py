@@ -66,3 +66,15 @@ def test_unit_metrics_merge_by_kind():
                      "env/searches": mean(1.0, 6)}])
     assert values(merged) == {"num_turns/max": 3.0, "num_turns/min": 1.0, "num_turns/mean": (1.5 * 2 + 2.5 * 6) / 8,
                               "agent/episodes": 8.0, "env/searches": 1.0}
+
+
+def test_a_unit_where_no_sample_was_scored_joins_with_its_score_extras_missing():
+    """A unit whose answers were all unreadable has no reward_extra/acc (the score function never ran):
+    the join gives it a gap there (None: accuracy then falls back to the score) instead of refusing the batch."""
+    import numpy as np
+
+    scored, unscored = unit(["a", "b"], [3, 4], 4, seed=1), unit(["c", "d"], [2, 4], 4, seed=2)
+    scored = scored.union(Batch.from_dict(non_tensors={"reward_extra/acc": np.array([1.0, 0.0, 1.0, 1.0])}))
+    joined = join_rollouts([scored, unscored], PAD)
+    acc = joined["reward_extra/acc"]  # an object column (a score function's extras may be anything): None where missing
+    assert acc[:4].tolist() == [1.0, 0.0, 1.0, 1.0] and acc[4:].tolist() == [None] * 4

@@ -28,7 +28,8 @@ class ToolFormat:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.__dict__.get("name"):  # its own name: a subclass that keeps its parent's is not registered
-            if cls.name in FORMATS and FORMATS[cls.name].__qualname__ != cls.__qualname__:
+            known = FORMATS.get(cls.name)
+            if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
                 raise ValueError(f"two tool formats are named {cls.name!r}: {FORMATS[cls.name].__module__} and {cls.__module__}")
             FORMATS[cls.name] = cls
 
