@@ -11,7 +11,7 @@ such as ``"acc"`` and ``"format"``):
 :mod:`posttrain.rewards.registry` maps a sample's ``data_source`` to its function;
 :mod:`posttrain.rewards.custom` loads a user's function from a .py file;
 :mod:`posttrain.rewards.manager` decodes responses and places scores on the last response token;
-:mod:`posttrain.rewards.sandbox` runs score functions with a per-sample deadline in a child process.
+:mod:`posttrain.deadlines` runs score functions with a per-sample deadline in a child process.
 
 A run builds its manager from ``custom_reward_function``'s fields (never the config object)::
 
@@ -35,7 +35,7 @@ from posttrain.rewards.registry import (
     UnknownDataSourceError,
     score_function_for,
 )
-from posttrain.rewards.sandbox import CallOutcome, InlineScorer, ProcessScorer
+from posttrain.deadlines import CallOutcome, InlineScorer, ProcessScorer
 
 _MANAGER_NAMES = ("BatchRewardManager", "RewardManager", "RewardResult", "build_reward_manager", "decode_responses", "place_scores")
 

@@ -67,7 +67,7 @@ class FileScoreFunction:
 
     @property
     def in_process(self) -> bool:
-        """The loaded function asks a service from this process (``in_process = True`` on it; rewards/sandbox.py)."""
+        """The loaded function asks a service from this process (``in_process = True`` on it; posttrain/deadlines.py)."""
         return bool(getattr(self.function, "in_process", False))
 
     @property

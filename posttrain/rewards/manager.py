@@ -34,7 +34,7 @@ and is counted in ``metrics`` when its call
 (errors + timeouts) / samples; the first failure of each call is logged with its reason and kept in
 :attr:`RewardResult.first_failure` (the trainer's circuit breaker quotes it).
 
-``timeout_s`` is the deadline per sample (see :mod:`posttrain.rewards.sandbox`); the batched call
+``timeout_s`` is the deadline per sample (see :mod:`posttrain.deadlines`); the batched call
 gets ``timeout_s`` times the batch size. ``timeout_s=None`` scores in this process with no deadline.
 A score function that asks a service (an LLM judge on a Ray worker or at a URL), marked
 ``in_process = True``, is called in this process instead of the child, its calls side by side in
@@ -69,7 +69,7 @@ from posttrain.rewards.registry import (
     context_keywords,
     score_function_for,
 )
-from posttrain.rewards.sandbox import (
+from posttrain.deadlines import (
     CallOutcome, InlineScorer, ProcessScorer, ServiceScorer, check_picklable, describe_exception, runs_in_process,
 )
 

@@ -26,7 +26,7 @@ full credit; 1.0 when an answer tag was found. Datasets are regenerated once per
 without it, :class:`MissingLibraryError` says how to install it.
 
 The registry's entry is :data:`SCORE_FUNCTION`, which calls :func:`compute_score` and, unpickled, imports
-the library: importing it takes seconds, and the scoring child process (``rewards/sandbox.py``) loads its
+the library: importing it takes seconds, and the scoring child process (``posttrain/deadlines.py``) loads its
 functions by unpickling them, under its own deadline, so no sample's deadline pays for the import (a
 sample that timed out restarts the child, and would pay it again). Any other process imports nothing
 until it scores.

@@ -4,7 +4,7 @@ Every call goes the same way, whether a Python function or an MCP server's tool 
 
     arguments   the JSON text must parse (at most ``max_argument_chars``, nesting within Python's limit)
                 and validate against the tool's schema (``jsonschema``)
-    run         Python functions in a child process (``rewards/sandbox.ProcessScorer``): each call has
+    run         Python functions in a child process (``posttrain/deadlines.py ProcessScorer``): each call has
                 ``timeout_s``; a call past it, or one that kills its process, has the child replaced
                 and the others go on; a tool class's methods on the calling episode's own instance
                 (instances.py), with the same deadline: a call past it, or one that kills the episode's
@@ -32,7 +32,7 @@ import jsonschema
 from posttrain.models.tool_format import merged_schemas
 from posttrain.models.tool_formats import ParsedCall, ParsedTurn, ToolFormat
 from posttrain.models.tool_formats.builtin import BuiltinFormat
-from posttrain.rewards.sandbox import CallOutcome, ProcessScorer
+from posttrain.deadlines import CallOutcome, ProcessScorer
 from posttrain.tools.instances import InstancePool
 from posttrain.tools.load import END_TURN, ROW_CALL, Tool, ToolClass, has_reward
 

@@ -28,7 +28,7 @@ episodes, when the controller's end of the pipe closes.
 A call's result (a method's, or ``call_row_tool``'s for a row's tool) is text cut to the class's
 ``max_chars`` in the episode's process (as ``ToolFunction`` does); another hook's (``reset``: text, cut
 alike; ``reward``: the value as it is) is its own. Failures come back as
-:class:`~posttrain.rewards.sandbox.CallOutcome`: ``error`` (the exception, described), ``timed_out``,
+:class:`~posttrain.deadlines.CallOutcome`: ``error`` (the exception, described), ``timed_out``,
 ``died`` (the process died, or was gone before the call).
 """
 
@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from posttrain.rewards.sandbox import DEFAULT_START_TIMEOUT_S, CallOutcome, describe_exception
+from posttrain.deadlines import DEFAULT_START_TIMEOUT_S, CallOutcome, describe_exception
 from posttrain.tools.load import HOOKS, ROW_CALL, ToolClass, as_text
 
 # (episode key, class index, method name, keyword arguments): one call on an episode's instance

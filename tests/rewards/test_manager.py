@@ -290,7 +290,7 @@ def test_a_service_call_that_hangs_costs_only_itself_not_the_calls_after_it():
     import threading
     import time
 
-    from posttrain.rewards.sandbox import ServiceScorer
+    from posttrain.deadlines import ServiceScorer
 
     release = threading.Event()
 
@@ -312,7 +312,7 @@ def test_a_custom_function_from_a_file_that_asks_a_service_is_called_in_this_pro
     import os
 
     from posttrain.rewards.manager import Answer
-    from posttrain.rewards.sandbox import runs_in_process
+    from posttrain.deadlines import runs_in_process
 
     path = write_module(tmp_path / "judge.py", """
         import os, threading

@@ -1,4 +1,5 @@
-"""Running score functions so that one that raises or hangs costs a sample, never the run.
+"""Calls with a deadline each, so that one that raises or hangs costs a sample (or a tool call), never the
+run: what the reward path (score functions) and the tools' Python functions run through.
 
 :class:`ProcessScorer` runs the calls in a child process, one after another, and gives each call
 its own deadline. A call past its deadline has the whole child killed (SIGKILL), is reported as
