@@ -23,11 +23,21 @@ import psutil
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
 MMAP_THRESHOLD_BYTES = 1 << 20  # blocks of 1 MiB and more: mapped, and unmapped when freed
 RSS_METRIC = "memory/{group}/rss_gb"
+PEAK_METRIC = "memory/{group}/peak_rss_gb"  # the process's high-water mark so far: what a memory monitor sees mid-step
 
 
 def resident_gb() -> float:
     """This process's resident memory (RSS), in GB (10^9 bytes)."""
     return psutil.Process().memory_info().rss / 1e9
+
+
+def peak_resident_gb() -> float:
+    """This process's largest resident memory since it started (its high-water mark), in GB: a step's
+    peak (an update's activations) shows here, where the RSS after the step has given it back."""
+    import resource
+
+    kilobytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return kilobytes * (1 if sys.platform == "darwin" else 1024) / 1e9
 
 
 def limit_heap_growth(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:

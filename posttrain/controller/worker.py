@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.controller.decorator import Dispatch, register
-from posttrain.controller.memory import resident_gb
+from posttrain.controller.memory import peak_resident_gb, resident_gb
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,10 @@ class Worker:
         return os.getpid()
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
-    def resident_memory_gb(self) -> float:
-        """This rank's process's resident memory (RSS), in GB: colocated roles share the one number."""
-        return resident_gb()
+    def resident_memory_gb(self) -> tuple[float, float]:
+        """This rank's process's resident memory (RSS) and its high-water mark so far, in GB: colocated
+        roles share the numbers."""
+        return resident_gb(), peak_resident_gb()
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def node_id(self) -> str:

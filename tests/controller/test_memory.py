@@ -48,16 +48,31 @@ def test_limited_heap_growth_gives_freed_tensors_back_where_glibc_would_keep_the
 
 def test_every_worker_reports_its_process_rss():
     group = spawn_local({"c": WorkerSpec(Counter)}, world_size=2)["c"]  # local mode: both ranks are this process
-    assert group.resident_memory_gb() == pytest.approx([psutil.Process().memory_info().rss / 1e9] * 2, rel=0.05)
+    reported = group.resident_memory_gb()
+    rss = psutil.Process().memory_info().rss / 1e9
+    assert [now for now, _ in reported] == pytest.approx([rss] * 2, rel=0.05)
+    assert all(peak >= now * 0.95 for now, peak in reported)  # a high-water mark is never below the RSS
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="getrusage's units differ elsewhere")
+def test_the_peak_keeps_a_step_s_high_water_mark_after_the_memory_is_given_back():
+    import subprocess
+
+    code = ("import numpy as np; from posttrain.controller.memory import peak_resident_gb, resident_gb, limit_heap_growth;"
+            "limit_heap_growth(); before = resident_gb(); a = np.ones(400_000_000 // 8); del a;"
+            "print(before, peak_resident_gb(), resident_gb())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    before, peak, now = map(float, done.stdout.split())
+    assert peak - before >= 0.35 and peak - now >= 0.35  # the 0.4 GB array: in the peak, given back from the RSS
 
 
 class FakeGroup:
     def __init__(self, *gb: float) -> None:
         self.gb, self.calls = list(gb), 0
 
-    def resident_memory_gb(self) -> list[float]:
+    def resident_memory_gb(self) -> list[tuple[float, float]]:
         self.calls += 1
-        return self.gb
+        return [(gb, gb + 1) for gb in self.gb]
 
 
 def test_each_pools_processes_report_once_as_the_largest_rank():
@@ -65,5 +80,6 @@ def test_each_pools_processes_report_once_as_the_largest_rank():
     pools = SimpleNamespace(roles_by_pool=lambda: {"global_pool": ["ref", "actor"], "env_llm_pool": ["env_llm"], "generator_0": ["generator_0"]})
     metrics = Roles(actor, ref, None, None, pools, env_llm).resident_memory()
     assert {name: (m.value, m.kind) for name, m in metrics.items()} == {
-        "memory/policy/rss_gb": (5.0, Kind.MAX), "memory/env_llm/rss_gb": (2.0, Kind.MAX)}
+        "memory/policy/rss_gb": (5.0, Kind.MAX), "memory/env_llm/rss_gb": (2.0, Kind.MAX),
+        "memory/policy/peak_rss_gb": (6.0, Kind.MAX), "memory/env_llm/peak_rss_gb": (3.0, Kind.MAX)}
     assert (actor.calls, ref.calls, env_llm.calls) == (1, 0, 1)  # the reference shares the policy's processes
