@@ -70,6 +70,16 @@ WRONG = [
     (["env.llm.url=localhost:8000"], "env.llm.url", "must start with http:// or https://"),
     (["actor_rollout_ref.rollout.top_k=-5"], "actor_rollout_ref.rollout.top_k", "must be -1 or 0 (no top-k cut) or >= 1"),
     (["trainer.max_restarts=-1"], "trainer.max_restarts", "must be >= 0"),
+    (["algorithm.filter_groups.enable=true", "actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=reinforce_plus_plus"],
+     "actor_rollout_ref.rollout.n", "dynamic sampling (algorithm.filter_groups.enable) compares the samples of each prompt"),
+    (["algorithm.filter_groups.enable=true", "algorithm.adv_estimator=remax"], "algorithm.filter_groups.enable",
+     "greedy baseline is scored for the step's first prompts, not for the groups dynamic sampling keeps"),
+    (["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=0"], "reward_model.overlong_buffer.len",
+     "must be in [1, data.max_response_length="),
+    (["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=100000"], "reward_model.overlong_buffer.len",
+     "must be in [1, data.max_response_length="),
+    (["reward_model.overlong_buffer.enable=true", "env.name=search", "env.reward_norm=group"], "reward_model.overlong_buffer.enable",
+     "the penalty is in raw reward units, and env.reward_norm=group has normalised the rewards before it"),
 ]
 
 

@@ -136,3 +136,14 @@ def test_answers_go_to_the_reward_path_capped_without_a_successful_call_and_fail
     played, (metrics, failure) = episodes(RewardManager(tokenizer, score_functions={"arithmetic": broken}, timeout_s=None))
     assert [e.reward for e in played] == [0.0, 0.0] and not any(e.success for e in played)
     assert metrics["reward/errors"].value == 2 and "ZeroDivisionError" in failure
+
+
+def test_each_failed_call_costs_call_error_penalty_and_a_late_call_one(toolbox):
+    env = ToolEnv(toolbox, call_error_penalty=-0.25)
+    env.reset(EpisodeSample([{"role": "user", "content": "x"}], "2", "arithmetic"))
+    assert env.step(call("1+1", name="abacus")).reward == -0.25                      # an unknown tool
+    assert env.step(call("1+1") + call("1+")).reward == -0.25                        # one of two failed
+    assert env.step(call("2+2")).reward == -0.25                                      # past max_calls=2: over budget
+    assert env.finish(call("3+3")).reward == -0.25 and env.finish(call("3+3")).info.counts == {"tool/late_calls": 1}
+    with pytest.raises(ValueError, match="call_error_penalty=0.5 is added per failed call, so it must be <= 0"):
+        ToolEnv(toolbox, call_error_penalty=0.5)
