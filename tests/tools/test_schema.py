@@ -200,3 +200,40 @@ def test_refuses_a_schema_without_implementation(tmp_path):
 def test_refuses_an_unknown_entry_shape():
     with pytest.raises(ToolSpecError, match="give FILE.py:FUNCTION"):
         load_tools([{"schemas": "x.json"}])
+
+
+OTHER_DOCSTRINGS = '''
+def numpy_style(city: str, limits: dict[str, int]) -> str:
+    """Weather for a city.
+
+    Parameters
+    ----------
+    city : str
+        The city's name.
+    limits : dict[str, int]
+        The most readings of each kind.
+    """
+    return city
+
+
+def rest_style(city: str, days: int = 3) -> str:
+    """Forecast for a city.
+
+    :param city: The city's name.
+    :param days: How many days ahead.
+    """
+    return city
+'''
+
+
+def test_numpy_and_rest_docstrings_describe_the_parameters_and_a_dict_is_an_object_of_its_values(tmp_path):
+    path = write(tmp_path / "weather.py", OTHER_DOCSTRINGS)
+    numpy_tool, rest_tool = load_tools([f"{path}:numpy_style", f"{path}:rest_style"])
+    numpy_function, rest_function = numpy_tool.schema["function"], rest_tool.schema["function"]
+    assert numpy_function["description"] == "Weather for a city." and rest_function["description"] == "Forecast for a city."
+    properties = numpy_function["parameters"]["properties"]
+    assert properties["city"] == {"type": "string", "description": "The city's name."}
+    assert properties["limits"] == {"type": "object", "additionalProperties": {"type": "integer"},
+                                    "description": "The most readings of each kind."}
+    assert rest_function["parameters"]["properties"]["days"] == {"type": "integer", "description": "How many days ahead."}
+    assert rest_function["parameters"]["required"] == ["city"]
