@@ -179,3 +179,20 @@ def test_python_without_network_cut_connects_and_carries_the_note(listener, monk
     output = python(CONNECT.format(port=listener.getsockname()[1]))
     assert output.startswith("CONNECTED") and accepted(listener)
     assert NETWORK_NOTE in output
+
+
+def test_python_s_timeout_is_held_between_a_tenth_of_a_second_and_30_seconds(monkeypatch):
+    """Whatever the model asks for: a program never runs past 30 s, nor gets less than 0.1 s."""
+    from posttrain.tools import builtin
+    from posttrain.tools.sandbox import Finished
+
+    asked = []
+
+    def fake_run(code, timeout_s):
+        asked.append(timeout_s)
+        return Finished(b"ok", b"", 0, timed_out=False, output_cut=False, network_cut=True)
+
+    monkeypatch.setattr(builtin, "run_python", fake_run)
+    for wanted in (1000, "45", 0, -3, 7.5):
+        assert builtin.python("print('ok')", timeout_s=wanted) == "ok"
+    assert asked == [30.0, 30.0, 0.1, 0.1, 7.5]
