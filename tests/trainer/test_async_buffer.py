@@ -293,3 +293,28 @@ def test_a_buffer_written_before_typed_metrics_is_refused_on_resume():
     with pytest.raises(InputError, match="written before metrics carried their merge rule"):
         old.restore(buffer_with_a_finished_unit({"reward/samples": 4.0}))  # plain floats: an older posttrain's
     old.close()
+
+
+def test_a_generator_that_keeps_dying_is_restarted_at_most_max_restarts_times_then_stops_the_run(monkeypatch):
+    """Each death within the limit spawns a replacement (its unit goes back in line); one past it closes
+    the scheduler with a GeneratorFailure naming how often it died."""
+    import threading
+
+    from rich.console import Console
+
+    from posttrain.trainer.async_ import coordinator
+
+    closed, spawned = [], []
+    monkeypatch.setattr(coordinator, "kill_group", lambda group: None)
+    pool = object.__new__(coordinator.Generators)
+    pool._lock, pool.stopping, pool.restarts, pool.restarts_of, pool.groups = threading.Lock(), False, 0, [0, 0], ["g0", "g1"]
+    pool.scheduler = type("Scheduler", (), {"close": lambda self, error: closed.append(error)})()
+    pool.console = Console(quiet=True)
+    pool._spawn = lambda i: spawned.append(i) or f"g{i}-new"
+    pool._write_pids = lambda: None
+    assert [pool._replace(1, RuntimeError("out of memory")) for _ in range(coordinator.MAX_RESTARTS)] == [True] * coordinator.MAX_RESTARTS
+    assert spawned == [1] * coordinator.MAX_RESTARTS and closed == []
+    assert pool._replace(1, RuntimeError("out of memory")) is False
+    assert isinstance(closed[0], coordinator.GeneratorFailure)
+    assert f"generator 1 died {coordinator.MAX_RESTARTS + 1} times; the last: out of memory" in str(closed[0])
+    assert pool.restarts_of == [0, coordinator.MAX_RESTARTS + 1]
