@@ -47,17 +47,28 @@ def episode_metrics(
         "agent/out_of_tokens_ratio": mean(float(np.mean([e.out_of_tokens for e in episodes])), n),
         "agent/observations_truncated": mean(float(np.mean([e.observations_truncated for e in episodes])), n),
     }
-    names = sorted({name for e in episodes for name in e.counts} | set(counters))
-    metrics |= {counter_metric_name(name): mean(float(np.mean([e.counts.get(name, 0.0) for e in episodes])), n) for name in names}
-    metrics |= {f"{COUNTER_TOTALS}/{name}": total(sum(e.counts.get(name, 0.0) for e in episodes)) for name in names}
-    for name, (numerator, denominator) in (ratios or {}).items():
-        below = sum(e.counts.get(denominator, 0.0) for e in episodes)
-        metrics[counter_metric_name(name)] = mean(sum(e.counts.get(numerator, 0.0) for e in episodes) / below if below else 0.0, below)
+    metrics |= counter_metrics([e.counts for e in episodes], counters, ratios)
     if group_ids is not None:
         groups: dict[int, list[float]] = defaultdict(list)
         for group, episode in zip(group_ids, episodes, strict=True):
             groups[int(group)].append(episode.reward)
         metrics["agent/reward_std_in_group"] = mean(float(np.mean([np.std(rewards) for rewards in groups.values()])), len(groups))
+    return metrics
+
+
+def counter_metrics(counts: Sequence[Mapping[str, float]], counters: Sequence[str] = (),
+                    ratios: Mapping[str, tuple[str, str]] | None = None) -> Metrics:
+    """Each counter's per-episode mean and its sum (``episodes_total/``), and each ratio of two counters'
+    totals, over the episodes' (or single responses') ``counts``."""
+    if not counts:
+        return {}
+    names = sorted({name for count in counts for name in count} | set(counters))
+    n = len(counts)
+    metrics = {counter_metric_name(name): mean(float(np.mean([count.get(name, 0.0) for count in counts])), n) for name in names}
+    metrics |= {f"{COUNTER_TOTALS}/{name}": total(sum(count.get(name, 0.0) for count in counts)) for name in names}
+    for name, (numerator, denominator) in (ratios or {}).items():
+        below = sum(count.get(denominator, 0.0) for count in counts)
+        metrics[counter_metric_name(name)] = mean(sum(count.get(numerator, 0.0) for count in counts) / below if below else 0.0, below)
     return metrics
 
 

@@ -20,19 +20,17 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from posttrain import keys
 from posttrain.agents.env import EpisodeSample
-from posttrain.agents.metrics import COUNTER_TOTALS, counter_metric_name
+from posttrain.agents.metrics import counter_metrics
 from posttrain.config.schema import EnvConfig
-from posttrain.metrics import Metrics, mean, total
+from posttrain.metrics import Metrics
 from posttrain.models.tool_format import ROW_TOOLS_KEY, row_schemas
 from posttrain.protocol import Batch
 from posttrain.rewards.manager import Answer
 from posttrain.rollout.toolbox import open_toolbox, sample_checker, uses_tools
 from posttrain.tools import CallResult, ToolBox
-from posttrain.tools.env import answer_mode
+from posttrain.tools.env import ToolEnv, answer_mode
 
 UNREADABLE = ("bad_json", "too_large")  # a call no score function could judge
 COUNTERS = ("answers", "tool/calls", "tool/successes", "tool/errors")
@@ -96,17 +94,9 @@ class CallsAnswers:
         return Answer(text, sample.ground_truth, sample.data_source, sample.extra_info, calls), dict(counts)
 
 
-def counter_metrics(counts: Sequence[Mapping[str, float]]) -> Metrics:
-    """Each counter's per-response mean and its sum (``episodes_total/``), and ``tool/success_rate``, as an
-    agent episode's are reported (agents/metrics.py)."""
-    if not counts:
-        return {}
-    names = sorted({name for count in counts for name in count} | set(COUNTERS))
-    n = len(counts)
-    metrics = {counter_metric_name(name): mean(float(np.mean([count.get(name, 0.0) for count in counts])), n) for name in names}
-    metrics |= {f"{COUNTER_TOTALS}/{name}": total(sum(count.get(name, 0.0) for count in counts)) for name in names}
-    calls = sum(count.get("tool/calls", 0.0) for count in counts)
-    return metrics | {"tool/success_rate": mean(sum(count.get("tool/successes", 0.0) for count in counts) / calls if calls else 0.0, calls)}
+def calls_metrics(counts: Sequence[Mapping[str, float]]) -> Metrics:
+    """The responses' counters as an agent episode's are reported (agents/metrics.py), with ``tool/success_rate``."""
+    return counter_metrics(counts, COUNTERS, ToolEnv.ratios)
 
 
 def _json_object(text: str) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ from posttrain.protocol import Batch
 from posttrain.rewards.manager import BatchRewardManager, RewardManager, RewardResult, decode_responses, place_answer_scores
 from posttrain.rewards.registry import GROUND_TRUTH_FIX, ScoreFunction, lacks_ground_truth, unknown_source_fix
 from posttrain.rollout.batching import responses_to_batch
-from posttrain.rollout.calls import CallsAnswers, counter_metrics
+from posttrain.rollout.calls import CallsAnswers, calls_metrics
 from posttrain.rollout.roles import RolloutRoles
 from posttrain.timing import timed
 from posttrain.workers.sampling import VALIDATE_META_KEY
@@ -108,7 +108,7 @@ class SingleTurnRollout:
         decoded = decode_responses(batch, self.reward_manager.tokenizer)
         answers, self._counts = self.calls(decoded.texts, batch)
         result = place_answer_scores(self.reward_manager.score(answers), decoded)
-        result.metrics |= counter_metrics(self._counts)
+        result.metrics |= calls_metrics(self._counts)
         return result
 
 
