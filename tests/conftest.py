@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.optional import in_ci
+
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -93,3 +95,27 @@ def pytest_collection_modifyitems(items):
     one-test end-to-end files last.)"""
     slow_tests = Counter(item.path for item in items if item.get_closest_marker("slow"))
     items.sort(key=lambda item: -slow_tests[item.path])  # a stable sort: each file's tests stay together
+
+
+SKIPS_CI_ALLOWS = ("gpu", "may_skip")  # markers: a GPU, or what CI lacks by design
+forbidden_skips: list = []
+
+
+def pytest_runtest_logreport(report):
+    """Under CI, remember each skipped test that should have run (in the controller, with xdist: every
+    worker's reports come here)."""
+    if in_ci() and report.skipped and not any(mark in report.keywords for mark in SKIPS_CI_ALLOWS):
+        forbidden_skips.append(report)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Under CI nothing that should run may skip (docs/testing.md): a skip without an allowed marker fails
+    the run, with its reason. (tests/optional.py already fails the missing libraries and the sandbox; this
+    catches any skip written elsewhere.)"""
+    if forbidden_skips and not hasattr(session.config, "workerinput"):  # the controller, or a run without xdist
+        reasons = Counter(report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+                          for report in forbidden_skips)
+        lines = [f"CI=true: {len(forbidden_skips)} test(s) skipped that must run here:"]
+        lines += [f"  {count} x {reason}" for reason, count in reasons.items()]
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line("\n" + "\n".join(lines), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.optional import require
 
-pytest.importorskip("openenv.core.generic_client", reason='openenv-core is installed by scripts/setup.sh (pip install --no-deps "openenv-core==0.3.0")')
+require("openenv.core.generic_client", 'openenv-core is installed by scripts/setup.sh (pip install --no-deps "openenv-core==0.3.0")')
 
 from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer, run_episodes  # noqa: E402
 from posttrain.agents import openenv_env  # noqa: E402

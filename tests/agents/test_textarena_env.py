@@ -11,8 +11,9 @@ import socket
 
 import pyarrow.parquet as pq
 import pytest
+from tests.optional import require
 
-pytest.importorskip("textarena", reason='textarena is installed by scripts/setup.sh (pip install -e ".[envs]")')
+require("textarena", 'textarena is installed by scripts/setup.sh (pip install -e ".[envs]")')
 
 import textarena  # noqa: E402
 

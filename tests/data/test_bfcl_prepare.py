@@ -7,8 +7,9 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
+from tests.optional import require
 
-pytest.importorskip("bfcl_eval", reason='bfcl-eval is installed by scripts/setup.sh (pip install --no-deps "bfcl-eval==2026.3.23")')
+require("bfcl_eval", 'bfcl-eval is installed by scripts/setup.sh (pip install --no-deps "bfcl-eval==2026.3.23")')
 
 from posttrain.cli import main  # noqa: E402
 from posttrain.data import prepare, read_rows  # noqa: E402

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.optional import require
 
-pytest.importorskip("reasoning_gym", reason='reasoning-gym is installed by scripts/setup.sh (pip install -e ".[envs]")')
+require("reasoning_gym", 'reasoning-gym is installed by scripts/setup.sh (pip install -e ".[envs]")')
 
 import pyarrow.parquet as pq  # noqa: E402
 import reasoning_gym  # noqa: E402

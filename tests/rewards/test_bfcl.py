@@ -5,8 +5,9 @@ import json
 import sys
 
 import pytest
+from tests.optional import require
 
-pytest.importorskip("bfcl_eval", reason='bfcl-eval is installed by scripts/setup.sh (pip install --no-deps "bfcl-eval==2026.3.23")')
+require("bfcl_eval", 'bfcl-eval is installed by scripts/setup.sh (pip install --no-deps "bfcl-eval==2026.3.23")')
 
 from posttrain.data.preparers.bfcl import Question, load_category  # noqa: E402
 from posttrain.errors import InputError, MissingLibraryError  # noqa: E402

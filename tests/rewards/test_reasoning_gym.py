@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from tests.optional import require
 
-pytest.importorskip("reasoning_gym", reason='reasoning-gym is installed by scripts/setup.sh (pip install -e ".[envs]")')
+require("reasoning_gym", 'reasoning-gym is installed by scripts/setup.sh (pip install -e ".[envs]")')
 
 import reasoning_gym  # noqa: E402
 from reasoning_gym.utils import extract_answer  # noqa: E402

@@ -10,8 +10,9 @@ import inspect
 import json
 
 import pytest
+from tests.optional import require
 
-pytest.importorskip("bfcl_eval", reason='bfcl-eval is installed by scripts/setup.sh (pip install --no-deps "bfcl-eval==2026.3.23")')
+require("bfcl_eval", 'bfcl-eval is installed by scripts/setup.sh (pip install --no-deps "bfcl-eval==2026.3.23")')
 
 from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer, run_episodes  # noqa: E402
 from posttrain.data.preparers.bfcl import load_multi_turn, multi_turn_row  # noqa: E402

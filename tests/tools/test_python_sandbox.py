@@ -23,11 +23,21 @@ import pytest
 
 import posttrain
 from posttrain.tools import python, sandbox
+from tests.optional import missing
 
 CHECKOUT = Path(posttrain.__file__).resolve().parents[1]
 PROBLEM = sandbox.bwrap_problem()
-needs_bwrap = pytest.mark.skipif(PROBLEM is not None, reason=f"no bubblewrap sandbox here: {PROBLEM}" + (
-    f"; {sandbox.INSTALL_HINT}" if shutil.which("bwrap") is None else ""))
+
+
+@pytest.fixture
+def bwrap():
+    """The bubblewrap sandbox can start here: or a skip saying why (a failure under CI)."""
+    if PROBLEM is not None:
+        missing(f"no bubblewrap sandbox here: {PROBLEM}"
+                + (f"; {sandbox.INSTALL_HINT}" if shutil.which("bwrap") is None else ""))
+
+
+needs_bwrap = pytest.mark.usefixtures("bwrap")
 
 
 @pytest.fixture
