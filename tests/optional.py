@@ -31,5 +31,5 @@ def require(module: str, install: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        missing(f"{module} cannot be imported ({type(error).__name__}: {error}); {install}")
-        raise  # not reached: missing() always raises
+        problem = f"{module} cannot be imported ({type(error).__name__}: {error}); {install}"
+    missing(problem)  # outside the except clause: the reason alone, not the import's traceback chained to it
