@@ -116,26 +116,35 @@ def test_writes_outside_the_scratch_dir_never_reach_the_host(marker):
 
 
 @needs_bwrap
-def test_a_python_installation_under_tmp_is_bound_read_only_inside_the_scratch_dir(monkeypatch):
+def test_a_python_installation_under_tmp_is_bound_read_only_inside_the_scratch_dir(monkeypatch, marker):
     """A clone in /tmp with its virtual environment there (how a CI job often checks out): the sandbox still
-    starts, the installation is readable and read-only, and the rest of /tmp is the sandbox's own."""
+    starts, the installation is readable and read-only, and the rest of /tmp is the sandbox's own: it lists
+    exactly the installation, the scratch dir and what the program wrote, not the host's /tmp (a file put
+    there for this test), and what the program writes there never reaches the host."""
     installation = Path(tempfile.mkdtemp(prefix="posttrain-sandbox-venv-", dir="/tmp"))
     installation.chmod(0o755)  # as a virtual environment's directory is
     (installation / "marker.txt").write_text("installed")
     (installation / "marker.txt").chmod(0o644)
+    on_host = Path("/tmp") / f"{marker}-host"
+    on_host.write_text("the host's")
+    written = Path("/tmp") / f"{marker}-mine"
     real = sandbox._python_prefixes()
     monkeypatch.setattr(sandbox, "_python_prefixes", lambda: [*real, str(installation)])
     program = (f"import os\nprint(open({str(installation / 'marker.txt')!r}).read())\n"
                f"try:\n    open({str(installation / 'written')!r}, 'w')\nexcept OSError as error:\n"
-               f"    print('REFUSED', type(error).__name__)\nopen('/tmp/mine', 'w').write('x')\n"
-               f"print(sorted(os.listdir('/tmp')), os.getcwd())")
+               f"    print('REFUSED', type(error).__name__)\nopen({str(written)!r}, 'w').write('x')\n"
+               f"print(sorted(os.listdir('/tmp')))\nprint(os.getcwd())")
     try:
         output = python(program)
-        assert not (installation / "written").exists()
+        assert not (installation / "written").exists() and not written.exists(), output
     finally:
         shutil.rmtree(installation)
+        on_host.unlink()
+        written.unlink(missing_ok=True)
     assert "installed" in output and "REFUSED OSError" in output, output
-    assert "'mine'" in output and output.split()[-1] == "/tmp/work", output
+    lines = output.splitlines()
+    assert lines[-2] == str(sorted([installation.name, "work", written.name])), output
+    assert lines[-1] == "/tmp/work", output
 
 
 CONNECT = """
