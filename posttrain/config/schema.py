@@ -323,6 +323,9 @@ class TrainerConfig:
     save_freq: int = -1
     val_before_train: bool = True
     val_samples_in_report: int = 4
+    # each training step's scored samples (the rows of validation/step_N.jsonl, with response_tokens, uid and
+    # advantage) to <dir>/step_N.jsonl; a relative path is under the run directory; None: not written
+    rollout_data_dir: Optional[str] = None
     default_local_dir: str = "runs/${trainer.project_name}/${trainer.experiment_name}"
     resume_mode: str = "auto"  # auto | disable | a checkpoint path
     max_ckpt_to_keep: Optional[int] = None

@@ -176,8 +176,9 @@ class AgentRollout:
         # the episodes' prompts replace the batch's: an episode may have extended its prompt
         rest = Batch({k: v for k, v in batch.tensors.items() if k not in (keys.PROMPT_IDS, keys.PROMPT_MASK)}, batch.non_tensors, batch.meta)
         scored = rest.union(episodes_to_batch(episodes, self.config.data.max_response_length, self.tokenizer.pad_token_id))
+        scored = scored.union(episode_records(episodes, self.env_class.counters))  # what validation and the rollout dump write
         if validate:
-            return scored.union(episode_records(episodes, self.env_class.counters)), metrics
+            return scored, metrics
         return self.finish_batch(scored, metrics) if whole_batch else (scored, metrics)
 
     def finish_batch(self, batch: Batch, metrics: Metrics) -> tuple[Batch, Metrics]:

@@ -8,6 +8,8 @@
     advantages   the overlong penalty (``reward_model.overlong_buffer``) and KL in the reward if
                  configured, then the configured estimator
     update       critic, then actor (after ``trainer.critic_warmup`` steps)
+    dump         with ``trainer.rollout_data_dir``, the step's scored samples with their advantages,
+                 to ``<dir>/step_N.jsonl``
 
 :class:`Learner` runs these phases in that order for the synchronous and the asynchronous step
 alike; each phase is a function here or a worker call.
@@ -16,6 +18,7 @@ alike; each phase is a function here or a worker call.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import torch
 
@@ -34,6 +37,7 @@ from posttrain.rollout.groups import final_token_positions
 from posttrain.timing import timed
 from posttrain.trainer.breakers import CircuitBreakers
 from posttrain.trainer.roles import Roles
+from posttrain.trainer.validation import training_rows, write_jsonl
 
 
 def single_update_step(config: PosttrainConfig) -> bool:
@@ -94,11 +98,17 @@ def advantage_estimator(config: PosttrainConfig) -> Callable[[AdvantageInputs], 
     return get_advantage_estimator(name, **{keyword: get(config, key) for keyword, key in declared.items()})
 
 
+def rollout_data_dir(config: PosttrainConfig) -> Path | None:
+    """``trainer.rollout_data_dir``, a relative path under the run directory; None: no dump."""
+    name = config.trainer.rollout_data_dir
+    return None if name is None else Path(config.trainer.default_local_dir) / name
+
+
 class Learner:
     """From scored rollouts to updated weights: π_old, π_ref and values as needed, advantages, then
     the critic's and the actor's updates. Holds the KL controller (checkpointed as ``kl_controller``)."""
 
-    def __init__(self, config: PosttrainConfig, breakers: CircuitBreakers) -> None:
+    def __init__(self, config: PosttrainConfig, breakers: CircuitBreakers, tokenizer=None) -> None:
         algorithm = config.algorithm
         self.estimator = advantage_estimator(config)
         self.kl_controller = kl_controller(algorithm.kl_ctrl.type, algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon)
@@ -110,6 +120,7 @@ class Learner:
         self.breakers = breakers
         overlong = config.reward_model.overlong_buffer
         self.overlong = (config.data.max_response_length, overlong.len, overlong.penalty_factor) if overlong.enable else None
+        self.tokenizer, self.rollout_dir = tokenizer, rollout_data_dir(config)
 
     def __call__(self, roles: Roles, batch: Batch, step: int, timings: dict[str, float]) -> tuple[Batch, Metrics]:
         """Returns the batch with what was computed, and the phases' metrics."""
@@ -142,6 +153,8 @@ class Learner:
                 # the old-logprob pass's entropy covers every sample; the update's only those it ran
                 metrics = updated | metrics
         self.breakers.check_update(metrics, step)
+        if self.rollout_dir is not None:
+            write_jsonl(training_rows(batch, self.tokenizer), self.rollout_dir / f"step_{step}.jsonl")
         return batch, metrics
 
     def state_dict(self) -> Mapping[str, object]:

@@ -111,7 +111,7 @@ def train_headline(config: PosttrainConfig, total_steps: int, mode: str = "") ->
 def sync_parts(setup: RolloutSetup) -> RunParts[Batch]:
     config = setup.config
     breakers = CircuitBreakers(BreakerLimits.from_config(config))
-    learner = Learner(config, breakers)
+    learner = Learner(config, breakers, setup.tokenizer)
     loader = setup.data.train
     stream = epoch_batches(loader, config.trainer.total_epochs)  # one stream: the steps, and dynamic sampling's extra rounds
     step = SyncStep(config, setup.rollout, learner, breakers, estimator_phases(config, setup.rollout),

@@ -124,10 +124,12 @@ class RLValidation:
 
 def episode_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
     """One JSON-ready dict per validation row: data_source, extra_info, ground_truth, reward,
-    success, ``messages`` (the conversation, in the layout ``posttrain sft`` reads) and, for agent
-    episodes, ``stats`` (turns, valid actions, the environment's counters)."""
+    success, ``messages`` (the conversation, in the layout ``posttrain sft`` reads), ``response_tokens``
+    (the policy's own tokens, what ``response_length/*`` counts) and, for agent episodes, ``stats``
+    (turns, valid actions, the environment's counters)."""
     rewards = batch[keys.TOKEN_SCORES].sum(-1).tolist()
     success = sample_accuracy(batch)
+    trained = batch[keys.RESPONSE_MASK].sum(-1).tolist()  # the policy's own tokens: what response_length/* counts
     rows = []
     for row in range(len(batch)):
         stats = dict(batch[keys.EPISODE_STATS][row]) if keys.EPISODE_STATS in batch else {}  # a single turn's counters, where it has them
@@ -140,9 +142,23 @@ def episode_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict[
         rows.append({
             "data_source": str(batch[keys.DATA_SOURCE][row]), "extra_info": _plain(batch[keys.EXTRA_INFO][row]),
             "ground_truth": _plain(batch[keys.GROUND_TRUTH][row]), "reward": float(rewards[row]),
-            "success": bool(success[row]), "messages": messages, "stats": stats,
+            "success": bool(success[row]), "messages": messages, "stats": stats, "response_tokens": int(trained[row]),
         })
     return rows
+
+
+def training_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
+    """A training step's scored rollouts (``trainer.rollout_data_dir``): :func:`episode_rows` with each
+    sample's group (``uid``) and its ``advantage`` (the mean over its trained tokens; GRPO's is the same on
+    every token)."""
+    advantages = masked_mean_per_row(batch[keys.ADVANTAGES], batch[keys.RESPONSE_MASK]) if keys.ADVANTAGES in batch else None
+    return [row | {"uid": str(batch[keys.UID][index])} | ({} if advantages is None else {"advantage": float(advantages[index])})
+            for index, row in enumerate(episode_rows(batch, tokenizer))]
+
+
+def masked_mean_per_row(values, mask) -> list[float]:
+    mask = mask.float()
+    return ((values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).tolist()
 
 
 def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:

@@ -60,6 +60,7 @@ def test_doctor_grpo_two_steps_with_an_env_llm_patient(tmp_path):
     faults.mkdir()
     done = posttrain("train", "--preset", "doctor_grpo", *models, f"trainer.default_local_dir={tmp_path}", *TINY_DOCTOR_RUN,
                      "env.llm.placement=separate", "env.llm.min_faithfulness=0", "trainer.save_freq=1", "trainer.max_restarts=1",
+                     "trainer.rollout_data_dir=rollouts",
                      env={KILL_AT: "env_llm.chat@1", FAULT_DIR: str(faults)})
     assert [p.name for p in faults.iterdir()] == ["env_llm.chat@1"], done.stdout[-3000:]  # the fault fired
     restarts = [line for line in done.stdout.splitlines() if line.startswith("posttrain: restart")]
@@ -75,10 +76,18 @@ def test_doctor_grpo_two_steps_with_an_env_llm_patient(tmp_path):
         for name in ("num_turns/mean", "agent/success_rate", "env/questions", "env/relevant_question_ratio",
                      "env/patient_refusals", "actor/pg_loss", "timing_s/gen"):
             assert math.isfinite(metrics[name]), name
-        assert 1 <= metrics["num_turns/max"] <= 3  # two questions at most, then the forced diagnosis turn
-        # the patient answered every question a doctor asked, in one batched request per round at most
-        assert metrics["env_llm/replies"] == pytest.approx(metrics["env/questions"] * 8)  # 4 prompts x 2 samples
-        assert metrics["env_llm/requests"] <= 2 and metrics["env_llm/wait_s"] >= 0
+        # the step's metrics are those of the episodes it wrote (trainer.rollout_data_dir): 4 prompts x 2 samples
+        rows = episodes(tmp_path / "rollouts" / f"step_{record['step']}.jsonl")
+        turns = [row["stats"]["num_turns"] for row in rows]
+        assert len(rows) == 8 and all(row["stats"]["num_turns"] == sum(m["role"] == "assistant" for m in row["messages"]) for row in rows)
+        assert (metrics["num_turns/max"], metrics["num_turns/mean"]) == (max(turns), pytest.approx(sum(turns) / 8))
+        assert max(turns) <= 3  # env.max_turns=2 questions at most, then the forced diagnosis turn
+        questions = sum(row["stats"]["questions"] for row in rows)
+        assert metrics["env/questions"] == pytest.approx(questions / 8)
+        # the patient answered every question a doctor asked, in one batched request per round (2 rounds at most)
+        assert metrics["env_llm/replies"] == questions
+        assert (metrics["env_llm/requests"] > 0) == (questions > 0) and metrics["env_llm/requests"] <= 2
+        assert metrics["env_llm/wait_s"] <= metrics["timing_s/gen"]  # the patient's time is inside the doctor's rollout
     assert all(e["messages"][0]["role"] == "user" for e in episodes(tmp_path / "validation" / "step_2.jsonl"))
 
     # the trained policy against the rule-based patient: no Env-LLM worker is started

@@ -302,7 +302,7 @@ class AsyncStep:
 def async_parts(setup: RolloutSetup, stop: StopSignal) -> RunParts[FedBatch]:
     config = setup.config
     breakers = CircuitBreakers(BreakerLimits.from_config(config))
-    learner = Learner(config, breakers)
+    learner = Learner(config, breakers, setup.tokenizer)
     feed = GeneratorFeed(config, setup)
     step = AsyncStep(config, feed, setup.rollout, learner, breakers, setup.tokenizer.pad_token_id, stop)
     validation = None
