@@ -226,9 +226,10 @@ class Run(Generic[Item]):
         if (self.run_dir / TRAINED_PROMPTS).exists():
             truncate_jsonl(self.run_dir / TRAINED_PROMPTS, purge_step)  # as metrics.jsonl: each step once
         try:
-            self._loop(roles, tracking)
-            if self.parts.finish is not None:
-                self.result = self.parts.finish(roles)
+            with self.stop.as_stopped():  # a second Ctrl-C, wherever the loop was
+                self._loop(roles, tracking)
+                if self.parts.finish is not None:
+                    self.result = self.parts.finish(roles)
         except Stopped as stopped:
             raise self._stopped(stopped) from None
         except CheckpointThenStop as err:

@@ -46,12 +46,19 @@ class CheckpointThenStop(PosttrainError):
 
 class StopSignal:
     """Ctrl-C / SIGTERM / the STOP file, noticed at clean points (:meth:`check`). During a
-    validation (:meth:`interruptible`) the first signal stops at once; a second signal always does."""
+    validation (:meth:`interruptible`) the first signal stops at once; a second signal always does.
+
+    A signal that stops at once raises ``KeyboardInterrupt`` wherever the main thread is, holding the
+    :class:`Stopped` it stands for; :meth:`as_stopped` (inside :meth:`installed` and
+    :meth:`interruptible`, and around the run's loop) raises that instead. KeyboardInterrupt first,
+    because the main thread is usually inside ``ray.wait``/``ray.get``, whose signal check passes a
+    KeyboardInterrupt on and turns any other exception into a ``SystemError``."""
 
     def __init__(self, run_dir: Path) -> None:
         self.stop_file = run_dir / STOP_FILE
         self.requested = threading.Event()
         self.reason = ""
+        self.pending: Stopped | None = None  # what the KeyboardInterrupt in flight stands for
         self._interruptible = False
         self.finishing = False  # the run is over (stopped or done): what is left is shutting down, which a signal would only cut short
 
@@ -64,10 +71,23 @@ class StopSignal:
             raise Stopped(self.reason, step)
 
     @contextmanager
+    def as_stopped(self) -> Iterator[None]:
+        """A KeyboardInterrupt that a signal here raised, as the :class:`Stopped` it stands for (any
+        other KeyboardInterrupt stays one)."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            if self.pending is None:
+                raise
+            stopped, self.pending = self.pending, None
+            raise stopped from None
+
+    @contextmanager
     def interruptible(self) -> Iterator[None]:
         self._interruptible = True
         try:
-            yield
+            with self.as_stopped():
+                yield
         finally:
             self._interruptible = False
 
@@ -81,7 +101,8 @@ class StopSignal:
         for sig in previous:
             signal.signal(sig, self._on_signal)
         try:
-            yield
+            with self.as_stopped():
+                yield
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -91,9 +112,13 @@ class StopSignal:
         if self.finishing:
             return
         if self.requested.is_set():
-            raise Stopped(f"{name} again", -1, at_once=True)
+            self._stop_now(Stopped(f"{name} again", -1, at_once=True))
         self.requested.set()
         self.reason = name
         if self._interruptible:
-            raise Stopped(self.reason, -1)
+            self._stop_now(Stopped(self.reason, -1))
         print(f"\nposttrain: {self.reason}: stopping after this step with a checkpoint (again to stop at once)", flush=True)
+
+    def _stop_now(self, stopped: Stopped) -> None:
+        self.pending = stopped
+        raise KeyboardInterrupt(stopped.reason)

@@ -4,17 +4,20 @@ a second stops at once; neither shows a traceback. The same command then finishe
 step logged once. (SFT's and async mode's stop and resume: tests/e2e/test_sft_cli.py and
 tests/e2e/test_async_cli.py, through the STOP file, the same path in the run skeleton.)"""
 
+import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from posttrain.models import cached_tiny_model
-from tests.e2e.cli_runs import records, when_step_logged
+from tests.e2e.cli_runs import records, when_checkpointed, when_step_logged
 from tests.e2e.test_train_cli import HF_ROLLOUT, TINY_RUN
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -67,3 +70,61 @@ def test_ctrl_c_stops_after_the_step_a_second_stops_at_once_and_the_same_command
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     assert f"resumed from {checkpoint(first)} (step {first})" in finished.stdout
     assert [r["step"] for r in records(tmp_path)] == list(range(7))  # validation at 0, then each step once
+
+
+def session_processes(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (the CLI's, started with ``start_new_session``: it, its Ray, its workers)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == sid and Path(entry.path, "stat").read_text().split()[2] != "Z":
+                    found.append(int(entry.name))
+            except (ProcessLookupError, PermissionError, FileNotFoundError):
+                continue
+    return found
+
+
+@pytest.mark.own_ray
+def test_two_ctrl_c_while_the_controller_waits_on_a_worker_stop_at_once_in_one_line_leaving_no_process(tmp_path):
+    """The usual place for Ctrl-C: the controller blocked in ``ray.wait`` on a worker's call (here one that
+    cannot answer: SIGSTOPped after step 1's checkpoint). The first asks for a stop after the step; the second
+    stops at once: one line naming the last checkpoint and the command that continues, exit 130, no
+    traceback (it was a SystemError from inside ray.wait), and no process of the run left behind."""
+    argv = [sys.executable, "-m", "posttrain.cli", "train", f"actor_rollout_ref.model.path={cached_tiny_model('llama')}",
+            f"trainer.default_local_dir={tmp_path}", *TINY_RUN, "trainer.save_freq=1",  # 8 prompts in batches of 4: 2 steps
+            "trainer.val_before_train=false", "trainer.test_freq=-1", HF_ROLLOUT]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    frozen = []
+
+    def freeze_then_press_twice() -> None:
+        pid = json.loads((tmp_path / "processes.json").read_text())["actor"][0]
+        os.kill(pid, signal.SIGSTOP)  # step 2's first call to the policy never answers: the controller waits in ray.wait
+        frozen.append(pid)
+        threading.Event().wait(2.0)
+        for _ in range(2):  # 1.5 s apart: Ray looks for signals about once a second, and two in one look are one
+            os.kill(process.pid, signal.SIGINT)  # to the CLI alone: the frozen worker would not hear it anyway
+            threading.Event().wait(1.5)
+
+    threading.Thread(target=when_checkpointed, args=(tmp_path, 1, freeze_then_press_twice), daemon=True).start()
+    try:
+        output, _ = process.communicate(timeout=300)
+        assert frozen, output[-3000:]
+        assert process.returncode == 130, output[-3000:]
+        assert "Traceback" not in output and "SystemError" not in output, output[-3000:]
+        checkpoint = tmp_path / "checkpoints" / "global_step_1"
+        stops = [line for line in output.splitlines() if line.startswith("posttrain: stopped")]
+        assert stops == [f"posttrain: stopped at once (Ctrl-C again) after step 1 of 2; the last complete checkpoint is "
+                         f"{checkpoint}. To continue: {shlex.join(['posttrain', *argv[3:]])}"], output[-3000:]
+        deadline = time.monotonic() + 30
+        while session_processes(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert session_processes(process.pid) == []  # the CLI, its Ray and its workers (the frozen one too) are gone
+    finally:
+        for pid in frozen + session_processes(process.pid):
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
