@@ -87,13 +87,14 @@ def test_masks_line_up_token_by_token_with_engine_and_environment(tokenizer):
     episodes, engine = _run(tokenizer, [["<go>a</go>", "<go>b</go>", "<done>"], ["<done>"]])
     long, short = episodes
     assert (long.num_turns, short.num_turns) == (3, 1)
-    renderer = ObservationRenderer(tokenizer)
     expected_ids, expected_mask = [], []
     for turn, tokens in enumerate(engine.emitted[0]):
         expected_ids += tokens
         expected_mask += [1] * len(tokens)
-        if turn < 2:
-            observation = renderer.render(f"count {turn + 1}", after_token=tokens[-1], budget=64).token_ids
+        if turn < 2:  # the turn's end, the environment's message as ChatML writes a user turn, the next turn's start
+            assert tokens[-1] != tokenizer.eos_token_id  # (a turn that sampled its end gets no second one: a test below)
+            observation = tokenizer.encode(f"<|im_end|>\n<|im_start|>user\ncount {turn + 1}<|im_end|>\n<|im_start|>assistant\n",
+                                           add_special_tokens=False)
             expected_ids += observation
             expected_mask += [0] * len(observation)
     assert long.response_ids == expected_ids
