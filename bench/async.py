@@ -61,7 +61,8 @@ def run_cli(overrides: list[str], run_dir: Path, samples_per_step: int, what: st
     steps = [r for r in records if r["step"] > 0 and "actor/pg_loss" in r["metrics"]]
     first, last = steps[0], steps[-1]
     first_start = first["time"] - first["metrics"]["timing_s/step"]
-    searches = [r["metrics"]["env/searches"] for r in steps if "env/searches" in r["metrics"]]
+    # env/searches is the step's count (over agent/episodes episodes): per episode, the one over the other
+    searches = [r["metrics"]["env/searches"] / r["metrics"]["agent/episodes"] for r in steps if "env/searches" in r["metrics"]]
     return Throughput(
         from_start=samples_per_step * last["step"] / (last["time"] - first_start),
         steady=samples_per_step * (last["step"] - first["step"]) / (last["time"] - first["time"]),

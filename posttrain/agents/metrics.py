@@ -4,12 +4,12 @@
 ``agent/episodes`` (their number); ``agent/success_rate``, ``agent/forced_final_ratio``, ``agent/out_of_tokens_ratio`` over episodes;
 ``agent/observations_truncated`` per episode; ``agent/reward_std_in_group`` (the mean over groups
 of the episode-reward spread inside a group: near 0 means the group teaches nothing);
-``env/<count>`` the per-episode mean of each counter the environment reports (``env/searches``), and
-``env/<ratio>`` for each ratio of counters it declares (``env/relevant_question_ratio``). A counter or
-ratio whose name already has a namespace (``tool/calls``) is reported under that name; and
-``episodes_total/<counter>``, each counter summed over the episodes (a count: the circuit breakers
-read these, not a per-episode mean multiplied back). Each metric is typed with its merge rule
-(:mod:`posttrain.metrics`): episodes and totals add up, means weigh by their episodes (turns, groups).
+``env/<count>``, each counter the environment reports summed over the step's episodes (``env/searches``:
+the searches of the step; per episode, divide by ``agent/episodes``), a count logged once, which the
+circuit breakers read as it was made; and ``env/<ratio>`` for each ratio of counters it declares
+(``env/relevant_question_ratio``). A counter or ratio whose name already has a namespace (``tool/calls``)
+is reported under that name. Each metric is typed with its merge rule (:mod:`posttrain.metrics`):
+episodes and counters add up, means weigh by their episodes (turns, groups).
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import numpy as np
 
 from posttrain.agents.loop import Episode
 from posttrain.metrics import Metrics, maximum, mean, minimum, total
-
-COUNTER_TOTALS = "episodes_total"  # episodes_total/<counter>: a counter summed over the episodes (what the breakers count)
 
 
 def episode_metrics(
@@ -58,14 +56,12 @@ def episode_metrics(
 
 def counter_metrics(counts: Sequence[Mapping[str, float]], counters: Sequence[str] = (),
                     ratios: Mapping[str, tuple[str, str]] | None = None) -> Metrics:
-    """Each counter's per-episode mean and its sum (``episodes_total/``), and each ratio of two counters'
-    totals, over the episodes' (or single responses') ``counts``."""
+    """Each counter summed over the episodes' (or single responses') ``counts``, and each ratio of two
+    counters' sums."""
     if not counts:
         return {}
     names = sorted({name for count in counts for name in count} | set(counters))
-    n = len(counts)
-    metrics = {counter_metric_name(name): mean(float(np.mean([count.get(name, 0.0) for count in counts])), n) for name in names}
-    metrics |= {f"{COUNTER_TOTALS}/{name}": total(sum(count.get(name, 0.0) for count in counts)) for name in names}
+    metrics = {counter_metric_name(name): total(sum(count.get(name, 0.0) for count in counts)) for name in names}
     for name, (numerator, denominator) in (ratios or {}).items():
         below = sum(count.get(denominator, 0.0) for count in counts)
         metrics[counter_metric_name(name)] = mean(sum(count.get(numerator, 0.0) for count in counts) / below if below else 0.0, below)

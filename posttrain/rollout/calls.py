@@ -9,8 +9,8 @@ irrelevance row's right answer) with the row's ``extra_info``; no call runs. A r
 that could not be read (``bad_json``, ``too_large``) scores 0 without asking the score function.
 
 Counters, per response as an agent episode's are (``tool/calls``, ``tool/successes``, ``tool/errors``,
-``tool/errors/<kind>``, ``answers``: their per-response means, and ``episodes_total/<counter>``, their
-sums, which the breakers read), and each response's in the validation's episode records.
+``tool/errors/<kind>``, ``answers``: each summed over the step's responses, a count), and each
+response's in the validation's episode records.
 """
 
 from __future__ import annotations

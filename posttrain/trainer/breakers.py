@@ -9,8 +9,7 @@ change; it is a PosttrainError, which the CLI shows as one line.
 
     breaker        the step's failed calls of all its calls               trips when the fraction reaches
     reward         reward/errors + reward/timeouts of reward/samples     custom_reward_function.stop_at_failed_fraction
-    retriever      episodes_total/retriever_errors of                     env.retriever.stop_at_failed_fraction
-                   episodes_total/searches + that
+    retriever      env/retriever_errors of env/searches + that            env.retriever.stop_at_failed_fraction
     env LLM        env_llm/failures of env_llm/replies                     env.llm.stop_at_failed_fraction
     non-finite     steps in a row in which every update of the actor (or   trainer.stop_after_skipped_steps
                    of the critic) was skipped for a non-finite gradient
@@ -80,10 +79,10 @@ def _reward_counts(metrics: Mapping[str, Metric]) -> tuple[float, float] | None:
 
 
 def _retriever_counts(metrics: Mapping[str, Metric]) -> tuple[float, float] | None:
-    if "episodes_total/retriever_errors" not in metrics:
+    if "env/retriever_errors" not in metrics:
         return None
-    errors = _count(metrics, "episodes_total/retriever_errors")
-    return errors, errors + _count(metrics, "episodes_total/searches")
+    errors = _count(metrics, "env/retriever_errors")
+    return errors, errors + _count(metrics, "env/searches")
 
 
 def _env_llm_counts(metrics: Mapping[str, Metric]) -> tuple[float, float] | None:

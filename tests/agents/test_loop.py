@@ -7,6 +7,7 @@ import pytest
 from posttrain.agents import (
     AgentLoopConfig, Environment, EpisodeSample, ObservationRenderer, StepInfo, StepResult, TurnOutput, run_episodes,
 )
+from posttrain.metrics import total
 
 
 class CounterEnv(Environment):
@@ -206,7 +207,7 @@ def test_episode_metrics(tokenizer):
     assert metrics["num_turns/mean"].value == 1.5
     assert metrics["agent/valid_action_ratio"].value == pytest.approx(2 / 3)
     assert metrics["agent/success_rate"].value == 1.0
-    assert metrics["env/invalid"].value == 0.5
+    assert metrics["env/invalid"] == total(1.0)  # the step's count: one invalid action over the two episodes
     assert metrics["agent/reward_std_in_group"].value == pytest.approx(0.25)  # rewards 1.0 and 0.5
 
 

@@ -47,7 +47,7 @@ def test_search_grpo_two_steps_with_a_live_retriever(tmp_path):
     for step in (0, 2):  # each validation's accuracy is the fraction of its 4 episodes (4 prompts x 1) that succeeded
         rows = episodes(tmp_path / "validation" / f"step_{step}.jsonl")
         assert records[step]["metrics"]["val/synthetic_search/acc/mean@1"] == sum(r["success"] for r in rows) / 4
-        assert records[step]["metrics"]["val/env/searches"] == pytest.approx(sum(r["stats"]["searches"] for r in rows) / 4)
+        assert records[step]["metrics"]["val/env/searches"] == sum(r["stats"]["searches"] for r in rows)  # the 4 episodes' count
     for record in records[1:]:
         metrics = record["metrics"]
         for name in ("num_turns/mean", "agent/valid_action_ratio", "agent/effective_action_ratio", "agent/success_rate",

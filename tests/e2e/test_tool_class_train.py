@@ -67,9 +67,9 @@ def test_a_users_tool_class_is_trained_on_one_instance_per_episode(tmp_path):
     for record in logged[1:]:
         metrics = record["metrics"]
         assert metrics["agent/episodes"] == 8 and metrics["agent/out_of_tokens_ratio"] == 0
-        assert metrics["episodes_total/tool/successes"] >= 1 and metrics["tool/lost_instances"] == 0
+        assert metrics["tool/successes"] >= 1 and metrics["tool/lost_instances"] == 0
         # each episode's score is its own instance's count of calls: together, the step's successful calls
-        assert metrics["critic/score/mean"] * 8 == pytest.approx(metrics["episodes_total/tool/successes"])
+        assert metrics["critic/score/mean"] * 8 == pytest.approx(metrics["tool/successes"])
     validated = [row for step in (0, 2) for row in episodes(run_dir / "validation" / f"step_{step}.jsonl")]
     # every episode's instance was made and closed, in a process that is gone with the run
     closed = sorted(evidence.glob("*.closed"))

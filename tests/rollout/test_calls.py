@@ -18,6 +18,7 @@ from posttrain.config import ConfigError
 from posttrain.config.schema import PosttrainConfig
 from posttrain.data.dataset import RLDataset
 from posttrain.errors import InputError
+from posttrain.metrics import total
 from posttrain.protocol import Batch
 from posttrain.rewards.manager import RewardManager
 from posttrain.rollout import AgentRollout, SingleTurnRollout, build_rollout
@@ -86,8 +87,8 @@ def test_the_calls_are_the_answer_scored_by_the_reward_path_and_never_run(tokeni
     assert SEEN == [TRUTH, [{"name": "get_weather", "arguments": {"city": "Paris"}}], []]  # the unreadable one is not asked
     assert [count["tool/calls"] for count in rollout._counts] == [2, 1, 0, 1]
     assert rollout._counts[1]["tool/errors/unknown_tool"] == 1 and rollout._counts[3]["tool/errors/bad_json"] == 1
-    assert metrics["episodes_total/tool/calls"].value == 4 and metrics["episodes_total/tool/errors"].value == 2
-    assert metrics["episodes_total/answers"].value == 4 and metrics["tool/success_rate"].value == pytest.approx(2 / 4)
+    assert metrics["tool/calls"] == total(4) and metrics["tool/errors"] == total(2)  # the step's counts, logged once
+    assert metrics["env/answers"] == total(4) and metrics["tool/success_rate"].value == pytest.approx(2 / 4)
     assert metrics["reward/samples"].value == 3 and metrics["reward/errors"].value == 0  # the unreadable one is not scored
     assert scored["reward_extra/acc"][:3].tolist() == [1.0, 0.0, 1.0] and np.isnan(scored["reward_extra/acc"][3])
 

@@ -18,6 +18,7 @@ import pytest
 
 from posttrain.agents import AgentLoopConfig, EpisodeAnswer, EpisodeSample, ObservationRenderer, TurnOutput, episode_metrics, run_episodes
 from posttrain.cli.main import main
+from posttrain.metrics import total
 from posttrain.models import cached_tiny_model, tokenize_prompts
 from posttrain.models.tool_formats.builtin import BuiltinFormat
 from posttrain.rewards.manager import Answer, RewardManager
@@ -120,7 +121,7 @@ def test_each_episode_of_a_group_has_its_own_instance_and_reward(tokenizer, tmp_
         # each episode's close() ran when it ended: the third's before the others' last turn, theirs by the end
         assert [len(found) for found in seen] == [4, 4, 3] and ledgers(tmp_path) == []
         metrics = episode_metrics(episodes, counters=ToolEnv.counters, ratios=ToolEnv.ratios)
-        assert metrics["tool/calls"].value == (3 + 3 + 1 + 3) / 4 and metrics["tool/errors"].value == 0
+        assert metrics["tool/calls"] == total(3 + 3 + 1 + 3) and metrics["tool/errors"] == total(0)
         assert metrics["tool/lost_instances"].value == metrics["tool/reward_errors"].value == 0
     finally:
         box.close()

@@ -63,9 +63,9 @@ def test_unit_metrics_merge_by_kind():
     # units of 2 and 6 episodes: the mean weighs by episodes, the episodes add up
     merged = merge([{"num_turns/max": maximum(2), "num_turns/min": minimum(1), "num_turns/mean": mean(1.5, 2), "agent/episodes": total(2)},
                     {"num_turns/max": maximum(3), "num_turns/min": minimum(2), "num_turns/mean": mean(2.5, 6), "agent/episodes": total(6),
-                     "env/searches": mean(1.0, 6)}])
+                     "env/searches": total(6)}])  # a counter: the unit's 6 searches
     assert values(merged) == {"num_turns/max": 3.0, "num_turns/min": 1.0, "num_turns/mean": (1.5 * 2 + 2.5 * 6) / 8,
-                              "agent/episodes": 8.0, "env/searches": 1.0}
+                              "agent/episodes": 8.0, "env/searches": 6.0}  # the unit without it adds none
 
 
 def test_a_unit_where_no_sample_was_scored_joins_with_its_score_extras_missing():
