@@ -27,12 +27,18 @@ what arrives together), each with a deadline; a call past it is a timeout and it
 comes, is dropped (a thread cannot be stopped: the client's own request timeout ends it).
 
 All return one :class:`CallOutcome` per call, in order. None is thread-safe.
+
+:class:`Child` is the process end they share with the tool classes' host (``tools/instances.py``): a
+``spawn``ed child at the end of a pipe, asked with a deadline, killed (with its process group, where it
+leads one) when it is late, dies or is closed, and never outliving this process or its owner.
+:func:`kill_group` is the kill, also for the python tool's program (``tools/sandbox.py``).
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import pickle
 import signal
 import time
@@ -178,10 +184,7 @@ class ProcessScorer:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}; use InlineScorer for no deadline")
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
-        self._context = multiprocessing.get_context("spawn")
-        self._process: Any = None
-        self._connection: Any = None
-        self._finalizer: weakref.finalize | None = None
+        self._child: Child | None = None
 
     def run(
         self, functions: Sequence[Callable[..., Any]], calls: Sequence[Call], timeout_s: float | None = None, budget_s: float | None = None,
@@ -212,55 +215,40 @@ class ProcessScorer:
         for _ in calls:
             wait_s = min(deadline_s, budget.left)
             start = time.monotonic()
-            answered = self._connection.poll(max(wait_s, 0.0))
+            answer = self._child.answer(max(wait_s, 0.0))
             budget.charge(time.monotonic() - start)
-            if not answered:
+            if answer is LATE:
                 self._stop()
                 if wait_s < deadline_s:  # the budget ran out before the call's own deadline
                     budget.charge(math.inf)
                     return outcomes + budget.outcomes(len(calls) - len(outcomes))
                 return outcomes + [CallOutcome(timed_out=True)]
-            try:
-                outcomes.append(self._connection.recv())
-            except (EOFError, OSError):
+            if answer is GONE:
                 exit_code = self._stop()
                 return outcomes + [CallOutcome(error=f"the scoring process died (exit code {exit_code})", died=True)]
+            outcomes.append(answer)
         return outcomes
 
     def _start_run(self, blob: bytes, calls: Sequence[Call]) -> CallOutcome | None:
         """Send the functions and calls; returns every call's outcome if the child could not load them."""
-        if self._process is None or not self._process.is_alive():
-            self._start()
-        try:
-            self._connection.send((blob, list(calls)))
-        except OSError:  # the child died before reading (e.g. it could not start)
+        if self._child is None or not self._child.alive:
+            self._stop()
+            self._child = Child(_serve, name="posttrain-scorer")
+        if not self._child.send((blob, list(calls))):  # the child died before reading (e.g. it could not start)
             return CallOutcome(error=f"the scoring process died before it could score (exit code {self._stop()})", died=True)
-        if not self._connection.poll(self.start_timeout_s):
+        answer = self._child.answer(self.start_timeout_s)
+        if answer is LATE:
             self._stop()
             return CallOutcome(error=f"loading the score functions in the scoring process took over {self.start_timeout_s:.0f} s")
-        try:
-            status, message = self._connection.recv()
-        except (EOFError, OSError):
+        if answer is GONE:
             return CallOutcome(error=f"the scoring process died while loading the score functions (exit code {self._stop()})", died=True)
+        status, message = answer
         return CallOutcome(error=message) if status == "load_error" else None
-
-    def _start(self) -> None:
-        self._stop()
-        parent_end, child_end = self._context.Pipe()
-        # daemon: the child must never outlive this process (it is killed when this process exits).
-        process = self._context.Process(target=_serve, args=(child_end,), daemon=True, name="posttrain-scorer")
-        process.start()
-        child_end.close()
-        self._process, self._connection = process, parent_end
-        self._finalizer = weakref.finalize(self, _kill, process, parent_end)
 
     def _stop(self) -> int | None:
         """Kill the child if there is one; returns its exit code."""
-        if self._finalizer is not None:
-            self._finalizer()
-        exit_code = self._process.exitcode if self._process is not None else None
-        self._process, self._connection, self._finalizer = None, None, None
-        return exit_code
+        child, self._child = self._child, None
+        return child.stop() if child is not None else None
 
     def close(self) -> None:
         self._stop()
@@ -272,11 +260,75 @@ class ProcessScorer:
         self.close()
 
 
-def _kill(process: Any, connection: Any) -> None:
-    if process.is_alive():
+LATE, GONE = object(), object()  # Child.answer: no answer within the time asked; the child died (or its pipe closed)
+
+
+class Child:
+    """A ``spawn``ed child process (a clean interpreter, safe beside torch's and Ray's threads) running
+    ``target(connection, *args)`` at the end of a pipe. It is a daemon (killed when this process exits)
+    and is stopped when this object is collected. ``group``: it makes itself the leader of a process
+    group (``os.setsid()`` in ``target``), so that stopping it kills what it forked too; ``grace_s``:
+    how long :meth:`stop` waits, after closing the pipe, for the child to end by itself first."""
+
+    def __init__(self, target: Callable[..., None], args: tuple[Any, ...] = (), *, name: str, group: bool = False,
+                 grace_s: float = 0.0) -> None:
+        context = multiprocessing.get_context("spawn")
+        parent_end, child_end = context.Pipe()
+        self.process = context.Process(target=target, args=(child_end, *args), daemon=True, name=name)
+        self.process.start()
+        child_end.close()
+        self.connection = parent_end
+        self._finalizer = weakref.finalize(self, _stop_child, self.process, parent_end, group, grace_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._finalizer.alive and self.process.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def send(self, message: Any) -> bool:
+        """False when the child is gone (its end of the pipe closed)."""
+        try:
+            self.connection.send(message)
+            return True
+        except OSError:
+            return False
+
+    def answer(self, wait_s: float) -> Any:
+        """The child's next message, :data:`LATE` if none came within ``wait_s`` seconds, :data:`GONE` if it died."""
+        try:
+            if not self.connection.poll(wait_s):
+                return LATE
+            return self.connection.recv()
+        except (EOFError, OSError):
+            return GONE
+
+    def stop(self) -> int | None:
+        """Stop the child (at once, or after ``grace_s``) and reap it; its exit code."""
+        self._finalizer()
+        return self.process.exitcode
+
+
+def kill_group(pid: int) -> bool:
+    """SIGKILL the process group that ``pid`` leads; False when there is none (it never led one, or all of
+    it is gone). A leader not yet reaped keeps its group id from being reused."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _stop_child(process: Any, connection: Any, group: bool, grace_s: float) -> None:
+    connection.close()  # a child that reads its pipe ends by itself now
+    if grace_s > 0:
+        process.join(timeout=grace_s)
+    # whether it ended or not: what it forked may outlive it, stuck in a call
+    if not (group and kill_group(process.pid)) and process.is_alive():
         process.kill()
     process.join(timeout=10)
-    connection.close()
 
 
 def _serve(connection: Any) -> None:

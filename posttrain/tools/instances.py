@@ -40,13 +40,12 @@ import multiprocessing
 import os
 import signal
 import time
-import weakref
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from posttrain.deadlines import DEFAULT_START_TIMEOUT_S, CallOutcome, describe_exception
+from posttrain.deadlines import DEFAULT_START_TIMEOUT_S, GONE as DIED, LATE, CallOutcome, Child, describe_exception
 from posttrain.tools.load import HOOKS, ROW_CALL, ToolClass, as_text
 
 # (episode key, class index, method name, keyword arguments): one call on an episode's instance
@@ -62,10 +61,7 @@ class InstancePool:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.classes, self.timeout_s, self.start_timeout_s = list(classes), timeout_s, start_timeout_s
-        self._context = multiprocessing.get_context("spawn")
-        self._process: Any = None
-        self._connection: Connection | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._process: Child | None = None  # the host
         self._live: set[int] = set()
         self._next_key = 0
 
@@ -73,9 +69,12 @@ class InstancePool:
         """A new episode's key, and its resets' outcome (value: one text per class); a failed one leaves
         the key not alive."""
         key, self._next_key = self._next_key, self._next_key + 1
-        start = self._process is None or not self._process.is_alive()
+        start = self._process is None or not self._process.alive
         if start:
-            self._start()
+            self._stop()
+            # the host leads a process group (os.setsid in _host): stopping it, after 5 s to release its
+            # episodes by itself once its pipe closes, kills every episode process with it
+            self._process = Child(_host, (self.classes, self.timeout_s), name="posttrain-tool-classes", group=True, grace_s=5.0)
         outcome = self._ask(("open", key, dict(fields)), self.timeout_s + (self.start_timeout_s if start else 0.0))
         if outcome is None:
             return key, CallOutcome(error="the tool classes' host process died or hung while starting the episode", died=True)
@@ -107,51 +106,28 @@ class InstancePool:
 
     def close(self) -> None:
         """Release every episode left (their ``close()`` hooks run) and stop the host."""
-        if self._connection is not None and self._live:
+        if self._process is not None and self._live:
             self._ask(("release", *sorted(self._live)), self.timeout_s + HOST_SLACK_S)
         self._stop()
 
     def _ask(self, message: tuple[Any, ...], wait_s: float) -> Any:
         """The host's answer, or None after stopping it when it died or took longer than ``wait_s``."""
-        try:
-            self._connection.send(message)
-            if self._connection.poll(wait_s):
-                return self._connection.recv()
-        except (EOFError, OSError):
-            pass
+        if self._process.send(message):
+            answer = self._process.answer(wait_s)
+            if answer is not LATE and answer is not DIED:
+                return answer
         self._stop()  # hung or dead: every episode in it is lost
         return None
 
-    def _start(self) -> None:
-        self._stop()
-        parent_end, child_end = self._context.Pipe()
-        process = self._context.Process(target=_host, args=(child_end, self.classes, self.timeout_s), daemon=True, name="posttrain-tool-classes")
-        process.start()
-        child_end.close()
-        self._process, self._connection = process, parent_end
-        self._finalizer = weakref.finalize(self, _kill_host, process, parent_end)
-
     def _stop(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
-        self._process, self._connection, self._finalizer = None, None, None
+        if self._process is not None:
+            self._process.stop()
+        self._process = None
         self._live.clear()
 
 
 GONE = CallOutcome(error="this episode's tool instances are gone (an earlier call timed out or crashed, or reset failed)", died=True)
 HOST_LOST = CallOutcome(error="the tool classes' host process died or hung", died=True)
-
-
-def _kill_host(process: Any, connection: Connection) -> None:
-    """Stop the host and every episode process in its group: first by closing its pipe (the host then
-    releases its episodes and exits), then by SIGKILL to the group."""
-    connection.close()
-    process.join(timeout=5)
-    try:  # whether the host exited or not: an episode process stuck in a call may outlive it
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # nothing left in its group (or it died before leading one)
-        process.kill()
-    process.join(timeout=10)
 
 
 # ---- the host: loads the classes, forks a process per episode, relays calls with their deadlines ----

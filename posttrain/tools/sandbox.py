@@ -42,11 +42,12 @@ import resource
 import secrets
 import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
+
+from posttrain.deadlines import kill_group
 
 logger = logging.getLogger(__name__)
 
@@ -162,10 +163,7 @@ def run_limited(command: list[str], timeout_s: float, *, cwd: str, env: dict[str
             except subprocess.TimeoutExpired:  # it closed its output and went on running
                 timed_out = True
     finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)  # unreaped, its group id cannot have been reused
-        except ProcessLookupError:
-            pass
+        kill_group(process.pid)  # its session's, whatever is left of it (unreaped, its group id cannot have been reused)
         process.wait()
         process.stdout.close()
         process.stderr.close()
