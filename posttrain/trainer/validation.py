@@ -129,7 +129,8 @@ def episode_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict[
     (turns, valid actions, the environment's counters)."""
     rewards = batch[keys.TOKEN_SCORES].sum(-1).tolist()
     success = sample_accuracy(batch)
-    trained = batch[keys.RESPONSE_MASK].sum(-1).tolist()  # the policy's own tokens: what response_length/* counts
+    # the policy's own tokens (what response_length/* counts); a batch not yet made for training: its response
+    trained = (batch[keys.RESPONSE_MASK] if keys.RESPONSE_MASK in batch else response_attention_mask(batch)).sum(-1).tolist()
     rows = []
     for row in range(len(batch)):
         stats = dict(batch[keys.EPISODE_STATS][row]) if keys.EPISODE_STATS in batch else {}  # a single turn's counters, where it has them
