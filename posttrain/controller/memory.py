@@ -24,6 +24,7 @@ M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
 MMAP_THRESHOLD_BYTES = 1 << 20  # blocks of 1 MiB and more: mapped, and unmapped when freed
 RSS_METRIC = "memory/{group}/rss_gb"
 PEAK_METRIC = "memory/{group}/peak_rss_gb"  # the process's high-water mark so far: what a memory monitor sees mid-step
+MEMORY_METRIC = "memory/{group}/{name}"  # each name of process_memory_gb()
 
 
 def resident_gb() -> float:
@@ -38,6 +39,36 @@ def peak_resident_gb() -> float:
 
     kilobytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return kilobytes * (1 if sys.platform == "darwin" else 1024) / 1e9
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_gb() -> tuple[float, float] | None:
+    """glibc's heaps (allocations below the mmap threshold): bytes in use and bytes free but kept, in GB;
+    None off glibc or before 2.33 (no ``mallinfo2``). RSS at a step's end that is heap free is memory a
+    ``malloc_trim`` would give back; heap in use that grows step after step is something that accumulates."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):
+        return None
+    return info.uordblks / 1e9, info.fordblks / 1e9
+
+
+def process_memory_gb() -> dict[str, float]:
+    """This process's memory, in GB, by metric name: ``rss_gb``, ``peak_rss_gb`` and, on glibc,
+    ``heap_used_gb`` and ``heap_free_gb`` (:func:`heap_gb`)."""
+    found = {"rss_gb": resident_gb(), "peak_rss_gb": peak_resident_gb()}
+    heap = heap_gb()
+    if heap is not None:
+        found["heap_used_gb"], found["heap_free_gb"] = heap
+    return found
 
 
 def limit_heap_growth(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:

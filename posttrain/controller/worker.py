@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.controller.decorator import Dispatch, register
-from posttrain.controller.memory import peak_resident_gb, resident_gb
+from posttrain.controller.memory import process_memory_gb
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,10 @@ class Worker:
         return os.getpid()
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
-    def resident_memory_gb(self) -> tuple[float, float]:
-        """This rank's process's resident memory (RSS) and its high-water mark so far, in GB: colocated
-        roles share the numbers."""
-        return resident_gb(), peak_resident_gb()
+    def process_memory_gb(self) -> dict[str, float]:
+        """This rank's process's memory in GB (``controller/memory.py: process_memory_gb``: its RSS, the
+        high-water mark so far, glibc's heap in use and free): colocated roles share the numbers."""
+        return process_memory_gb()
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def node_id(self) -> str:

@@ -3,7 +3,7 @@
 Plots read ``metrics.jsonl`` (the JSONL tracker's file): reward (``critic/score/mean``), validation
 accuracy (every ``val/*/acc/*``), response length (``response_length/mean``), KL (``actor/ppo_kl``,
 ``actor/kl_loss``, ``critic/kl``, whichever were logged), the SFT loss (``sft/loss``, ``val/sft_loss``), each
-worker process's resident memory (every ``memory/*/rss_gb`` and its high-water mark ``peak_rss_gb``: a line that climbs step after step is a leak)
+worker process's memory (every ``memory/*/rss_gb``, its high-water mark ``peak_rss_gb``, and glibc's heap in use and kept free, ``heap_used_gb`` / ``heap_free_gb``: a line that climbs step after step is a leak)
 and, in asynchronous runs, staleness, buffer fill and the trainer's waiting share. ``report.md`` ties them together with each
 validation accuracy's first and last value and the first and last validation's sample generations.
 

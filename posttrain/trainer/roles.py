@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.controller import ResourcePool, ResourcePoolManager, WorkerGroup, WorkerSpec, kill_group, spawn_pools
-from posttrain.controller.memory import PEAK_METRIC, RSS_METRIC
+from posttrain.controller.memory import MEMORY_METRIC
 from posttrain.metrics import Metrics, maximum, merge
 from posttrain.rollout.env_llm import needs_env_llm_worker
 from posttrain.rollout.roles import RolloutRoles
@@ -78,7 +78,8 @@ class Roles:
         return RolloutRoles(self.actor, self.reward_model, self.env_llm)
 
     def resident_memory(self) -> Metrics:
-        """``memory/<group>/rss_gb`` (and ``peak_rss_gb``, the high-water mark) for each pool's processes, asked once per process (colocated roles
+        """``memory/<group>/rss_gb`` (and ``peak_rss_gb``, the high-water mark; ``heap_used_gb`` and ``heap_free_gb``,
+        glibc's heaps) for each pool's processes, asked once per process (colocated roles
         share it): ``policy`` for the trainer's pool, the role's name for a pool of its own (a separate
         Env-LLM); the largest rank's, as a maximum. A mode's side pools report their own (generators:
         in each unit's metrics)."""
@@ -88,8 +89,8 @@ class Roles:
             role = "actor" if "actor" in roles else next((r for r in roles if groups.get(r) is not None), None)
             if role is not None:
                 group = "policy" if role == "actor" else role
-                pieces += [{RSS_METRIC.format(group=group): maximum(now), PEAK_METRIC.format(group=group): maximum(peak)}
-                           for now, peak in groups[role].resident_memory_gb()]
+                pieces += [{MEMORY_METRIC.format(group=group, name=name): maximum(gb) for name, gb in rank.items()}
+                           for rank in groups[role].process_memory_gb()]
         return merge(pieces)
 
     def release(self) -> None:

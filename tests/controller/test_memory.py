@@ -48,10 +48,36 @@ def test_limited_heap_growth_gives_freed_tensors_back_where_glibc_would_keep_the
 
 def test_every_worker_reports_its_process_rss():
     group = spawn_local({"c": WorkerSpec(Counter)}, world_size=2)["c"]  # local mode: both ranks are this process
-    reported = group.resident_memory_gb()
+    reported = group.process_memory_gb()
     rss = psutil.Process().memory_info().rss / 1e9
-    assert [now for now, _ in reported] == pytest.approx([rss] * 2, rel=0.05)
-    assert all(peak >= now * 0.95 for now, peak in reported)  # a high-water mark is never below the RSS
+    assert [rank["rss_gb"] for rank in reported] == pytest.approx([rss] * 2, rel=0.05)
+    assert all(rank["peak_rss_gb"] >= rank["rss_gb"] * 0.95 for rank in reported)  # a high-water mark is never below the RSS
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_the_heap_metrics_tell_memory_in_use_from_memory_kept_free():
+    """64 blocks of 4 MiB kept, then freed (the default threshold risen above them, as in HEAP_KEPT): in
+    use while kept, free-but-kept after, each as heap_used_gb / heap_free_gb say."""
+    code = textwrap.dedent("""
+        import ctypes
+        from posttrain.controller.memory import process_memory_gb
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+        libc.free(libc.malloc(16 << 20))
+        before = process_memory_gb()
+        pairs = [(libc.malloc(4 << 20), libc.malloc(256 << 10)) for _ in range(64)]
+        held = process_memory_gb()
+        for big, _ in pairs:
+            libc.free(big)
+        after = process_memory_gb()
+        print(*(m[k] for m in (before, held, after) for k in ("heap_used_gb", "heap_free_gb")))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    used0, free0, used1, free1, used2, free2 = map(float, done.stdout.split())
+    assert used1 - used0 == pytest.approx(64 * (4 + 0.25) * 2**20 / 1e9, rel=0.05)  # the 272 MiB in use
+    assert used1 - used2 == pytest.approx(64 * 4 * 2**20 / 1e9, rel=0.05)  # the 256 MiB freed ...
+    assert free2 - free1 == pytest.approx(64 * 4 * 2**20 / 1e9, rel=0.05)  # ... and kept by the heap
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="getrusage's units differ elsewhere")
@@ -70,9 +96,9 @@ class FakeGroup:
     def __init__(self, *gb: float) -> None:
         self.gb, self.calls = list(gb), 0
 
-    def resident_memory_gb(self) -> list[tuple[float, float]]:
+    def process_memory_gb(self) -> list[dict[str, float]]:
         self.calls += 1
-        return [(gb, gb + 1) for gb in self.gb]
+        return [{"rss_gb": gb, "peak_rss_gb": gb + 1, "heap_free_gb": gb / 10} for gb in self.gb]
 
 
 def test_each_pools_processes_report_once_as_the_largest_rank():
@@ -81,5 +107,6 @@ def test_each_pools_processes_report_once_as_the_largest_rank():
     metrics = Roles(actor, ref, None, None, pools, env_llm).resident_memory()
     assert {name: (m.value, m.kind) for name, m in metrics.items()} == {
         "memory/policy/rss_gb": (5.0, Kind.MAX), "memory/env_llm/rss_gb": (2.0, Kind.MAX),
-        "memory/policy/peak_rss_gb": (6.0, Kind.MAX), "memory/env_llm/peak_rss_gb": (3.0, Kind.MAX)}
+        "memory/policy/peak_rss_gb": (6.0, Kind.MAX), "memory/env_llm/peak_rss_gb": (3.0, Kind.MAX),
+        "memory/policy/heap_free_gb": (0.5, Kind.MAX), "memory/env_llm/heap_free_gb": (0.2, Kind.MAX)}
     assert (actor.calls, ref.calls, env_llm.calls) == (1, 0, 1)  # the reference shares the policy's processes
