@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 
 import psutil
@@ -23,8 +24,7 @@ import psutil
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
 MMAP_THRESHOLD_BYTES = 1 << 20  # blocks of 1 MiB and more: mapped, and unmapped when freed
 RSS_METRIC = "memory/{group}/rss_gb"
-PEAK_METRIC = "memory/{group}/peak_rss_gb"  # the process's high-water mark so far: what a memory monitor sees mid-step
-MEMORY_METRIC = "memory/{group}/{name}"  # each name of process_memory_gb()
+MEMORY_METRIC = "memory/{group}/{name}"  # each name of process_memory_gb() (peak_rss_gb: what a memory monitor sees mid-step)
 
 
 def resident_gb() -> float:
@@ -50,14 +50,11 @@ def heap_gb() -> tuple[float, float] | None:
     """glibc's heaps (allocations below the mmap threshold): bytes in use and bytes free but kept, in GB;
     None off glibc or before 2.33 (no ``mallinfo2``). RSS at a step's end that is heap free is memory a
     ``malloc_trim`` would give back; heap in use that grows step after step is something that accumulates."""
-    if not sys.platform.startswith("linux"):
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
         return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-        info = libc.mallinfo2()
-    except (OSError, AttributeError):
-        return None
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
     return info.uordblks / 1e9, info.fordblks / 1e9
 
 
@@ -74,10 +71,18 @@ def process_memory_gb() -> dict[str, float]:
 def limit_heap_growth(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     """Serve allocations of ``threshold_bytes`` or more by mmap for the rest of this process (module
     docstring); returns whether it took effect (False off glibc, e.g. macOS or musl: nothing to do)."""
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "mallopt"):  # musl has no mallopt
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold_bytes))
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """This process's C library on Linux; None elsewhere or where it cannot be loaded."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold_bytes))
-    except (OSError, AttributeError):  # no libc by that name, or one without mallopt (musl)
-        return False
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None

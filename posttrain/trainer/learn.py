@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from posttrain import keys
 from posttrain.algos import (
@@ -108,7 +109,8 @@ class Learner:
     """From scored rollouts to updated weights: π_old, π_ref and values as needed, advantages, then
     the critic's and the actor's updates. Holds the KL controller (checkpointed as ``kl_controller``)."""
 
-    def __init__(self, config: PosttrainConfig, breakers: CircuitBreakers, tokenizer=None) -> None:
+    def __init__(self, config: PosttrainConfig, breakers: CircuitBreakers, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+        """``tokenizer``: to write the samples' text with ``trainer.rollout_data_dir``."""
         algorithm = config.algorithm
         self.estimator = advantage_estimator(config)
         self.kl_controller = kl_controller(algorithm.kl_ctrl.type, algorithm.kl_ctrl.kl_coef, algorithm.kl_ctrl.target_kl, algorithm.kl_ctrl.horizon)

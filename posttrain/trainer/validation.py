@@ -23,6 +23,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from posttrain import keys
+from posttrain.algos import masked_mean
 from posttrain.data import PromptDataLoader
 from posttrain.data.format import read_utf8
 from posttrain.engines.training.inputs import response_attention_mask
@@ -152,14 +153,9 @@ def training_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict
     """A training step's scored rollouts (``trainer.rollout_data_dir``): :func:`episode_rows` with each
     sample's group (``uid``) and its ``advantage`` (the mean over its trained tokens; GRPO's is the same on
     every token)."""
-    advantages = masked_mean_per_row(batch[keys.ADVANTAGES], batch[keys.RESPONSE_MASK]) if keys.ADVANTAGES in batch else None
+    advantages = masked_mean(batch[keys.ADVANTAGES], batch[keys.RESPONSE_MASK], dim=-1).tolist() if keys.ADVANTAGES in batch else None
     return [row | {"uid": str(batch[keys.UID][index])} | ({} if advantages is None else {"advantage": float(advantages[index])})
             for index, row in enumerate(episode_rows(batch, tokenizer))]
-
-
-def masked_mean_per_row(values, mask) -> list[float]:
-    mask = mask.float()
-    return ((values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).tolist()
 
 
 def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
