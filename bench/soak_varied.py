@@ -31,7 +31,7 @@ from bench.common import MemorySampler, chat_prompt_ids, peak_growth
 from posttrain import keys
 from posttrain.config.schema import ActorConfig, DataConfig, ModelConfig, OptimConfig, RolloutConfig
 from posttrain.controller import WorkerContext
-from posttrain.controller.memory import limit_heap_growth
+from posttrain.controller.memory import heap_gb, limit_heap_growth, resident_gb
 from posttrain.engines.rollout import GenerationParams
 from posttrain.engines.training.inputs import random_model_inputs
 from posttrain.protocol import Batch
@@ -92,8 +92,10 @@ def main() -> None:
                 worker.rollout.generate(prompts, params)
             seconds[phase] += time.perf_counter() - start
         time.sleep(2 * sampler.period_s)  # the cycle's last sample is taken before the next begins
-        print(f"cycle {cycle}: peak {sampler.peaks.get(cycle, 0) / 2**30:.2f} GiB, "
-              f"{int(batch[keys.ATTENTION_MASK].sum())} tokens, {time.perf_counter() - started:.0f} s so far", flush=True)
+        heap = heap_gb()
+        print(f"cycle {cycle}: peak {sampler.peaks.get(cycle, 0) / 2**30:.2f} GiB, at its end {resident_gb():.2f} GB"
+              + (f" (heap in use {heap[0]:.3f} GB, free {heap[1]:.3f})" if heap else "")
+              + f", {int(batch[keys.ATTENTION_MASK].sum())} tokens, {time.perf_counter() - started:.0f} s so far", flush=True)
     sampler.done.set()
     early, late, growth = peak_growth(sampler.peaks, EARLY, range(args.cycles - LATE + 1, args.cycles + 1))
     print(f"{args.cycles} cycles ({' + '.join(args.phases)}; " + ", ".join(f"{p} {s / args.cycles:.1f} s" for p, s in seconds.items())

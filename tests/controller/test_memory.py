@@ -46,6 +46,45 @@ def test_limited_heap_growth_gives_freed_tensors_back_where_glibc_would_keep_the
     assert heap_kept_mib("limited") < 8
 
 
+# bfloat16 linear forward and backward at 200 token counts after 100 others, one thread: how much more heap
+# is in use after them (MB), and whether this CPU's bfloat16 matmuls went through oneDNN's caches at all.
+SHAPE_CACHE_GROWTH = textwrap.dedent("""
+    import os, sys
+    import torch
+    from posttrain.controller.memory import heap_gb, limit_heap_growth
+    if sys.argv[1] == "limited":
+        limit_heap_growth()  # after torch's import, before its first bfloat16 matmul: as a worker does
+    else:
+        os.environ.pop("LRU_CACHE_CAPACITY", None), os.environ.pop("ONEDNN_PRIMITIVE_CACHE_CAPACITY", None)
+    torch.set_num_threads(1)
+    layer = torch.nn.Linear(256, 512).to(torch.bfloat16)
+    def through(tokens):
+        layer(torch.randn(tokens, 256, dtype=torch.bfloat16, requires_grad=True)).sum().backward()
+    for tokens in range(1, 101):
+        through(tokens)
+    before = heap_gb()[0]
+    for tokens in range(101, 301):
+        through(tokens)
+    print((heap_gb()[0] - before) * 1e3)
+""")
+
+
+def shape_cache_growth_mb(mode: str) -> float:
+    done = subprocess.run([sys.executable, "-c", SHAPE_CACHE_GROWTH, mode], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout)
+
+
+@pytest.mark.may_skip
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallinfo2")
+def test_matmuls_of_ever_new_shapes_leave_no_heap_behind_once_the_caches_are_capped():
+    unlimited = shape_cache_growth_mb("default")
+    if unlimited < 20:
+        pytest.skip(f"this CPU's bfloat16 matmuls kept nothing per shape ({unlimited:.1f} MB over 200 shapes): no cache to cap")
+    assert unlimited >= 40  # oneDNN's caches keep what they built for each new shape (336 MB here, native bf16)
+    assert shape_cache_growth_mb("limited") < 5  # full after 64 shapes: each new one evicts an old one
+
+
 def test_every_worker_reports_its_process_rss():
     group = spawn_local({"c": WorkerSpec(Counter)}, world_size=2)["c"]  # local mode: both ranks are this process
     reported = group.process_memory_gb()
