@@ -12,6 +12,25 @@ from typing import Any, Optional
 
 
 @dataclass
+class CurriculumConfig:
+    # a column of each training row that names its difficulty level (extra_info.level): batches hold the
+    # current level's rows; null: no curriculum (posttrain/data/sampler.py)
+    key: Optional[str] = None
+    levels: list[Any] = field(default_factory=list)  # the levels in order; empty: the rows' values, sorted
+    threshold: float = 0.8  # step up when the current level's training accuracy over the window reaches this
+    window: int = 4         # trainer steps whose samples that accuracy averages
+
+
+@dataclass
+class SamplerConfig:
+    # a column (data_source, extra_info.<field>) whose values are strata: every batch holds each stratum
+    # by its share; null: one stratum (posttrain/data/sampler.py)
+    stratify_by: Optional[str] = None
+    shares: dict[str, float] = field(default_factory=dict)  # stratum -> share of a batch; the rest by their rows
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+
+
+@dataclass
 class DataConfig:
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
@@ -28,6 +47,7 @@ class DataConfig:
     filter_overlong_prompts: bool = True
     shuffle: bool = True
     seed: int = 42
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)  # strata, shares, a curriculum (training rows)
 
 
 @dataclass

@@ -63,6 +63,8 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Pro
         problems += MODE_RULES.get(config.trainer.mode, _no_rules)(config)  # an unknown mode is _check_choices' problem
     problems += check_loss_scale_factor(config) + check_call_timeout(config) + check_overlong_buffer(config)
     problems += check_dynamic_sampling(config)
+    if command == "train":
+        problems += check_sampler(config)
     problems += check_breakers(config) + check_retriever_token_env(config)
     if command == "sft":
         problems += check_sft(config)
@@ -92,6 +94,35 @@ def check_breakers(config: PosttrainConfig) -> list[Problem]:
     if config.trainer.stop_after_skipped_steps < 0:
         problems.append(Problem("trainer.stop_after_skipped_steps", config.trainer.stop_after_skipped_steps,
                                 "must be >= 0 (0: never stop for skipped updates)"))
+    return problems
+
+
+def check_sampler(config: PosttrainConfig) -> list[Problem]:
+    """``data.sampler``'s rules that need no data (the rows' own are checked as the sampler is built:
+    data/sampler.py): columns it can read, shares that are fractions, a curriculum that can step up."""
+    sampler, problems = config.data.sampler, []
+    curriculum = sampler.curriculum
+    for key, column in (("data.sampler.stratify_by", sampler.stratify_by), ("data.sampler.curriculum.key", curriculum.key)):
+        if column is not None and column != "data_source" and not (column.startswith("extra_info.") and len(column) > len("extra_info.")):
+            problems.append(Problem(key, column, "must name a column of the rows: data_source or extra_info.<field>"))
+    if sampler.shares and sampler.stratify_by is None:
+        problems.append(Problem("data.sampler.shares", dict(sampler.shares), "shares are of strata: set data.sampler.stratify_by"))
+    bad = {name: share for name, share in sampler.shares.items() if not 0 < share <= 1}
+    if bad:
+        problems.append(Problem("data.sampler.shares", bad, "each share is a fraction of a batch in (0, 1]"))
+    elif sum(sampler.shares.values()) > 1 + 1e-9:
+        problems.append(Problem("data.sampler.shares", dict(sampler.shares), f"sum to {sum(sampler.shares.values()):.3g}: at most 1"))
+    if curriculum.key is not None:
+        if not 0 < curriculum.threshold <= 1:
+            problems.append(Problem("data.sampler.curriculum.threshold", curriculum.threshold,
+                                    "an accuracy in (0, 1]: above 1 the level never steps up"))
+        steps = config.trainer.total_training_steps
+        if curriculum.window < 1 or (steps is not None and curriculum.window >= steps):
+            problems.append(Problem("data.sampler.curriculum.window", curriculum.window,
+                                    f"the steps averaged before the level may step up: at least 1 and fewer than the run's {steps} steps"
+                                    if steps is not None else "the steps averaged before the level may step up: at least 1"))
+    if (sampler.stratify_by is not None or curriculum.key is not None) and not config.data.shuffle:
+        problems.append(Problem("data.shuffle", False, "data.sampler draws shuffled orders of its own; set data.shuffle=true, or no data.sampler"))
     return problems
 
 

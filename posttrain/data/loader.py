@@ -123,13 +123,16 @@ class PromptDataLoader:
         seed: int = 0,
         drop_last: bool = True,
         collate: Callable[[list[Any], int], Batch] | None = None,
+        sampler: Any = None,
     ) -> None:
+        """``sampler``: what draws each batch's rows in place of an :class:`EpochSampler` (a
+        :class:`~posttrain.data.sampler.StratifiedSampler`, with the same interface)."""
         if pad_token_id is None:
             raise ValueError("pad_token_id is None; load the tokenizer with posttrain.models.load_tokenizer, which sets one")
         self.dataset = dataset
         self.pad_token_id = pad_token_id
         self.collate = collate or collate_prompts
-        self.sampler = EpochSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self.sampler = sampler or EpochSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
 
     @property
     def epoch(self) -> int:
@@ -143,7 +146,8 @@ class PromptDataLoader:
         for indices in self.sampler:
             batch = self.collate([self.dataset[int(i)] for i in indices], self.pad_token_id)
             if keys.UID in batch.non_tensors:  # which prompt of which epoch: what trained_prompts.jsonl records
-                batch.non_tensors[keys.UID] = [prompt_uid(epoch, int(i)) for i in indices]
+                drawn = getattr(self.sampler, "draw_tag", lambda: epoch)()  # a sampler that repeats rows in an epoch: its draw
+                batch.non_tensors[keys.UID] = [prompt_uid(drawn, int(i)) for i in indices]
             yield batch
 
     def state_dict(self) -> dict[str, int]:
@@ -153,9 +157,15 @@ class PromptDataLoader:
         self.sampler.load_state_dict(state)
 
 
-def prompt_uid(epoch: int, row: int) -> str:
-    """A prompt's id in a run: its dataset row and the epoch that read it (``"1:17"``)."""
+def prompt_uid(epoch: int | str, row: int) -> str:
+    """A prompt's id in a run: its dataset row and the epoch that read it (``"1:17"``; a stratified
+    sampler's, which may draw a row twice in an epoch, the epoch and batch: ``"1.40:17"``)."""
     return f"{epoch}:{row}"
+
+
+def row_of_uid(uid: str) -> int:
+    """The dataset row of a :func:`prompt_uid`."""
+    return int(str(uid).rsplit(":", 1)[1])
 
 
 def collate_prompts(samples: list[PromptSample], pad_token_id: int) -> Batch:

@@ -10,11 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from posttrain import keys
 from posttrain.config.schema import DataConfig
 from posttrain.data import PromptDataLoader, RLDataset, prepare
+from posttrain.data.loader import row_of_uid
 from posttrain.data.preparers import get_preparer
+from posttrain.data.sampler import Curriculum, StratifiedSampler, row_value
 from posttrain.errors import InputError
 from posttrain.models import build_atomically, cache_root
+from posttrain.protocol import Batch
+from posttrain.trainer.validation import sample_accuracy
 
 
 @dataclass
@@ -82,8 +87,46 @@ def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, A
             f"data.train_batch_size={data.train_batch_size} but the training set has only {len(train_set)} prompts "
             f"(after filtering {train_set.num_filtered} overlong ones); lower the batch size or add data"
         )
-    train = PromptDataLoader(train_set, data.train_batch_size, tokenizer.pad_token_id, shuffle=data.shuffle, seed=data.seed)
+    train = PromptDataLoader(train_set, data.train_batch_size, tokenizer.pad_token_id, shuffle=data.shuffle, seed=data.seed,
+                             sampler=build_sampler(data, train_set))
     return RunData(train, *_validation(data, val_files, tokenizer, common), Path(train_files[0]).parent)
+
+
+def build_sampler(data: DataConfig, rows: Sequence[Any]) -> StratifiedSampler | None:
+    """``data.sampler``'s strata and curriculum over the training rows; None when it sets neither
+    (the loader's plain shuffled epochs)."""
+    options = data.sampler
+    curriculum = options.curriculum
+    if options.stratify_by is None and curriculum.key is None:
+        return None
+    strata = [row_value(row, options.stratify_by) if options.stratify_by else "all" for row in rows]
+    levels = [row_value(row, curriculum.key) for row in rows] if curriculum.key else None
+    return StratifiedSampler(strata, data.train_batch_size, seed=data.seed, shares=options.shares, levels=levels,
+                             level_order=curriculum.levels, curriculum=Curriculum(curriculum.threshold, curriculum.window) if levels else None)
+
+
+class CurriculumTracker:
+    """The samples a step generated (every round of dynamic sampling, before its filter drops the groups
+    that all failed or all passed), their accuracy told to the sampler's curriculum once the step is done."""
+
+    def __init__(self, sampler: StratifiedSampler) -> None:
+        self.sampler, self.rows, self.accuracy = sampler, [], []
+
+    def add(self, batch: Batch) -> None:
+        self.rows += [row_of_uid(uid) for uid in batch[keys.UID]]
+        self.accuracy += sample_accuracy(batch).tolist()
+
+    def step_done(self) -> dict[str, float]:
+        """``curriculum/level`` (as it was for this step) and ``curriculum/accuracy``; the level may step up after."""
+        metrics = self.sampler.observe(self.rows, self.accuracy)
+        self.rows, self.accuracy = [], []
+        return metrics
+
+
+def curriculum_tracker(loader: PromptDataLoader | None) -> CurriculumTracker | None:
+    """A tracker when the training loader's sampler has a curriculum, else None."""
+    sampler = getattr(loader, "sampler", None)
+    return CurriculumTracker(sampler) if getattr(sampler, "curriculum", None) is not None else None
 
 
 def _validation(data: DataConfig, val_files: list[str], tokenizer: Any, common: dict[str, Any]) -> tuple[PromptDataLoader | None, RLDataset | None]:

@@ -25,6 +25,7 @@ from posttrain.rollout import Rollout, repeat_for_groups
 from posttrain.rollout.groups import dynamic_sample, update_batch_shape
 from posttrain.timing import timed
 from posttrain.trainer.breakers import BreakerLimits, CircuitBreakers
+from posttrain.trainer.data_setup import CurriculumTracker, curriculum_tracker
 from posttrain.trainer.learn import Learner
 from posttrain.trainer.metrics import data_metrics, timing_metrics
 from posttrain.trainer.roles import Roles
@@ -59,8 +60,10 @@ class SyncStep:
     """rollout (more rounds with dynamic sampling) → phases → learn → sync, timed (``timing_s/*``)."""
 
     def __init__(self, config: PosttrainConfig, rollout: Rollout, learner: Learner, breakers: CircuitBreakers,
-                 phases: Sequence[Phase] = (), more_prompts: Callable[[], Batch | None] | None = None, pad_token_id: int = 0) -> None:
+                 phases: Sequence[Phase] = (), more_prompts: Callable[[], Batch | None] | None = None, pad_token_id: int = 0,
+                 curriculum: CurriculumTracker | None = None) -> None:
         self.rollout, self.learner, self.breakers, self.phases = rollout, learner, breakers, list(phases)
+        self.curriculum = curriculum  # told every round's samples (data.sampler.curriculum)
         self.group_size = config.actor_rollout_ref.rollout.n
         self.critic_warmup, self.max_response_length = config.trainer.critic_warmup, config.data.max_response_length
         self.last_prompts: list[str] = []  # the ids of the prompts the last step trained on
@@ -91,10 +94,14 @@ class SyncStep:
             if step > self.critic_warmup:
                 with timed(timings, "sync"):
                     roles.actor.sync_weights(step)
-        return values(metrics) | batch_metrics(batch, timings, self.max_response_length)
+        level = self.curriculum.step_done() if self.curriculum is not None else {}
+        return values(metrics) | batch_metrics(batch, timings, self.max_response_length) | level
 
     def _round(self, roles: Roles, prompts: Batch, timings: dict[str, float]) -> tuple[Batch, Metrics]:
-        return self.rollout(roles.for_rollout(), repeat_for_groups(prompts, self.group_size), timings=timings, whole_batch=False)
+        generated = self.rollout(roles.for_rollout(), repeat_for_groups(prompts, self.group_size), timings=timings, whole_batch=False)
+        if self.curriculum is not None:
+            self.curriculum.add(generated[0])
+        return generated
 
 
 def batch_metrics(batch: Batch, timings: dict[str, float], max_response_length: int) -> dict[str, float]:
@@ -115,7 +122,8 @@ def sync_parts(setup: RolloutSetup) -> RunParts[Batch]:
     loader = setup.data.train
     stream = epoch_batches(loader, config.trainer.total_epochs)  # one stream: the steps, and dynamic sampling's extra rounds
     step = SyncStep(config, setup.rollout, learner, breakers, estimator_phases(config, setup.rollout),
-                    more_prompts=lambda: next(stream, (None, None))[1], pad_token_id=setup.tokenizer.pad_token_id)
+                    more_prompts=lambda: next(stream, (None, None))[1], pad_token_id=setup.tokenizer.pad_token_id,
+                    curriculum=curriculum_tracker(loader))
     validation = RLValidation(setup.validator, config.trainer.test_freq, config.trainer.val_before_train) if setup.validator else None
     return RunParts(
         headline=train_headline(config, setup.total_steps), config=config, total_steps=setup.total_steps, step=step, validation=validation,

@@ -112,22 +112,40 @@ def prepare_arithmetic(
     num_operands: int = 2,
     operators: str = "+-*",
     seed: int = 0,
+    levels: str | None = None,
 ) -> list[Path]:
-    """Write ``train.parquet`` and ``test.parquet`` (the held-out split) into ``out_dir``."""
+    """Write ``train.parquet`` and ``test.parquet`` (the held-out split) into ``out_dir``.
+
+    ``levels``: digits per difficulty level, comma-separated (``"1,2,3"``): ``train_size`` and ``val_size``
+    problems of each, ``extra_info.level`` their digits (for ``data.sampler.curriculum.key=extra_info.level``),
+    in place of ``digits``."""
     check_counts(1, train_size=train_size, val_size=val_size)
-    problems = generate_problems(
-        train_size + val_size, digits=digits, num_operands=num_operands, operators=operators, seed=seed
-    )
-    splits = {"train": problems[:train_size], "test": problems[train_size:]}
-    return [write_rows([_row(p, split, i) for i, p in enumerate(items)], Path(out_dir) / f"{split}.parquet")
-            for split, items in splits.items()]
+    per_level = _levels(levels) if levels is not None else [digits]
+    splits: dict[str, list[dict]] = {"train": [], "test": []}
+    for level, level_digits in enumerate(per_level):
+        problems = generate_problems(train_size + val_size, digits=level_digits, num_operands=num_operands, operators=operators,
+                                     seed=seed + level)
+        for split, items in (("train", problems[:train_size]), ("test", problems[train_size:])):
+            splits[split] += [_row(p, split, len(splits[split]), None if levels is None else level_digits) for p in items]
+    return [write_rows(rows, Path(out_dir) / f"{split}.parquet") for split, rows in splits.items()]
 
 
-def _row(problem: Problem, split: str, index: int) -> dict:
+def _levels(levels: str) -> list[int]:
+    try:
+        parsed = [int(part) for part in str(levels).split(",")]
+    except ValueError:
+        raise InputError(f"levels={levels!r}: digits per level, comma-separated, e.g. '1,2,3'") from None
+    if len(set(parsed)) != len(parsed) or len(parsed) < 2:
+        raise InputError(f"levels={levels!r}: at least two different digit counts, e.g. '1,2,3'")
+    return parsed
+
+
+def _row(problem: Problem, split: str, index: int, level: int | None = None) -> dict:
+    extra = {"split": split, "index": index, "expression": problem.expression} | ({} if level is None else {"level": level})
     return make_row(
         data_source=DATA_SOURCE,
         messages=[{"role": "user", "content": prompt_text(problem)}],
         ground_truth=str(problem.value),
         ability="arithmetic",
-        extra_info={"split": split, "index": index, "expression": problem.expression},
+        extra_info=extra,
     )

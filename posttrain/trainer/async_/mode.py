@@ -48,6 +48,7 @@ from posttrain.trainer.async_.buffer import SchedulerClosed, UnitScheduler
 from posttrain.trainer.async_.coordinator import Generators, generator_config, generator_pools
 from posttrain.trainer.breakers import BreakerLimits, CircuitBreakers
 from posttrain.trainer.checkpoint import ASYNC_STATE, step_of
+from posttrain.trainer.data_setup import CurriculumTracker, curriculum_tracker
 from posttrain.trainer.learn import Learner
 from posttrain.trainer.roles import WORKER_ENV, ModeWorkers, Roles, uses_gpu
 from posttrain.trainer.setup import RolloutSetup, rollout_services
@@ -215,8 +216,9 @@ class AsyncStep:
     units, in the batch source, is ``timing_s/wait_buffer`` and part of ``timing_s/step``)."""
 
     def __init__(self, config: PosttrainConfig, feed: GeneratorFeed, rollout: Rollout, learner: Learner,
-                 breakers: CircuitBreakers, pad_token_id: int, stop: StopSignal) -> None:
+                 breakers: CircuitBreakers, pad_token_id: int, stop: StopSignal, curriculum: CurriculumTracker | None = None) -> None:
         self.feed, self.rollout, self.learner, self.breakers, self.stop = feed, rollout, learner, breakers, stop
+        self.curriculum = curriculum  # told every unit's samples (data.sampler.curriculum)
         self.max_staleness, self.max_response_length = config.async_.max_staleness, config.data.max_response_length
         self.pad_token_id = pad_token_id
         dynamic = config.algorithm.filter_groups  # DAPO's dynamic sampling: more rounds for the same batch
@@ -243,7 +245,8 @@ class AsyncStep:
         self._record(step, units, (learn_start, learn_end))
         self.trained_samples += len(batch)
         generators = self.feed.generators
-        return values(metrics) | self._staleness(units, step) | batch_metrics(batch, timings, self.max_response_length) | \
+        level = self.curriculum.step_done() if self.curriculum is not None else {}
+        return level | values(metrics) | self._staleness(units, step) | batch_metrics(batch, timings, self.max_response_length) | \
             self.feed.scheduler.status() | generators.metrics() | {
             "async/version": float(step),
             "async/trainer_wait_fraction": timings["wait_buffer"] / max(timings["step"], 1e-9),
@@ -280,6 +283,8 @@ class AsyncStep:
         """The units' rows as one batch: prompts padded to a common width, groups numbered across the batch."""
         batch = join_rollouts([u.batch for u in units], self.pad_token_id)
         batch.tensors[keys.GROUP_IDS] = group_ids_of(batch[keys.UID])
+        if self.curriculum is not None:
+            self.curriculum.add(batch)
         batch.meta[keys.WEIGHT_VERSION] = min(u.version for u in units)
         return batch, merge(u.metrics for u in units)
 
@@ -304,7 +309,7 @@ def async_parts(setup: RolloutSetup, stop: StopSignal) -> RunParts[FedBatch]:
     breakers = CircuitBreakers(BreakerLimits.from_config(config))
     learner = Learner(config, breakers, setup.tokenizer)
     feed = GeneratorFeed(config, setup)
-    step = AsyncStep(config, feed, setup.rollout, learner, breakers, setup.tokenizer.pad_token_id, stop)
+    step = AsyncStep(config, feed, setup.rollout, learner, breakers, setup.tokenizer.pad_token_id, stop, curriculum_tracker(setup.data.train))
     validation = None
     if setup.validator is not None:  # the trainer's engine samples only for validation: synced first
         validation = RLValidation(setup.validator, config.trainer.test_freq, config.trainer.val_before_train,

@@ -1,0 +1,184 @@
+"""data.sampler: strata held at their shares, a curriculum that steps up and holds, exact resumes."""
+
+import json
+from collections import Counter
+
+import pytest
+
+from posttrain import keys
+from posttrain.config.schema import PosttrainConfig
+from posttrain.config.validate import check_sampler
+from posttrain.data import PromptDataLoader, RLDataset
+from posttrain.data.loader import row_of_uid
+from posttrain.data.sampler import Curriculum, StratifiedSampler
+from posttrain.errors import InputError
+from posttrain.trainer.data_setup import build_sampler
+from tests.data.helpers import verl_row, write_parquet
+
+# 100 rows: 50 "a", 30 "b", 20 "c", interleaved
+STRATA = [("a", "b", "a", "c", "a", "b", "a", "c", "a", "b")[i % 10] for i in range(100)]
+
+
+def batches(sampler: StratifiedSampler, count: int) -> list[list[int]]:
+    drawn = []
+    for indices in sampler:  # the rest of the epoch; loop over epochs
+        drawn.append(indices.tolist())
+        if len(drawn) == count:
+            return drawn
+    return drawn + batches(sampler, count - len(drawn))
+
+
+def test_each_stratum_holds_its_share_of_every_batch_and_of_the_run():
+    sampler = StratifiedSampler(STRATA, 8, seed=3, shares={"c": 0.5})  # c: 4 a batch; a, b: the other half as 50:30
+    wanted = {"a": 0.5 * 50 / 80, "b": 0.5 * 30 / 80, "c": 0.5}
+    given = Counter()
+    for k, batch in enumerate(batches(sampler, 40), start=1):
+        counts = Counter(STRATA[row] for row in batch)
+        assert sum(counts.values()) == 8 and len(set(batch)) == 8  # a batch never holds a row twice
+        for name, share in wanted.items():
+            assert abs(counts[name] - 8 * share) < 1 + 1e-9  # within one row of its share, batch by batch
+        given += counts
+        assert all(abs(given[name] - 8 * k * share) < 1 for name, share in wanted.items())  # and over the run so far
+
+
+def test_without_shares_strata_get_batches_in_proportion_to_their_rows():
+    given = Counter(STRATA[row] for batch in batches(StratifiedSampler(STRATA, 10, seed=0), 10) for row in batch)
+    assert given == {"a": 50, "b": 30, "c": 20}
+
+
+def test_a_stratum_gives_each_of_its_rows_once_before_any_twice():
+    sampler = StratifiedSampler(STRATA, 8, seed=1, shares={"c": 0.5})
+    c_rows = [row for batch in batches(sampler, 30) for row in batch if STRATA[row] == "c"]  # 120 draws of 20 rows
+    for start in range(0, 120, 20):
+        assert sorted(c_rows[start:start + 20]) == sorted(i for i, s in enumerate(STRATA) if s == "c")
+    assert c_rows[:20] != c_rows[20:40]  # each pass shuffled anew
+
+
+def test_a_small_stratum_wrapping_inside_a_batch_never_repeats_a_row_in_it():
+    strata = ["small"] * 5 + ["big"] * 95
+    sampler = StratifiedSampler(strata, 8, seed=2, shares={"small": 0.5})  # 4 of its 5 rows a batch: it wraps often
+    drawn = batches(sampler, 25)
+    assert all(len(set(batch)) == 8 for batch in drawn)
+    small = Counter(row for batch in drawn for row in batch if strata[row] == "small")
+    assert set(small.values()) == {20}  # 100 draws over 5 rows: each exactly 20 times
+
+
+def sampler_with_levels(seed: int = 0) -> tuple[StratifiedSampler, list[int]]:
+    levels = [1 + i % 3 for i in range(90)]  # 30 rows per level 1, 2, 3
+    strata = ["x" if i % 2 else "y" for i in range(90)]
+    return StratifiedSampler(strata, 6, seed=seed, levels=levels, curriculum=Curriculum(threshold=0.75, window=2)), levels
+
+
+def test_the_curriculum_holds_below_its_threshold_then_steps_up_level_by_level():
+    sampler, levels = sampler_with_levels()
+    seen_levels, reported = [], []
+    accuracy_now = 0.5
+    for step in range(1, 13):
+        rows = next(iter(sampler)).tolist()  # drawn after the last step's accuracy was told, as the trainer does
+        seen_levels.append({levels[r] for r in rows})
+        if step == 4:
+            accuracy_now = 0.9
+        reported.append(sampler.observe(rows, [accuracy_now] * len(rows)))
+    # steps 1-4 at level 1 (0.5, then the window (0.5, 0.9) = 0.7 < 0.75); step 5's window (0.9, 0.9) steps up;
+    # level 2 needs a full window of its own: steps 6-7, then level 3, the last, stays
+    assert seen_levels == [{1}] * 5 + [{2}] * 2 + [{3}] * 5
+    assert [m["curriculum/level"] for m in reported] == [0] * 5 + [1] * 2 + [2] * 5
+    assert reported[3]["curriculum/accuracy"] == pytest.approx(0.7)
+
+
+def test_samples_of_an_earlier_level_do_not_count_for_the_current_one():
+    sampler, levels = sampler_with_levels()
+    level_one = [r for r in range(90) if levels[r] == 1][:6]
+    level_two = [r for r in range(90) if levels[r] == 2][:6]
+    sampler.observe(level_one, [1.0] * 6)
+    sampler.observe(level_one, [1.0] * 6)
+    assert sampler.level == 1
+    sampler.observe(level_one, [1.0] * 6)  # late samples of level 1 (drawn before the step up, as async steps train)
+    told = sampler.observe(level_two, [1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    assert told["curriculum/accuracy"] == pytest.approx(0.5)  # level 2's own samples only (with level 1's: 0.75)
+    assert sampler.level == 1
+
+
+@pytest.mark.parametrize("stop_after", [3, 7, 16])
+def test_a_resumed_sampler_continues_exactly_with_its_curriculum(stop_after):
+    def run(sampler, steps, start=0):
+        out = []
+        for step in range(start, steps):
+            rows = next(iter(sampler)).tolist()
+            accuracy = [float((row * 7 + step) % 10 < 8) for row in rows]  # mostly right: the level climbs
+            out.append((rows, sampler.observe(rows, accuracy)))
+        return out
+
+    reference = run(sampler_with_levels(seed=4)[0], 20)
+    first = sampler_with_levels(seed=4)[0]
+    head = run(first, stop_after)
+    resumed = sampler_with_levels(seed=4)[0]
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))  # as trainer_state.json keeps it
+    assert head + run(resumed, 20, start=stop_after) == reference
+    assert reference[-1][1]["curriculum/level"] == 2  # the run did step up: the resume carried the level
+
+
+def test_a_state_from_another_sampler_is_refused():
+    sampler = StratifiedSampler(STRATA, 8, seed=1)
+    with pytest.raises(InputError, match="not this sampler's"):
+        sampler.load_state_dict({"epoch": 0, "index": 8, "num_samples": 100, "seed": 1})  # an EpochSampler's
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"shares": {"d": 0.2}}, "no training row is in"),
+    ({"shares": {"a": 0.6, "b": 0.6}}, "must add up to 1"),
+    ({"shares": {"a": 0.5, "b": 0.3, "c": 0.2, }, "batch_size": 8}, None),
+    ({"shares": {"a": 0.5, "b": 0.5}}, "must add up to 1"),  # c would get nothing
+    ({"shares": {"c": 1.0}}, "must add up to 1"),
+])
+def test_shares_that_cannot_be_met_are_refused(kwargs, message):
+    batch_size = kwargs.pop("batch_size", 8)
+    if message is None:
+        StratifiedSampler(STRATA, batch_size, **kwargs)
+        return
+    with pytest.raises(InputError, match=message):
+        StratifiedSampler(STRATA, batch_size, **kwargs)
+
+
+def test_a_stratum_too_small_for_its_share_is_refused():
+    with pytest.raises(InputError, match="stratum 'small' has 3 rows"):
+        StratifiedSampler(["small"] * 3 + ["big"] * 97, 8, shares={"small": 0.5})
+
+
+def test_a_curriculum_with_one_level_or_levels_the_rows_lack_is_refused():
+    with pytest.raises(InputError, match="at least two levels"):
+        StratifiedSampler(["x"] * 20, 4, levels=[1] * 20, curriculum=Curriculum(0.8, 2))
+    with pytest.raises(InputError, match=r"no training row has level \[4\]"):
+        StratifiedSampler(["x"] * 20, 4, levels=[1, 2] * 10, level_order=[1, 2, 4], curriculum=Curriculum(0.8, 2))
+    with pytest.raises(InputError, match="threshold"):
+        Curriculum(1.5, 2)
+
+
+def test_the_config_check_refuses_a_schedule_that_cannot_work():
+    config = PosttrainConfig()
+    config.trainer.total_training_steps = 10
+    sampler = config.data.sampler
+    sampler.stratify_by, sampler.shares = "category", {"a": 1.2}
+    sampler.curriculum.key, sampler.curriculum.threshold, sampler.curriculum.window = "extra_info.level", 1.5, 10
+    problems = {p.key: p.message for p in check_sampler(config)}
+    assert set(problems) == {"data.sampler.stratify_by", "data.sampler.shares", "data.sampler.curriculum.threshold",
+                             "data.sampler.curriculum.window"}
+    assert "data_source or extra_info.<field>" in problems["data.sampler.stratify_by"]
+    assert "fewer than the run's 10 steps" in problems["data.sampler.curriculum.window"]
+    assert check_sampler(PosttrainConfig()) == []
+
+
+def test_the_loader_draws_by_the_config_and_names_each_draw_apart(tmp_path, tokenizer):
+    rows = [verl_row(i, f"question {i}", data_source="rare" if i < 4 else "common") for i in range(16)]
+    for i, row in enumerate(rows):
+        row["extra_info"]["level"] = 1 + i % 2
+    dataset = RLDataset(write_parquet(tmp_path / "a.parquet", rows), tokenizer)
+    config = PosttrainConfig().data
+    config.train_batch_size, config.sampler.stratify_by, config.sampler.shares = 4, "data_source", {"rare": 0.5}
+    loader = PromptDataLoader(dataset, 4, tokenizer.pad_token_id, sampler=build_sampler(config, dataset))
+    uids = [uid for batch in loader for uid in batch[keys.UID]]  # one epoch: 4 batches
+    assert len(uids) == len(set(uids)) == 16  # the 4 rare rows come round twice in it, each draw its own id
+    assert Counter(rows[row_of_uid(uid)]["data_source"] for uid in uids) == {"rare": 8, "common": 8}
+    config.sampler.stratify_by, config.sampler.shares, config.sampler.curriculum.key = None, {}, "extra_info.level"
+    sampler = build_sampler(config, dataset)
+    assert sampler.levels == [1, 2] and {rows[r]["extra_info"]["level"] for r in next(iter(sampler))} == {1}
