@@ -1,0 +1,58 @@
+"""A difficulty curriculum through the real CLI (tiny model, Hugging Face generate, local Ray): arithmetic
+prepared at three levels (1, 2 and 3 digits), a reward that is always right, so the level steps up every
+window; the batches hold the current level's problems, and a run stopped and resumed trains the same
+prompts as one that was not."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import cli_runs
+from tests.e2e.test_train_cli import HF_ROLLOUT, run_train
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+CURRICULUM = [
+    "data.builtin_options.levels=1,2,3", "data.builtin_options.train_size=8", "data.builtin_options.val_size=2",
+    "data.sampler.curriculum.key=extra_info.level", "data.sampler.curriculum.threshold=0.9", "data.sampler.curriculum.window=2",
+    "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.rollout_data_dir=rollouts", HF_ROLLOUT,
+]
+
+
+def always_right(tmp_path: Path) -> str:
+    reward = tmp_path / "always_right.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    return f"custom_reward_function.path={reward}"
+
+
+def digits_per_step(run_dir: Path, steps: int) -> list[set[int]]:
+    """The operands' digit counts in each step's problems, read from the samples the step wrote."""
+    found = []
+    for step in range(1, steps + 1):
+        rows = [json.loads(line) for line in (run_dir / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
+        questions = [row["messages"][0]["content"] for row in rows]
+        found.append({len(number) for q in questions for number in re.findall(r"\d+", q.split("?")[0])})
+    return found
+
+
+def trained(run_dir: Path) -> list[list[str]]:
+    return [json.loads(line)["prompts"] for line in (run_dir / "trained_prompts.jsonl").read_text().splitlines()]
+
+
+def test_the_level_steps_up_each_window_and_a_resumed_run_trains_the_same_prompts(tmp_path):
+    reward = always_right(tmp_path)
+    straight = tmp_path / "straight"
+    run_train(straight, *CURRICULUM, reward, "trainer.total_training_steps=6")
+    records = cli_runs.records(straight)
+    assert [r["metrics"]["curriculum/level"] for r in records] == [0, 0, 1, 1, 2, 2]
+    assert all(r["metrics"]["curriculum/accuracy"] == 1.0 for r in records)
+    # 1-digit problems (0-9) while at the first level, then 2 and 3 digits
+    assert digits_per_step(straight, 6) == [{1}, {1}, {2}, {2}, {3}, {3}]
+
+    stopped = tmp_path / "stopped"
+    run_train(stopped, *CURRICULUM, reward, "trainer.total_training_steps=3", "trainer.save_freq=3")
+    run_train(stopped, *CURRICULUM, reward, "trainer.total_training_steps=6")  # resumes from step 3's checkpoint
+    assert [r["metrics"]["curriculum/level"] for r in cli_runs.records(stopped)] == [0, 0, 1, 1, 2, 2]
+    assert trained(stopped) == trained(straight)
