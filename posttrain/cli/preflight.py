@@ -186,8 +186,6 @@ def single_turn_calls(config: PosttrainConfig) -> list[Problem]:
         return []
     why = "with env.options.answer=calls each response is one answer scored as a single-turn rollout's (rollout/calls.py)"
     problems = []
-    if env.reward_norm != "none":
-        problems.append(Problem("env.reward_norm", env.reward_norm, f"{why}; set env.reward_norm=none (GRPO normalises per group)"))
     if env.filter_groups_quantile > 0:
         problems.append(Problem("env.filter_groups_quantile", env.filter_groups_quantile,
                                 f"{why}; set it to 0, or use algorithm.filter_groups (dynamic sampling)"))

@@ -264,7 +264,7 @@ class EnvConfig:
     max_turn_tokens: int = 128  # new tokens per agent turn
     max_obs_length: int = 256  # tokens of one observation turn
     observation_role: str = "user"  # user | tool: the chat role observations are rendered with
-    reward_norm: str = "none"  # none | group | batch: normalise episode rewards before advantages
+    reward_norm: str = "none"  # none | group | batch: normalise episode rewards (single-turn rows' too) before advantages
     filter_groups_quantile: float = 0.0  # drop groups whose in-group reward std is below this quantile (0: keep all)
     # tool-calling agents (env.name: tools; docs/tools.md)
     tools: list[Any] = field(default_factory=list)  # FILE.py:FUNCTION, FILE.py:CLASS (docs/tools.md "Tool classes"), module:FUNCTION, or {schemas: FILE.json, module: FILE.py}

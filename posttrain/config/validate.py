@@ -61,7 +61,7 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Pro
         problems += check_env(config)
     if command == "train":
         problems += MODE_RULES.get(config.trainer.mode, _no_rules)(config)  # an unknown mode is _check_choices' problem
-    problems += check_loss_scale_factor(config) + check_call_timeout(config) + check_overlong_buffer(config)
+    problems += check_loss_scale_factor(config) + check_call_timeout(config) + check_overlong_buffer(config) + check_reward_norm(config)
     problems += check_dynamic_sampling(config)
     if command == "train":
         problems += check_sampler(config)
@@ -142,13 +142,22 @@ def check_dynamic_sampling(config: PosttrainConfig) -> list[Problem]:
     return problems
 
 
+def check_reward_norm(config: PosttrainConfig) -> list[Problem]:
+    """``env.reward_norm`` (episodes' rewards and single-turn rows' alike) against an estimator that needs them raw."""
+    norm = config.env.reward_norm
+    if needs_greedy_baseline(config) and norm != "none":
+        return [Problem("env.reward_norm", norm, f"algorithm.adv_estimator={config.algorithm.adv_estimator} subtracts the greedy "
+                        "response's raw reward, so the rewards must stay raw: set env.reward_norm=none")]
+    return []
+
+
 def check_overlong_buffer(config: PosttrainConfig) -> list[Problem]:
     buffer, limit = config.reward_model.overlong_buffer, config.data.max_response_length
     problems = []
     if buffer.enable and not 1 <= buffer.len <= limit:
         problems.append(Problem("reward_model.overlong_buffer.len", buffer.len,
                                 f"must be in [1, data.max_response_length={limit}]: the last tokens before the limit where the reward shrinks"))
-    if buffer.enable and config.env.name is not None and config.env.reward_norm != "none":
+    if buffer.enable and config.env.reward_norm != "none":
         problems.append(Problem("reward_model.overlong_buffer.enable", True,
                                 f"the penalty is in raw reward units, and env.reward_norm={config.env.reward_norm} has normalised the "
                                 "rewards before it: set env.reward_norm=none (GRPO normalises per group anyway)"))
@@ -250,12 +259,6 @@ def check_env(config: PosttrainConfig) -> list[Problem]:
         ))
     if config.reward_model.enable:
         problems.append(Problem("reward_model.enable", True, "multi-turn environments give the rewards; set reward_model.enable=false"))
-    if needs_greedy_baseline(config) and env.reward_norm != "none":
-        problems.append(Problem(
-            "env.reward_norm", env.reward_norm,
-            f"algorithm.adv_estimator={config.algorithm.adv_estimator} subtracts the greedy episode's raw reward, so the "
-            "rewards must stay raw: set env.reward_norm=none",
-        ))
     return problems + _check_env_llm(config) + _check_tool_settings(config)
 
 

@@ -33,7 +33,7 @@ def build_rollout(config: PosttrainConfig, tokenizer: PreTrainedTokenizerBase, d
     if config.env.name is not None and not calls:
         return AgentRollout(config, tokenizer, data_dir)
     return SingleTurnRollout(reward_manager_for(config, tokenizer), config.data.max_response_length, tokenizer.pad_token_id,
-                             CallsAnswers(config.env, tokenizer) if calls else None)
+                             CallsAnswers(config.env, tokenizer) if calls else None, config.env.reward_norm)
 
 
 __all__ = [

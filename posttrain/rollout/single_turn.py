@@ -24,6 +24,7 @@ from posttrain.rewards.manager import BatchRewardManager, RewardManager, RewardR
 from posttrain.rewards.registry import GROUND_TRUTH_FIX, ScoreFunction, lacks_ground_truth, unknown_source_fix
 from posttrain.rollout.batching import responses_to_batch
 from posttrain.rollout.calls import CallsAnswers, calls_metrics
+from posttrain.rollout.groups import normalize_rewards
 from posttrain.rollout.roles import RolloutRoles
 from posttrain.timing import timed
 from posttrain.workers.sampling import VALIDATE_META_KEY
@@ -38,9 +39,10 @@ class SingleTurnRollout:
     """One response per row from ``actor.generate``, scored by the reward manager (+ reward model)."""
 
     def __init__(self, reward_manager: RewardManager | BatchRewardManager, max_response_length: int, pad_token_id: int,
-                 calls: CallsAnswers | None = None) -> None:
-        """``calls``: the responses' calls are the answer (rollout/calls.py)."""
-        self.reward_manager, self.calls = reward_manager, calls
+                 calls: CallsAnswers | None = None, reward_norm: str = "none") -> None:
+        """``calls``: the responses' calls are the answer (rollout/calls.py); ``reward_norm``: ``env.reward_norm``
+        over the training batch (none, group, batch: rollout/groups.py ``normalize_rewards``)."""
+        self.reward_manager, self.calls, self.reward_norm = reward_manager, calls, reward_norm
         self._counts: list[dict[str, float]] = []  # each response's counters, of the last scoring (calls only)
         self.max_response_length, self.pad_token_id = max_response_length, pad_token_id
         self.first_failures: dict[str, str] = {}  # of the last rollout, by circuit breaker (trainer/breakers.py)
@@ -92,8 +94,8 @@ class SingleTurnRollout:
         return scored, metrics
 
     def finish_batch(self, batch: Batch, metrics: Metrics) -> tuple[Batch, Metrics]:
-        """Nothing is decided across the whole batch."""
-        return batch, metrics
+        """What is decided across the whole training batch: the rewards' normalisation (``env.reward_norm``)."""
+        return normalize_rewards(batch, self.reward_norm), metrics
 
     def score(self, roles: RolloutRoles, batch: Batch) -> tuple[Batch, Metrics]:
         result = self.reward_manager(batch) if self.calls is None else self._score_calls(batch)
