@@ -101,3 +101,22 @@ def test_the_preset_options_are_the_preparer_s_and_the_library_accepts_its_confi
     for task, config in configs.items():
         item = reasoning_gym.create_dataset(task, seed=0, size=1, **config)[0]
         assert item["question"] and item["answer"]
+
+
+def test_levels_are_the_library_s_own_curriculum_each_item_scored_at_its_level(tmp_path):
+    options = parse_options("reasoning-gym", ["tasks=chain_sum", "size=6", "seed=0", "test_size=4", "test_seed=500", "levels=3"])
+    train, test = (pq.read_table(p).to_pylist() for p in prepare("reasoning-gym", tmp_path, **options))
+    assert [r["extra_info"]["level"] for r in train] == [0] * 6 + [1] * 6 + [2] * 6
+    curriculum = reasoning_gym.factory.create_curriculum("chain_sum")
+    score = score_function_for("reasoning_gym")
+    for level in range(3):
+        curriculum.set_global_level(level)
+        expected = curriculum.generate_configuration({})
+        rows = [r for r in train if r["extra_info"]["level"] == level]
+        assert {_reference(r)["config"]["max_terms"] for r in rows} == {expected.max_terms}  # the library's level, item by item
+        assert {_reference(r)["seed"] for r in rows} == {level * 6}
+        item = reasoning_gym.create_dataset("chain_sum", seed=level * 6, size=6, **_reference(rows[0])["config"])[0]
+        assert score(f"<answer>{item['answer']}</answer>", rows[0]["reward_model"]["ground_truth"])["acc"] == 1.0
+    assert "level" not in test[0]["extra_info"] and _reference(test[0])["config"] == {}  # the held-out split as before
+    with pytest.raises(InputError, match="only 11 distinct configs"):
+        prepare("reasoning-gym", tmp_path / "more", **parse_options("reasoning-gym", ["tasks=chain_sum", "size=2", "test_size=2", "levels=12"]))

@@ -14,6 +14,11 @@ Options (``key=value``, as every preparer takes them):
   ``test_seed .. test_seed + 10*test_size - 1`` must not meet (refused otherwise): no random state is
   shared. Easy configs repeat questions, so the test split also leaves out every question the training
   split asks, and each question after its first; up to ``10*test_size`` items are looked at per task;
+- ``levels`` (0: none): training items at the library's own difficulty levels ``0 .. levels-1`` (each task's
+  curriculum, ``reasoning_gym.factory.create_curriculum``, at that global level: its attributes' fields
+  over the task's ``configs``), ``size`` items per level, ``extra_info.level`` the level (for
+  ``data.sampler.curriculum.key=extra_info.level``). Level ``L``'s items use seeds from ``seed + L*size``; the
+  held-out split keeps the task's ``configs`` and leaves out every training level's questions;
 - ``system_prompt``: which of the library's ``reasoning_gym.utils.SYSTEM_PROMPTS`` becomes the system
   message (``default``: think, then ``<answer>...</answer>``; ``direct``: only the tagged answer;
   ``none``: no system message). The tag is what the library's ``extract_answer`` reads;
@@ -57,22 +62,26 @@ def prepare_reasoning_gym(
     system_prompt: str = "default",
     sft_size: int = 0,
     sft_val_size: int = 0,
+    levels: int = 0,
 ) -> list[Path]:
     """Write the files of the module docstring into ``out_dir``; returns their paths."""
     check_counts(1, size=size, test_size=test_size)
-    check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size)
+    check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size, levels=levels)
     if sft_size + sft_val_size > size:
         raise InputError(f"sft_size + sft_val_size = {sft_size + sft_val_size} transcripts per task are drawn from its {size} training items; lower them")
-    check_seeds(seed, size, test_seed, test_size * TEST_SCAN_FACTOR)
+    check_seeds(seed, size * max(levels, 1), test_seed, test_size * TEST_SCAN_FACTOR)
     names = parse_tasks(tasks)
     task_configs = parse_configs(configs, names)
     system = system_message(system_prompt)
     train_rows, test_rows, sft, sft_val = [], [], [], []
     for task in names:
-        train = [rg.ItemRef(task, seed, size, index, task_configs[task]) for index in range(size)]
+        configs_by_level = level_configs(task, levels, task_configs[task]) if levels else {None: task_configs[task]}
+        by_level = {level: [rg.ItemRef(task, seed + (level or 0) * size, size, index, config) for index in range(size)]
+                    for level, config in configs_by_level.items()}
+        train = [item for items in by_level.values() for item in items]
         train_questions = {_question(item) for item in train}
         test = held_out_items(task, task_configs[task], test_seed, test_size, train_questions)
-        train_rows += [_row(item, "train", system) for item in train]
+        train_rows += [_row(item, "train", system, level) for level, items in by_level.items() for item in items]
         test_rows += [_row(item, "test", system) for item in test]
         sft += [transcript(item, system) for item in train[:sft_size]]
         sft_val += [transcript(item, system) for item in train[sft_size:sft_size + sft_val_size]]
@@ -160,11 +169,39 @@ def _question(item: rg.ItemRef) -> str:
     return rg.regenerate(item)["question"]
 
 
-def _row(item: rg.ItemRef, split: str, system: list[dict[str, str]]) -> dict[str, Any]:
+def level_configs(task: str, levels: int, config: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Each level's config of ``task``; refused where the library's curriculum has fewer distinct levels."""
+    configs = {level: level_config(task, level, config) for level in range(levels)}
+    distinct = len({json.dumps(c, sort_keys=True) for c in configs.values()})
+    if distinct < levels:
+        raise InputError(f"levels={levels}: task {task!r}'s curriculum gives only {distinct} distinct configs over them "
+                         f"(its hardest level repeats); lower levels to {distinct}")
+    return configs
+
+
+def level_config(task: str, level: int, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the fields of ``task``'s curriculum at global level ``level`` (the library's difficulty)."""
+    try:
+        curriculum = rg.library("reasoning_gym.factory").create_curriculum(task)
+    except Exception as error:  # the library raises its own error types for a task without a curriculum
+        raise InputError(f"levels: reasoning-gym {rg.installed_version()} has no curriculum for task {task!r} ({error}); "
+                         "prepare it without levels") from None
+    try:
+        curriculum.set_global_level(level)
+    except Exception as error:
+        raise InputError(f"levels: task {task!r}'s curriculum has no level {level} ({error}); lower levels") from None
+    chosen = curriculum.generate_configuration({})
+    fields = [name for attribute in curriculum.attributes.values()
+              for name in (getattr(attribute, "lower_field_name", None), getattr(attribute, "upper_field_name", None),
+                           getattr(attribute, "field_name", None)) if name]
+    return json.loads(json.dumps(dict(config) | {name: getattr(chosen, name) for name in fields if hasattr(chosen, name)}))
+
+
+def _row(item: rg.ItemRef, split: str, system: list[dict[str, str]], level: int | None = None) -> dict[str, Any]:
     question = _question(item)
     reference = rg.ItemRef(item.task, item.seed, item.size, item.index, item.config, rg.question_hash(question))
     return make_row(
         data_source=rg.DATA_SOURCE, messages=[*system, {"role": "user", "content": question}], ground_truth=reference.to_json(),
         ability=rg.dataset(item.task, item.config, item.seed, item.size).category,
-        extra_info={"task": item.task, "index": item.index, "split": split},
+        extra_info={"task": item.task, "index": item.index, "split": split} | ({} if level is None else {"level": level}),
     )
