@@ -1,7 +1,7 @@
 """A difficulty curriculum through the real CLI (tiny model, Hugging Face generate, local Ray): arithmetic
 prepared at three levels (1, 2 and 3 digits), a reward that is always right, so the level steps up every
-window; the batches hold the current level's problems, and a run stopped and resumed trains the same
-prompts as one that was not."""
+window; the batches hold the current level's problems, and a run stopped and resumed carries its level
+and window on (the exact data position across a resume: tests/data/test_sampler.py)."""
 
 import json
 import re
@@ -41,18 +41,15 @@ def trained(run_dir: Path) -> list[list[str]]:
     return [json.loads(line)["prompts"] for line in (run_dir / "trained_prompts.jsonl").read_text().splitlines()]
 
 
-def test_the_level_steps_up_each_window_and_a_resumed_run_trains_the_same_prompts(tmp_path):
-    reward = always_right(tmp_path)
-    straight = tmp_path / "straight"
-    run_train(straight, *CURRICULUM, reward, "trainer.total_training_steps=6")
-    records = cli_runs.records(straight)
+def test_the_level_steps_up_each_window_and_a_resumed_run_carries_the_level_on(tmp_path):
+    reward, run_dir = always_right(tmp_path), tmp_path / "run"
+    run_train(run_dir, *CURRICULUM, reward, "trainer.total_training_steps=3", "trainer.save_freq=3")
+    run_train(run_dir, *CURRICULUM, reward, "trainer.total_training_steps=6")  # resumes from step 3's checkpoint
+    records = cli_runs.records(run_dir)
+    # up after steps 2 and 4: step 3's checkpoint holds level 1 and half a window, which step 4 completes
     assert [r["metrics"]["curriculum/level"] for r in records] == [0, 0, 1, 1, 2, 2]
     assert all(r["metrics"]["curriculum/accuracy"] == 1.0 for r in records)
     # 1-digit problems (0-9) while at the first level, then 2 and 3 digits
-    assert digits_per_step(straight, 6) == [{1}, {1}, {2}, {2}, {3}, {3}]
-
-    stopped = tmp_path / "stopped"
-    run_train(stopped, *CURRICULUM, reward, "trainer.total_training_steps=3", "trainer.save_freq=3")
-    run_train(stopped, *CURRICULUM, reward, "trainer.total_training_steps=6")  # resumes from step 3's checkpoint
-    assert [r["metrics"]["curriculum/level"] for r in cli_runs.records(stopped)] == [0, 0, 1, 1, 2, 2]
-    assert trained(stopped) == trained(straight)
+    assert digits_per_step(run_dir, 6) == [{1}, {1}, {2}, {2}, {3}, {3}]
+    rows = [uid.rsplit(":", 1)[1] for step in trained(run_dir) for uid in step]
+    assert len(rows) == len(set(rows)) == 24  # two steps of 4 at each level of 8 rows: each row once, across the resume
