@@ -16,7 +16,9 @@ Shapes:
   bfcl@4, bfcl@8: 8 prompts (``--prompts``) drawn from ``posttrain prepare bfcl``'s training rows within the
             preset's cap of 768 tokens (their functions in the prompt, as ``bfcl_grpo`` renders them),
             4 or 8 samples each,
-            micro-batches of 4 samples (the preset's; ``bfcl@8/8``: of 8, a whole group), sdpa (the preset's). Response lengths: no
+            micro-batches of 4 samples (the preset's; ``bfcl@8/8``: of 8, a whole group; ``bfcl@8/t4096``: by a
+            budget of 4,096 tokens, ``use_dynamic_bsz``'s default, which each path fills with what it computes),
+            sdpa (the preset's). Response lengths: no
             recorded bfcl_grpo rollout is on this machine, so they are drawn uniformly from 20-60
             tokens (the recipe's RL responses averaged ~40: docs/tools.md); ``--response-lengths``
             takes a file of recorded lengths (one integer per line) instead.
@@ -245,12 +247,14 @@ def main() -> None:
         start = time.perf_counter()
         if name.startswith("bfcl@"):
             samples, _, micro = name.split("@")[1].partition("/")
-            samples, micro = int(samples), int(micro or 4)
+            samples = int(samples)
+            # /8: micro-batches of 8 samples; /t4096: by a budget of 4,096 tokens (use_dynamic_bsz), the same on both sides
+            micro = {"max_tokens": int(micro[1:])} if micro.startswith("t") else {"micro_batch_size": int(micro or 4)}
             count = len(prompts) * samples
             lengths = ([recorded[i % len(recorded)] for i in range(count)] if recorded
                        else torch.randint(20, 61, (count,), generator=generator).tolist())
             batch = grouped_batch(prompts, samples, lengths, vocab)
-            shape = Shape(name, {"micro_batch_size": micro}, 16, "sdpa")
+            shape = Shape(name, micro, 16, "sdpa")
         else:
             main_prompts = [torch.randint(1, vocab, (int(n),), generator=generator).tolist()
                             for n in torch.randint(40, 61, (8,), generator=generator)]
