@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from posttrain.errors import InputError
+from posttrain.trainer import provenance
 from posttrain.trainer.intervals import paired_difference, wilson
 from posttrain.trainer.validation import item_accuracies, item_groups
 
@@ -19,6 +20,9 @@ def compare_evaluations(first: Path, second: Path, by: str | None = None) -> int
     its 95 % Wilson interval, and B − A with a paired bootstrap interval (per ``extra_info[by]`` too)."""
     console = Console(highlight=False)
     (a, rows), (b, _) = item_accuracies(first), item_accuracies(second)  # what they refuse goes up to main, as one line
+    made = provenance.find(first), provenance.find(second)
+    if None not in made and (differ := provenance.differences(*made)):
+        console.print("posttrain: warning: A and B were made differently (their runs' provenance.json):\n  " + "\n  ".join(differ))
     common = [key for key in a if key in b]
     if not common:
         raise InputError(f"{first} and {second} hold no item in common (the same prompt, data source and ground truth): "

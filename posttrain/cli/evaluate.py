@@ -10,11 +10,14 @@ where ``--dump-episodes`` says (``posttrain compare`` sets two such files side b
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 
 from posttrain.cli.train import start_ray
 from posttrain.config.schema import PosttrainConfig
 from posttrain.errors import InputError
+from posttrain.trainer import provenance
 from posttrain.trainer.checkpoint import checkpoint_dir
 from posttrain.trainer.intervals import interval_names
 from posttrain.trainer.roles import Roles
@@ -42,6 +45,7 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
             roles.actor.load_checkpoint(str(directory / "actor"), 1)
             console.print(f"policy from {directory}")
 
+    provenance.write(Path(config.trainer.default_local_dir))  # beside what the evaluation writes there (a recipe's episodes)
     start_ray(config.trainer, None)  # an evaluation keeps the run directory's link to its training logs
     try:
         with workers_up(config, setup.total_steps, [RolloutService(setup.rollout)], load_policy) as roles:

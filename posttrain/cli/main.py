@@ -210,8 +210,22 @@ def _add_service_commands(commands) -> None:
     demo.set_defaults(run=_demo_command)
 
 
+class _Version(argparse.Action):
+    """``--version``: computed only when asked (the commit comes from git)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from posttrain.trainer.provenance import version_line
+
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain", description="RL post-training of language models on Ray.")
+    parser.add_argument("--version", action=_Version, help="print posttrain's version (and git commit, from a checkout) and exit")
     commands = parser.add_subparsers(dest="command", required=True)
 
     for name, run, help_text, default in (

@@ -391,7 +391,20 @@ def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float
     lines += [f"| {name} | {value / 60:.1f} min |" for name, value in seconds.items()]
     lines.append(f"| all | {sum(seconds.values()) / 60:.1f} min |")
     lines += [f"| {name} | given: {path} |" for name, path in (given or {}).items()]
-    return "\n".join(lines)
+    return "\n".join(lines + made_by(dirs))
+
+
+def made_by(dirs: dict[str, Path]) -> list[str]:
+    """What made the stages (their ``provenance.json``): one line when they agree, else one per stage."""
+    from posttrain.trainer import provenance
+
+    found = {name: made for name, directory in dirs.items() if (made := provenance.find(directory / provenance.PROVENANCE)) is not None}
+    if not found:
+        return []
+    first = next(iter(found.values()))
+    if all(not provenance.differences(first, made) for made in found.values()):
+        return ["", f"Made by: {provenance.summary(first)}"]
+    return ["", "Made by (the stages differ):"] + [f"- {name}: {provenance.summary(made)}" for name, made in found.items()]
 
 
 def list_recipes() -> str:

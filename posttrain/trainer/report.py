@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from posttrain.trainer import provenance
 from posttrain.trainer.intervals import with_interval
 from posttrain.trainer.tracking import read_jsonl
 
@@ -105,6 +106,9 @@ def write_report(run_dir: Path, first_samples: Sequence[Sample] = (), last_sampl
     records = read_jsonl(metrics_file) if metrics_file.exists() else []
     plots = plot_panels(records, out_dir)
     lines = [f"# Run report: {run_dir.name}", ""]
+    made = provenance.find(run_dir)
+    if made is not None:
+        lines += [f"Made by: {provenance.summary(made)} (`{provenance.PROVENANCE}`)", ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots] or ["(no metrics.jsonl: enable the jsonl logger for plots)"]
     endpoints = first_and_last_validation(records)
     if endpoints:

@@ -47,6 +47,7 @@ from posttrain.config.schema import PosttrainConfig
 from posttrain.data import PromptDataLoader
 from posttrain.errors import PosttrainError, is_restartable
 from posttrain.metrics import values
+from posttrain.trainer import provenance
 from posttrain.trainer.checkpoint import ASYNC_STATE, CheckpointError, CheckpointManager, load_rng_state, save_rng_state, step_of
 from posttrain.trainer.report import FIRST_SAMPLES, Sample, load_samples, save_samples, write_report
 from posttrain.trainer.roles import ModeWorkers, Roles, start_roles
@@ -200,6 +201,7 @@ class Run(Generic[Item]):
         when a person stopped the run (its checkpoint, if any, named)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(self.config))
+        provenance.write(self.run_dir)  # what made it (a resumed run: what continued it)
         if self.restarts == 0:  # a restarted attempt keeps a STOP written before it: it stops at once
             self.stop.stop_file.unlink(missing_ok=True)
         torch.manual_seed(self.config.trainer.seed)

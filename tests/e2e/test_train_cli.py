@@ -129,6 +129,10 @@ def test_grpo_two_steps(two_steps, tmp_path):
     assert f"posttrain export {final} --out {run_dir / 'hf_model'}" in output
     assert (run_dir / "report" / "report.md").exists() and (run_dir / "report" / "reward.png").exists()
     assert (run_dir / "report" / "memory.png").exists()
+    # what made the run: the command as typed, the libraries, the machine; named in the report
+    made = json.loads((run_dir / "provenance.json").read_text())
+    assert made["command"][1] == "train" and f"trainer.default_local_dir={run_dir}" in made["command"]
+    assert made["libraries"]["vllm"] != "not installed" and "Made by: posttrain" in (run_dir / "report" / "report.md").read_text()
     # the same command again: the run is finished, so it says so and trains nothing (no Ray started)
     again = run_train(run_dir, *TWO_STEPS)
     assert "this run is finished" in again.stdout and f"posttrain export {final}" in again.stdout
