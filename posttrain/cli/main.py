@@ -23,6 +23,7 @@
                                                      module:FUNCTION); --parsers, --formats: what env.tool_parser and
                                                      env.tool_format accept
   posttrain demo                                     the single controller at work on local Ray
+  posttrain --version                                posttrain's version (and git commit, run from a checkout)
 """
 
 from __future__ import annotations
