@@ -1,0 +1,76 @@
+"""posttrain as a user installs it: the wheel built from this checkout, installed where Python imports it
+in place of the editable copy, run from a directory outside the checkout, with no network."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from posttrain.config import preset_names
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+TOOL = '''def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first.
+        b: the second.
+    """
+    return a + b
+'''
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """(a directory outside the checkout, the environment that imports posttrain from the installed wheel)."""
+    root = tmp_path_factory.mktemp("package")
+    source = root / "source"  # the checkout's files as they are now, so the build leaves the checkout untouched
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()  # tracked, and new files not ignored
+    for name in listed:
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            (source / name).write_bytes((REPO / name).read_bytes())
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q", "-w", str(root / "wheel")],
+                   check=True, capture_output=True, timeout=300)
+    (wheel,) = (root / "wheel").glob("posttrain-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(root / "site"), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    env = os.environ | {"PYTHONPATH": str(root / "site"), "HF_HUB_OFFLINE": "1", "PYTHONNOUSERSITE": "1"}
+    work = root / "elsewhere"
+    work.mkdir()
+    return work, env
+
+
+def run(installed, *code_or_args: str, module: bool = True) -> subprocess.CompletedProcess:
+    work, env = installed
+    command = [sys.executable, "-m", "posttrain", *code_or_args] if module else [sys.executable, "-c", *code_or_args]
+    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
+def test_the_installed_package_is_the_one_imported(installed):
+    work, _ = installed
+    found = Path(run(installed, "import posttrain; print(posttrain.__file__)", module=False).stdout.strip())
+    assert found.is_relative_to(work.parent / "site") and not found.is_relative_to(REPO)
+
+
+def test_its_recipes_presets_and_data_work_from_elsewhere(installed):
+    work, _ = installed
+    assert "textarena" in run(installed, "recipe", "list").stdout  # the recipes' YAML files are package data
+    names = preset_names()
+    checked = run(installed, "from posttrain.cli.main import main\n"
+                             f"for name in {names!r}:\n"
+                             "    assert main(['config', '--preset', name]) == 0, name\n", module=False)
+    assert checked.stdout.count("trainer:") == len(names)  # each preset's whole config printed
+    run(installed, "prepare", "gsm8k", "--out", str(work / "gsm8k"))  # the vendored GSM8K copy is package data
+    assert (work / "gsm8k" / "train.parquet").is_file()
+    run(installed, "prepare", "arithmetic", "--out", str(work / "arithmetic"), "train_size=8", "val_size=2")
+    assert (work / "arithmetic" / "test.parquet").is_file()
+    (work / "my_tools.py").write_text(TOOL)
+    assert '"name": "add"' in run(installed, "tools", "my_tools.py:add").stdout
