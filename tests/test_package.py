@@ -63,14 +63,15 @@ def test_the_installed_package_is_the_one_imported(installed):
 def test_its_recipes_presets_and_data_work_from_elsewhere(installed):
     work, _ = installed
     assert "textarena" in run(installed, "recipe", "list").stdout  # the recipes' YAML files are package data
+    (work / "my_tools.py").write_text(TOOL)
     names = preset_names()
+    # the other commands in one process (each `python -m posttrain` pays the imports again): as main() runs them
     checked = run(installed, "from posttrain.cli.main import main\n"
                              f"for name in {names!r}:\n"
-                             "    assert main(['config', '--preset', name]) == 0, name\n", module=False)
-    assert checked.stdout.count("trainer:") == len(names)  # each preset's whole config printed
-    run(installed, "prepare", "gsm8k", "--out", str(work / "gsm8k"))  # the vendored GSM8K copy is package data
-    assert (work / "gsm8k" / "train.parquet").is_file()
-    run(installed, "prepare", "arithmetic", "--out", str(work / "arithmetic"), "train_size=8", "val_size=2")
-    assert (work / "arithmetic" / "test.parquet").is_file()
-    (work / "my_tools.py").write_text(TOOL)
-    assert '"name": "add"' in run(installed, "tools", "my_tools.py:add").stdout
+                             "    assert main(['config', '--preset', name]) == 0, name\n"
+                             "assert main(['prepare', 'gsm8k', '--out', 'gsm8k']) == 0\n"  # the vendored GSM8K copy is package data
+                             "assert main(['prepare', 'arithmetic', '--out', 'arithmetic', 'train_size=8', 'val_size=2']) == 0\n"
+                             "assert main(['tools', 'my_tools.py:add']) == 0\n", module=False)
+    assert checked.stdout.count("trainer:") >= len(names)  # each preset's whole config printed
+    assert (work / "gsm8k" / "train.parquet").is_file() and (work / "arithmetic" / "test.parquet").is_file()
+    assert '"name": "add"' in checked.stdout
