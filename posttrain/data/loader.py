@@ -91,6 +91,10 @@ class EpochSampler:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a :meth:`state_dict`; a position with no batch left moves to the next epoch."""
+        if state.get("kind", "shuffled") != "shuffled":
+            raise InputError(f"the checkpoint's data position was drawn by data.sampler ({state['kind']}), which this run does not "
+                             "set; resuming would replay different prompts. Use the same data.sampler, or start fresh "
+                             "(trainer.resume_mode=disable)")
         if state.get("num_samples", self.num_samples) != self.num_samples or state.get("seed", self.seed) != self.seed:
             raise InputError(
                 f"the checkpoint's data position is for {state.get('num_samples')} prompts shuffled with seed "

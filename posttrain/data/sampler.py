@@ -8,17 +8,19 @@ difficulty curriculum. Seeded, and resumable exactly from its ``state_dict``.
 ``data_source`` or ``extra_info.<field>``, e.g. a BFCL row's category). A stratum's share of every
 batch is its ``shares`` entry, or, for the strata without one, what is left in proportion to their rows.
 Seats are given one at a time to the stratum furthest below its share of all rows handed out at this
-level so far (ties: the stratum named first), so each batch is within one row of its shares and the run
-keeps them over its batches (a share of 0.1 of batches of 8 is 0.8 rows a batch: one row in four batches
-of five, none in the fifth). Within a stratum, rows come in a shuffled order of their own, drawn anew from
+level so far (ties: the stratum named first), so a stratum's count in a batch is less than two rows from
+its share of it, and its count over the run less than about one row from its share of all rows handed out
+(a share of 0.1 of batches of 8 is 0.8 rows a batch: one row in four batches of five, none in the fifth).
+At a curriculum level where only strata with shares are present, their shares are scaled to add up to 1. Within a stratum, rows come in a shuffled order of their own, drawn anew from
 ``(seed, stratum, pass)`` each time the stratum is used up; a batch never holds a row twice (at a
 pass's end, rows of the new pass already in the batch wait for the next one).
 
 **Curriculum.** Rows carry a level (``curriculum.key``, e.g. ``extra_info.level``; the values ordered
 as ``curriculum.levels`` lists them, or sorted). Batches hold rows of the current level only. After
 each training step the trainer reports the accuracy of its samples (:meth:`StratifiedSampler.observe`);
-when the mean accuracy of the current level's samples over the last ``window`` steps reaches
-``threshold``, the level steps up (the last level stays). ``curriculum/level`` (its index, from 0) and
+when the mean accuracy of the current level's samples over the last ``window`` steps that had any
+reaches ``threshold``, the level steps up (the last level stays; an asynchronous step may train only rows
+drawn before the step up, and counts for nothing). ``curriculum/level`` (its index, from 0) and
 ``curriculum/accuracy`` are logged each step. Strata apply within the level.
 
 Mixtures of environments (several datasets, each with a weight) are strata of this sampler: a
@@ -27,6 +29,7 @@ stratum per source, its weight its share.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +75,8 @@ class StratifiedSampler:
     (``__iter__`` the rest of an epoch, ``epoch``, ``__len__``, ``state_dict``) plus :meth:`observe`.
 
     ``strata[i]`` and ``levels[i]`` are row ``i``'s stratum and level (``levels`` None: no curriculum).
-    An epoch is ``len(self)`` batches, as many rows as the dataset holds.
+    An epoch is ``len(self)`` batches, as many rows as the dataset holds. Thread-safe: in async mode the
+    generators draw batches while the trainer tells the curriculum its accuracies and checkpoints.
     """
 
     def __init__(self, strata: Sequence[Any], batch_size: int, *, seed: int = 0, shares: Mapping[str, float] | None = None,
@@ -95,14 +99,19 @@ class StratifiedSampler:
         unknown = sorted(set(shares) - set(self.stratum_names))
         if unknown:
             raise InputError(f"data.sampler.shares names {unknown}, which no training row is in; the strata are {self.stratum_names}")
-        # rows per (level, stratum), in dataset order
-        self.rows: dict[tuple[int, str], np.ndarray] = {}
-        for level_index, level in enumerate(self.levels):
-            for name in self.stratum_names:
-                found = np.array([i for i, (s, lv) in enumerate(zip(names, row_levels)) if s == name and lv == level], dtype=np.int64)
-                if len(found):
-                    self.rows[(level_index, name)] = found
+        # rows per (level, stratum), in dataset order, grouped in one pass
+        level_of = {level: index for index, level in enumerate(self.levels)}
+        self.row_level = np.array([level_of[level] for level in row_levels], dtype=np.int64)  # each row's level index
+        grouped: dict[tuple[int, str], list[int]] = {}
+        for row, (name, level) in enumerate(zip(names, self.row_level.tolist())):
+            grouped.setdefault((level, name), []).append(row)
+        self.rows = {key: np.array(grouped[key], dtype=np.int64)
+                     for key in sorted(grouped, key=lambda k: (k[0], self.stratum_names.index(k[1])))}
         self.shares = [self._level_shares(level_index, shares) for level_index in range(len(self.levels))]
+        self._identity = {"kind": "stratified", "num_samples": self.num_samples, "seed": seed, "batch_size": batch_size,
+                          "strata": self.stratum_names, "levels": [repr(level) for level in self.levels],
+                          "shares": {name: share for name, share in sorted(shares.items())}}
+        self._lock = threading.Lock()
         self._batches, self._level, self._level_batches = 0, 0, 0
         self._given: dict[str, int] = {}  # rows handed out per stratum at this level
         self._cursor: dict[tuple[int, str], tuple[int, int, list[int]]] = {}  # (pass, index, rows waiting)
@@ -133,23 +142,26 @@ class StratifiedSampler:
             yield self._next_batch()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": "stratified", "num_samples": self.num_samples, "seed": self.seed, "batches": self._batches,
-                "level": self._level, "level_batches": self._level_batches, "given": dict(self._given),
+        with self._lock:
+            return self._identity | {
+                "batches": self._batches, "level": self._level, "level_batches": self._level_batches, "given": dict(self._given),
                 "cursor": [[level, name, *position[:2], list(position[2])] for (level, name), position in self._cursor.items()],
                 "window": [list(w) for w in self._window]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("kind") != "stratified" or state.get("num_samples") != self.num_samples or state.get("seed") != self.seed:
+        """Continue from a :meth:`state_dict` of a sampler built alike (data, seed, batch size, strata, levels, shares)."""
+        theirs = {key: state.get(key) for key in self._identity}
+        if theirs != self._identity:
+            differ = ", ".join(f"{key} {theirs[key]!r} (now {mine!r})" for key, mine in self._identity.items() if theirs[key] != mine)
             raise InputError(
-                f"the checkpoint's data position ({state.get('kind', 'shuffled')}, {state.get('num_samples')} prompts, seed "
-                f"{state.get('seed')}) is not this sampler's (stratified, {self.num_samples} prompts, seed {self.seed}); "
-                "resuming would replay different prompts. Use the same data and data.sampler, or start fresh "
-                "(trainer.resume_mode=disable)")
-        self._batches, self._level, self._level_batches = int(state["batches"]), int(state["level"]), int(state["level_batches"])
-        self._given = {str(k): int(v) for k, v in state["given"].items()}
-        self._cursor = {(int(level), str(name)): (int(pass_), int(index), [int(r) for r in waiting])
-                        for level, name, pass_, index, waiting in state["cursor"]}
-        self._window = [(float(total), int(count)) for total, count in state["window"]]
+                f"the checkpoint's data position was drawn otherwise: {differ}; resuming would replay different prompts. "
+                "Use the same data, data.seed, data.train_batch_size and data.sampler, or start fresh (trainer.resume_mode=disable)")
+        with self._lock:
+            self._batches, self._level, self._level_batches = int(state["batches"]), int(state["level"]), int(state["level_batches"])
+            self._given = {str(k): int(v) for k, v in state["given"].items()}
+            self._cursor = {(int(level), str(name)): (int(pass_), int(index), [int(r) for r in waiting])
+                            for level, name, pass_, index, waiting in state["cursor"]}
+            self._window = [(float(total), int(count)) for total, count in state["window"]]
 
     # ---- the curriculum --------------------------------------------------------------------
     def observe(self, rows: Sequence[int], accuracy: Sequence[float]) -> dict[str, float]:
@@ -157,19 +169,18 @@ class StratifiedSampler:
         current level's accuracy over the window reaches the threshold; returns the ``curriculum/*`` metrics."""
         if self.curriculum is None:
             return {}
-        level_rows = {int(r) for rows_ in self.rows_of_level(self._level) for r in rows_}
-        mine = [float(a) for r, a in zip(rows, accuracy) if int(r) in level_rows]
-        self._window = (self._window + [(sum(mine), len(mine))])[-self.curriculum.window:]
-        total, count = sum(w[0] for w in self._window), sum(w[1] for w in self._window)
-        window_accuracy = total / count if count else 0.0
-        metrics = {"curriculum/level": float(self._level), "curriculum/accuracy": window_accuracy}
-        full = len(self._window) == self.curriculum.window
-        if full and window_accuracy >= self.curriculum.threshold and self._level + 1 < len(self.levels):
-            self._level, self._level_batches, self._given, self._window = self._level + 1, 0, {}, []
-        return metrics
-
-    def rows_of_level(self, level: int) -> list[np.ndarray]:
-        return [rows for (lv, _), rows in self.rows.items() if lv == level]
+        with self._lock:
+            mine = [float(a) for r, a in zip(rows, accuracy) if self.row_level[int(r)] == self._level]
+            if mine:  # a step with none of this level's samples (async, just after a step up) counts for nothing
+                self._window = (self._window + [(sum(mine), len(mine))])[-self.curriculum.window:]
+            metrics = {"curriculum/level": float(self._level)}
+            count = sum(w[1] for w in self._window)
+            if count:
+                metrics["curriculum/accuracy"] = sum(w[0] for w in self._window) / count
+            full = len(self._window) == self.curriculum.window
+            if full and metrics["curriculum/accuracy"] >= self.curriculum.threshold and self._level + 1 < len(self.levels):
+                self._level, self._level_batches, self._given, self._window = self._level + 1, 0, {}, []
+            return metrics
 
     # ---- drawing ---------------------------------------------------------------------------
     def _level_shares(self, level: int, shares: Mapping[str, float]) -> dict[str, float]:
@@ -182,15 +193,23 @@ class StratifiedSampler:
             raise InputError(f"data.sampler.shares {bad}: each share is a fraction of a batch in (0, 1]")
         rest = {name: rows for name, rows in present.items() if name not in given}
         left = 1.0 - sum(given.values())
-        if left < -1e-9 or (left > 1e-9 and not rest) or (rest and left <= 1e-9):
-            raise InputError(f"data.sampler.shares {given}{where} sum to {sum(given.values()):.3g}, leaving {max(left, 0):.3g} for "
-                             f"{sorted(rest) or 'no other stratum'}: the shares of a level's strata must add up to 1")
-        result = given | {name: left * rows / sum(rest.values()) for name, rows in rest.items()}
+        if given and not rest:  # every stratum of this level has a share: scaled to add up to 1 (module docstring)
+            if left < -1e-6 and shares.keys() == given.keys():
+                raise InputError(f"data.sampler.shares {given} sum to {sum(given.values()):.6g}: at most 1")
+            result = {name: share / sum(given.values()) for name, share in given.items()}
+        elif left <= 1e-6:
+            raise InputError(f"data.sampler.shares {given}{where} sum to {sum(given.values()):.6g}, leaving nothing for "
+                             f"{sorted(rest)}: give those strata shares too, or lower these")
+        else:
+            result = given | {name: left * rows / sum(rest.values()) for name, rows in rest.items()}
         for name, share in result.items():
-            most = int(np.ceil(share * self.batch_size)) + 1
-            if present[name] < min(most, self.batch_size):
+            most = min(int(np.ceil(share * self.batch_size)) + 1, self.batch_size)
+            if present[name] < most:
+                if self.stratum_names == ["all"] and not given:
+                    raise InputError(f"level {self.levels[level]!r} has {present[name]} training rows, fewer than a batch of "
+                                     f"{self.batch_size} (data.train_batch_size); add rows to it or lower the batch size")
                 raise InputError(f"stratum {name!r}{where} has {present[name]} rows, but its share {share:.3g} of a batch of "
-                                 f"{self.batch_size} can ask for {min(most, self.batch_size)} in one batch; add rows or lower its share")
+                                 f"{self.batch_size} can ask for {most} in one batch; add rows or lower its share")
         return result
 
     def _allocate(self) -> dict[str, int]:
@@ -206,14 +225,15 @@ class StratifiedSampler:
         return seats
 
     def _next_batch(self) -> np.ndarray:
-        seats = self._allocate()
-        batch: list[int] = []
-        for name, count in seats.items():
-            batch += self._draw((self._level, name), count)
-            self._given[name] = self._given.get(name, 0) + count
-        self._batches += 1
-        self._level_batches += 1
-        return np.array(batch, dtype=np.int64)
+        with self._lock:  # the level, the cursors and the counts move together
+            level, seats = self._level, self._allocate()
+            batch: list[int] = []
+            for name, count in seats.items():
+                batch += self._draw((level, name), count)
+                self._given[name] = self._given.get(name, 0) + count
+            self._batches += 1
+            self._level_batches += 1
+            return np.array(batch, dtype=np.int64)
 
     def _draw(self, key: tuple[int, str], count: int) -> list[int]:
         """``count`` distinct rows of one stratum, continuing its shuffled order (module docstring)."""

@@ -80,7 +80,8 @@ class SingleTurnRollout:
         self, roles: RolloutRoles, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None,
         whole_batch: bool = True,
     ) -> tuple[Batch, Metrics]:
-        """Responses for ``batch``'s rows, scored (``whole_batch``: nothing is decided across a batch here)."""
+        """Responses for ``batch``'s rows, scored; with ``whole_batch`` (a training batch), also what is decided
+        across it (:meth:`finish_batch`)."""
         timings = {} if timings is None else timings
         with timed(timings, "gen"):
             sampled = roles.actor.generate(validation_view(batch) if validate else batch)
@@ -91,7 +92,9 @@ class SingleTurnRollout:
             scored, metrics = self.score(roles, batch.union(responses))
         if validate and self.calls is not None:  # each response's counters, in the episode records
             scored = scored.union(Batch.from_dict(non_tensors={keys.EPISODE_STATS: [dict(count) for count in self._counts]}))
-        return scored, metrics
+        if validate or not whole_batch:
+            return scored, metrics
+        return self.finish_batch(scored, metrics)
 
     def finish_batch(self, batch: Batch, metrics: Metrics) -> tuple[Batch, Metrics]:
         """What is decided across the whole training batch: the rewards' normalisation (``env.reward_norm``)."""

@@ -46,11 +46,12 @@ def _distributions() -> dict[str, list[str]]:
 
 
 def git_state(path: Path) -> dict[str, Any] | None:
-    """``{"commit", "dirty"}`` of the git work tree holding ``path``; None outside one (an installed package)
-    or without git."""
+    """``{"commit", "dirty"}`` of the git work tree that tracks ``path`` (a folder); None where none does
+    (an installed package, even in a virtual environment inside some other repository) or without git."""
     try:
+        tracked = subprocess.run(["git", "-C", str(path), "ls-files", "--error-unmatch", "."], capture_output=True, text=True, timeout=10)
         commit = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if commit.returncode != 0:
+        if tracked.returncode != 0 or commit.returncode != 0:
             return None
         changes = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
                                  capture_output=True, text=True, timeout=10)
@@ -109,9 +110,10 @@ def write(run_dir: Path, argv: list[str] | None = None) -> Path:
 
 def find(path: Path) -> dict[str, Any] | None:
     """The provenance of the run a file lies in: ``provenance.json`` beside it or one folder up (a run's
-    ``validation/step_N.jsonl``); None where there is none (a file from elsewhere, an older run)."""
+    ``validation/step_N.jsonl``), or a run directory's own; None where there is none (a file from
+    elsewhere, an older run)."""
     path = Path(path)
-    for folder in (path if path.is_dir() else path.parent, (path if path.is_dir() else path.parent).parent):
+    for folder in ([path] if path.is_dir() else [path.parent, path.parent.parent]):  # a run directory: its own only
         if (folder / PROVENANCE).is_file():
             return json.loads((folder / PROVENANCE).read_text())
     return None

@@ -1,6 +1,8 @@
 """data.sampler: strata held at their shares, a curriculum that steps up and holds, exact resumes."""
 
 import json
+import sys
+import threading
 from collections import Counter
 
 import pytest
@@ -8,7 +10,7 @@ import pytest
 from posttrain import keys
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import check_sampler
-from posttrain.data import PromptDataLoader, RLDataset
+from posttrain.data import EpochSampler, PromptDataLoader, RLDataset
 from posttrain.data.loader import row_of_uid
 from posttrain.data.sampler import Curriculum, StratifiedSampler
 from posttrain.errors import InputError
@@ -93,10 +95,13 @@ def test_samples_of_an_earlier_level_do_not_count_for_the_current_one():
     sampler.observe(level_one, [1.0] * 6)
     sampler.observe(level_one, [1.0] * 6)
     assert sampler.level == 1
-    sampler.observe(level_one, [1.0] * 6)  # late samples of level 1 (drawn before the step up, as async steps train)
+    told = sampler.observe(level_one, [1.0] * 6)  # late samples of level 1 (drawn before the step up, as async steps train)
+    assert told == {"curriculum/level": 1.0}  # nothing of level 2 yet: no accuracy, and no step in its window
     told = sampler.observe(level_two, [1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
     assert told["curriculum/accuracy"] == pytest.approx(0.5)  # level 2's own samples only (with level 1's: 0.75)
-    assert sampler.level == 1
+    assert sampler.level == 1  # one step of its own, the window holds two
+    sampler.observe(level_two, [1.0] * 6)
+    assert sampler.level == 2  # (0.5 + 1.0) / 2 = 0.75 over two steps of its own
 
 
 @pytest.mark.parametrize("stop_after", [3, 7, 16])
@@ -118,18 +123,58 @@ def test_a_resumed_sampler_continues_exactly_with_its_curriculum(stop_after):
     assert reference[-1][1]["curriculum/level"] == 2  # the run did step up: the resume carried the level
 
 
-def test_a_state_from_another_sampler_is_refused():
+def test_a_position_drawn_otherwise_is_refused_either_way():
     sampler = StratifiedSampler(STRATA, 8, seed=1)
-    with pytest.raises(InputError, match="not this sampler's"):
+    with pytest.raises(InputError, match="drawn otherwise"):
         sampler.load_state_dict({"epoch": 0, "index": 8, "num_samples": 100, "seed": 1})  # an EpochSampler's
+    with pytest.raises(InputError, match=r"drawn otherwise: shares \{\} \(now \{'c': 0.5\}\)"):
+        StratifiedSampler(STRATA, 8, seed=1, shares={"c": 0.5}).load_state_dict(sampler.state_dict())
+    with pytest.raises(InputError, match="drawn by data.sampler"):  # the sampler taken out of the config
+        EpochSampler(100, 8, seed=1).load_state_dict(sampler.state_dict())
+
+
+def test_many_threads_drawing_while_the_curriculum_steps_up_never_mix_levels():
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as Python can: the race, if any, shows at once
+    try:
+        sampler, levels = sampler_with_levels()
+        drawn, errors = [], []
+
+        def draw() -> None:
+            try:
+                for _ in range(200):
+                    drawn.append(next(iter(sampler)).tolist())
+            except Exception as error:  # noqa: BLE001 - the test reports whatever a thread hit
+                errors.append(error)
+
+        threads = [threading.Thread(target=draw) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for _ in range(400):
+            sampler.observe(list(range(90)), [1.0] * 90)
+            sampler.state_dict()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(previous)
+    assert not errors and len(drawn) == 600
+    assert all(len({levels[row] for row in batch}) == 1 for batch in drawn)
+
+
+def test_a_level_holding_only_strata_with_shares_takes_them_scaled_to_one():
+    strata = ["x"] * 20 + ["x", "y"] * 10  # level 1: only x; level 2: x and y
+    sampler = StratifiedSampler(strata, 4, shares={"x": 0.5}, levels=[1] * 20 + [2] * 20, curriculum=Curriculum(0.5, 1))
+    assert sampler.shares == [{"x": 1.0}, {"x": 0.5, "y": 0.5}]
+    with pytest.raises(InputError, match=r"level 2 has 3 training rows, fewer than a batch of 4 \(data.train_batch_size\)"):
+        StratifiedSampler(["all"] * 23, 4, levels=[1] * 20 + [2] * 3, curriculum=Curriculum(0.5, 1))
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"shares": {"d": 0.2}}, "no training row is in"),
-    ({"shares": {"a": 0.6, "b": 0.6}}, "must add up to 1"),
+    ({"shares": {"a": 0.6, "b": 0.6}}, "leaving nothing"),
     ({"shares": {"a": 0.5, "b": 0.3, "c": 0.2, }, "batch_size": 8}, None),
-    ({"shares": {"a": 0.5, "b": 0.5}}, "must add up to 1"),  # c would get nothing
-    ({"shares": {"c": 1.0}}, "must add up to 1"),
+    ({"shares": {"a": 0.5, "b": 0.5}}, "leaving nothing for \\['c'\\]"),  # c would get nothing
+    ({"shares": {"c": 1.0}}, "leaving nothing"),
 ])
 def test_shares_that_cannot_be_met_are_refused(kwargs, message):
     batch_size = kwargs.pop("batch_size", 8)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.models import cached_tiny_model
+from posttrain.trainer.provenance import package_version
 from tests.e2e import cli_runs
 from tests.e2e.cli_runs import episodes
 
@@ -132,7 +133,7 @@ def test_grpo_two_steps(two_steps, tmp_path):
     # what made the run: the command as typed, the libraries, the machine; named in the report
     made = json.loads((run_dir / "provenance.json").read_text())
     assert made["command"][1] == "train" and f"trainer.default_local_dir={run_dir}" in made["command"]
-    assert made["libraries"]["vllm"] != "not installed" and "Made by: posttrain" in (run_dir / "report" / "report.md").read_text()
+    assert made["libraries"]["torch"] == package_version("torch") and "Made by: posttrain" in (run_dir / "report" / "report.md").read_text()
     # the same command again: the run is finished, so it says so and trains nothing (no Ray started)
     again = run_train(run_dir, *TWO_STEPS)
     assert "this run is finished" in again.stdout and f"posttrain export {final}" in again.stdout

@@ -112,11 +112,11 @@ def prepare_arithmetic(
     num_operands: int = 2,
     operators: str = "+-*",
     seed: int = 0,
-    levels: str | None = None,
+    levels: str | list[int] | None = None,
 ) -> list[Path]:
     """Write ``train.parquet`` and ``test.parquet`` (the held-out split) into ``out_dir``.
 
-    ``levels``: digits per difficulty level, comma-separated (``"1,2,3"``): ``train_size`` and ``val_size``
+    ``levels``: digits per difficulty level, comma-separated (``"1,2,3"``; in a preset also a list): ``train_size`` and ``val_size``
     problems of each, ``extra_info.level`` their digits (for ``data.sampler.curriculum.key=extra_info.level``),
     in place of ``digits``."""
     check_counts(1, train_size=train_size, val_size=val_size)
@@ -130,9 +130,9 @@ def prepare_arithmetic(
     return [write_rows(rows, Path(out_dir) / f"{split}.parquet") for split, rows in splits.items()]
 
 
-def _levels(levels: str) -> list[int]:
+def _levels(levels: str | list[int]) -> list[int]:
     try:
-        parsed = [int(part) for part in str(levels).split(",")]
+        parsed = [int(part) for part in (levels if isinstance(levels, (list, tuple)) else str(levels).split(","))]
     except ValueError:
         raise InputError(f"levels={levels!r}: digits per level, comma-separated, e.g. '1,2,3'") from None
     if len(set(parsed)) != len(parsed) or len(parsed) < 2:

@@ -18,7 +18,8 @@ Options (``key=value``, as every preparer takes them):
   curriculum, ``reasoning_gym.factory.create_curriculum``, at that global level: its attributes' fields
   over the task's ``configs``), ``size`` items per level, ``extra_info.level`` the level (for
   ``data.sampler.curriculum.key=extra_info.level``). Level ``L``'s items use seeds from ``seed + L*size``; the
-  held-out split keeps the task's ``configs`` and leaves out every training level's questions;
+  held-out split keeps the task's ``configs`` and leaves out every training level's questions; SFT
+  transcripts (``sft_size``) come from level 0's items;
 - ``system_prompt``: which of the library's ``reasoning_gym.utils.SYSTEM_PROMPTS`` becomes the system
   message (``default``: think, then ``<answer>...</answer>``; ``direct``: only the tagged answer;
   ``none``: no system message). The tag is what the library's ``extract_answer`` reads;
@@ -67,6 +68,8 @@ def prepare_reasoning_gym(
     """Write the files of the module docstring into ``out_dir``; returns their paths."""
     check_counts(1, size=size, test_size=test_size)
     check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size, levels=levels)
+    if levels == 1:
+        raise InputError("levels=1: a curriculum steps between at least two levels; pass levels=N with N >= 2, or 0 for none")
     if sft_size + sft_val_size > size:
         raise InputError(f"sft_size + sft_val_size = {sft_size + sft_val_size} transcripts per task are drawn from its {size} training items; lower them")
     check_seeds(seed, size * max(levels, 1), test_seed, test_size * TEST_SCAN_FACTOR)
