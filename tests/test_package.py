@@ -54,24 +54,21 @@ def run(installed, *code_or_args: str, module: bool = True) -> subprocess.Comple
     return done
 
 
-def test_the_installed_package_is_the_one_imported(installed):
-    work, _ = installed
-    found = Path(run(installed, "import posttrain; print(posttrain.__file__)", module=False).stdout.strip())
-    assert found.is_relative_to(work.parent / "site") and not found.is_relative_to(REPO)
-
-
-def test_its_recipes_presets_and_data_work_from_elsewhere(installed):
+def test_the_installed_package_runs_its_recipes_presets_and_data_from_elsewhere(installed):
     work, _ = installed
     assert "textarena" in run(installed, "recipe", "list").stdout  # the recipes' YAML files are package data
     (work / "my_tools.py").write_text(TOOL)
     names = preset_names()
     # the other commands in one process (each `python -m posttrain` pays the imports again): as main() runs them
-    checked = run(installed, "from posttrain.cli.main import main\n"
+    checked = run(installed, "import posttrain\nprint('imported from', posttrain.__file__)\n"
+                             "from posttrain.cli.main import main\n"
                              f"for name in {names!r}:\n"
                              "    assert main(['config', '--preset', name]) == 0, name\n"
                              "assert main(['prepare', 'gsm8k', '--out', 'gsm8k']) == 0\n"  # the vendored GSM8K copy is package data
                              "assert main(['prepare', 'arithmetic', '--out', 'arithmetic', 'train_size=8', 'val_size=2']) == 0\n"
                              "assert main(['tools', 'my_tools.py:add']) == 0\n", module=False)
+    found = Path(checked.stdout.split("imported from ", 1)[1].split("\n", 1)[0])
+    assert found.is_relative_to(work.parent / "site") and not found.is_relative_to(REPO)  # the wheel's copy, not the checkout's
     assert checked.stdout.count("trainer:") >= len(names)  # each preset's whole config printed
     assert (work / "gsm8k" / "train.parquet").is_file() and (work / "arithmetic" / "test.parquet").is_file()
     assert '"name": "add"' in checked.stdout
