@@ -204,12 +204,12 @@ def test_the_config_check_refuses_a_schedule_that_cannot_work():
     config.trainer.total_training_steps = 10
     sampler = config.data.sampler
     sampler.stratify_by, sampler.shares = "category", {"a": 1.2}
-    sampler.curriculum.key, sampler.curriculum.threshold, sampler.curriculum.window = "extra_info.level", 1.5, 10
+    sampler.curriculum.key, sampler.curriculum.threshold, sampler.curriculum.window = "extra_info.level", 1.5, 0
     problems = {p.key: p.message for p in check_sampler(config)}
     assert set(problems) == {"data.sampler.stratify_by", "data.sampler.shares", "data.sampler.curriculum.threshold",
                              "data.sampler.curriculum.window"}
     assert "data_source or extra_info.<field>" in problems["data.sampler.stratify_by"]
-    assert "fewer than the run's 10 steps" in problems["data.sampler.curriculum.window"]
+    assert "at least 1" in problems["data.sampler.curriculum.window"]
     assert check_sampler(PosttrainConfig()) == []
 
 
