@@ -2,7 +2,6 @@
 
 import json
 import subprocess
-import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -52,10 +51,13 @@ def test_the_commit_and_uncommitted_changes_of_a_work_tree(tmp_path):
     assert provenance.git_state(tmp_path)["dirty"] is True
 
 
-def test_posttrain_version_prints_the_version_and_the_checkout_s_commit():
-    done = subprocess.run([sys.executable, "-m", "posttrain.cli", "--version"], capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"posttrain {metadata.version('posttrain')} (commit {git(REPO, 'rev-parse', 'HEAD')[:12]}")
+def test_posttrain_version_prints_the_version_and_the_checkout_s_commit(capsys):
+    from posttrain.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith(f"posttrain {metadata.version('posttrain')} (commit {git(REPO, 'rev-parse', 'HEAD')[:12]}")
 
 
 def runs_with(tmp_path: Path, torch_versions: tuple[str, str]) -> tuple[Path, Path]:
