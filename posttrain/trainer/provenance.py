@@ -20,6 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from posttrain.trainer.tracking import flatten
+
 PROVENANCE = "provenance.json"
 CORE = ("torch", "transformers", "vllm", "ray")  # always recorded ("not installed" where absent)
 # outside libraries, recorded where installed (by import name)
@@ -121,7 +123,7 @@ def find(path: Path) -> dict[str, Any] | None:
 
 def differences(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     """What differs between two provenances, one ``key: A vs B`` line each (not the command or the time)."""
-    flat_a, flat_b = _flatten(first), _flatten(second)
+    flat_a, flat_b = flatten(first), flatten(second)
     return [f"{key}: {flat_a.get(key, 'absent')} vs {flat_b.get(key, 'absent')}" for key in sorted(set(flat_a) | set(flat_b))
             if key.split(".")[0] not in NOT_COMPARED and flat_a.get(key) != flat_b.get(key)]
 
@@ -133,16 +135,6 @@ def summary(found: dict[str, Any]) -> str:
     return (f"posttrain {version}; " + ", ".join(f"{name} {libraries[name]}" for name in libraries) +
             f"; {machine['cpu']} ({'native bf16' if machine['native_bf16'] else 'no native bf16'}, {machine['torch_threads']} threads)"
             + (f", GPU {', '.join(machine['gpu'])}" if machine.get("gpu") else ""))
-
-
-def _flatten(found: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in found.items():
-        if isinstance(value, dict):
-            flat |= _flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _cpu_model() -> str:

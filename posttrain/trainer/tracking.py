@@ -153,7 +153,7 @@ class MlflowTracker:
         mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
         mlflow.set_experiment(experiment)
         self.run = mlflow.start_run(run_name=name)
-        flat = _flatten(config)
+        flat = flatten(config)
         mlflow.log_params({k: str(v)[:500] for k, v in list(flat.items())[:100]})
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
@@ -164,11 +164,12 @@ class MlflowTracker:
         self.mlflow.end_run()
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as one level, keys joined with dots (``{"a": {"b": 1}}`` → ``{"a.b": 1}``)."""
     flat: dict[str, Any] = {}
     for k, v in tree.items():
         if isinstance(v, Mapping):
-            flat |= _flatten(v, f"{prefix}{k}.")
+            flat |= flatten(v, f"{prefix}{k}.")
         else:
             flat[f"{prefix}{k}"] = v
     return flat
