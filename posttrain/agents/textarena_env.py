@@ -52,7 +52,7 @@ from posttrain.errors import InputError, import_optional
 
 DATA_SOURCE = "textarena"
 PLAYER = 0  # the agent: the only player of a one-player game
-INSTALL_HINT = 'install it with `pip install -e ".[envs]"` (textarena==0.7.4)'
+INSTALL_HINT = 'pip install "textarena==0.7.4" (posttrain\'s envs extra: pip install "posttrain[envs]", or -e ".[envs]" from a checkout)'
 # the packages (textarena.envs.<Game>) of the one-player games that start offline (module docstring)
 OFFLINE_GAMES = frozenset({
     "Bandit", "Blackjack", "Countdown", "Crosswords", "Cryptarithm", "FifteenPuzzle", "FrozenLake", "Game2048",

@@ -23,6 +23,8 @@
                                                      module:FUNCTION); --parsers, --formats: what env.tool_parser and
                                                      env.tool_format accept
   posttrain demo                                     the single controller at work on local Ray
+  posttrain setup [--dry-run] [--machine cpu|gpu]    install what posttrain needs beyond its package's dependencies,
+                                                     for this machine (the vLLM build, the default model, BFCL, OpenEnv)
   posttrain --version                                posttrain's version (and git commit, run from a checkout)
 """
 
@@ -32,6 +34,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from posttrain import install
 from posttrain.cli.preflight import COMMANDS, load_run_config
 from posttrain.cli.report import report_error
 from posttrain.config import preset_names, preset_path, to_yaml
@@ -205,6 +208,11 @@ def _add_service_commands(commands) -> None:
     tools.add_argument("--format", default="auto", help="the tool format (env.tool_format) the prompt is rendered in (default auto)")
     tools.add_argument("--formats", action="store_true", help="list the tool formats env.tool_format accepts, and stop")
     tools.set_defaults(run=_tools_command)
+
+    setup = commands.add_parser("setup", help="install what posttrain needs beyond its package's dependencies, for this machine "
+                                              "(the vLLM build, the default model, BFCL's checker, OpenEnv); --dry-run prints the plan")
+    install.add_arguments(setup)
+    setup.set_defaults(run=install.run_arguments)
 
     demo = commands.add_parser("demo", help="run the single-controller demo on local Ray")
     demo.add_argument("--ranks", type=int, default=2)

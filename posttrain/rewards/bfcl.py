@@ -56,10 +56,11 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.errors import InputError, import_optional
+from posttrain.install import OUTSIDE, install_line
 
 MODEL_NAME = "posttrain"  # the checker's model_name; no "_" (the checker reads "_" in it as "/")
-BFCL_PIN = "bfcl-eval==2026.3.23"
-INSTALL_HINT = f'pip install --no-deps "{BFCL_PIN}" (its pinned dependencies clash with posttrain\'s; scripts/setup.sh does this)'
+BFCL_PIN = OUTSIDE["bfcl-eval"].requirement
+INSTALL_HINT = f"`{install_line('bfcl-eval')}` (`posttrain setup` does this; its pinned dependencies clash with posttrain's)"
 _MODEL_CONFIG_MODULE = "bfcl_eval.constants.model_config"
 
 

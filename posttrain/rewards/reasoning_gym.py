@@ -45,7 +45,7 @@ from posttrain.errors import InputError, MissingLibraryError, import_optional
 
 DATA_SOURCE = "reasoning_gym"
 RG_PIN = "reasoning-gym==0.1.25"
-INSTALL_HINT = f'pip install "{RG_PIN}" (or pip install -e ".[envs]"; scripts/setup.sh does this)'
+INSTALL_HINT = f'pip install "{RG_PIN}" (posttrain\'s envs extra: pip install "posttrain[envs]", or -e ".[envs]" from a checkout)'
 
 
 def library(module: str = "reasoning_gym") -> Any:

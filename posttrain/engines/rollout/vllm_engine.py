@@ -41,9 +41,13 @@ from posttrain.engines.rollout.base import (
     RolloutEngine,
     check_prompts_fit,
 )
+from posttrain.errors import import_optional
+from posttrain.install import ENGINE
 from posttrain.models.loading import check_causal_lm_config, resolve_dtype, resolve_model
 
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
+VLLM_HINT = (f"`posttrain setup` installs the build for this machine ({ENGINE['cpu'][0]} on a CPU, {ENGINE['gpu'][0]} on "
+             "an NVIDIA GPU), or set the rollout name to hf (Hugging Face generate)")
 
 
 class VLLMRolloutEngine(RolloutEngine):
@@ -85,7 +89,8 @@ class VLLMRolloutEngine(RolloutEngine):
         path = resolve_model(model_path)
         check_causal_lm_config(path)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        from vllm import LLM
+        LLM = import_optional("vllm", package="vllm", needed_by="the vLLM rollout engine (rollout name vllm) was asked for",
+                              hint=VLLM_HINT).LLM
 
         self._on_gpu = torch.cuda.is_available()
         if kv_cache_bytes is None and not self._on_gpu:
