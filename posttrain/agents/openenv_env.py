@@ -1,10 +1,15 @@
 """OpenEnv servers as an agent environment (``env.name: openenv``).
 
-`OpenEnv <https://github.com/meta-pytorch/OpenEnv>`_ (``openenv-core``) serves an environment behind
-HTTP and a WebSocket: ``reset`` starts an episode, ``step(action)`` returns an observation with its
-reward and ``done``. This adapter plays one posttrain episode as one OpenEnv session, through
-openenv's own client (``GenericEnvClient(...).sync()``: one WebSocket, so one environment instance on
-the server, per episode); it never speaks the protocol itself.
+`OpenEnv <https://github.com/huggingface/OpenEnv>`_ serves an environment behind HTTP and a WebSocket:
+``reset`` starts an episode, ``step(action)`` returns an observation with its reward and ``done``. This
+adapter plays one posttrain episode as one OpenEnv session, through openenv's own client
+(``GenericEnvClient(...).sync()``: one WebSocket, so one environment instance on the server, per
+episode); it never speaks the protocol itself.
+
+**Versions.** The client is the installed package's: ``openenv`` 0.10 (what set-up installs) or the older
+``openenv-core`` 0.3.0 (both are the module ``openenv``, so one is installed at a time); either speaks to
+servers of either (tests/agents/test_openenv_env.py, all four pairings). The one difference this adapter
+sees: 0.10's server sends an observation's ``metadata`` inside it, 0.3.0's leaves it out.
 
     env.name: openenv
     env.options: {url: http://127.0.0.1:8000, action_field: message}
@@ -16,9 +21,10 @@ the server, per episode); it never speaks the protocol itself.
   (default ``message``: echo_env's and textarena's field; ``code`` for coding_env): the action sent is
   ``{action_field: text}``. An action whose other fields are required cannot be filled from text:
   :meth:`OpenEnvEnv.before_training` refuses it, reading the server's ``/schema``.
-- **Observation.** The server's observation (its fields but ``reward``, ``done`` and ``metadata``)
-  becomes the next user message: the field ``observation_field`` when set; else the only field when
-  there is one; else all the fields as JSON. Text values are shown as they are, others as JSON.
+- **Observation.** The server's observation (its fields but ``reward``, ``done`` and ``metadata``, which
+  are never shown) becomes the next user message: the field ``observation_field`` when set; else the
+  only field when there is one; else all the fields as JSON. Text values are shown as they are, others
+  as JSON.
 - **Reward and done** are the server's, as it returned them (a ``None`` reward counts 0). The episode
   ends when the server says ``done`` or on the loop's turn budget. ``success`` (``reward_extra/acc``)
   is a step reward at least ``success_reward`` when that is set, never otherwise.
@@ -55,6 +61,7 @@ from urllib.parse import urlsplit
 
 from posttrain.agents.env import EpisodeSample, Environment, StepInfo, StepResult
 from posttrain.errors import InputError, PosttrainError, ProcessLost
+from posttrain.install import install_line
 
 if TYPE_CHECKING:
     from posttrain.config.schema import EnvConfig
@@ -63,12 +70,14 @@ logger = logging.getLogger(__name__)
 
 RESET_KEY = "openenv_reset"  # a row's extra_info entry: its reset arguments
 MAX_PARALLEL_STEPS = 64
-INSTALL = "bash scripts/setup.sh installs it (pip install --no-deps openenv-core==0.3.0, with fastmcp==4.2.3)"
+INSTALL = f"`{install_line('openenv')}` (`posttrain setup` does this)"
 # openenv's client raises RuntimeError(f"Server error: {message} (code: {code})") for the server's error replies
 _SERVER_ERROR = re.compile(r"^Server error: (?P<message>.*) \(code: (?P<code>[A-Z_]+)\)$", re.DOTALL)
 # the urls of servers an episode of this process found gone, until a reset there succeeds again: the other
 # episodes' sessions on them close without waiting (a frozen server holds each close for 10 s, one after another)
 _lost_urls: set[str] = set()
+# an observation's fields that are not shown: openenv 0.3.0 leaves metadata out of the observation it sends, 0.10 keeps it in
+_NOT_SHOWN = frozenset({"reward", "done", "metadata"})
 
 
 def row_reset_arguments(extra_info: dict[str, Any]) -> dict[str, Any]:
@@ -163,7 +172,7 @@ class OpenEnvEnv(Environment):
         if others:
             raise InputError(f"the action of the OpenEnv server at {self.url} also requires {others}, which posttrain cannot fill "
                              f"from the model's text (it sends {{{self.action_field!r}: text}} only)")
-        observed = sorted(set(schema.get("observation", {}).get("properties", {})) - {"reward", "done", "metadata"})
+        observed = sorted(set(schema.get("observation", {}).get("properties", {})) - _NOT_SHOWN)
         if self.observation_field is not None and self.observation_field not in observed:
             raise InputError(f"env.options.observation_field={self.observation_field!r} is not a field of the observation of the "
                              f"OpenEnv server at {self.url} (its fields: {observed})")
@@ -257,6 +266,7 @@ class OpenEnvEnv(Environment):
 
     def _text(self, observation: Mapping[str, Any]) -> str:
         """The observation shown to the agent (module docstring)."""
+        observation = {name: value for name, value in observation.items() if name not in _NOT_SHOWN}
         if self.observation_field is not None:
             if self.observation_field not in observation:
                 raise InputError(f"env.options.observation_field={self.observation_field!r} is not in the observation of the OpenEnv "
@@ -293,5 +303,5 @@ def _generic_client_class() -> type:
     try:
         from openenv.core.generic_client import GenericEnvClient
     except ImportError as error:
-        raise InputError(f"env.name=openenv needs the OpenEnv client (openenv-core): {error}; {INSTALL}") from error
+        raise InputError(f"env.name=openenv needs the OpenEnv client (the package openenv): {error}; {INSTALL}") from error
     return GenericEnvClient

@@ -1,5 +1,18 @@
-"""``env.name: openenv`` against a real OpenEnv server (tests/agents/openenv_server.py: openenv-core's
-own ``Environment`` and ``create_app`` under uvicorn), driven by the agent loop with a scripted engine."""
+"""``env.name: openenv`` against a real OpenEnv server (tests/agents/openenv_server.py: openenv's own
+``Environment`` and ``create_app`` under uvicorn, in a process of its own), driven by the agent loop with
+a scripted engine.
+
+The client is the installed openenv; so is the server, unless ``OPENENV_SERVER_SITE`` names a folder
+holding another one, which the server processes import first. The four pairings of ``openenv`` 0.10.0
+(installed) and ``openenv-core`` 0.3.0::
+
+    pip install --no-deps --target /tmp/oe03 openenv-core==0.3.0
+    pip install --no-deps --target /tmp/oe10 openenv==0.10.0
+    pytest tests/agents/test_openenv_env.py                                    # 0.10 client, 0.10 server
+    OPENENV_SERVER_SITE=/tmp/oe03 pytest tests/agents/test_openenv_env.py      # 0.10 client, 0.3.0 server
+    PYTHONPATH=/tmp/oe03:. OPENENV_SERVER_SITE=/tmp/oe10 pytest tests/...      # 0.3.0 client, 0.10 server
+    PYTHONPATH=/tmp/oe03:. pytest tests/agents/test_openenv_env.py             # 0.3.0 client, 0.3.0 server
+"""
 
 from __future__ import annotations
 
@@ -12,29 +25,61 @@ from pathlib import Path
 
 import httpx
 import pytest
+from posttrain.agents import openenv_env
 from tests.optional import require
 
-require("openenv.core.generic_client", 'openenv-core is installed by scripts/setup.sh (pip install --no-deps "openenv-core==0.3.0")')
+require("openenv.core.generic_client", openenv_env.INSTALL)
 
 from posttrain.agents import AgentLoopConfig, EpisodeSample, ObservationRenderer, run_episodes  # noqa: E402
-from posttrain.agents import openenv_env  # noqa: E402
 from posttrain.agents.openenv_env import OpenEnvEnv, OpenEnvServerLost  # noqa: E402
 from posttrain.rollout.environments import load_env_class  # noqa: E402
 from posttrain.agents.retriever.process import free_port  # noqa: E402
 from posttrain.cli.preflight import check_environment  # noqa: E402
 from posttrain.config import load_config  # noqa: E402
 from posttrain.errors import InputError, is_restartable  # noqa: E402
-from tests.agents.openenv_server import make_app  # noqa: E402
 from tests.agents.retriever_helpers import serve_in_thread  # noqa: E402
 from tests.agents.test_loop import ScriptedEngine  # noqa: E402
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _start_server(max_sessions: int) -> tuple[subprocess.Popen, str]:
+    """The game served in a process of its own (to be killed or frozen), from the openenv of
+    ``OPENENV_SERVER_SITE`` when set (module docstring); returns (process, url) once it answers."""
+    environment, site = dict(os.environ), os.environ.get("OPENENV_SERVER_SITE")
+    if site:
+        if not (Path(site) / "openenv").is_dir():
+            pytest.fail(f"OPENENV_SERVER_SITE={site} holds no openenv package: pip install --no-deps --target {site} openenv==...")
+        environment["PYTHONPATH"] = os.pathsep.join([site, str(ROOT), environment.get("PYTHONPATH", "")])
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "tests.agents.openenv_server", str(port), str(max_sessions)],
+                               cwd=ROOT, env=environment)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"{url}/health", timeout=1).raise_for_status()
+            return process, url
+        except httpx.HTTPError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"the OpenEnv test server did not start (exit code {process.poll()})")
+            time.sleep(0.1)
+
+
+def _stop_server(process: subprocess.Popen) -> None:
+    os.kill(process.pid, signal.SIGCONT)  # a frozen one too
+    process.kill()
+    process.wait(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def game_url():
-    """The game in a thread, with room for two sessions at once."""
-    url, stop = serve_in_thread(make_app(max_sessions=2))
+    """The game, with room for two sessions at once."""
+    process, url = _start_server(max_sessions=2)
     yield url
-    stop()
+    _stop_server(process)
 
 
 def _episodes(tokenizer, seeds: list[int]) -> tuple[list[EpisodeSample], list[list[int]]]:
@@ -72,11 +117,19 @@ def test_a_round_trip_gives_what_the_server_produced(tokenizer, game_url):
 
 
 def test_the_whole_observation_is_json_and_the_turn_budget_ends_an_episode(tokenizer, game_url):
+    """All the observation's fields but its metadata (the secret: openenv 0.10's server sends it inside the observation)."""
     episode, = _play(tokenizer, [OpenEnvEnv(game_url, reset_options={"seed": 1})], [2], [["0"] * 9])
     assert episode.prompt_messages[-1]["content"] == '{"feedback": "Guess a number from 0 to 9.", "guesses": 0}'
     assert episode.observations[0] == '{"feedback": "higher", "guesses": 1}'
     assert episode.num_turns == 7 and episode.forced_final and episode.turn_rewards == [-0.1] * 7
     assert not episode.success  # no success_reward: success is never claimed
+
+
+def test_reward_done_and_metadata_are_never_shown_and_do_not_count_as_fields():
+    """Whichever openenv served it: a lone field is shown as it is, several as JSON, without those three."""
+    env = OpenEnvEnv("http://127.0.0.1:1")
+    assert env._text({"feedback": "higher", "metadata": {"secret": 3}, "reward": -0.1, "done": False}) == "higher"
+    assert env._text({"feedback": "higher", "guesses": 1, "metadata": {}}) == '{"feedback": "higher", "guesses": 1}'
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -122,7 +175,7 @@ def test_before_training_refuses_another_service_that_answers_health():
 
 
 def test_a_server_with_fewer_sessions_than_episodes_is_refused_with_the_fix():
-    url, stop = serve_in_thread(make_app(max_sessions=1))
+    process, url = _start_server(max_sessions=1)
     first, second = OpenEnvEnv(url), OpenEnvEnv(url)
     try:
         first.reset(EpisodeSample([], None))
@@ -131,30 +184,15 @@ def test_a_server_with_fewer_sessions_than_episodes_is_refused_with_the_fix():
         assert not is_restartable(caught.value)  # a restart would meet the same full server
     finally:
         first.close(), second.close()
-        stop()
+        _stop_server(process)
 
 
 @pytest.fixture
 def server_process():
-    """The game served in a process of its own, to be killed or frozen; yields (process, url)."""
-    port = free_port()
-    root = Path(__file__).resolve().parents[2]
-    process = subprocess.Popen([sys.executable, "-m", "tests.agents.openenv_server", str(port)], cwd=root)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            httpx.get(f"{url}/health", timeout=1).raise_for_status()
-            break
-        except httpx.HTTPError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"the OpenEnv test server did not start (exit code {process.poll()})")
-            time.sleep(0.1)
+    """The game in a process of this test alone, to be killed or frozen; yields (process, url)."""
+    process, url = _start_server(max_sessions=8)
     yield process, url
-    os.kill(process.pid, signal.SIGCONT)
-    process.kill()
-    process.wait(timeout=10)
+    _stop_server(process)
 
 
 def _dies_at_second_turn(tokenizer, seeds, scripts, kill):
