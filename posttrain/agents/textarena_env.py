@@ -2,6 +2,9 @@
 
     env.name: textarena
     env.options: {id: GuessTheNumber-v0, kwargs: {max_number: 10, max_turns: 5}}
+    # a curriculum over game sizes: rows may also deal the games of these keyword arguments
+    env.options: {id: GuessTheNumber-v0, kwargs: {max_number: 10, max_turns: 5},
+                  levels: [{max_number: 4, max_turns: 3}, {max_number: 10, max_turns: 5}]}
 
 One episode is one game, played by the agent alone:
 
@@ -23,6 +26,12 @@ One episode is one game, played by the agent alone:
   and scores 0 (counted as ``env/unfinished``). ``info.valid`` is the library's own verdict (its error
   counter); ``success`` is the library's win, a reward of 1.
 
+**Levels.** A row names its game whole (id, keyword arguments, seed: ``posttrain prepare textarena``), and
+the episode plays that game. Rows of other sizes than ``kwargs`` are accepted when ``levels`` lists their
+keyword arguments (the preparer's ``levels`` option writes such rows, ``extra_info.level`` their level, for
+``data.sampler.curriculum``); any other row is refused before any worker starts, so data prepared for
+another game never trains silently.
+
 **Which games.** One-player games that start offline: :data:`OFFLINE_GAMES`, each of whose registered
 ids was made and reset with the network blocked and gave a ``SinglePlayerState``, the same opening for
 the same seed (``tests/agents/test_textarena_env.py`` checks it again). The rest are refused when the
@@ -42,7 +51,7 @@ from __future__ import annotations
 import difflib
 import json
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,6 +113,24 @@ def make_game(game_id: str, kwargs: Mapping[str, Any]) -> Any:
     except TypeError as error:
         raise InputError(f"kwargs={dict(kwargs)}: TextArena's {game_id} does not take them ({error}); "
                          "give the keyword arguments of its game class, e.g. {max_number: 10} for GuessTheNumber") from None
+
+
+def normalise_levels(levels: Sequence[Mapping[str, Any]] | str | None) -> list[dict[str, Any]]:
+    """``levels``, each level's game keyword arguments, as plain JSON mappings (JSON text of a list from
+    the command line, a list from YAML); refused unless at least two differ."""
+    if levels is None or levels == "":
+        return []
+    try:
+        value = json.loads(levels) if isinstance(levels, str) else list(levels)
+    except (TypeError, ValueError) as error:
+        raise InputError(f"levels={levels!r} is not a JSON list ({error}); give each level's keyword arguments, "
+                         'e.g. [{"max_number": 4}, {"max_number": 10}]') from None
+    if not isinstance(value, list):
+        raise InputError(f"levels={levels!r} must be a list of each level's keyword arguments, e.g. [{{\"max_number\": 4}}, {{\"max_number\": 10}}]")
+    found = [normalise_kwargs(level) for level in value]
+    if len({json.dumps(level, sort_keys=True) for level in found}) < 2 or len(found) != len({json.dumps(level, sort_keys=True) for level in found}):
+        raise InputError(f"levels={levels!r}: a curriculum needs at least two levels, each with other keyword arguments")
+    return found
 
 
 def normalise_kwargs(kwargs: Mapping[str, Any] | str | None) -> dict[str, Any]:
@@ -195,13 +222,21 @@ class Game:
         return None if not rewards else float(rewards[PLAYER])
 
 
-def _of_the_game(sample: EpisodeSample, game_id: str, kwargs: Mapping[str, Any]) -> GameRef:
-    """The row's game, refused unless it is ``game_id`` with ``kwargs`` (the run's ``env.options``)."""
+def _of_the_game(sample: EpisodeSample, game_id: str, allowed: Sequence[Mapping[str, Any]]) -> GameRef:
+    """The row's game, refused unless it is ``game_id`` with one of the ``allowed`` keyword arguments (the
+    run's ``env.options``: ``kwargs``, and each of ``levels``)."""
     ref = GameRef.from_json(sample.ground_truth)
-    if (ref.id, ref.kwargs) != (game_id, dict(kwargs)):
+    if ref.id != game_id or ref.kwargs not in [dict(kwargs) for kwargs in allowed]:
+        said = " or ".join(str(dict(kwargs)) for kwargs in allowed)
         raise InputError(f"a row holds game {ref.id} with kwargs {ref.kwargs}, but env.options say {game_id} with "
-                         f"{dict(kwargs)}; prepare the data with the same id and kwargs (posttrain prepare textarena)")
+                         f"{said}; prepare the data with the same id and kwargs (posttrain prepare textarena), or list "
+                         "the row's kwargs in env.options.levels")
     return ref
+
+
+def _allowed(options: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The keyword arguments a row's game may have under ``options``: ``kwargs``, then each of ``levels``."""
+    return [normalise_kwargs(options.get("kwargs")), *normalise_levels(options.get("levels"))]
 
 
 class TextArenaEnv(Environment):
@@ -210,15 +245,21 @@ class TextArenaEnv(Environment):
     name = "textarena"
     counters = ("invalid_moves", "wins", "unfinished")
 
-    def __init__(self, id: str, kwargs: Mapping[str, Any] | str | None = None) -> None:  # noqa: A002 - TextArena's word
-        self.game = Game(id, normalise_kwargs(kwargs))
+    def __init__(self, id: str, kwargs: Mapping[str, Any] | str | None = None,  # noqa: A002 - TextArena's word
+                 levels: Sequence[Mapping[str, Any]] | str | None = None) -> None:
+        self.allowed = _allowed({"kwargs": kwargs, "levels": levels})
+        self.game = Game(id, self.allowed[0])
+        for level in self.allowed[1:]:
+            make_game(id, level)  # each level's arguments are the game's, checked before any episode
 
     @classmethod
     def check_sample(cls, sample: EpisodeSample, options: Mapping[str, Any]) -> None:
-        _of_the_game(sample, str(options.get("id")), normalise_kwargs(options.get("kwargs")))
+        _of_the_game(sample, str(options.get("id")), _allowed(options))
 
     def reset(self, sample: EpisodeSample) -> str:
-        ref = _of_the_game(sample, self.game.id, self.game.kwargs)
+        ref = _of_the_game(sample, self.game.id, self.allowed)
+        if ref.kwargs != self.game.kwargs:  # a row of another level: its game
+            self.game = Game(ref.id, ref.kwargs)
         opening = self.game.reset(ref.seed)
         shown = sample.prompt[-1]["content"] if sample.prompt else None
         if shown != opening:

@@ -154,6 +154,38 @@ def test_bad_game_arguments_and_rows_of_another_game_are_refused(tmp_path, guess
         prepare("textarena", tmp_path, id="GuessTheNumber-v0", size=10, seed=0, test_size=5, test_seed=9)
 
 
+SMALL = {"max_number": 4, "max_turns": 3}
+
+
+def test_rows_of_each_level_play_their_own_game_size_and_unlisted_sizes_are_refused(tmp_path, tokenizer):
+    """A curriculum over game sizes: the preparer's ``levels`` deal training games of each size (held-out
+    games keep ``kwargs``); an episode plays its row's game, exactly as the library plays it alone."""
+    levels = [SMALL, GUESS["kwargs"]]
+    paths = prepare("textarena", tmp_path, **parse_options("textarena", [
+        f"id={GUESS['id']}", f"kwargs={json.dumps(GUESS['kwargs'])}", f"levels={json.dumps(levels)}", "size=4", "test_size=2"]))
+    train, test = (pq.read_table(path).to_pylist() for path in paths)
+    assert [row["extra_info"]["level"] for row in train] == [0] * 4 + [1] * 4
+    assert [row["extra_info"]["seed"] for row in train] == list(range(8))  # level L from seed + L*size: no game twice
+    assert all(json.loads(row["reward_model"]["ground_truth"])["kwargs"] == levels[row["extra_info"]["level"]] for row in train)
+    assert all(json.loads(row["reward_model"]["ground_truth"])["kwargs"] == GUESS["kwargs"] for row in test)
+    assert "1 and 4" in train[0]["prompt"][-1]["content"] and "1 and 10" in train[4]["prompt"][-1]["content"]
+
+    game = {**GUESS, "levels": levels}
+    episodes = play_in_loop(tokenizer, game, train, GUESS_MOVES, max_turns=9)
+    for row, episode in zip(train, episodes):
+        played = {"id": GUESS["id"], "kwargs": levels[row["extra_info"]["level"]]}
+        assert episode.reward == play_directly(played, row["extra_info"]["seed"], episode.actions)[0]
+    assert max(e.num_turns for e in episodes[:4]) <= 5  # the small game's limit: 4 guesses, and the invalid "[0]" uses none
+    for row in train:  # every row is one the run's options name, checked before any worker starts
+        TextArenaEnv.check_sample(EpisodeSample(row["prompt"], row["reward_model"]["ground_truth"]), game)
+    with pytest.raises(InputError, match="or list the row's kwargs in env.options.levels"):
+        TextArenaEnv.check_sample(EpisodeSample(train[0]["prompt"], train[0]["reward_model"]["ground_truth"]), GUESS)
+    with pytest.raises(InputError, match="at least two levels"):
+        TextArenaEnv(GUESS["id"], GUESS["kwargs"], levels=[SMALL, SMALL])
+    with pytest.raises(InputError, match="does not take them"):
+        TextArenaEnv(GUESS["id"], GUESS["kwargs"], levels=[SMALL, {"max_numbr": 4}])
+
+
 def test_every_listed_game_starts_offline_as_a_one_player_game_dealt_by_its_seed(monkeypatch):
     def no_network(*args, **kwargs):
         raise OSError("the network is blocked in this test")

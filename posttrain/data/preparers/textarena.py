@@ -9,6 +9,11 @@ every episode. Options (``key=value``, as every preparer takes them):
   ``{"max_number": 10, "max_turns": 5}`` (in a preset's ``data.builtin_options`` also a mapping); the run's
   ``env.options.kwargs`` must be the same;
 - ``size`` / ``seed``: training games, seeds ``seed .. seed+size-1``;
+- ``levels`` (none by default): a curriculum over game sizes, each level's keyword arguments, JSON text of a
+  list ``[{"max_number": 4, "max_turns": 3}, {"max_number": 10, "max_turns": 5}]`` (in a preset also a list):
+  the training games are ``size`` per level, level ``L``'s from seeds ``seed + L*size``, ``extra_info.level``
+  their level (for ``data.sampler.curriculum.key=extra_info.level``); the held-out games keep ``kwargs``. The
+  run's ``env.options.levels`` must list the same;
 - ``test_size`` / ``test_seed``: held-out games, seeds ``test_seed .. test_seed+test_size-1``; the two
   ranges must not meet (refused otherwise). A small game has few distinct games (GuessTheNumber from 1 to
   10 has ten secrets), so a held-out seed can deal a game that a training seed deals too: its hidden state
@@ -25,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from posttrain.agents.textarena_env import DATA_SOURCE, Game, GameRef, check_game, normalise_kwargs
+from posttrain.agents.textarena_env import DATA_SOURCE, Game, GameRef, check_game, normalise_kwargs, normalise_levels
 from posttrain.data.format import make_row, write_rows
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
@@ -40,24 +45,30 @@ def prepare_textarena(
     seed: int = 0,
     test_size: int = 64,
     test_seed: int = 1_000_000,
+    levels: str | list[dict[str, Any]] | None = None,
 ) -> list[Path]:
     """Write the files of the module docstring into ``out_dir``; returns their paths."""
     check_counts(1, size=size, test_size=test_size)
-    if seed < test_seed + test_size and test_seed < seed + size:
-        raise InputError(f"seed={seed} size={size} and test_seed={test_seed} test_size={test_size} overlap: the training games use "
-                         f"seeds {seed}..{seed + size - 1} and the held-out ones {test_seed}..{test_seed + test_size - 1}; "
-                         f"pass test_seed >= {seed + size}")
+    level_kwargs = normalise_levels(levels)
+    trained = size * max(1, len(level_kwargs))  # training seeds
+    if seed < test_seed + test_size and test_seed < seed + trained:
+        raise InputError(f"seed={seed} size={size}{f' levels={len(level_kwargs)}' if level_kwargs else ''} and test_seed={test_seed} "
+                         f"test_size={test_size} overlap: the training games use seeds {seed}..{seed + trained - 1} and the held-out "
+                         f"ones {test_seed}..{test_seed + test_size - 1}; pass test_seed >= {seed + trained}")
     check_game(id)
     game_kwargs = normalise_kwargs(kwargs)
     out_dir = Path(out_dir)
-    paths = []
-    for split, first, count in (("train", seed, size), ("test", test_seed, test_size)):
-        rows = [_row(GameRef(id, first + index, game_kwargs), split, index) for index in range(count)]
-        paths.append(write_rows(rows, out_dir / f"{split}.parquet"))
-    return paths
+    if level_kwargs:
+        train = [_row(GameRef(id, seed + level * size + index, level_game), "train", level * size + index, level)
+                 for level, level_game in enumerate(level_kwargs) for index in range(size)]
+    else:
+        train = [_row(GameRef(id, seed + index, game_kwargs), "train", index) for index in range(size)]
+    test = [_row(GameRef(id, test_seed + index, game_kwargs), "test", index) for index in range(test_size)]
+    return [write_rows(train, out_dir / "train.parquet"), write_rows(test, out_dir / "test.parquet")]
 
 
-def _row(ref: GameRef, split: str, index: int) -> dict[str, Any]:
+def _row(ref: GameRef, split: str, index: int, level: int | None = None) -> dict[str, Any]:
     opening = Game(ref.id, ref.kwargs).reset(ref.seed)
+    extra = {"split": split, "index": index, "game": ref.id, "seed": ref.seed}
     return make_row(DATA_SOURCE, [{"role": "user", "content": opening}], ref.to_json(), "game",
-                    {"split": split, "index": index, "game": ref.id, "seed": ref.seed})
+                    extra if level is None else extra | {"level": level})
