@@ -48,6 +48,9 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 42
     sampler: SamplerConfig = field(default_factory=SamplerConfig)  # strata, shares, a curriculum (training rows)
+    # rows of the training files held back (a draw seeded by data.seed) as the validation set, in place of
+    # val_files: settings are chosen on them, never on the held-out rows; `posttrain eval` evaluates them too
+    dev_size: int = 0
 
 
 @dataclass

@@ -409,6 +409,7 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("sft.test_freq", lambda v: v == -1 or v >= 1, "must be -1 (validate at the start and end only) or >= 1 (every N steps)"),
     ("sft.seed", lambda v: v >= 0, "must be >= 0"),
     ("trainer.seed", lambda v: v >= 0, "must be >= 0"),
+    ("data.dev_size", lambda v: v >= 0, "must be >= 0 (0: validate on data.val_files)"),
     ("algorithm.filter_groups.max_num_gen_batches", lambda v: v >= 1, "must be >= 1 (generation rounds per step at most)"),
     ("reward_model.overlong_buffer.penalty_factor", lambda v: v >= 0, "must be >= 0 (the reward lost at the response limit)"),
     ("trainer.max_restarts", lambda v: v is None or v >= 0, "must be >= 0 (0: stop at the first dead or hung worker), or null for 2 with trainer.save_freq >= 1"),

@@ -16,7 +16,7 @@ Building loaders from the config (``DataConfig``) is the trainer's job::
                                   shuffle=False, drop_last=False)
 """
 
-from posttrain.data.dataset import PromptSample, PromptTooLongError, RLDataset, TRUNCATION_MODES, tokenize_prompts
+from posttrain.data.dataset import PromptSample, PromptTooLongError, RLDataset, TRUNCATION_MODES, split_dev, tokenize_prompts
 from posttrain.data.format import (
     CHAT_ROLES, DataFormatError, PromptRow, RowProblem, make_row, problems_report, read_rows, write_conversations, write_rows,
 )
@@ -43,6 +43,7 @@ __all__ = [
     "preparer_names",
     "problems_report",
     "read_rows",
+    "split_dev",
     "tokenize_prompts",
     "write_conversations",
     "write_rows",

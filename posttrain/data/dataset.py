@@ -16,11 +16,14 @@ Prompts longer than ``max_prompt_length`` tokens are, in this order:
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from posttrain.data.format import PromptRow, read_rows
 from posttrain.errors import InputError, PromptTooLongError
@@ -97,6 +100,20 @@ class RLDataset:
 
     def __getitem__(self, index: int) -> PromptSample:
         return self.samples[index]
+
+
+def split_dev(dataset: RLDataset, size: int, seed: int) -> tuple[RLDataset, RLDataset]:
+    """(the training rows, ``size`` development rows held back from them): a draw seeded by ``seed``, the
+    same for the same rows and seed; each part keeps the rows' order."""
+    if not 0 < size < len(dataset):
+        raise InputError(f"data.dev_size={size}: hold back at least 1 and fewer than the {len(dataset)} training prompts")
+    held = set(np.random.default_rng(seed).permutation(len(dataset))[:size].tolist())
+    parts = []
+    for keep in (lambda index: index not in held, lambda index: index in held):
+        part = copy.copy(dataset)
+        part.samples = [sample for index, sample in enumerate(dataset.samples) if keep(index)]
+        parts.append(part)
+    return parts[0], parts[1]
 
 
 def _fit(ids: list[int], index: int, row: PromptRow, max_length: int, truncation: str) -> list[int]:

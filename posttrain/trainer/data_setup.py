@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 from posttrain import keys
 from posttrain.config.schema import DataConfig
-from posttrain.data import PromptDataLoader, RLDataset, prepare
+from posttrain.data import PromptDataLoader, RLDataset, prepare, split_dev
 from posttrain.data.loader import row_of_uid
 from posttrain.data.preparers import get_preparer
 from posttrain.data.sampler import Curriculum, StratifiedSampler, row_value
@@ -20,6 +21,8 @@ from posttrain.errors import InputError
 from posttrain.models import build_atomically, cache_root
 from posttrain.protocol import Batch
 from posttrain.trainer.validation import sample_accuracy
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -72,16 +75,23 @@ def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, A
                    tool_format: str = "auto") -> RunData:
     """Training and validation prompts; ``tools``: the schemas a tool-calling agent is told about in each
     prompt, in ``tool_format`` (``env.tool_format``). ``training`` False (an evaluation): the validation prompts only, and none of the training
-    batch's rules (``data.train_batch_size`` against the training set's size) apply."""
-    train_files, val_files = resolve_files(data, training)
+    batch's rules (``data.train_batch_size`` against the training set's size) apply. With ``data.dev_size``
+    the validation prompts are that many rows held back from the training files (``data.val_files`` unread)."""
+    held_back = data.dev_size > 0
+    train_files, val_files = resolve_files(data, training or held_back)
     common = {
         "prompt_key": data.prompt_key, "max_prompt_length": data.max_prompt_length,
         "truncation": data.truncation, "filter_overlong_prompts": data.filter_overlong_prompts, "tools": tools,
         "tool_format": tool_format,
     }
+    if held_back:
+        train_set, val_set = split_dev(RLDataset(train_files, tokenizer, **common), data.dev_size, data.seed)
+        logger.info("validation on %d development rows held back from %s (data.dev_size; data.val_files unread)", len(val_set), train_files)
+    else:
+        train_set = RLDataset(train_files, tokenizer, **common) if training else None
+        val_set = RLDataset(val_files, tokenizer, **common) if val_files else None
     if not training:
-        return RunData(None, *_validation(data, val_files, tokenizer, common), Path((train_files or val_files or ["."])[0]).parent)
-    train_set = RLDataset(train_files, tokenizer, **common)
+        return RunData(None, *_validation(data, val_set, tokenizer), Path((train_files or val_files or ["."])[0]).parent)
     if len(train_set) < data.train_batch_size:
         raise InputError(
             f"data.train_batch_size={data.train_batch_size} but the training set has only {len(train_set)} prompts "
@@ -89,7 +99,7 @@ def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, A
         )
     train = PromptDataLoader(train_set, data.train_batch_size, tokenizer.pad_token_id, shuffle=data.shuffle, seed=data.seed,
                              sampler=build_sampler(data, train_set))
-    return RunData(train, *_validation(data, val_files, tokenizer, common), Path(train_files[0]).parent)
+    return RunData(train, *_validation(data, val_set, tokenizer), Path(train_files[0]).parent)
 
 
 def build_sampler(data: DataConfig, rows: Sequence[Any]) -> StratifiedSampler | None:
@@ -129,9 +139,8 @@ def curriculum_tracker(loader: PromptDataLoader | None) -> CurriculumTracker | N
     return CurriculumTracker(sampler) if getattr(sampler, "curriculum", None) is not None else None
 
 
-def _validation(data: DataConfig, val_files: list[str], tokenizer: Any, common: dict[str, Any]) -> tuple[PromptDataLoader | None, RLDataset | None]:
-    """The validation loader (one batch unless ``data.val_batch_size`` says) and its dataset; (None, None) without files."""
-    if not val_files:
+def _validation(data: DataConfig, val_set: RLDataset | None, tokenizer: Any) -> tuple[PromptDataLoader | None, RLDataset | None]:
+    """The validation loader (one batch unless ``data.val_batch_size`` says) and its dataset; (None, None) without one."""
+    if val_set is None:
         return None, None
-    val_set = RLDataset(val_files, tokenizer, **common)
     return PromptDataLoader(val_set, data.val_batch_size or len(val_set), tokenizer.pad_token_id, shuffle=False, drop_last=False), val_set

@@ -227,3 +227,25 @@ def test_the_loader_draws_by_the_config_and_names_each_draw_apart(tmp_path, toke
     config.sampler.stratify_by, config.sampler.shares, config.sampler.curriculum.key = None, {}, "extra_info.level"
     sampler = build_sampler(config, dataset)
     assert sampler.levels == [1, 2] and {rows[r]["extra_info"]["level"] for r in next(iter(sampler))} == {1}
+
+
+def test_development_rows_are_held_back_from_training_and_are_what_validation_and_eval_read(tmp_path, tokenizer):
+    """``data.dev_size``: a seeded draw of training rows, never trained on, validated on in place of
+    data.val_files (here a held-out file that must stay unread), the same rows for ``posttrain eval``."""
+    from posttrain.trainer.data_setup import build_run_data
+
+    train = write_parquet(tmp_path / "train.parquet", [verl_row(i, f"question {i}") for i in range(20)])
+    held_out = write_parquet(tmp_path / "test.parquet", [verl_row(i, f"held-out {i}", split="test") for i in range(5)])
+    config = PosttrainConfig().data
+    config.train_files, config.val_files, config.train_batch_size, config.dev_size = [str(train)], [str(held_out)], 4, 6
+    run = build_run_data(config, tokenizer)
+    dev = [sample.extra_info["index"] for sample in run.val_dataset]
+    trained = [sample.extra_info["index"] for sample in run.train.dataset]
+    assert len(dev) == 6 and sorted(dev + trained) == list(range(20)) and not set(dev) & set(trained)
+    assert dev != list(range(6)) and dev == sorted(dev)  # a draw, kept in the file's order
+    assert [sample.extra_info["index"] for sample in build_run_data(config, tokenizer, training=False).val_dataset] == dev
+    config.seed = 7
+    assert [sample.extra_info["index"] for sample in build_run_data(config, tokenizer).val_dataset] != dev
+    config.dev_size = 20
+    with pytest.raises(InputError, match="fewer than the 20 training prompts"):
+        build_run_data(config, tokenizer)
