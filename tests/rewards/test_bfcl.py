@@ -130,7 +130,7 @@ def test_score_dict_and_refusals():
 
 def test_a_missing_package_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "bfcl_eval", None)  # what an absent package looks like to import
-    with pytest.raises(MissingLibraryError, match='pip install --no-deps "bfcl-eval==2026.3.23"'):
+    with pytest.raises(MissingLibraryError, match=r'`pip install --no-deps bfcl-eval==2026\.3\.23` \(`posttrain setup` does this'):
         bfcl.ast_checker.__wrapped__()
     with pytest.raises(MissingLibraryError, match="--no-deps"):
         bfcl.data_dir()
