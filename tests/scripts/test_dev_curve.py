@@ -1,0 +1,38 @@
+"""scripts/dev_curve.py: each run's validation accuracies as its metrics file holds them, with Wilson
+intervals a person can check, and the best last − first over the runs on the last line."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_run(run_dir: Path, accuracies: dict[int, float]) -> Path:
+    run_dir.mkdir()
+    lines = []
+    for step in range(0, max(accuracies) + 1):
+        metrics = {"critic/score/mean": 0.5}  # a training step's record: no validation in it
+        if step in accuracies:
+            metrics = {"val/arithmetic/acc/mean@1": accuracies[step], "val/arithmetic/reward/mean@1": accuracies[step] / 2,
+                       "val/reward/samples": 40}
+        lines.append(json.dumps({"step": step, "metrics": metrics}))
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return run_dir
+
+
+def test_each_validation_with_its_interval_and_the_best_gain_last(tmp_path):
+    slow = write_run(tmp_path / "slow", {0: 0.5, 5: 0.5, 10: 0.525})
+    fast = write_run(tmp_path / "fast", {0: 0.5, 10: 0.75})
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "dev_curve.py"), f"slow={slow}", f"fast={fast}"],
+                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    # 20 of 40: the Wilson interval is 0.352 to 0.648 (by hand: centre 0.5, half-width 1.96*sqrt(.25/40+1/(4*1600))/(1+3.84/40))
+    assert "  step 0: acc 0.500 [0.352, 0.648] (n=40), reward 0.250" in lines
+    assert [line for line in lines if line.startswith("  step")][:3] == [
+        "  step 0: acc 0.500 [0.352, 0.648] (n=40), reward 0.250", "  step 5: acc 0.500 [0.352, 0.648] (n=40), reward 0.250",
+        "  step 10: acc 0.525 [0.375, 0.671] (n=40), reward 0.263"]
+    assert "  last - first: +0.025" in lines and "  last - first: +0.250" in lines
+    assert lines[-1] == "dev_curve_best_last_minus_first: +0.250"
