@@ -6,7 +6,8 @@ For each run (``LABEL=RUN_DIR``, in the order given): every ``--every``-th step'
 memory of the group's worker process (``memory/<group>/rss_gb``), its high-water mark, glibc's heap in
 use and kept free (``heap_used_gb``, ``heap_free_gb``), and the step's ``timing_s/{gen,update_actor,step}``;
 then the run's summary: step-end RSS and heap in use at the first and last step, their ratio, and the
-median update and step seconds over steps 2 onwards (step 1 builds caches). It runs nothing: it reads
+median update and step seconds over steps 2 onwards (step 1 builds caches), and the steps' seconds summed
+(the run's time in steps, across a resume too). It runs nothing: it reads
 what a run wrote, so anyone can check a figure against the files.
 
 Last line: ``step_memory_growth: X``, the last run's step-end RSS at its last step over its first.
@@ -46,8 +47,10 @@ def describe(label: str, run_dir: Path, group: str, every: int) -> float:
     heap = [m.get(f"memory/{group}/heap_used_gb", float("nan")) for m in (first, last)]
     later = [m for s, m in found if s > 1] or [first]
     medians = {name: statistics.median(m[f"timing_s/{name}"] for m in later if f"timing_s/{name}" in m) for name in TIMES if any(f"timing_s/{name}" in m for m in later)}
+    total = sum(m.get("timing_s/step", 0.0) for _, m in found)
     print(f"  step-end RSS {rss[0]:.2f} -> {rss[1]:.2f} GB ({rss[1] / rss[0]:.3f}x), heap in use {heap[0]:.3f} -> {heap[1]:.3f} GB; "
-          "median from step 2: " + ", ".join(f"{name} {value:.1f} s" for name, value in medians.items()))
+          "median from step 2: " + ", ".join(f"{name} {value:.1f} s" for name, value in medians.items())
+          + f"; all steps {total / 60:.1f} min")
     return rss[1] / rss[0]
 
 

@@ -26,7 +26,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,7 +132,7 @@ def _filtered(stderr: str) -> str:
     for line in stderr.splitlines():
         if "is ignored: it is neither" in line or line.startswith("WARNING: Skipping"):  # absent indexes; uninstalling what is not there
             continue
-        if "requires" in line and any(f"requires {name}" in line for name in MISMATCHED_BUILDS) and line.endswith("which is not installed."):
+        if any(f"requires {name}" in line for name in MISMATCHED_BUILDS) and line.endswith("which is not installed."):
             removed = True
             continue
         kept.append(line)

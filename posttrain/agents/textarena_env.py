@@ -128,7 +128,8 @@ def normalise_levels(levels: Sequence[Mapping[str, Any]] | str | None) -> list[d
     if not isinstance(value, list):
         raise InputError(f"levels={levels!r} must be a list of each level's keyword arguments, e.g. [{{\"max_number\": 4}}, {{\"max_number\": 10}}]")
     found = [normalise_kwargs(level) for level in value]
-    if len({json.dumps(level, sort_keys=True) for level in found}) < 2 or len(found) != len({json.dumps(level, sort_keys=True) for level in found}):
+    distinct = {json.dumps(level, sort_keys=True) for level in found}
+    if len(distinct) < 2 or len(distinct) != len(found):
         raise InputError(f"levels={levels!r}: a curriculum needs at least two levels, each with other keyword arguments")
     return found
 

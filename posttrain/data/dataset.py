@@ -108,12 +108,10 @@ def split_dev(dataset: RLDataset, size: int, seed: int) -> tuple[RLDataset, RLDa
     if not 0 < size < len(dataset):
         raise InputError(f"data.dev_size={size}: hold back at least 1 and fewer than the {len(dataset)} training prompts")
     held = set(np.random.default_rng(seed).permutation(len(dataset))[:size].tolist())
-    parts = []
-    for keep in (lambda index: index not in held, lambda index: index in held):
-        part = copy.copy(dataset)
-        part.samples = [sample for index, sample in enumerate(dataset.samples) if keep(index)]
-        parts.append(part)
-    return parts[0], parts[1]
+    train, dev = copy.copy(dataset), copy.copy(dataset)
+    train.samples = [sample for index, sample in enumerate(dataset.samples) if index not in held]
+    dev.samples = [sample for index, sample in enumerate(dataset.samples) if index in held]
+    return train, dev
 
 
 def _fit(ids: list[int], index: int, row: PromptRow, max_length: int, truncation: str) -> list[int]:

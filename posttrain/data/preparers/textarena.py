@@ -58,11 +58,8 @@ def prepare_textarena(
     check_game(id)
     game_kwargs = normalise_kwargs(kwargs)
     out_dir = Path(out_dir)
-    if level_kwargs:
-        train = [_row(GameRef(id, seed + level * size + index, level_game), "train", level * size + index, level)
-                 for level, level_game in enumerate(level_kwargs) for index in range(size)]
-    else:
-        train = [_row(GameRef(id, seed + index, game_kwargs), "train", index) for index in range(size)]
+    train = [_row(GameRef(id, seed + level * size + index, level_game), "train", level * size + index, level if level_kwargs else None)
+             for level, level_game in enumerate(level_kwargs or [game_kwargs]) for index in range(size)]
     test = [_row(GameRef(id, test_seed + index, game_kwargs), "test", index) for index in range(test_size)]
     return [write_rows(train, out_dir / "train.parquet"), write_rows(test, out_dir / "test.parquet")]
 
