@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from posttrain.data.format import PromptRow, read_rows
+from posttrain.data.format import IN_SFT, PromptRow, read_rows
 from posttrain.errors import InputError, PromptTooLongError
 from posttrain.models import tokenize_prompts
 
@@ -104,10 +104,15 @@ class RLDataset:
 
 def split_dev(dataset: RLDataset, size: int, seed: int) -> tuple[RLDataset, RLDataset]:
     """(the training rows, ``size`` development rows held back from them): a draw seeded by ``seed``, the
-    same for the same rows and seed; each part keeps the rows' order."""
-    if not 0 < size < len(dataset):
-        raise InputError(f"data.dev_size={size}: hold back at least 1 and fewer than the {len(dataset)} training prompts")
-    held = set(np.random.default_rng(seed).permutation(len(dataset))[:size].tolist())
+    same for the same rows and seed; each part keeps the rows' order. A row whose ``extra_info.in_sft`` is
+    true (a preparer's mark: an SFT warm-up learnt its question) is never held back, so the development
+    rows measure what the policy has not been taught."""
+    candidates = [index for index, sample in enumerate(dataset.samples) if not (sample.extra_info or {}).get(IN_SFT)]
+    if not 0 < size < len(dataset) or size > len(candidates):
+        taught = f" ({len(dataset) - len(candidates)} of them are SFT items, extra_info.{IN_SFT}, never held back)" if len(candidates) < len(dataset) else ""
+        raise InputError(f"data.dev_size={size}: hold back at least 1 and at most {min(len(candidates), len(dataset) - 1)} "
+                         f"of the {len(dataset)} training prompts{taught}")
+    held = {candidates[i] for i in np.random.default_rng(seed).permutation(len(candidates))[:size].tolist()}
     train, dev = copy.copy(dataset), copy.copy(dataset)
     train.samples = [sample for index, sample in enumerate(dataset.samples) if index not in held]
     dev.samples = [sample for index, sample in enumerate(dataset.samples) if index in held]

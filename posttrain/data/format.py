@@ -45,6 +45,9 @@ REQUIRED_COLUMNS = ("data_source", "reward_model")
 # the roles chat templates know; any other is rendered wrongly or not at all
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 MAX_LISTED_PROBLEMS = 10
+# extra_info field a preparer sets true on a training row whose question an SFT warm-up learnt from
+# (data.dev_size never holds such a row back: posttrain/data/dataset.py split_dev)
+IN_SFT = "in_sft"
 FORMAT_HINT = (
     "Each row needs data_source (str), {prompt_key} (a list of chat messages like "
     "[{{'role': 'user', 'content': '...'}}]), reward_model (a struct with ground_truth, e.g. "

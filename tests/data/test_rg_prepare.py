@@ -74,6 +74,16 @@ def test_sft_transcripts_give_the_library_answer_in_its_tag(written):
         assert score(solution_str=messages[-1]["content"], ground_truth=row["reward_model"]["ground_truth"])["score"] == 1.0
 
 
+def test_training_rows_whose_question_the_warm_up_learnt_are_marked_in_sft(written):
+    """``extra_info.in_sft``: true exactly where an SFT transcript (not a validation one) asks the row's
+    question: the first items, and any later item repeating one's question."""
+    taught = {t["messages"][-2]["content"] for t in written["sft"]}
+    marks = [(r["prompt"][-1]["content"] in taught, r["extra_info"]["in_sft"]) for r in written["train"]]
+    assert all(asked == marked for asked, marked in marks)
+    first = [r for r in written["train"] if r["extra_info"]["index"] < 4]
+    assert len(first) == 8 and all(r["extra_info"]["in_sft"] for r in first) and any(not marked for _, marked in marks)
+
+
 @pytest.mark.parametrize("options, message", [
     ({"tasks": "chain_sum", "seed": 0, "size": 100, "test_seed": 50}, "overlap"),
     ({"tasks": "chain_sum", "test_seed": 10, "test_size": 100}, "overlap"),

@@ -247,5 +247,24 @@ def test_development_rows_are_held_back_from_training_and_are_what_validation_an
     config.seed = 7
     assert [sample.extra_info["index"] for sample in build_run_data(config, tokenizer).val_dataset] != dev
     config.dev_size = 20
-    with pytest.raises(InputError, match="fewer than the 20 training prompts"):
+    with pytest.raises(InputError, match="at most 19 of the 20 training prompts"):
+        build_run_data(config, tokenizer)
+
+
+def test_development_rows_are_never_rows_an_sft_warm_up_learnt(tmp_path, tokenizer):
+    """Rows marked ``extra_info.in_sft`` (a preparer's SFT items) stay in training whatever the draw, so
+    the development rows measure questions the policy was not taught; too few others is refused."""
+    from posttrain.trainer.data_setup import build_run_data
+
+    rows = [verl_row(i, f"question {i}") for i in range(20)]
+    for row in rows:
+        row["extra_info"]["in_sft"] = row["extra_info"]["index"] % 4 != 0  # 5 rows the warm-up never saw
+    config = PosttrainConfig().data
+    config.train_files, config.train_batch_size = [str(write_parquet(tmp_path / "train.parquet", rows))], 4
+    for seed, size in ((1, 3), (2, 5), (3, 4)):
+        config.seed, config.dev_size = seed, size
+        dev = [sample.extra_info["index"] for sample in build_run_data(config, tokenizer).val_dataset]
+        assert len(dev) == size and all(index % 4 == 0 for index in dev)
+    config.dev_size = 6
+    with pytest.raises(InputError, match=r"at most 5 of the 20 training prompts \(15 of them are SFT items"):
         build_run_data(config, tokenizer)

@@ -36,3 +36,24 @@ def test_each_validation_with_its_interval_and_the_best_gain_last(tmp_path):
         "  step 10: acc 0.525 [0.375, 0.671] (n=40), reward 0.263"]
     assert "  last - first: +0.025" in lines and "  last - first: +0.250" in lines
     assert lines[-1] == "dev_curve_best_last_minus_first: +0.250"
+
+
+def test_by_a_field_gives_each_category_its_accuracy_and_change_from_the_validation_episodes(tmp_path):
+    run = write_run(tmp_path / "run", {0: 0.5, 10: 0.75})
+    episodes = {0: {"a": [1, 1, 0, 0], "b": [1, 1, 0, 0]}, 10: {"a": [1, 1, 1, 1], "b": [1, 1, 0, 0]}}
+    (run / "validation").mkdir()
+    for step, by_task in episodes.items():
+        rows = [{"extra_info": {"task": task}, "success": bool(s), "reward": float(s), "stats": {}}
+                for task, successes in by_task.items() for s in successes]
+        (run / "validation" / f"step_{step}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "dev_curve.py"), f"r={run}", "--by", "task"],
+                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    # 4 of 4: Wilson [0.510, 1.000]; 2 of 4: [0.150, 0.850]; 30 of 40: [0.598, 0.858]
+    assert "    task=a acc 1.000 [0.510, 1.000] (n=4)" in lines and "    task=b acc 0.500 [0.150, 0.850] (n=4)" in lines
+    assert lines.index("    task=a acc 0.500 [0.150, 0.850] (n=4)") < lines.index("  step 10: acc 0.750 [0.598, 0.858] (n=40), reward 0.375")
+    assert "    task=a: +0.500" in lines and "    task=b: +0.000" in lines
+    missing = subprocess.run([sys.executable, str(REPO / "scripts" / "dev_curve.py"), f"r={write_run(tmp_path / 'bare', {0: 0.5})}", "--by", "task"],
+                             capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert missing.returncode != 0 and "step_0.jsonl: no such file" in missing.stderr

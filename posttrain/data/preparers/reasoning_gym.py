@@ -32,8 +32,9 @@ Options (``key=value``, as every preparer takes them):
 Files: ``train.parquet`` and ``test.parquet`` (and ``sft.parquet`` / ``sft_val.parquet``), one row per item: the user message is the library's
 question unchanged; ``ground_truth`` is the item's reference (:class:`~posttrain.rewards.reasoning_gym.ItemRef`,
 JSON text) from which the scorer regenerates it; ``ability`` is the library's category of the task
-(``arithmetic``, ``algorithmic``); ``extra_info`` holds ``task``, ``index`` and ``split``
-(``posttrain eval --by task`` gives each task's accuracy).
+(``arithmetic``, ``algorithmic``); ``extra_info`` holds ``task``, ``index``, ``split`` and ``in_sft`` (true
+where an SFT transcript asks the row's question: ``data.dev_size`` never holds such a row back, so the
+development rows are questions the warm-up never saw; ``posttrain eval --by task`` gives each task's accuracy).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from posttrain.data.format import make_row, write_conversations, write_rows
+from posttrain.data.format import IN_SFT, make_row, write_conversations, write_rows
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
 from posttrain.rewards import reasoning_gym as rg
@@ -84,7 +85,9 @@ def prepare_reasoning_gym(
         train = [item for items in by_level.values() for item in items]
         train_questions = {_question(item) for item in train}
         test = held_out_items(task, task_configs[task], test_seed, test_size, train_questions)
-        train_rows += [_row(item, "train", system, level) for level, items in by_level.items() for item in items]
+        sft_questions = {_question(item) for item in train[:sft_size]}
+        train_rows += [_row(item, "train", system, level, in_sft=_question(item) in sft_questions)
+                       for level, items in by_level.items() for item in items]
         test_rows += [_row(item, "test", system) for item in test]
         sft += [transcript(item, system) for item in train[:sft_size]]
         sft_val += [transcript(item, system) for item in train[sft_size:sft_size + sft_val_size]]
@@ -200,11 +203,11 @@ def level_config(task: str, level: int, config: dict[str, Any]) -> dict[str, Any
     return json.loads(json.dumps(dict(config) | {name: getattr(chosen, name) for name in fields if hasattr(chosen, name)}))
 
 
-def _row(item: rg.ItemRef, split: str, system: list[dict[str, str]], level: int | None = None) -> dict[str, Any]:
+def _row(item: rg.ItemRef, split: str, system: list[dict[str, str]], level: int | None = None, in_sft: bool = False) -> dict[str, Any]:
     question = _question(item)
     reference = rg.ItemRef(item.task, item.seed, item.size, item.index, item.config, rg.question_hash(question))
     return make_row(
         data_source=rg.DATA_SOURCE, messages=[*system, {"role": "user", "content": question}], ground_truth=reference.to_json(),
         ability=rg.dataset(item.task, item.config, item.seed, item.size).category,
-        extra_info={"task": item.task, "index": item.index, "split": split} | ({} if level is None else {"level": level}),
+        extra_info={"task": item.task, "index": item.index, "split": split, IN_SFT: in_sft} | ({} if level is None else {"level": level}),
     )
