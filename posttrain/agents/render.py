@@ -89,3 +89,37 @@ class ObservationRenderer:
             content = (content[:keep] + self.note_ids)[:room]
             text = self.tokenizer.decode(content)
         return RenderedObservation(close + content + suffix_ids + self.open_ids, truncated, text)
+
+
+def render_turns(tokenizer: Any, messages: list[tuple[str, str]], *, after_token: int | None) -> list[int]:
+    """The tokens that follow an agent turn ending on ``after_token`` when the conversation goes on with
+    ``messages`` (``(role, text)`` each) and then a fresh assistant header, as the chat template renders
+    them. As for one observation (:class:`ObservationRenderer`), the template's pieces between the
+    messages and each message's text are tokenised apart, and the end-of-turn token the agent sampled is
+    not added again; for one message it gives what ``ObservationRenderer(tokenizer, role).render`` does."""
+    marks = [f"\x00MESSAGE{index}\x00" for index in range(len(messages))]
+    conversation = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": _AGENT_MARK}]
+    conversation += [{"role": role, "content": mark} for (role, _), mark in zip(messages, marks)]
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    except Exception as error:  # templates raise their own errors for roles or orders they do not know
+        raise InputError(f"the chat template cannot render messages of roles {[role for role, _ in messages]} after an "
+                         f"assistant turn ({error})") from error
+    tail = text.split(_AGENT_MARK, 1)[-1] if _AGENT_MARK in text else None
+    pieces = []
+    for mark in marks:
+        if tail is None or mark not in tail:
+            raise InputError(f"the chat template dropped a message of roles {[role for role, _ in messages]} after an "
+                             "assistant turn; multi-turn programs need a template that keeps every message")
+        head, tail = tail.split(mark, 1)
+        pieces.append(head)
+
+    def encode(piece: str) -> list[int]:
+        return list(tokenizer.encode(piece, add_special_tokens=False))
+
+    ids = encode(pieces[0])
+    if ids and after_token is not None and after_token == ids[0] == tokenizer.eos_token_id:
+        ids = ids[1:]
+    for (_, content), piece in zip(messages, pieces[1:] + [tail]):
+        ids += encode(content) + encode(piece)
+    return ids

@@ -1,0 +1,193 @@
+"""An agent program's episode: the chat requests a user's own program sends to the run's
+OpenAI-compatible endpoint (rollout/endpoint.py), recorded token by token and stitched into samples.
+
+Each request is answered by one engine call, and what the engine saw and sampled is kept: the
+context's token ids, the sampled ids, their logprobs and the weight version. Requests are compared as
+messages: role, content, and tool calls (name and arguments as JSON) as they were returned; nothing
+else of a message counts (ids, ``refusal``, an SDK's other fields).
+
+- **Extension.** A request whose messages are the previous request's messages, then the reply it got,
+  then new messages (tool results, a user turn) continues the same sample. Its context is the sample's
+  tokens so far (the prompt, each sampled turn and each rendered message, never re-tokenised), then
+  only the new messages as the chat template renders them (agents/render.py ``render_turns``), then
+  the assistant header. The sampled turns are trained (loss mask 1), the rendered messages are not.
+- **Prefix break.** Any other request starts a new sample of the same episode, its prompt rendered
+  from the request's messages and tools as a dataset prompt is (``tokenize_prompts``); an assistant
+  message this endpoint returned is rendered as the text the model wrote. The samples share the
+  episode's reward; ``prefix_breaks`` counts them.
+
+Tool messages that answer one reply are rendered as the tool agent renders a turn's results: one
+message in the run's tool format's role, its text the format's ``observation`` of ``(name, content)``
+per call in call order (names from the reply's calls by ``tool_call_id``). So a program and
+``env.name=tools`` show the model the same tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from posttrain.agents.loop import Episode, TurnOutput
+from posttrain.agents.render import render_turns
+from posttrain.errors import InputError
+from posttrain.models import tokenize_prompts
+from posttrain.models.tool_formats import ToolFormat
+
+MessageKey = tuple[str, str, tuple[tuple[str, str], ...]]
+
+
+class ContextFull(InputError):
+    """A request that no longer fits the episode's response budget (``data.max_response_length``)."""
+
+
+def _arguments(value: Any) -> str:
+    """Arguments as canonical JSON text (a string that is not JSON stays as it is)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _field(message: Any, name: str) -> Any:
+    return message.get(name) if isinstance(message, Mapping) else getattr(message, name, None)
+
+
+def message_key(message: Any) -> MessageKey:
+    """What two messages must share to be the same: role, content and tool calls (module docstring)."""
+    role, content = _field(message, "role"), _field(message, "content")
+    if not isinstance(role, str):
+        raise InputError(f"a message has no role: {str(message)[:200]}")
+    if isinstance(content, list):  # OpenAI's content parts: the text ones, joined
+        content = "".join(str(_field(part, "text") or "") for part in content)
+    calls = []
+    for call in _field(message, "tool_calls") or ():
+        function = _field(call, "function") or {}
+        calls.append((str(_field(function, "name")), _arguments(_field(function, "arguments"))))
+    return role, "" if content is None else str(content), tuple(calls)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One answered request: the message returned, and the text the model sampled for it."""
+
+    message: dict[str, Any]
+    text: str
+    finish_reason: str  # stop | tool_calls | length
+
+
+class ProgramEpisode:
+    """One run of a program on one row: its samples, stitched from its requests (module docstring)."""
+
+    def __init__(self, tokenizer: Any, tool_format: ToolFormat, max_response_length: int) -> None:
+        self.tokenizer, self.tool_format, self.max_response_length = tokenizer, tool_format, max_response_length
+        self.samples: list[Episode] = []
+        self.prefix_breaks = 0
+        self.requests = 0
+        self._seen: list[MessageKey] | None = None  # the last request's messages, then its reply
+        self._pending: list[MessageKey] | None = None
+        self._last_reply: Reply | None = None
+        self._sampled_text: dict[MessageKey, str] = {}  # each reply returned -> the text the model wrote for it
+
+    def context(self, messages: Sequence[Any], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """The token ids the engine continues for this request (extending the last sample, or a new one)."""
+        if not messages:
+            raise InputError("a chat request needs at least one message")
+        keys = [message_key(message) for message in messages]
+        seen = self._seen
+        if seen is not None and len(keys) > len(seen) and keys[: len(seen)] == seen:
+            sample = self.samples[-1]
+            last = sample.response_ids[-1] if sample.response_ids else None
+            ids = render_turns(self.tokenizer, self._new_turns(messages[len(seen):]), after_token=last)
+            if len(ids) >= sample.room:
+                sample.done = sample.out_of_tokens = True
+                raise ContextFull(f"the conversation is {len(sample.context) + len(ids)} tokens; the run's budget after "
+                                  f"the prompt is data.max_response_length={self.max_response_length}")
+            sample.append_observation(ids)
+        else:
+            self.prefix_breaks += int(seen is not None)
+            prompt = tokenize_prompts([self._prompt_messages(messages)], self.tokenizer, tools=list(tools or ()) or None,
+                                      tool_format=self.tool_format)[0]
+            self.samples.append(Episode(prompt_ids=list(prompt), turn_budget=0, response_budget=self.max_response_length))
+        self.requests += 1
+        self._pending = keys
+        return self.samples[-1].context
+
+    @property
+    def room(self) -> int:
+        """New tokens the current sample can still take."""
+        return self.samples[-1].room
+
+    def record(self, turn: TurnOutput, tools: Sequence[dict[str, Any]] | None = None) -> Reply:
+        """Append the engine's turn to the current sample and return the reply in OpenAI's shape."""
+        if self._pending is None:
+            raise RuntimeError("record() answers the request context() was given: call context() first")
+        sample = self.samples[-1]
+        sample.append_agent_turn(turn)
+        text = self.tokenizer.decode(sample.last_turn_ids, skip_special_tokens=True)
+        sample.actions.append(text)
+        parsed = self.tool_format.parse(text, list(tools or ()) or None) if tools else None
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        reason = "length" if turn.finish_reason == "length" else "stop"
+        if parsed is not None and parsed.calls:
+            message["content"] = parsed.content.strip() or None
+            message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                      "function": {"name": call.name, "arguments": call.arguments}} for call in parsed.calls]
+            reason = "tool_calls" if reason == "stop" else reason
+        key = message_key(message)
+        self._sampled_text[key] = text
+        self._seen, self._pending = self._pending + [key], None
+        self._last_reply = Reply(message, text, reason)
+        return self._last_reply
+
+    def _new_turns(self, messages: Sequence[Any]) -> list[tuple[str, str]]:
+        """The new messages as (role, text) turns: each run of tool messages as one observation."""
+        turns: list[tuple[str, str]] = []
+        results: list[tuple[str, str]] = []
+        for message in messages:
+            role, content, _ = message_key(message)
+            if role == "tool":
+                results.append((self._call_name(_field(message, "tool_call_id")), content))
+                continue
+            if results:
+                turns.append((self.tool_format.observation_role, self.tool_format.observation(results)))
+                results = []
+            turns.append((role, content))
+        if results:
+            turns.append((self.tool_format.observation_role, self.tool_format.observation(results)))
+        return turns
+
+    def _call_name(self, call_id: Any) -> str:
+        calls = (self._last_reply.message.get("tool_calls") if self._last_reply else None) or ()
+        for call in calls:
+            if call["id"] == call_id:
+                return call["function"]["name"]
+        raise InputError(f"a tool message answers tool_call_id={call_id!r}, which is none of the last reply's calls "
+                         f"({[call['id'] for call in calls]})")
+
+    def _prompt_messages(self, messages: Sequence[Any]) -> list[dict[str, str]]:
+        """A request's messages for a fresh prompt: replies as the model wrote them, tool results as observations."""
+        out: list[dict[str, str]] = []
+        results: list[tuple[str, str]] = []
+        names: dict[str, str] = {}
+        for message in messages:
+            key = message_key(message)
+            role, content, calls = key
+            if role == "tool":
+                results.append((names.get(str(_field(message, "tool_call_id")), "tool"), content))
+                continue
+            if results:
+                out.append({"role": self.tool_format.observation_role, "content": self.tool_format.observation(results)})
+                results = []
+            if role == "assistant":
+                names |= {str(_field(call, "id")): str(_field(_field(call, "function") or {}, "name"))
+                          for call in _field(message, "tool_calls") or ()}
+                content = self._sampled_text.get(key, content)
+            out.append({"role": role, "content": content})
+        if results:
+            out.append({"role": self.tool_format.observation_role, "content": self.tool_format.observation(results)})
+        return out

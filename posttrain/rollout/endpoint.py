@@ -1,0 +1,256 @@
+"""The run's OpenAI-compatible endpoint: a user's own agent program talks to the rollout engine through
+it, and every token the engine saw and sampled is recorded (agents/program.py).
+
+    endpoint = ProgramEndpoint(generate, tokenizer, tool_format, EndpointSettings(model="policy", ...))
+    with endpoint.serving():
+        base_url = endpoint.open("row3-0")     # http://127.0.0.1:PORT/episodes/row3-0/v1
+        ...                                    # the program: openai.OpenAI(base_url=base_url, api_key="-")
+        episode = endpoint.close("row3-0")     # its samples, stitched from its requests
+
+Served per episode: ``POST /episodes/<key>/v1/chat/completions`` (``messages``, ``tools``, ``tool_choice``
+auto or none, ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``logprobs``, ``n=1``) and
+``GET /episodes/<key>/v1/models``. A prompt is rendered as the tool agent renders its prompts (the run's
+tool format; ``tools`` told in it), and a reply's calls are read by that format and returned in OpenAI's
+shape (``tool_calls``, ``finish_reason: tool_calls``).
+
+**Sampling is the run's.** Temperature and the other sampling settings come from the rollout config; a
+request that asks for others (``temperature``, ``top_p``, ``seed``, ...) or names another model is
+served with the run's settings and counted (``program/sampling_ignored``), or refused with a 400 when
+``refuse_other_sampling`` is set; ``n`` other than 1 is always refused (each sample of a group is its own
+run of the program). ``max_tokens`` can only lower the run's ``env.max_turn_tokens``, and what is left of
+the episode's ``data.max_response_length``.
+
+**Gathered into one engine call.** Requests that arrive together wait up to ``gather_s`` (or until every
+open episode has one waiting) and go to the engine as one call, as the agent loop's turns do; requests
+with other ``max_tokens`` or ``stop`` go in calls of their own.
+
+A request for an episode that is not open (never opened, or closed) is refused with a 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from posttrain.agents import GenerateTurn, TurnOutput
+from posttrain.agents.program import ContextFull, ProgramEpisode
+from posttrain.errors import InputError
+from posttrain.models.tool_formats import ToolFormat
+
+# request fields that ask for sampling other than the run's (served with the run's, and counted)
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "min_p")
+START_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    model: str                      # the name /v1/models lists and a request may ask for
+    max_turn_tokens: int            # new tokens per request at most (env.max_turn_tokens)
+    max_response_length: int        # tokens after an episode's first prompt (data.max_response_length)
+    gather_s: float = 0.02          # how long a request waits for others to join its engine call
+    refuse_other_sampling: bool = False
+    host: str = "127.0.0.1"
+
+
+class RequestError(Exception):
+    """A request answered with an OpenAI-shaped error and ``status``."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+@dataclass
+class _Waiting:
+    episode: ProgramEpisode
+    context: list[int]
+    max_tokens: int
+    stop: tuple[str, ...]
+    future: asyncio.Future = field(repr=False)
+
+
+class ProgramEndpoint:
+    """Serves ``generate`` (the agent loop's engine call) to programs, one base URL per episode."""
+
+    def __init__(self, generate: GenerateTurn, tokenizer: Any, tool_format: ToolFormat, settings: EndpointSettings) -> None:
+        self.generate, self.tokenizer, self.tool_format, self.settings = generate, tokenizer, tool_format, settings
+        self.episodes: dict[str, ProgramEpisode] = {}
+        self.counts: dict[str, float] = defaultdict(float)  # program/* counters since the last drain
+        self.engine_calls = 0
+        self.port: int | None = None
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: list[_Waiting] = []
+        self._wake: asyncio.Event | None = None
+
+    # episodes -----------------------------------------------------------------------------------
+
+    def open(self, key: str) -> str:
+        """Start recording episode ``key``; its base URL."""
+        if self.port is None:
+            raise RuntimeError("the endpoint is not serving: open episodes inside `with endpoint.serving():`")
+        with self._lock:
+            if key in self.episodes:
+                raise ValueError(f"episode {key!r} is already open")
+            self.episodes[key] = ProgramEpisode(self.tokenizer, self.tool_format, self.settings.max_response_length)
+        return f"http://{self.settings.host}:{self.port}/episodes/{key}/v1"
+
+    def close(self, key: str) -> ProgramEpisode:
+        """Stop episode ``key`` (later requests are refused) and return what it recorded."""
+        with self._lock:
+            return self.episodes.pop(key)
+
+    # serving ------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[ProgramEndpoint]:
+        """Serve on a free port in a thread of this process until the block ends."""
+        import uvicorn
+
+        sock = socket.socket()
+        sock.bind((self.settings.host, 0))
+        server = uvicorn.Server(uvicorn.Config(self.app(), log_level="critical", lifespan="off"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="program-endpoint", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the program endpoint did not start")
+            time.sleep(0.01)
+        self.port = sock.getsockname()[1]
+        try:
+            yield self
+        finally:
+            server.should_exit = True
+            thread.join(timeout=START_TIMEOUT_S)
+            sock.close()
+            self.port = None
+
+    def app(self) -> FastAPI:
+        app = FastAPI(title="posttrain program endpoint")
+
+        def error(problem: RequestError) -> JSONResponse:
+            self.counts["program/refused"] += 1
+            return JSONResponse({"error": {"message": problem.message, "type": "invalid_request_error", "code": problem.code}},
+                                status_code=problem.status)
+
+        @app.get("/episodes/{key}/v1/models")
+        async def models(key: str) -> Any:
+            return {"object": "list", "data": [{"id": self.settings.model, "object": "model", "owned_by": "posttrain"}]}
+
+        @app.post("/episodes/{key}/v1/chat/completions")
+        async def chat(key: str, request: Request) -> Any:
+            try:
+                body = await request.json()
+                return await self._complete(key, body)
+            except RequestError as problem:
+                return error(problem)
+            except ValueError as problem:  # a body that is not JSON
+                return error(RequestError(400, f"the request body is not JSON ({problem})"))
+
+        return app
+
+    async def _complete(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
+        episode = self.episodes.get(key)
+        if episode is None:
+            raise RequestError(404, f"episode {key!r} is not open (it ended, or was never started)", "episode_not_open")
+        options = self._options(body)
+        tools = body.get("tools") if body.get("tool_choice", "auto") != "none" else None
+        try:
+            context = episode.context(body.get("messages") or [], tools)
+        except ContextFull as problem:
+            self.counts["program/context_full"] += 1
+            raise RequestError(400, str(problem), "context_length_exceeded") from None
+        except InputError as problem:
+            raise RequestError(400, str(problem)) from None
+        max_tokens = min(options["max_tokens"], episode.room)
+        loop = asyncio.get_running_loop()
+        waiting = _Waiting(episode, context, max_tokens, options["stop"], loop.create_future())
+        self._enqueue(waiting)
+        turn: TurnOutput = await waiting.future
+        reply = episode.record(turn, tools)
+        message = dict(reply.message)
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [
+                {"token": piece, "logprob": float(logprob), "bytes": list(piece.encode()), "top_logprobs": []}
+                for piece, logprob in zip(self.tokenizer.convert_ids_to_tokens(turn.token_ids), turn.logprobs)]}
+        self.counts["program/requests"] += 1
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.settings.model, "choices": [choice],
+                "usage": {"prompt_tokens": len(context), "completion_tokens": len(turn.token_ids),
+                          "total_tokens": len(context) + len(turn.token_ids)}}
+
+    def _options(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The request's max_tokens and stop strings; other sampling counted or refused (module docstring)."""
+        if body.get("n", 1) != 1:
+            raise RequestError(400, f"n={body.get('n')}: this endpoint answers n=1 (each sample of a group is its own run of "
+                                    "the program)", "unsupported_n")
+        other = [name for name in SAMPLING_FIELDS if body.get(name) is not None]
+        if body.get("model") not in (None, self.settings.model):
+            other.append(f"model={body.get('model')!r}")
+        if other:
+            if self.settings.refuse_other_sampling:
+                raise RequestError(400, f"{', '.join(other)}: the run samples with its own settings (rollout config) and "
+                                        f"serves model {self.settings.model!r}; drop these fields", "sampling_refused")
+            self.counts["program/sampling_ignored"] += 1
+        asked = body.get("max_completion_tokens") or body.get("max_tokens") or self.settings.max_turn_tokens
+        if not isinstance(asked, int) or asked < 1:
+            raise RequestError(400, f"max_tokens={asked!r} must be a positive integer")
+        stop = body.get("stop") or ()
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        return {"max_tokens": min(asked, self.settings.max_turn_tokens), "stop": stop}
+
+    # gathering ----------------------------------------------------------------------------------
+
+    def _enqueue(self, waiting: _Waiting) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop, self._wake = loop, asyncio.Event()
+            loop.create_task(self._gather())
+        self._waiting.append(waiting)
+        self._wake.set()
+
+    async def _gather(self) -> None:
+        """Forever: wait for a request, let others join it, send them to the engine as one call per shape."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            deadline = loop.time() + self.settings.gather_s
+            while loop.time() < deadline and len(self._waiting) < len(self.episodes):
+                await asyncio.sleep(min(0.002, self.settings.gather_s))
+            taken, self._waiting = self._waiting, []
+            self._wake.clear()
+            shapes: dict[tuple[int, tuple[str, ...]], list[_Waiting]] = defaultdict(list)
+            for waiting in taken:
+                shapes[(waiting.max_tokens, waiting.stop)].append(waiting)
+            for (max_tokens, stop), members in shapes.items():
+                try:
+                    outputs = await loop.run_in_executor(None, self.generate, [m.context for m in members], max_tokens, stop,
+                                                         self.engine_calls)
+                    self.engine_calls += 1
+                    for member, output in zip(members, outputs, strict=True):
+                        member.future.set_result(output)
+                except Exception as problem:  # the engine failed: every request of the call gets it
+                    for member in members:
+                        if not member.future.done():
+                            member.future.set_exception(problem)
+
+
+def episode_counts(episodes: Sequence[ProgramEpisode]) -> dict[str, float]:
+    """``program/samples_per_episode`` and ``program/prefix_breaks`` (per episode) over ``episodes``."""
+    if not episodes:
+        return {}
+    return {"program/samples_per_episode": sum(len(e.samples) for e in episodes) / len(episodes),
+            "program/prefix_breaks": sum(e.prefix_breaks for e in episodes) / len(episodes)}
