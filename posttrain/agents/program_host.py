@@ -1,0 +1,202 @@
+"""Agent programs, one run per episode, each in a process of its own (docs/programs.md).
+
+    controller ──pipe── host (spawned once; imports openai and the program's module, runs no program)
+                          ├── fork ── episode 1: the program, with a client for episode 1's base URL
+                          └── fork ── episode 2 ...
+
+The program is ``entry``, ``path/to/file.py:function`` (or ``module:function``), either
+
+    async def rollout(client: openai.AsyncOpenAI, row: dict) -> float | dict | None
+    def rollout(client: openai.OpenAI, row: dict) -> float | dict | None
+
+``row`` holds the dataset row: ``messages`` (its prompt), ``ground_truth``, ``data_source``,
+``extra_info``. ``OPENAI_BASE_URL`` is set to the episode's base URL too, for a program that makes its
+own client. What it returns is the episode's score (a number, or ``{"score": ..., "acc": ...}``);
+``None`` leaves the score to the row's score function.
+
+:meth:`ProgramHost.run` runs every episode given side by side and waits for them until a deadline. Each
+outcome is a :class:`~posttrain.deadlines.CallOutcome`: ``value`` (what the program returned), ``error``
+(what it raised, or a return that is not a score), ``timed_out`` (still running at the deadline: its
+process is killed, the only way to stop it), ``died`` (its process ended without an answer). None of
+them stops the run. A fork starts in milliseconds because the host has imported everything already; the
+host is ``spawn``ed (a clean interpreter, safe beside torch's and Ray's threads) and leads a process group
+of its own, so stopping it stops every episode's process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import math
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.connection import Connection, Pipe, wait
+from pathlib import Path
+from typing import Any
+
+from posttrain.deadlines import DEFAULT_START_TIMEOUT_S, GONE, LATE, CallOutcome, Child, describe_exception
+from posttrain.errors import InputError
+from posttrain.rewards.custom import load_source_file
+
+HOST_SLACK_S = 30.0  # beyond the episodes' deadline, how long the controller waits for the host
+
+
+class ProgramError(InputError):
+    """An entry that cannot be a program: a missing file or function, a wrong signature."""
+
+
+def load_program(entry: str) -> Callable[..., Any]:
+    """The function ``entry`` names (``file.py:function`` or ``module:function``), checked to take
+    ``(client, row)``; a :class:`ProgramError` saying what is wrong otherwise."""
+    source, _, name = str(entry).rpartition(":")
+    if not source or not name:
+        raise ProgramError(f"env.options.entry={entry!r}: give FILE.py:FUNCTION or MODULE:FUNCTION, e.g. my_agent.py:rollout")
+    if source.endswith(".py"):
+        path = Path(source).expanduser().resolve()
+        if not path.is_file():
+            raise ProgramError(f"env.options.entry={entry!r}: no such file {path}")
+        try:
+            module = load_source_file(path, "posttrain_user_program_")
+        except Exception as error:
+            raise ProgramError(f"env.options.entry={entry!r}: running {path} failed: {type(error).__name__}: {error}") from None
+    else:
+        try:
+            module = importlib.import_module(source)
+        except ImportError as error:
+            raise ProgramError(f"env.options.entry={entry!r}: module {source!r} cannot be imported ({error})") from None
+    function = getattr(module, name, None)
+    if not callable(function) or inspect.isclass(function):
+        defined = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and not k.startswith("_"))
+        raise ProgramError(f"env.options.entry={entry!r}: {source} has no function {name!r} (its functions: {defined})")
+    parameters = [p for p in inspect.signature(function).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    if len(parameters) != 2:
+        raise ProgramError(f"env.options.entry={entry!r}: {name}{inspect.signature(function)} must take exactly two "
+                           "arguments, (client, row): an openai client for the episode and the dataset row")
+    return function
+
+
+def program_score(value: Any) -> tuple[float | None, bool | None]:
+    """(score, acc) from what a program returned: a number, ``{"score": x[, "acc": y]}``, or None (the
+    row's score function decides: (None, None)). Anything else is a :class:`ValueError`."""
+    if value is None:
+        return None, None
+    if isinstance(value, Mapping) and "score" in value:
+        score, acc = value["score"], value.get("acc")
+    else:
+        score, acc = value, None
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+        raise ValueError(f"the program returned {value!r}; return a finite number, {{'score': x, 'acc': y}}, or None")
+    return float(score), None if acc is None else bool(acc)
+
+
+class ProgramHost:
+    """The controller's end: runs of ``entry`` in processes forked from one host."""
+
+    def __init__(self, entry: str, start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
+        load_program(entry)  # refused here, in the controller, with the reason
+        self.entry, self.start_timeout_s = entry, start_timeout_s
+        self._process: Child | None = None
+
+    def run(self, jobs: Sequence[tuple[str, dict[str, Any]]], deadline_s: float) -> list[CallOutcome]:
+        """One outcome per ``(base_url, row)`` job, in order (module docstring)."""
+        if not jobs:
+            return []
+        start = self._process is None or not self._process.alive
+        if start:
+            self.close()
+            self._process = Child(_host, (self.entry,), name="posttrain-programs", group=True, grace_s=5.0)
+        wait_s = deadline_s + HOST_SLACK_S + (self.start_timeout_s if start else 0.0)
+        answer = self._process.answer(wait_s) if self._process.send((list(jobs), deadline_s)) else GONE
+        if answer is LATE or answer is GONE:
+            self.close()
+            return [CallOutcome(error="the programs' host process died or hung", died=True)] * len(jobs)
+        if isinstance(answer, str):  # the host could not load the program
+            self.close()
+            raise ProgramError(answer)
+        return answer
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.stop()
+        self._process = None
+
+
+# ---- the host: loads the program, forks a process per episode, waits for them until the deadline ----
+
+
+def _host(connection: Connection, entry: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it stops this process
+    os.setsid()  # a process group of its own: stopping it stops its episodes' processes
+    problem = ""
+    try:
+        import openai  # noqa: F401  (imported once here, not in every episode)
+
+        program = load_program(entry)
+    except BaseException as error:
+        program = None
+        problem = str(error) if isinstance(error, ProgramError) else describe_exception(error)
+    while True:
+        try:
+            jobs, deadline_s = connection.recv()
+        except (EOFError, OSError):  # the controller closed its end, or died
+            return
+        connection.send(problem if program is None else _run_all(program, jobs, deadline_s))
+
+
+def _run_all(program: Callable[..., Any], jobs: Sequence[tuple[str, dict[str, Any]]], deadline_s: float) -> list[CallOutcome]:
+    outcomes: list[CallOutcome | None] = [None] * len(jobs)
+    children: dict[Connection, tuple[int, int]] = {}  # read end -> (job index, pid)
+    for index, (url, row) in enumerate(jobs):
+        read, write = Pipe(duplex=False)
+        pid = os.fork()
+        if pid == 0:  # the episode's process
+            read.close()
+            _episode(write, program, url, row)
+        write.close()
+        children[read] = (index, pid)
+    deadline = time.monotonic() + deadline_s
+    while children and (left := deadline - time.monotonic()) > 0:
+        for read in wait(list(children), timeout=left):
+            index, pid = children.pop(read)
+            try:
+                outcomes[index] = read.recv()
+            except (EOFError, OSError):
+                outcomes[index] = CallOutcome(error="the program's process died without an answer", died=True)
+            read.close()
+            os.waitpid(pid, 0)
+    for read, (index, pid) in children.items():  # past the deadline
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        read.close()
+        outcomes[index] = CallOutcome(error=f"the program was still running at its deadline ({deadline_s:g} s)", timed_out=True)
+    return outcomes  # type: ignore[return-value]
+
+
+def _episode(write: Connection, program: Callable[..., Any], url: str, row: dict[str, Any]) -> None:
+    """Run the program once and send its outcome; never returns (a fork must not go back to the host's loop)."""
+    try:
+        import openai
+
+        os.environ["OPENAI_BASE_URL"] = url
+        os.environ.setdefault("OPENAI_API_KEY", "posttrain")
+        if inspect.iscoroutinefunction(program):
+            async def main() -> Any:
+                async with openai.AsyncOpenAI(base_url=url, api_key="posttrain", max_retries=0) as client:
+                    return await program(client, row)
+
+            value = asyncio.run(main())
+        else:
+            with openai.OpenAI(base_url=url, api_key="posttrain", max_retries=0) as client:
+                value = program(client, row)
+        program_score(value)  # a return that is not a score is the program's error
+        outcome = CallOutcome(value=value)
+    except BaseException as error:
+        outcome = CallOutcome(error=describe_exception(error))
+    try:
+        write.send(outcome)
+    finally:
+        os._exit(0)
