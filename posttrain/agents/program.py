@@ -89,45 +89,51 @@ class ProgramEpisode:
         self.prefix_breaks = 0
         self.requests = 0
         self._seen: list[MessageKey] | None = None  # the last request's messages, then its reply
-        self._pending: list[MessageKey] | None = None
+        self._pending: tuple[list[MessageKey], Episode | None, list[int]] | None = None  # context() given, record() not yet
         self._last_reply: Reply | None = None
         self._sampled_text: dict[MessageKey, str] = {}  # each reply returned -> the text the model wrote for it
 
     def context(self, messages: Sequence[Any], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
-        """The token ids the engine continues for this request (extending the last sample, or a new one)."""
+        """The token ids the engine continues for this request (extending the last sample, or a new one).
+        Nothing is kept until :meth:`record`: a request that fails leaves the episode as it was."""
         if not messages:
             raise InputError("a chat request needs at least one message")
         keys = [message_key(message) for message in messages]
         seen = self._seen
         if seen is not None and len(keys) > len(seen) and keys[: len(seen)] == seen:
             sample = self.samples[-1]
-            last = sample.response_ids[-1] if sample.response_ids else None
-            ids = render_turns(self.tokenizer, self._new_turns(messages[len(seen):]), after_token=last)
+            ids = render_turns(self.tokenizer, self._new_turns(messages[len(seen):]), after_token=sample.response_ids[-1])
             if len(ids) >= sample.room:
-                sample.done = sample.out_of_tokens = True
                 raise ContextFull(f"the conversation is {len(sample.context) + len(ids)} tokens; the run's budget after "
                                   f"the prompt is data.max_response_length={self.max_response_length}")
-            sample.append_observation(ids)
-        else:
-            self.prefix_breaks += int(seen is not None)
-            prompt = tokenize_prompts([self._prompt_messages(messages)], self.tokenizer, tools=list(tools or ()) or None,
-                                      tool_format=self.tool_format)[0]
-            self.samples.append(Episode(prompt_ids=list(prompt), turn_budget=0, response_budget=self.max_response_length))
-        self.requests += 1
-        self._pending = keys
-        return self.samples[-1].context
+            self._pending = (keys, None, ids)
+            return sample.context + ids
+        prompt = tokenize_prompts([self._prompt_messages(messages)], self.tokenizer, tools=list(tools or ()) or None,
+                                  tool_format=self.tool_format)[0]
+        fresh = Episode(prompt_ids=list(prompt), turn_budget=0, response_budget=self.max_response_length)
+        self._pending = (keys, fresh, [])
+        return fresh.context
 
     @property
     def room(self) -> int:
-        """New tokens the current sample can still take."""
-        return self.samples[-1].room
+        """New tokens the request given to :meth:`context` can take."""
+        if self._pending is None:
+            raise RuntimeError("room is the pending request's: call context() first")
+        keys, fresh, ids = self._pending
+        return fresh.room if fresh is not None else self.samples[-1].room - len(ids)
 
     def record(self, turn: TurnOutput, tools: Sequence[dict[str, Any]] | None = None) -> Reply:
-        """Append the engine's turn to the current sample and return the reply in OpenAI's shape."""
+        """Keep the request's context and the engine's turn, and return the reply in OpenAI's shape."""
         if self._pending is None:
             raise RuntimeError("record() answers the request context() was given: call context() first")
+        keys, fresh, ids = self._pending
+        if fresh is not None:
+            self.prefix_breaks += int(self._seen is not None)
+            self.samples.append(fresh)
         sample = self.samples[-1]
+        sample.append_observation(ids)
         sample.append_agent_turn(turn)
+        self.requests += 1
         text = self.tokenizer.decode(sample.last_turn_ids, skip_special_tokens=True)
         sample.actions.append(text)
         parsed = self.tool_format.parse(text, list(tools or ()) or None) if tools else None
@@ -140,7 +146,7 @@ class ProgramEpisode:
             reason = "tool_calls" if reason == "stop" else reason
         key = message_key(message)
         self._sampled_text[key] = text
-        self._seen, self._pending = self._pending + [key], None
+        self._seen, self._pending = keys + [key], None
         self._last_reply = Reply(message, text, reason)
         return self._last_reply
 

@@ -24,7 +24,9 @@ the episode's ``data.max_response_length``.
 open episode has one waiting) and go to the engine as one call, as the agent loop's turns do; requests
 with other ``max_tokens`` or ``stop`` go in calls of their own.
 
-A request for an episode that is not open (never opened, or closed) is refused with a 404.
+A request for an episode that is not open (never opened, or closed) is refused with a 404; a second
+request of an episode while its first is under way, with a 409 (a conversation is a sequence); a
+request the engine failed under gets a 500 (``program/engine_errors``), and the run goes on.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class ProgramEndpoint:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: list[_Waiting] = []
+        self._busy: set[str] = set()  # episodes with a request under way
         self._wake: asyncio.Event | None = None
 
     # episodes -----------------------------------------------------------------------------------
@@ -158,6 +161,9 @@ class ProgramEndpoint:
                 return error(problem)
             except ValueError as problem:  # a body that is not JSON
                 return error(RequestError(400, f"the request body is not JSON ({problem})"))
+            except Exception as problem:  # the engine failed under the request: the program sees a 500, the run goes on
+                self.counts["program/engine_errors"] += 1
+                return error(RequestError(500, f"the rollout engine failed: {type(problem).__name__}: {problem}", "engine_error"))
 
         return app
 
@@ -167,6 +173,16 @@ class ProgramEndpoint:
             raise RequestError(404, f"episode {key!r} is not open (it ended, or was never started)", "episode_not_open")
         options = self._options(body)
         tools = body.get("tools") if body.get("tool_choice", "auto") != "none" else None
+        if key in self._busy:
+            raise RequestError(409, f"episode {key!r} has a request under way; send one request at a time per episode "
+                                    "(a conversation is a sequence)", "request_under_way")
+        self._busy.add(key)
+        try:
+            return await self._answer(episode, body, options, tools)
+        finally:
+            self._busy.discard(key)
+
+    async def _answer(self, episode: ProgramEpisode, body: dict[str, Any], options: dict[str, Any], tools: Any) -> dict[str, Any]:
         try:
             context = episode.context(body.get("messages") or [], tools)
         except ContextFull as problem:

@@ -172,6 +172,11 @@ def test_bad_requests_get_openai_errors_and_other_sampling_is_counted_or_refused
         with pytest.raises(openai.NotFoundError, match="not open"):
             client.chat.completions.create(model="policy", messages=hello)
         assert [m.id for m in client.models.list()] == ["policy"]
+        endpoint.open("e1")
+        endpoint._busy.add("e1")  # as while its first request waits for the engine
+        with pytest.raises(openai.ConflictError, match="one request at a time"):
+            openai.OpenAI(base_url=f"{client.base_url}".replace("/e0/", "/e1/"), api_key="-", max_retries=0).chat.completions.create(
+                model="policy", messages=hello)
     strict = endpoint_for(tokenizer, Recorder(engine), refuse_other_sampling=True, max_response_length=8)
     with strict.serving():
         client = openai.OpenAI(base_url=strict.open("e0"), api_key="-", max_retries=0)
@@ -180,3 +185,27 @@ def test_bad_requests_get_openai_errors_and_other_sampling_is_counted_or_refused
         first = client.chat.completions.create(model="policy", messages=hello, max_tokens=7).choices[0].message
         with pytest.raises(openai.BadRequestError, match="max_response_length=8"):
             client.chat.completions.create(model="policy", messages=hello + [first.model_dump(exclude_none=True), {"role": "user", "content": "more"}])
+
+
+def test_an_engine_failure_is_a_500_for_that_request_and_leaves_the_episode_as_it_was(tokenizer):
+    calls = []
+
+    def generate(contexts, max_new_tokens, stop, turn):
+        calls.append([list(c) for c in contexts])
+        if len(calls) == 2:
+            raise RuntimeError("engine fell over")
+        return [TurnOutput([tokenizer.eos_token_id], [-0.1], "stop", 0) for _ in contexts]
+
+    endpoint = endpoint_for(tokenizer, generate)
+    with endpoint.serving():
+        client = openai.OpenAI(base_url=endpoint.open("e0"), api_key="-", max_retries=0)
+        messages = [{"role": "user", "content": "Hi"}]
+        reply = client.chat.completions.create(model="policy", messages=messages).choices[0].message
+        messages += [reply.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+        with pytest.raises(openai.InternalServerError, match="engine fell over"):
+            client.chat.completions.create(model="policy", messages=messages)
+        assert client.chat.completions.create(model="policy", messages=messages).choices[0].finish_reason == "stop"
+        episode = endpoint.close("e0")
+    assert endpoint.counts["program/engine_errors"] == 1
+    assert calls[2] == calls[1] and len(episode.samples) == 1 and episode.requests == 2  # the retry saw what the failed one did
+    assert episode.samples[0].context == calls[2][0] + [tokenizer.eos_token_id]
