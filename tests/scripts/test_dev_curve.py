@@ -57,3 +57,4 @@ def test_by_a_field_gives_each_category_its_accuracy_and_change_from_the_validat
     missing = subprocess.run([sys.executable, str(REPO / "scripts" / "dev_curve.py"), f"r={write_run(tmp_path / 'bare', {0: 0.5})}", "--by", "task"],
                              capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
     assert missing.returncode != 0 and "step_0.jsonl: no such file" in missing.stderr
+
