@@ -6,20 +6,22 @@ context's token ids, the sampled ids, their logprobs and the weight version. Req
 messages: role, content, and tool calls (name and arguments as JSON) as they were returned; nothing
 else of a message counts (ids, ``refusal``, an SDK's other fields).
 
-- **Extension.** A request whose messages are the previous request's messages, then the reply it got,
-  then new messages (tool results, a user turn) continues the same sample. Its context is the sample's
+- **Extension.** A request with the same ``tools`` whose messages are the previous request's messages, then
+  the reply it got, then new messages (tool results, a user turn) continues the same sample. Its context is the sample's
   tokens so far (the prompt, each sampled turn and each rendered message, never re-tokenised), then
   only the new messages as the chat template renders them (agents/render.py ``render_turns``), then
   the assistant header. The sampled turns are trained (loss mask 1), the rendered messages are not.
-- **Prefix break.** Any other request starts a new sample of the same episode, its prompt rendered
+- **Prefix break.** Any other request (history edited or trimmed, other tools) starts a new sample of the
+  same episode, its prompt rendered
   from the request's messages and tools as a dataset prompt is (``tokenize_prompts``); an assistant
   message this endpoint returned is rendered as the text the model wrote. The samples share the
   episode's reward; ``prefix_breaks`` counts them.
 
 Tool messages that answer one reply are rendered as the tool agent renders a turn's results: one
 message in the run's tool format's role, its text the format's ``observation`` of ``(name, content)``
-per call in call order (names from the reply's calls by ``tool_call_id``). So a program and
-``env.name=tools`` show the model the same tokens.
+per call in the order of the calls, whatever the order of the messages (names from the reply's calls by
+``tool_call_id``). So a program and ``env.name=tools`` show the model the same tokens (a long result is
+not cut here, as the tool agent cuts it).
 """
 
 from __future__ import annotations
@@ -98,18 +100,22 @@ class ProgramEpisode:
         Nothing is kept until :meth:`record`: a request that fails leaves the episode as it was."""
         if not messages:
             raise InputError("a chat request needs at least one message")
-        keys = [message_key(message) for message in messages]
+        keys = [message_key(message) for message in messages] + [("tools", _arguments(list(tools or ())), ())]
         seen = self._seen
-        if seen is not None and len(keys) > len(seen) and keys[: len(seen)] == seen:
+        # the same tools, the same messages, then the reply, then new ones: an extension
+        if seen is not None and keys[-1] == seen[0] and len(keys) - 1 > len(seen) - 1 and keys[:len(seen) - 1] == seen[1:]:
             sample = self.samples[-1]
-            ids = render_turns(self.tokenizer, self._new_turns(messages[len(seen):]), after_token=sample.response_ids[-1])
+            calls = self._last_reply.message.get("tool_calls") or [] if self._last_reply else []
+            turns = self._as_turns(messages[len(seen) - 1:], calls)
+            ids = render_turns(self.tokenizer, turns, after_token=sample.response_ids[-1])
             if len(ids) >= sample.room:
                 raise ContextFull(f"the conversation is {len(sample.context) + len(ids)} tokens; the run's budget after "
                                   f"the prompt is data.max_response_length={self.max_response_length}")
             self._pending = (keys, None, ids)
             return sample.context + ids
-        prompt = tokenize_prompts([self._prompt_messages(messages)], self.tokenizer, tools=list(tools or ()) or None,
-                                  tool_format=self.tool_format)[0]
+        turns = self._as_turns(messages, [])
+        prompt = tokenize_prompts([[{"role": role, "content": text} for role, text in turns]], self.tokenizer,
+                                  tools=list(tools or ()) or None, tool_format=self.tool_format)[0]
         fresh = Episode(prompt_ids=list(prompt), turn_budget=0, response_budget=self.max_response_length)
         self._pending = (keys, fresh, [])
         return fresh.context
@@ -123,77 +129,65 @@ class ProgramEpisode:
         return fresh.room if fresh is not None else self.samples[-1].room - len(ids)
 
     def record(self, turn: TurnOutput, tools: Sequence[dict[str, Any]] | None = None) -> Reply:
-        """Keep the request's context and the engine's turn, and return the reply in OpenAI's shape."""
+        """Keep the request's context and the engine's turn, and return the reply in OpenAI's shape. All
+        that can fail (the logprobs, decoding, reading the calls) happens before anything is kept."""
         if self._pending is None:
             raise RuntimeError("record() answers the request context() was given: call context() first")
         keys, fresh, ids = self._pending
+        kept = list(turn.token_ids[: self.room])
+        if len(turn.logprobs) < len(kept):
+            raise ValueError(f"the rollout engine returned {len(turn.logprobs)} logprobs for {len(kept)} tokens; ask it for logprobs")
+        text = self.tokenizer.decode(kept, skip_special_tokens=True)
+        parsed = self.tool_format.parse(text, list(tools or ()) or None) if tools else None
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        reason = "length" if turn.finish_reason == "length" or len(kept) < len(turn.token_ids) else "stop"
+        if parsed is not None and parsed.calls:
+            message["content"] = parsed.content.strip() or None
+            message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                      "function": {"name": call.name, "arguments": call.arguments}} for call in parsed.calls]
+            reason = "tool_calls" if reason == "stop" else reason
         if fresh is not None:
             self.prefix_breaks += int(self._seen is not None)
             self.samples.append(fresh)
         sample = self.samples[-1]
         sample.append_observation(ids)
         sample.append_agent_turn(turn)
-        self.requests += 1
-        text = self.tokenizer.decode(sample.last_turn_ids, skip_special_tokens=True)
         sample.actions.append(text)
-        parsed = self.tool_format.parse(text, list(tools or ()) or None) if tools else None
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        reason = "length" if turn.finish_reason == "length" else "stop"
-        if parsed is not None and parsed.calls:
-            message["content"] = parsed.content.strip() or None
-            message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                                      "function": {"name": call.name, "arguments": call.arguments}} for call in parsed.calls]
-            reason = "tool_calls" if reason == "stop" else reason
+        self.requests += 1
         key = message_key(message)
         self._sampled_text[key] = text
-        self._seen, self._pending = keys + [key], None
+        self._seen, self._pending = [keys[-1], *keys[:-1], key], None  # the tools first, then the messages and the reply
         self._last_reply = Reply(message, text, reason)
         return self._last_reply
 
-    def _new_turns(self, messages: Sequence[Any]) -> list[tuple[str, str]]:
-        """The new messages as (role, text) turns: each run of tool messages as one observation."""
+    def _as_turns(self, messages: Sequence[Any], calls: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+        """Messages as (role, text) turns for the template: a reply this endpoint returned as the text the
+        model wrote; each run of tool messages as one observation in the tool format's role, the results in
+        the order of the calls they answer (``calls``: the reply before them, where it is not among
+        ``messages``), each named by its call's id (else by its place)."""
         turns: list[tuple[str, str]] = []
-        results: list[tuple[str, str]] = []
-        for message in messages:
-            role, content, _ = message_key(message)
-            if role == "tool":
-                results.append((self._call_name(_field(message, "tool_call_id")), content))
-                continue
+        results: list[tuple[int, str, str]] = []  # (the call's place, its name, the result)
+        last_calls = list(calls)
+
+        def flush() -> None:
             if results:
-                turns.append((self.tool_format.observation_role, self.tool_format.observation(results)))
-                results = []
-            turns.append((role, content))
-        if results:
-            turns.append((self.tool_format.observation_role, self.tool_format.observation(results)))
-        return turns
+                ordered = [(name, text) for _, name, text in sorted(results, key=lambda r: r[0])]
+                turns.append((self.tool_format.observation_role, self.tool_format.observation(ordered)))
+                results.clear()
 
-    def _call_name(self, call_id: Any) -> str:
-        calls = (self._last_reply.message.get("tool_calls") if self._last_reply else None) or ()
-        for call in calls:
-            if call["id"] == call_id:
-                return call["function"]["name"]
-        raise InputError(f"a tool message answers tool_call_id={call_id!r}, which is none of the last reply's calls "
-                         f"({[call['id'] for call in calls]})")
-
-    def _prompt_messages(self, messages: Sequence[Any]) -> list[dict[str, str]]:
-        """A request's messages for a fresh prompt: replies as the model wrote them, tool results as observations."""
-        out: list[dict[str, str]] = []
-        results: list[tuple[str, str]] = []
-        names: dict[str, str] = {}
         for message in messages:
             key = message_key(message)
-            role, content, calls = key
+            role, content, _ = key
             if role == "tool":
-                results.append((names.get(str(_field(message, "tool_call_id")), "tool"), content))
+                call_id = _field(message, "tool_call_id")
+                place = next((i for i, call in enumerate(last_calls) if _field(call, "id") == call_id), len(results))
+                name = str(_field(_field(last_calls[place], "function") or {}, "name")) if place < len(last_calls) else "tool"
+                results.append((place, name, content))
                 continue
-            if results:
-                out.append({"role": self.tool_format.observation_role, "content": self.tool_format.observation(results)})
-                results = []
+            flush()
             if role == "assistant":
-                names |= {str(_field(call, "id")): str(_field(_field(call, "function") or {}, "name"))
-                          for call in _field(message, "tool_calls") or ()}
+                last_calls = list(_field(message, "tool_calls") or ())
                 content = self._sampled_text.get(key, content)
-            out.append({"role": role, "content": content})
-        if results:
-            out.append({"role": self.tool_format.observation_role, "content": self.tool_format.observation(results)})
-        return out
+            turns.append((role, content))
+        flush()
+        return turns

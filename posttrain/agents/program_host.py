@@ -10,8 +10,10 @@ The program is ``entry``, ``path/to/file.py:function`` (or ``module:function``),
     def rollout(client: openai.OpenAI, row: dict) -> float | dict | None
 
 ``row`` holds the dataset row: ``messages`` (its prompt), ``ground_truth``, ``data_source``,
-``extra_info``. ``OPENAI_BASE_URL`` is set to the episode's base URL too, for a program that makes its
-own client. What it returns is the episode's score (a number, or ``{"score": ..., "acc": ...}``);
+``extra_info``. ``OPENAI_BASE_URL`` is set to the episode's base URL too (and ``OPENAI_API_KEY`` to a
+placeholder), for a program that makes its own client inside the function; a client made when the module
+is imported would not know the episode's URL. Each episode's process leads a process group of its own,
+killed when its answer comes or its deadline passes, so what a program starts ends with it. What it returns is the episode's score (a number, or ``{"score": ..., "acc": ...}``);
 ``None`` leaves the score to the row's score function.
 
 :meth:`ProgramHost.run` runs every episode given side by side and waits for them until a deadline. Each
@@ -31,6 +33,7 @@ import inspect
 import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, Pipe, wait
@@ -144,18 +147,37 @@ def _host(connection: Connection, entry: str) -> None:
             jobs, deadline_s = connection.recv()
         except (EOFError, OSError):  # the controller closed its end, or died
             return
-        connection.send(problem if program is None else _run_all(program, jobs, deadline_s))
+        connection.send(problem if program is None else _run_all(connection, program, jobs, deadline_s))
 
 
-def _run_all(program: Callable[..., Any], jobs: Sequence[tuple[str, dict[str, Any]]], deadline_s: float) -> list[CallOutcome]:
+def _kill(pid: int) -> None:
+    """SIGKILL the episode's process group (it leads one: what the program started goes with it), then reap it."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    os.waitpid(pid, 0)
+
+
+def _run_all(host: Connection, program: Callable[..., Any], jobs: Sequence[tuple[str, dict[str, Any]]],
+             deadline_s: float) -> list[CallOutcome]:
     outcomes: list[CallOutcome | None] = [None] * len(jobs)
     children: dict[Connection, tuple[int, int]] = {}  # read end -> (job index, pid)
     for index, (url, row) in enumerate(jobs):
-        read, write = Pipe(duplex=False)
-        pid = os.fork()
-        if pid == 0:  # the episode's process
-            read.close()
-            _episode(write, program, url, row)
+        try:
+            read, write = Pipe(duplex=False)
+            pid = os.fork()
+        except OSError as error:  # out of processes or memory: this episode fails, the others run
+            outcomes[index] = CallOutcome(error=f"could not start the program's process: {error}", died=True)
+            continue
+        if pid == 0:  # the episode's process: never returns to the host's loop
+            try:
+                os.setpgid(0, 0)
+                for end in (host, read, *children):  # only its own pipe end stays open
+                    end.close()
+                _episode(write, program, url, row)
+            finally:
+                os._exit(0)
         write.close()
         children[read] = (index, pid)
     deadline = time.monotonic() + deadline_s
@@ -164,25 +186,24 @@ def _run_all(program: Callable[..., Any], jobs: Sequence[tuple[str, dict[str, An
             index, pid = children.pop(read)
             try:
                 outcomes[index] = read.recv()
-            except (EOFError, OSError):
+            except Exception:  # nothing sent (a crash), or a reply that cannot be read
                 outcomes[index] = CallOutcome(error="the program's process died without an answer", died=True)
             read.close()
-            os.waitpid(pid, 0)
+            _kill(pid)  # whatever it left running
     for read, (index, pid) in children.items():  # past the deadline
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        _kill(pid)
         read.close()
         outcomes[index] = CallOutcome(error=f"the program was still running at its deadline ({deadline_s:g} s)", timed_out=True)
     return outcomes  # type: ignore[return-value]
 
 
 def _episode(write: Connection, program: Callable[..., Any], url: str, row: dict[str, Any]) -> None:
-    """Run the program once and send its outcome; never returns (a fork must not go back to the host's loop)."""
+    """Run the program once and send its outcome (the caller exits the process after)."""
     try:
         import openai
 
         os.environ["OPENAI_BASE_URL"] = url
-        os.environ.setdefault("OPENAI_API_KEY", "posttrain")
+        os.environ["OPENAI_API_KEY"] = "posttrain"  # never the trainer's own key: every request goes to the endpoint
         if inspect.iscoroutinefunction(program):
             async def main() -> Any:
                 async with openai.AsyncOpenAI(base_url=url, api_key="posttrain", max_retries=0) as client:
@@ -198,5 +219,8 @@ def _episode(write: Connection, program: Callable[..., Any], url: str, row: dict
         outcome = CallOutcome(error=describe_exception(error))
     try:
         write.send(outcome)
+    except Exception as error:  # a return that cannot be pickled
+        write.send(CallOutcome(error=f"the program's return cannot be sent back: {describe_exception(error)}"))
     finally:
-        os._exit(0)
+        sys.stdout.flush()
+        sys.stderr.flush()

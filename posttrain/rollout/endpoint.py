@@ -24,9 +24,13 @@ the episode's ``data.max_response_length``.
 open episode has one waiting) and go to the engine as one call, as the agent loop's turns do; requests
 with other ``max_tokens`` or ``stop`` go in calls of their own.
 
-A request for an episode that is not open (never opened, or closed) is refused with a 404; a second
-request of an episode while its first is under way, with a 409 (a conversation is a sequence); a
-request the engine failed under gets a 500 (``program/engine_errors``), and the run goes on.
+Refused with an OpenAI-shaped error (``program/refused``): a request for an episode that is not open
+(never opened, or closed, also while its request was with the engine: nothing more is recorded), 404; a
+second request of an episode while its first is under way, 409 (a conversation is a sequence); ``stream``,
+a ``tool_choice`` other than auto or none, a malformed field, messages the template cannot render, a
+prompt past ``max_context_tokens`` or a conversation past the response budget, 400. A request the engine
+failed under gets a 500 (``program/engine_errors``): a call that fails is tried again one request at a
+time, so one bad context fails only itself, and the run goes on.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from fastapi.responses import JSONResponse
 
 from posttrain.agents import GenerateTurn, TurnOutput
 from posttrain.agents.program import ContextFull, ProgramEpisode
-from posttrain.errors import InputError
+from posttrain.errors import PosttrainError
 from posttrain.models.tool_formats import ToolFormat
 
 # request fields that ask for sampling other than the run's (served with the run's, and counted)
@@ -62,11 +66,12 @@ class EndpointSettings:
     max_response_length: int        # tokens after an episode's first prompt (data.max_response_length)
     gather_s: float = 0.02          # how long a request waits for others to join its engine call
     refuse_other_sampling: bool = False
+    max_context_tokens: int | None = None  # the engine's context (max_model_len): a longer prompt is a 400, not an engine error
     host: str = "127.0.0.1"
 
 
-class RequestError(Exception):
-    """A request answered with an OpenAI-shaped error and ``status``."""
+class RequestError(PosttrainError):
+    """A request answered with an OpenAI-shaped error and ``status`` (never raised past the endpoint)."""
 
     def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
         super().__init__(message)
@@ -88,13 +93,14 @@ class ProgramEndpoint:
     def __init__(self, generate: GenerateTurn, tokenizer: Any, tool_format: ToolFormat, settings: EndpointSettings) -> None:
         self.generate, self.tokenizer, self.tool_format, self.settings = generate, tokenizer, tool_format, settings
         self.episodes: dict[str, ProgramEpisode] = {}
-        self.counts: dict[str, float] = defaultdict(float)  # program/* counters since the last drain
+        self.counts: dict[str, float] = defaultdict(float)  # program/* counters
         self.engine_calls = 0
         self.port: int | None = None
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: list[_Waiting] = []
-        self._busy: set[str] = set()  # episodes with a request under way
+        self._busy: set[int] = set()  # episodes (by identity) with a request under way
+        self._gatherer: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
 
     # episodes -----------------------------------------------------------------------------------
@@ -144,25 +150,27 @@ class ProgramEndpoint:
         app = FastAPI(title="posttrain program endpoint")
 
         def error(problem: RequestError) -> JSONResponse:
-            self.counts["program/refused"] += 1
+            self.counts["program/refused" if problem.status < 500 else "program/engine_errors"] += 1
             return JSONResponse({"error": {"message": problem.message, "type": "invalid_request_error", "code": problem.code}},
                                 status_code=problem.status)
 
         @app.get("/episodes/{key}/v1/models")
         async def models(key: str) -> Any:
-            return {"object": "list", "data": [{"id": self.settings.model, "object": "model", "owned_by": "posttrain"}]}
+            return {"object": "list", "data": [{"id": self.settings.model, "object": "model", "created": 0, "owned_by": "posttrain"}]}
 
         @app.post("/episodes/{key}/v1/chat/completions")
         async def chat(key: str, request: Request) -> Any:
             try:
                 body = await request.json()
+            except ValueError as problem:
+                return error(RequestError(400, f"the request body is not JSON ({problem})"))
+            try:
+                if not isinstance(body, dict):
+                    raise RequestError(400, "the request body is a JSON object with messages")
                 return await self._complete(key, body)
             except RequestError as problem:
                 return error(problem)
-            except ValueError as problem:  # a body that is not JSON
-                return error(RequestError(400, f"the request body is not JSON ({problem})"))
             except Exception as problem:  # the engine failed under the request: the program sees a 500, the run goes on
-                self.counts["program/engine_errors"] += 1
                 return error(RequestError(500, f"the rollout engine failed: {type(problem).__name__}: {problem}", "engine_error"))
 
         return app
@@ -171,48 +179,60 @@ class ProgramEndpoint:
         episode = self.episodes.get(key)
         if episode is None:
             raise RequestError(404, f"episode {key!r} is not open (it ended, or was never started)", "episode_not_open")
-        options = self._options(body)
-        tools = body.get("tools") if body.get("tool_choice", "auto") != "none" else None
-        if key in self._busy:
+        if id(episode) in self._busy:
             raise RequestError(409, f"episode {key!r} has a request under way; send one request at a time per episode "
                                     "(a conversation is a sequence)", "request_under_way")
-        self._busy.add(key)
+        options = self._options(body)
+        self._busy.add(id(episode))
         try:
-            return await self._answer(episode, body, options, tools)
+            return await self._answer(key, episode, body, options)
         finally:
-            self._busy.discard(key)
+            self._busy.discard(id(episode))
 
-    async def _answer(self, episode: ProgramEpisode, body: dict[str, Any], options: dict[str, Any], tools: Any) -> dict[str, Any]:
+    async def _answer(self, key: str, episode: ProgramEpisode, body: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+        tools = options["tools"]
         try:
             context = episode.context(body.get("messages") or [], tools)
         except ContextFull as problem:
             self.counts["program/context_full"] += 1
             raise RequestError(400, str(problem), "context_length_exceeded") from None
-        except InputError as problem:
-            raise RequestError(400, str(problem)) from None
+        except Exception as problem:  # a message the template or the tool format cannot render
+            raise RequestError(400, f"the request cannot be rendered: {type(problem).__name__}: {problem}") from None
+        limit = self.settings.max_context_tokens
+        if limit is not None and len(context) >= limit:
+            self.counts["program/context_full"] += 1
+            raise RequestError(400, f"the prompt is {len(context)} tokens; the engine's context holds {limit}", "context_length_exceeded")
         max_tokens = min(options["max_tokens"], episode.room)
         loop = asyncio.get_running_loop()
         waiting = _Waiting(episode, context, max_tokens, options["stop"], loop.create_future())
         self._enqueue(waiting)
         turn: TurnOutput = await waiting.future
+        if self.episodes.get(key) is not episode:  # closed while the engine answered: nothing more is recorded
+            raise RequestError(404, f"episode {key!r} ended while its request was answered", "episode_not_open")
         reply = episode.record(turn, tools)
+        kept = episode.samples[-1].last_turn_ids
         message = dict(reply.message)
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}
         if body.get("logprobs"):
-            choice["logprobs"] = {"content": [
-                {"token": piece, "logprob": float(logprob), "bytes": list(piece.encode()), "top_logprobs": []}
-                for piece, logprob in zip(self.tokenizer.convert_ids_to_tokens(turn.token_ids), turn.logprobs)]}
+            pieces = [self.tokenizer.decode([token]) for token in kept]
+            choice["logprobs"] = {"content": [{"token": piece, "logprob": float(logprob), "bytes": list(piece.encode()), "top_logprobs": []}
+                                              for piece, logprob in zip(pieces, turn.logprobs)]}
         self.counts["program/requests"] += 1
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.settings.model, "choices": [choice],
-                "usage": {"prompt_tokens": len(context), "completion_tokens": len(turn.token_ids),
-                          "total_tokens": len(context) + len(turn.token_ids)}}
+                "usage": {"prompt_tokens": len(context), "completion_tokens": len(kept), "total_tokens": len(context) + len(kept)}}
 
     def _options(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The request's max_tokens and stop strings; other sampling counted or refused (module docstring)."""
-        if body.get("n", 1) != 1:
+        """The request's tools, max_tokens and stop strings; other sampling counted or refused (module docstring)."""
+        if body.get("n") not in (None, 1):
             raise RequestError(400, f"n={body.get('n')}: this endpoint answers n=1 (each sample of a group is its own run of "
                                     "the program)", "unsupported_n")
+        if body.get("stream"):
+            raise RequestError(400, "stream=true: this endpoint answers whole replies; leave stream unset", "unsupported_stream")
+        choice = body.get("tool_choice", "auto")
+        if choice not in (None, "auto", "none"):
+            raise RequestError(400, f"tool_choice={choice!r}: this endpoint follows the model's own choice (auto) or none",
+                               "unsupported_tool_choice")
         other = [name for name in SAMPLING_FIELDS if body.get(name) is not None]
         if body.get("model") not in (None, self.settings.model):
             other.append(f"model={body.get('model')!r}")
@@ -222,19 +242,24 @@ class ProgramEndpoint:
                                         f"serves model {self.settings.model!r}; drop these fields", "sampling_refused")
             self.counts["program/sampling_ignored"] += 1
         asked = body.get("max_completion_tokens") or body.get("max_tokens") or self.settings.max_turn_tokens
-        if not isinstance(asked, int) or asked < 1:
+        if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1:
             raise RequestError(400, f"max_tokens={asked!r} must be a positive integer")
         stop = body.get("stop") or ()
-        stop = (stop,) if isinstance(stop, str) else tuple(stop)
-        return {"max_tokens": min(asked, self.settings.max_turn_tokens), "stop": stop}
+        stop = (stop,) if isinstance(stop, str) else stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(text, str) for text in stop):
+            raise RequestError(400, f"stop={body.get('stop')!r} must be a string or a list of strings")
+        tools = body.get("tools") if choice != "none" else None
+        if tools is not None and not isinstance(tools, list):
+            raise RequestError(400, "tools must be a list of tool schemas")
+        return {"max_tokens": min(asked, self.settings.max_turn_tokens), "stop": tuple(stop), "tools": tools}
 
     # gathering ----------------------------------------------------------------------------------
 
     def _enqueue(self, waiting: _Waiting) -> None:
         loop = asyncio.get_running_loop()
-        if self._loop is not loop:
+        if self._loop is not loop or self._gatherer is None or self._gatherer.done():
             self._loop, self._wake = loop, asyncio.Event()
-            loop.create_task(self._gather())
+            self._gatherer = loop.create_task(self._gather())
         self._waiting.append(waiting)
         self._wake.set()
 
@@ -250,18 +275,32 @@ class ProgramEndpoint:
             self._wake.clear()
             shapes: dict[tuple[int, tuple[str, ...]], list[_Waiting]] = defaultdict(list)
             for waiting in taken:
-                shapes[(waiting.max_tokens, waiting.stop)].append(waiting)
+                if not waiting.future.done():  # a program that went away leaves a cancelled request
+                    shapes[(waiting.max_tokens, waiting.stop)].append(waiting)
             for (max_tokens, stop), members in shapes.items():
-                try:
-                    outputs = await loop.run_in_executor(None, self.generate, [m.context for m in members], max_tokens, stop,
-                                                         self.engine_calls)
-                    self.engine_calls += 1
-                    for member, output in zip(members, outputs, strict=True):
-                        member.future.set_result(output)
-                except Exception as problem:  # the engine failed: every request of the call gets it
-                    for member in members:
-                        if not member.future.done():
-                            member.future.set_exception(problem)
+                await self._call_engine(members, max_tokens, stop)
+
+    async def _call_engine(self, members: list[_Waiting], max_tokens: int, stop: tuple[str, ...]) -> None:
+        """One engine call for ``members``; if it fails, each again alone, so that one bad context fails only itself."""
+        loop = asyncio.get_running_loop()
+        try:
+            outputs = await loop.run_in_executor(None, self.generate, [m.context for m in members], max_tokens, stop, self.engine_calls)
+            self.engine_calls += 1
+            if len(outputs) != len(members):
+                raise RuntimeError(f"the engine returned {len(outputs)} turns for {len(members)} contexts")
+        except Exception as problem:
+            if len(members) > 1:
+                for member in members:
+                    await self._call_engine([member], max_tokens, stop)
+                return
+            outputs, failure = None, problem
+        for index, member in enumerate(members):
+            if member.future.done():
+                continue
+            if outputs is None:
+                member.future.set_exception(failure)
+            else:
+                member.future.set_result(outputs[index])
 
 
 def episode_counts(episodes: Sequence[ProgramEpisode]) -> dict[str, float]:

@@ -172,11 +172,11 @@ def test_bad_requests_get_openai_errors_and_other_sampling_is_counted_or_refused
         with pytest.raises(openai.NotFoundError, match="not open"):
             client.chat.completions.create(model="policy", messages=hello)
         assert [m.id for m in client.models.list()] == ["policy"]
-        endpoint.open("e1")
-        endpoint._busy.add("e1")  # as while its first request waits for the engine
-        with pytest.raises(openai.ConflictError, match="one request at a time"):
-            openai.OpenAI(base_url=f"{client.base_url}".replace("/e0/", "/e1/"), api_key="-", max_retries=0).chat.completions.create(
-                model="policy", messages=hello)
+        for index, (bad, message) in enumerate((({"stream": True}, "stream=true"), ({"tool_choice": "required"}, "tool_choice"),
+                                                ({"stop": [["x"]]}, "list of strings"))):
+            with pytest.raises(openai.BadRequestError, match=message):
+                openai.OpenAI(base_url=endpoint.open(f"bad{index}"), api_key="-", max_retries=0).chat.completions.create(
+                    model="policy", messages=hello, extra_body=bad)
     strict = endpoint_for(tokenizer, Recorder(engine), refuse_other_sampling=True, max_response_length=8)
     with strict.serving():
         client = openai.OpenAI(base_url=strict.open("e0"), api_key="-", max_retries=0)
@@ -209,3 +209,51 @@ def test_an_engine_failure_is_a_500_for_that_request_and_leaves_the_episode_as_i
     assert endpoint.counts["program/engine_errors"] == 1
     assert calls[2] == calls[1] and len(episode.samples) == 1 and episode.requests == 2  # the retry saw what the failed one did
     assert episode.samples[0].context == calls[2][0] + [tokenizer.eos_token_id]
+
+
+def test_two_requests_of_one_episode_at_once_the_second_is_refused(tokenizer):
+    import time as clock
+
+    def slow(contexts, max_new_tokens, stop, turn):
+        clock.sleep(0.5)
+        return [TurnOutput([tokenizer.eos_token_id], [-0.1], "stop", 0) for _ in contexts]
+
+    endpoint = endpoint_for(tokenizer, slow)
+    with endpoint.serving():
+        url = endpoint.open("e0")
+
+        async def both():
+            client = openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0)
+            ask = lambda: client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "Hi"}])  # noqa: E731
+            return await asyncio.gather(ask(), ask(), return_exceptions=True)
+
+        answers = asyncio.run(both())
+        episode = endpoint.close("e0")
+    assert sorted(type(a).__name__ for a in answers) == ["ChatCompletion", "ConflictError"] and episode.requests == 1
+
+
+def test_results_of_several_calls_go_in_call_order_and_other_tools_start_a_new_sample(tokenizer):
+    two = tokenizer.encode('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+                           '<tool_call>{"name": "mul", "arguments": {"a": 3, "b": 4}}</tool_call>', add_special_tokens=False)
+    done = tokenizer.encode("3 and 12.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    generate = Recorder(None, scripted=[two + [tokenizer.eos_token_id], done, done])
+    mul = {"type": "function", "function": {**ADD["function"], "name": "mul", "description": "Multiply."}}
+    endpoint = endpoint_for(tokenizer, generate, max_turn_tokens=64)
+    with endpoint.serving():
+        client = openai.OpenAI(base_url=endpoint.open("e0"), api_key="-")
+        messages = [{"role": "user", "content": "1+2 and 3*4?"}]
+        message = client.chat.completions.create(model="policy", messages=messages, tools=[ADD, mul]).choices[0].message
+        first, second = message.tool_calls
+        messages += [message.model_dump(exclude_none=True),  # the results out of order, then a user turn
+                     {"role": "tool", "tool_call_id": second.id, "content": "12"}, {"role": "tool", "tool_call_id": first.id, "content": "3"},
+                     {"role": "user", "content": "Say both."}]
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=[ADD, mul]).choices[0].message
+        messages += [reply.model_dump(exclude_none=True), {"role": "user", "content": "again"}]  # it would extend, but for the tools
+        client.chat.completions.create(model="policy", messages=messages, tools=[ADD])
+        episode = endpoint.close("e0")
+    tool_format = make_tool_format("auto", tokenizer)
+    expected = render_turns(tokenizer, [(tool_format.observation_role, tool_format.observation([("add", "3"), ("mul", "12")])),
+                                        ("user", "Say both.")], after_token=tokenizer.eos_token_id)
+    sample = episode.samples[0]
+    assert generate.calls[1] == [sample.prompt_ids + two + [tokenizer.eos_token_id] + expected]
+    assert len(episode.samples) == 2 and episode.prefix_breaks == 1  # the third request told other tools

@@ -4,6 +4,7 @@ something that is not a score costs only its own episode; a bad entry is refused
 
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from tests.optional import require
@@ -44,6 +45,23 @@ def not_a_score(client, row):
 
 def three(client, row, extra):
     return 1.0
+
+def mixed(client, row):
+    kind = row["ground_truth"]
+    if kind == "0":
+        client.chat.completions.create(model="policy", messages=row["messages"])
+        return 1.0
+    if kind == "1":
+        raise ValueError("row 1 fails")
+    if kind == "2":
+        os._exit(3)
+    time.sleep(600)
+
+def leaves_a_child(client, row):
+    import subprocess
+    child = subprocess.Popen(["sleep", "600"])
+    open(row["extra_info"]["pid_file"], "w").write(str(child.pid))
+    time.sleep(600)
 '''
 
 
@@ -68,11 +86,11 @@ def endpoint():
         yield served
 
 
-def run(endpoint, programs, name, count=2, deadline_s=60.0):
+def run(endpoint, programs, name, count=2, deadline_s=60.0, extra_info=None):
     host = ProgramHost(f"{programs}:{name}")
     try:
         keys = [f"{name}-{i}" for i in range(count)]
-        rows = [{"messages": [{"role": "user", "content": f"question {i}"}], "ground_truth": str(i), "data_source": "x", "extra_info": {}}
+        rows = [{"messages": [{"role": "user", "content": f"question {i}"}], "ground_truth": str(i), "data_source": "x", "extra_info": extra_info or {}}
                 for i in range(count)]
         outcomes = host.run([(endpoint.open(key), row) for key, row in zip(keys, rows)], deadline_s)
         return outcomes, [endpoint.close(key) for key in keys]
@@ -100,6 +118,24 @@ def test_a_program_that_fails_costs_its_own_episode_only(endpoint, programs, nam
     assert all(not o.ok and message in o.error for o in outcomes)
     assert all(getattr(o, kind) for o in outcomes) if kind != "error" else all(not (o.died or o.timed_out) for o in outcomes)
     assert time.monotonic() - started < 30
+
+
+def test_episodes_that_fail_beside_ones_that_succeed_cost_only_themselves(endpoint, programs):
+    outcomes, episodes = run(endpoint, programs, "mixed", count=4, deadline_s=4.0)
+    assert outcomes[0].ok and outcomes[0].value == 1.0 and episodes[0].requests == 1
+    assert "row 1 fails" in outcomes[1].error and not (outcomes[1].died or outcomes[1].timed_out)
+    assert outcomes[2].died and outcomes[3].timed_out
+
+
+def test_what_a_program_started_is_killed_with_it_at_its_deadline(endpoint, programs, tmp_path):
+    pid_file = tmp_path / "pid"
+    outcomes, _ = run(endpoint, programs, "leaves_a_child", count=1, deadline_s=3.0, extra_info={"pid_file": str(pid_file)})
+    assert outcomes[0].timed_out
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
 def test_bad_entries_are_refused_with_the_reason(programs, tmp_path):
