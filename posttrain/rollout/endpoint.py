@@ -71,11 +71,17 @@ class EndpointSettings:
 
 
 class RequestError(PosttrainError):
-    """A request answered with an OpenAI-shaped error and ``status`` (never raised past the endpoint)."""
+    """A request answered with an OpenAI-shaped error and ``status`` (never raised past the endpoint);
+    a message alone is a 400."""
 
-    def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
+    def __init__(self, status: int | str, message: str = "", code: str = "invalid_request") -> None:
+        if isinstance(status, str):
+            status, message = 400, status
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.status, self.message, self.code)
 
 
 @dataclass
