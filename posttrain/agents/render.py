@@ -21,7 +21,6 @@ from typing import Any
 from posttrain.errors import InputError
 
 _AGENT_MARK = "\x00AGENT\x00"
-_OBSERVATION_MARK = "\x00OBSERVATION\x00"
 TRUNCATION_NOTE = " ...(truncated)"
 
 
@@ -38,31 +37,10 @@ class ObservationRenderer:
     def __init__(self, tokenizer: Any, role: str = "user") -> None:
         self.tokenizer = tokenizer
         self.role = role
-        close, open_ = self._template_pieces(tokenizer, role)
+        close, open_ = template_pieces(tokenizer, [role], "set env.observation_role=user, or use a chat model whose template keeps every message")
         self.close_ids = self._encode(close)
         self.open_ids = self._encode(open_)
         self.note_ids = self._encode(TRUNCATION_NOTE)
-
-    @staticmethod
-    def _template_pieces(tokenizer: Any, role: str) -> tuple[str, str]:
-        before = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": _AGENT_MARK}]
-        after = before + [{"role": role, "content": _OBSERVATION_MARK}]
-        try:
-            text = tokenizer.apply_chat_template(after, tokenize=False, add_generation_prompt=True)
-        except Exception as error:  # templates raise their own errors for roles they do not know
-            raise InputError(
-                f"the tokenizer's chat template cannot render an observation with role {role!r} ({error}); "
-                "set env.observation_role=user"
-            ) from error
-        if _AGENT_MARK not in text or _OBSERVATION_MARK not in text:
-            raise InputError(
-                f"the tokenizer's chat template dropped the assistant or {role!r} message when rendering a "
-                "conversation; multi-turn agents need a template that keeps every message (set "
-                "env.observation_role=user, or use a chat model whose template does)"
-            )
-        tail = text.split(_AGENT_MARK, 1)[1]
-        close, open_ = tail.split(_OBSERVATION_MARK, 1)
-        return close, open_
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -97,22 +75,7 @@ def render_turns(tokenizer: Any, messages: list[tuple[str, str]], *, after_token
     them. As for one observation (:class:`ObservationRenderer`), the template's pieces between the
     messages and each message's text are tokenised apart, and the end-of-turn token the agent sampled is
     not added again; for one message it gives what ``ObservationRenderer(tokenizer, role).render`` does."""
-    marks = [f"\x00MESSAGE{index}\x00" for index in range(len(messages))]
-    conversation = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": _AGENT_MARK}]
-    conversation += [{"role": role, "content": mark} for (role, _), mark in zip(messages, marks)]
-    try:
-        text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-    except Exception as error:  # templates raise their own errors for roles or orders they do not know
-        raise InputError(f"the chat template cannot render messages of roles {[role for role, _ in messages]} after an "
-                         f"assistant turn ({error})") from error
-    tail = text.split(_AGENT_MARK, 1)[-1] if _AGENT_MARK in text else None
-    pieces = []
-    for mark in marks:
-        if tail is None or mark not in tail:
-            raise InputError(f"the chat template dropped a message of roles {[role for role, _ in messages]} after an "
-                             "assistant turn; multi-turn programs need a template that keeps every message")
-        head, tail = tail.split(mark, 1)
-        pieces.append(head)
+    pieces = template_pieces(tokenizer, [role for role, _ in messages], "multi-turn programs need a template that keeps every message")
 
     def encode(piece: str) -> list[int]:
         return list(tokenizer.encode(piece, add_special_tokens=False))
@@ -120,6 +83,30 @@ def render_turns(tokenizer: Any, messages: list[tuple[str, str]], *, after_token
     ids = encode(pieces[0])
     if ids and after_token is not None and after_token == ids[0] == tokenizer.eos_token_id:
         ids = ids[1:]
-    for (_, content), piece in zip(messages, pieces[1:] + [tail]):
+    for (_, content), piece in zip(messages, pieces[1:]):
         ids += encode(content) + encode(piece)
     return ids
+
+
+def template_pieces(tokenizer: Any, roles: list[str], hint: str) -> list[str]:
+    """The chat template's text around messages of ``roles`` that follow an assistant turn: the piece that
+    closes the turn and opens the first message, one between each two, and the one that closes the last
+    and opens the next assistant turn (``len(roles) + 1`` pieces), learnt by rendering marker strings.
+    An :class:`InputError` ending with ``hint`` where the template cannot render them or drops one."""
+    marks = [f"\x00MESSAGE{index}\x00" for index in range(len(roles))]
+    conversation = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": _AGENT_MARK}]
+    conversation += [{"role": role, "content": mark} for role, mark in zip(roles, marks)]
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    except Exception as error:  # templates raise their own errors for roles or orders they do not know
+        raise InputError(f"the tokenizer's chat template cannot render messages of roles {roles} after an assistant turn "
+                         f"({error}); {hint}") from error
+    tail = text.split(_AGENT_MARK, 1)[1] if _AGENT_MARK in text else None
+    pieces = []
+    for mark in marks:
+        if tail is None or mark not in tail:
+            raise InputError(f"the tokenizer's chat template dropped the assistant message or one of roles {roles} when "
+                             f"rendering a conversation; {hint}")
+        head, tail = tail.split(mark, 1)
+        pieces.append(head)
+    return pieces + [tail]
