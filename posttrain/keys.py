@@ -30,6 +30,9 @@ LOGPROBS = "log_probs"                      # (B, T) float32, log π(token) of t
 
 # ---- non-tensors (numpy object arrays of length B) -------------------------------------------
 UID = "uid"                                 # str, unique per prompt, shared by its n samples
+# str, one per episode where an episode may give several samples (a program's prefix breaks,
+# rollout/program.py): group statistics count each episode once (algos/advantages.py ``per_episode``)
+EPISODE_IDS = "episode_ids"
 DATA_SOURCE = "data_source"                 # str, picks the reward function
 GROUND_TRUTH = "ground_truth"               # Any, the reference answer
 RAW_PROMPT = "raw_prompt"                   # list[dict], chat messages before templating
@@ -50,6 +53,8 @@ EPISODE_STATS = "episode_stats"             # dict[str, float], turns, valid act
 
 # ---- meta ------------------------------------------------------------------------------------
 WEIGHT_VERSION = "weight_version"           # int, version of the weights that generated the batch
+GROUP_COUNT = "group_count"                 # int, groups in a batch whose groups vary in samples (EPISODE_IDS): the update makes
+                                            # (groups / ppo_mini_batch_size) optimizer steps per epoch, whatever the samples
 TURN_MAX_NEW_TOKENS = "turn_max_new_tokens" # int, token budget of one agent turn
 TURN_STOP = "turn_stop"                     # tuple[str, ...], stop strings that end an agent turn
 TURN_INDEX = "turn_index"                   # int, the round of the agent loop (varies the sampling seed)

@@ -25,6 +25,8 @@ import warnings
 import numpy as np
 import torch
 
+from posttrain.keys import GROUP_COUNT
+
 METRICS_META_KEY = "metrics"
 
 
@@ -256,15 +258,23 @@ class Batch:
         return Batch(tensors, non_tensors, _merge_meta([b.meta for b in batches]))
 
     def minibatches(
-        self, size: int, *, epochs: int = 1, shuffle: bool = True, seed: int = 0, group_ids: torch.Tensor | None = None
+        self, size: int, *, epochs: int = 1, shuffle: bool = True, seed: int = 0, group_ids: torch.Tensor | None = None,
+        count: int | None = None,
     ) -> Iterator[Batch]:
         """Mini-batches of ``size`` for ``epochs`` passes; reshuffled each epoch from ``seed``.
 
         ``size`` must divide the length, so every mini-batch (and every gradient step) is the same size.
         ``group_ids`` (B,): whole groups are shuffled, each group's samples staying side by side, so a
         mini-batch holds whole groups where the sizes allow (a group's prompt can then be computed once).
+        ``count`` instead of ``size``: that many mini-batches per epoch, of as even a number of samples
+        as whole groups allow (groups whose samples vary, an agent program's; every rank makes the same
+        number of optimizer steps whatever its share of samples). Groups are cut only where a mini-batch
+        would otherwise be empty.
         """
-        if size < 1 or len(self) % size:
+        if count is not None:
+            if not 1 <= count <= len(self):
+                raise BatchError(f"{count} mini-batches cannot be made of {len(self)} samples")
+        elif size < 1 or len(self) % size:
             raise BatchError(f"mini-batch size {size} must divide the batch of {len(self)} samples")
         if group_ids is not None and tuple(group_ids.shape) != (len(self),):
             raise BatchError(f"group_ids has shape {tuple(group_ids.shape)}; it needs one id per sample ({len(self)},)")
@@ -280,8 +290,13 @@ class Batch:
                 rank[torch.randperm(len(groups), generator=generator)] = torch.arange(len(groups))
                 position = rank[torch.searchsorted(groups, group_ids)]
                 order = torch.argsort(position * len(self) + torch.arange(len(self)))
-            for start in range(0, len(self), size):
-                yield self.index(order[start : start + size])
+            if count is None:
+                for start in range(0, len(self), size):
+                    yield self.index(order[start : start + size])
+                continue
+            bounds = _even_bounds(group_ids[order] if group_ids is not None else None, len(self), count)
+            for start, end in zip(bounds, bounds[1:]):
+                yield self.index(order[start:end])
 
     # ---- metrics in meta --------------------------------------------------------------------
 
@@ -362,6 +377,32 @@ def _meta_equal(a: Any, b: Any) -> bool:
         return bool(a == b)
     except (ValueError, RuntimeError):  # arrays/tensors: elementwise == has no single truth value
         return a is b
+
+
+def mini_batch_count(batch: Batch, groups_per_mini_batch: int) -> int | None:
+    """Optimizer steps per epoch for a batch whose groups vary in samples (meta GROUP_COUNT, set by the
+    trainer for the whole batch, so every rank agrees): its groups over the mini-batch's; None for a batch
+    of whole groups of ``rollout.n``, which splits by size."""
+    groups = batch.meta.get(GROUP_COUNT)
+    return None if groups is None else max(1, int(groups) // groups_per_mini_batch)
+
+
+def _even_bounds(ordered_group_ids: torch.Tensor | None, length: int, count: int) -> list[int]:
+    """``count + 1`` cut points over ``length`` ordered samples: near ``i * length / count``, moved to the
+    nearest edge between groups where that keeps every piece non-empty."""
+    if ordered_group_ids is None or length == 0:
+        edges = list(range(length + 1))
+    else:
+        change = torch.nonzero(ordered_group_ids[1:] != ordered_group_ids[:-1]).squeeze(1) + 1
+        edges = [0, *change.tolist(), length]
+    cuts = [0]
+    for piece in range(1, count):
+        ideal = piece * length / count
+        low, high = cuts[-1] + 1, length - (count - piece)  # room for every later piece
+        candidates = [edge for edge in edges if low <= edge <= high]
+        cut = min(candidates, key=lambda edge: abs(edge - ideal)) if candidates else max(low, min(round(ideal), high))
+        cuts.append(cut)
+    return [*cuts, length]
 
 
 def _merge_meta(metas: Sequence[dict[str, Any]]) -> dict[str, Any]:

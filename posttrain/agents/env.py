@@ -88,6 +88,9 @@ class Environment(abc.ABC):
     ratios: ClassVar[Mapping[str, tuple[str, str]]] = {}
     # this episode's ordinary turns (set by the agent loop before reset; None outside the loop)
     turn_budget: int | None = None
+    # True: an episode is a run of the user's own program against the run's endpoint (env.name: program,
+    # rollout/program.py); the class holds and checks the options and is never reset or stepped
+    runs_program: ClassVar[bool] = False
 
     @classmethod
     def needed_resources(cls, options: Mapping[str, Any]) -> set[str] | None:

@@ -160,6 +160,24 @@ class ProgramEpisode:
         self._last_reply = Reply(message, text, reason)
         return self._last_reply
 
+    @property
+    def last_reply(self) -> Reply | None:
+        """The last request's reply (None before the first)."""
+        return self._last_reply
+
+    def transcript(self) -> list[dict[str, Any]]:
+        """The episode as chat messages: its last request's messages, then the reply they got (what
+        validation's episode files and the report's samples show); [] before the first request."""
+        if self._seen is None:
+            return []
+        messages = []
+        for role, content, calls in self._seen[1:]:
+            message: dict[str, Any] = {"role": role, "content": content}
+            if calls:
+                message["tool_calls"] = [{"name": name, "arguments": arguments} for name, arguments in calls]
+            messages.append(message)
+        return messages
+
     def _as_turns(self, messages: Sequence[Any], calls: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
         """Messages as (role, text) turns for the template: a reply this endpoint returned as the text the
         model wrote; each run of tool messages as one observation in the tool format's role, the results in

@@ -16,6 +16,14 @@ is imported would not know the episode's URL. Each episode's process leads a pro
 killed when its answer comes or its deadline passes, so what a program starts ends with it. What it returns is the episode's score (a number, or ``{"score": ..., "acc": ...}``);
 ``None`` leaves the score to the row's score function.
 
+Or the program is ``command``, a shell command run once per episode with ``OPENAI_BASE_URL`` set: the
+row comes as JSON on its standard input, and the last line it prints is its return as JSON (a number,
+``{"score": ..., "acc": ...}`` or ``null``); a non-zero exit is the program's error.
+
+``env.name: program`` takes these as ``env.options`` (:class:`ProgramEnv`, checked before any worker):
+``entry`` or ``command``, ``deadline_s`` (one episode's time), ``refuse_other_sampling`` and ``gather_s``
+(rollout/endpoint.py).
+
 :meth:`ProgramHost.run` runs every episode given side by side and waits for them until a deadline. Each
 outcome is a :class:`~posttrain.deadlines.CallOutcome`: ``value`` (what the program returned), ``error``
 (what it raised, or a return that is not a score), ``timed_out`` (still running at the deadline: its
@@ -28,21 +36,22 @@ of its own, so stopping it stops every episode's process.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
+import json
 import math
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, Pipe, wait
-from pathlib import Path
 from typing import Any
 
+from posttrain.agents.env import Environment, StepResult
 from posttrain.deadlines import DEFAULT_START_TIMEOUT_S, GONE, LATE, CallOutcome, Child, describe_exception
 from posttrain.errors import InputError
-from posttrain.rewards.custom import load_source_file
+from posttrain.rewards.custom import import_source
 
 HOST_SLACK_S = 30.0  # beyond the episodes' deadline, how long the controller waits for the host
 
@@ -57,19 +66,7 @@ def load_program(entry: str) -> Callable[..., Any]:
     source, _, name = str(entry).rpartition(":")
     if not source or not name:
         raise ProgramError(f"env.options.entry={entry!r}: give FILE.py:FUNCTION or MODULE:FUNCTION, e.g. my_agent.py:rollout")
-    if source.endswith(".py"):
-        path = Path(source).expanduser().resolve()
-        if not path.is_file():
-            raise ProgramError(f"env.options.entry={entry!r}: no such file {path}")
-        try:
-            module = load_source_file(path, "posttrain_user_program_")
-        except Exception as error:
-            raise ProgramError(f"env.options.entry={entry!r}: running {path} failed: {type(error).__name__}: {error}") from None
-    else:
-        try:
-            module = importlib.import_module(source)
-        except ImportError as error:
-            raise ProgramError(f"env.options.entry={entry!r}: module {source!r} cannot be imported ({error})") from None
+    module = import_source(source, "posttrain_user_program_", ProgramError, f"env.options.entry={entry!r}")
     function = getattr(module, name, None)
     if not callable(function) or inspect.isclass(function):
         defined = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and not k.startswith("_"))
@@ -96,12 +93,65 @@ def program_score(value: Any) -> tuple[float | None, bool | None]:
     return float(score), None if acc is None else bool(acc)
 
 
-class ProgramHost:
-    """The controller's end: runs of ``entry`` in processes forked from one host."""
+def command_program(command: str) -> Callable[[Any, dict[str, Any]], Any]:
+    """A program that runs ``command`` in a shell (module docstring): the row as JSON on its standard
+    input, its last printed line as JSON its return."""
+    if not str(command).strip():
+        raise ProgramError("env.options.command is empty; give the shell command that runs your agent")
 
-    def __init__(self, entry: str, start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
-        load_program(entry)  # refused here, in the controller, with the reason
-        self.entry, self.start_timeout_s = entry, start_timeout_s
+    def run(client: Any, row: dict[str, Any]) -> Any:
+        done = subprocess.run(command, shell=True, input=json.dumps(row, default=str), text=True, capture_output=True, check=False)
+        if done.returncode:
+            raise RuntimeError(f"`{command}` exited with {done.returncode}: {done.stderr.strip()[-500:]}")
+        lines = done.stdout.strip().splitlines()
+        try:
+            return json.loads(lines[-1]) if lines else None
+        except ValueError:
+            raise RuntimeError(f"`{command}` printed {lines[-1][:200]!r} last; print its score as JSON (a number, "
+                               "{\"score\": x, \"acc\": y} or null)") from None
+
+    return run
+
+
+class ProgramEnv(Environment):
+    """``env.name: program``: the options of a user's program (module docstring), checked when built;
+    the episodes themselves are runs of the program (rollout/program.py), never reset or stepped."""
+
+    name = "program"
+    runs_program = True
+
+    def __init__(self, entry: str | None = None, command: str | None = None, deadline_s: float = 300.0,
+                 refuse_other_sampling: bool = False, gather_s: float = 0.02) -> None:
+        if (entry is None) == (command is None):
+            raise ProgramError("env.name=program needs exactly one of env.options.entry (FILE.py:FUNCTION or "
+                               "MODULE:FUNCTION, an async def rollout(client, row)) and env.options.command (a shell command)")
+        if entry is not None:
+            load_program(entry)
+        else:
+            command_program(command)
+        if not deadline_s > 0 or not gather_s >= 0:
+            raise ProgramError(f"env.options: deadline_s={deadline_s} must be > 0 and gather_s={gather_s} >= 0 (seconds)")
+        self.entry, self.command, self.deadline_s = entry, command, float(deadline_s)
+        self.refuse_other_sampling, self.gather_s = bool(refuse_other_sampling), float(gather_s)
+
+    def reset(self, sample: Any) -> str:
+        raise RuntimeError("a program's episodes are runs of the program (rollout/program.py); ProgramEnv is never reset")
+
+    def step(self, action: str) -> StepResult:
+        raise RuntimeError("a program's episodes are runs of the program (rollout/program.py); ProgramEnv is never stepped")
+
+
+class ProgramHost:
+    """The controller's end: runs of ``entry`` (or ``command``) in processes forked from one host."""
+
+    def __init__(self, entry: str | None = None, command: str | None = None, start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
+        if (entry is None) == (command is None):
+            raise ProgramError("a program is an entry (FILE.py:FUNCTION) or a command, exactly one of them")
+        if entry is not None:  # refused here, in the controller, with the reason
+            load_program(entry)
+        else:
+            command_program(command)
+        self.entry, self.command, self.start_timeout_s = entry, command, start_timeout_s
         self._process: Child | None = None
 
     def run(self, jobs: Sequence[tuple[str, dict[str, Any]]], deadline_s: float) -> list[CallOutcome]:
@@ -111,7 +161,7 @@ class ProgramHost:
         start = self._process is None or not self._process.alive
         if start:
             self.close()
-            self._process = Child(_host, (self.entry,), name="posttrain-programs", group=True, grace_s=5.0)
+            self._process = Child(_host, (self.entry, self.command), name="posttrain-programs", group=True, grace_s=5.0)
         wait_s = deadline_s + HOST_SLACK_S + (self.start_timeout_s if start else 0.0)
         answer = self._process.answer(wait_s) if self._process.send((list(jobs), deadline_s)) else GONE
         if answer is LATE or answer is GONE:
@@ -131,14 +181,14 @@ class ProgramHost:
 # ---- the host: loads the program, forks a process per episode, waits for them until the deadline ----
 
 
-def _host(connection: Connection, entry: str) -> None:
+def _host(connection: Connection, entry: str | None, command: str | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it stops this process
     os.setsid()  # a process group of its own: stopping it stops its episodes' processes
     problem = ""
     try:
         import openai  # noqa: F401  (imported once here, not in every episode)
 
-        program = load_program(entry)
+        program = load_program(entry) if entry is not None else command_program(command)
     except BaseException as error:
         program = None
         problem = str(error) if isinstance(error, ProgramError) else describe_exception(error)

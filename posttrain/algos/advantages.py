@@ -38,10 +38,16 @@ Deviations and edge cases, all deliberate:
 - Whitening over a batch with fewer than two valid tokens gives 0 (see `masked_whiten`).
 - A sequence whose mask is all 0 gets 0 everywhere (never NaN).
 - NaN or inf in rewards, scores or baselines raises ValueError naming the sample index.
+
+An episode may give several samples (an agent program whose requests did not extend each other,
+rollout/program.py). `per_episode` runs an outcome estimator over episodes, not samples: each episode's
+score is its first sample's (they share it), group statistics count each episode once, and every sample
+carries its episode's advantage on its own response tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -101,6 +107,32 @@ def sequence_scores(rewards: Tensor, response_mask: Tensor) -> Tensor:
         f"rewards has shape {tuple(rewards.shape)}; expected token-level rewards shaped like "
         f"response_mask {tuple(response_mask.shape)} or one score per sequence ({response_mask.shape[0]},)"
     )
+
+
+def first_rows(episode_index: Tensor) -> Tensor:
+    """The first row of each episode.  # (B,) episode index 0..E-1 -> (E,) row index"""
+    rows = torch.arange(episode_index.shape[0], device=episode_index.device)
+    count = int(episode_index.max().item()) + 1 if episode_index.numel() else 0
+    start = torch.full((count,), episode_index.shape[0], dtype=rows.dtype, device=rows.device)
+    return start.scatter_reduce(0, episode_index, rows, reduce="amin")
+
+
+def per_episode(estimator: Callable[[AdvantageInputs], AdvantageOutput], inputs: AdvantageInputs, episode_index: Tensor) -> AdvantageOutput:
+    """``estimator`` (an outcome estimator, no values) over episodes that may span several rows (module
+    docstring). ``episode_index`` (B,): each row's episode, 0..E-1.  # inputs (B rows), (B,) -> 2 x (B, T)"""
+    if inputs.values is not None:
+        raise ValueError("per_episode is for outcome estimators; a critic's values are per token of each sample")
+    if tuple(episode_index.shape) != (inputs.response_mask.shape[0],):
+        raise ValueError(f"episode_index has shape {tuple(episode_index.shape)}; it needs one episode per row ({inputs.response_mask.shape[0]},)")
+    rewards = inputs.token_rewards.float()
+    scores = rewards.sum(-1) if rewards.dim() == 2 else rewards  # a row without response tokens keeps its score too
+    first = first_rows(episode_index)
+    pick = lambda tensor: None if tensor is None else tensor[first]  # noqa: E731
+    one = torch.ones((first.shape[0], 1), dtype=inputs.response_mask.dtype, device=inputs.response_mask.device)
+    out = estimator(AdvantageInputs(scores[first], one, group_ids=pick(inputs.group_ids), baseline_scores=pick(inputs.baseline_scores)))
+    valid = inputs.response_mask != 0
+    spread = lambda per_episode_value: torch.where(valid, per_episode_value[:, 0][episode_index].unsqueeze(-1), 0.0)  # noqa: E731
+    return AdvantageOutput(spread(out.advantages), spread(out.returns))
 
 
 def _spread(per_sequence: Tensor, response_mask: Tensor) -> AdvantageOutput:

@@ -237,7 +237,6 @@ class StratifiedSampler:
 
     def _draw(self, key: tuple[int, str], count: int) -> list[int]:
         """``count`` distinct rows of one stratum, continuing its shuffled order (module docstring)."""
-        rows = self.rows[key]
         pass_, index, waiting = self._cursor.get(key, (0, 0, []))
         drawn = waiting[:count]
         waiting = waiting[count:]

@@ -14,6 +14,7 @@ The function is called with keyword arguments only: ``solution_str`` and ``groun
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import inspect
 import sys
@@ -119,6 +120,24 @@ def _load_module(path: Path) -> Any:
 
 class NotPythonError(InputError):
     """A file that importlib cannot load as Python source."""
+
+
+def import_source(source: str, prefix: str, error: type[InputError], what: str) -> Any:
+    """The module ``source`` names: a .py file (run once by :func:`load_source_file`) or an importable
+    module. What is wrong (no such file, the file raised, no such module) is an ``error`` whose message
+    starts with ``what`` (e.g. "tool file my_tools.py")."""
+    if not source.endswith(".py"):
+        try:
+            return importlib.import_module(source)
+        except ImportError as problem:
+            raise error(f"{what}: module {source!r} cannot be imported ({problem}); give a .py file or an importable module") from None
+    path = Path(source).expanduser().resolve()
+    if not path.is_file():
+        raise error(f"{what}: no such file (looked at {path})")
+    try:
+        return load_source_file(path, prefix)
+    except Exception as problem:
+        raise error(f"running {what} failed: {type(problem).__name__}: {problem}") from None
 
 
 def load_source_file(path: Path, prefix: str) -> Any:

@@ -2,6 +2,7 @@
 
     SingleTurnRollout   actor.generate → reward manager (and reward model) on the last response token
     AgentRollout        the agent loop driving actor.generate_turn → environment rewards
+    ProgramRollout      a user's own agent program per row, against the run's endpoint (env.name: program)
 
 Both take prompts already repeated into groups and return the batch with responses, model inputs
 and TOKEN_SCORES, plus metrics. The trainer picks one at start (``env.name``) and its loop never
@@ -18,11 +19,13 @@ from posttrain.config.schema import PosttrainConfig
 from posttrain.rollout.agent import AgentRollout
 from posttrain.rollout.batching import group_ids_of, join_rollouts, repeat_for_groups, sequences_to_batch
 from posttrain.rollout.calls import CallsAnswers, answers_with_calls
+from posttrain.rollout.environments import load_env_class
+from posttrain.rollout.program import ProgramRollout
 from posttrain.rollout.roles import RolloutRoles
 from posttrain.rollout.scoring import reward_manager_for
 from posttrain.rollout.single_turn import SingleTurnRollout
 
-Rollout = SingleTurnRollout | AgentRollout
+Rollout = SingleTurnRollout | AgentRollout | ProgramRollout
 
 
 def build_rollout(config: PosttrainConfig, tokenizer: PreTrainedTokenizerBase, data_dir: Path | None) -> Rollout:
@@ -31,12 +34,15 @@ def build_rollout(config: PosttrainConfig, tokenizer: PreTrainedTokenizerBase, d
     into their calls first where the calls are the answer (``env.options.answer: calls``, rollout/calls.py)."""
     calls = answers_with_calls(config.env)
     if config.env.name is not None and not calls:
+        env = config.env
+        if load_env_class(env.name, env.path, env.class_name).runs_program:
+            return ProgramRollout(config, tokenizer, data_dir)
         return AgentRollout(config, tokenizer, data_dir)
     return SingleTurnRollout(reward_manager_for(config, tokenizer), config.data.max_response_length, tokenizer.pad_token_id,
                              CallsAnswers(config.env, tokenizer) if calls else None, config.env.reward_norm)
 
 
 __all__ = [
-    "AgentRollout", "Rollout", "RolloutRoles", "SingleTurnRollout", "build_rollout", "group_ids_of", "join_rollouts",
+    "AgentRollout", "ProgramRollout", "Rollout", "RolloutRoles", "SingleTurnRollout", "build_rollout", "group_ids_of", "join_rollouts",
     "repeat_for_groups", "sequences_to_batch",
 ]

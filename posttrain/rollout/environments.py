@@ -29,6 +29,7 @@ BUILTIN_ENVS = {
     "tools": ("posttrain.tools.env", "ToolEnv"),
     "openenv": ("posttrain.agents.openenv_env", "OpenEnvEnv"),  # a running OpenEnv server (docs/environments.md)
     "textarena": ("posttrain.agents.textarena_env", "TextArenaEnv"),  # TextArena's one-player text games (docs/environments.md)
+    "program": ("posttrain.agents.program_host", "ProgramEnv"),  # a user's own agent program (docs/programs.md, rollout/program.py)
 }
 # shared objects the trainer can hand to environments, by parameter name: the search client, the
 # environment's language model (agents/env_llm.py) that a patient, a simulated user or a judge speaks

@@ -12,10 +12,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from posttrain import keys
-from posttrain.algos import groups_with_spread, normalize_episode_rewards, rows_of_varied_groups
+from posttrain.algos import first_rows, groups_with_spread, normalize_episode_rewards, rows_of_varied_groups
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.protocol import Batch
@@ -30,13 +31,43 @@ def final_token_positions(batch: Batch) -> torch.Tensor:
     return torch.where(mask, positions, torch.zeros_like(positions)).max(dim=1).values
 
 
+def episode_index(batch: Batch) -> torch.Tensor:
+    """(B,) each row's episode as 0..E-1, from EPISODE_IDS (an episode may give several samples)."""
+    _, inverse = np.unique(np.asarray(batch[keys.EPISODE_IDS], dtype=str), return_inverse=True)
+    return torch.as_tensor(inverse.reshape(-1), dtype=torch.long)
+
+
+def fill_episode_batch(batch: Batch, ranks: int) -> Batch:
+    """A batch whose groups vary in samples (EPISODE_IDS), made ready for the update: its group count in
+    meta (GROUP_COUNT: the optimizer steps follow the groups, not the samples), and rows that carry no
+    loss (copies of its last row with RESPONSE_MASK 0, in that row's episode) added up to a multiple of
+    ``ranks``, so each rank gets an equal share and no sample is trained twice (the dispatch's own
+    padding copies rows as they are)."""
+    missing = -len(batch) % ranks
+    if missing:
+        filler = batch.index(torch.full((missing,), len(batch) - 1, dtype=torch.long)).copy()
+        filler.tensors[keys.RESPONSE_MASK] = torch.zeros_like(filler[keys.RESPONSE_MASK])
+        batch = Batch.concat([batch, filler])
+    out = Batch(batch.tensors, batch.non_tensors, dict(batch.meta))
+    out.meta[keys.GROUP_COUNT] = int(torch.unique(batch[keys.GROUP_IDS]).numel()) if keys.GROUP_IDS in batch else 1
+    return out
+
+
 def normalize_rewards(batch: Batch, mode: str) -> Batch:
-    """Episode rewards normalised by group, batch or not at all; the change lands on the final agent token."""
+    """Episode rewards normalised by group, batch or not at all; the change lands on the final agent token.
+    Where an episode gave several samples (EPISODE_IDS), each episode counts once and all its samples move."""
     if mode == "none":
         return batch
     scores = batch[keys.TOKEN_SCORES].clone()
     episode = scores.sum(-1)
-    normalized = normalize_episode_rewards(episode, mode, batch[keys.GROUP_IDS] if keys.GROUP_IDS in batch else None)
+    group_ids = batch[keys.GROUP_IDS] if keys.GROUP_IDS in batch else None
+    if keys.EPISODE_IDS in batch:
+        index = episode_index(batch)
+        first = first_rows(index)
+        episode = episode[first][index]
+        normalized = normalize_episode_rewards(episode[first], mode, None if group_ids is None else group_ids[first])[index]
+    else:
+        normalized = normalize_episode_rewards(episode, mode, group_ids)
     scores[torch.arange(len(batch)), final_token_positions(batch)] += normalized - episode
     out = batch.copy()
     out.tensors[keys.TOKEN_SCORES] = scores

@@ -21,7 +21,6 @@ that loads the function or class where it is called.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import types
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posttrain.rewards.custom import load_source_file
+from posttrain.rewards.custom import import_source
 from posttrain.tools.schema import ToolSpecError, check_schema, function_schema
 
 @dataclass(frozen=True)
@@ -232,15 +231,4 @@ def _attribute(source: str, name: str) -> Any:
 
 
 def _module(source: str) -> Any:
-    if not source.endswith(".py"):
-        try:
-            return importlib.import_module(source)
-        except ImportError as error:
-            raise ToolSpecError(f"tool module {source!r} cannot be imported ({error}); give a .py file or an importable module") from None
-    path = Path(source).expanduser().resolve()
-    if not path.is_file():
-        raise ToolSpecError(f"tool file {source!r}: no such file (looked at {path})")
-    try:
-        return load_source_file(path, "posttrain_user_tools_")
-    except Exception as error:
-        raise ToolSpecError(f"running tool file {source!r} failed: {type(error).__name__}: {error}") from None
+    return import_source(source, "posttrain_user_tools_", ToolSpecError, f"tool {'file' if source.endswith('.py') else 'module'} {source!r}")

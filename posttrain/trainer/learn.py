@@ -28,13 +28,13 @@ from posttrain.algos import (
     ADVANTAGE_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage_estimator, masked_mean,
     overlong_penalty,
 )
-from posttrain.algos.advantages import AdvantageInputs, AdvantageOutput
+from posttrain.algos.advantages import AdvantageInputs, AdvantageOutput, per_episode
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import get
 from posttrain.engines.training.inputs import response_attention_mask
 from posttrain.metrics import Metrics, latest, mean, merge_collected
 from posttrain.protocol import Batch
-from posttrain.rollout.groups import final_token_positions
+from posttrain.rollout.groups import episode_index, final_token_positions, fill_episode_batch
 from posttrain.timing import timed
 from posttrain.trainer.breakers import CircuitBreakers
 from posttrain.trainer.roles import Roles
@@ -80,14 +80,19 @@ def kl_controller(kind: str, coef: float, target_kl: float, horizon: int) -> Fix
 
 
 def compute_advantages(batch: Batch, estimator: Callable[[AdvantageInputs], AdvantageOutput]) -> Batch:
-    """ADVANTAGES and RETURNS by the configured estimator (rewards: TOKEN_REWARDS, else TOKEN_SCORES)."""
+    """ADVANTAGES and RETURNS by the configured estimator (rewards: TOKEN_REWARDS, else TOKEN_SCORES).
+    Where episodes span several samples (EPISODE_IDS) an outcome estimator runs over episodes
+    (``algos.per_episode``); a critic's (values) over samples, each its own trajectory."""
     rewards = batch[keys.TOKEN_REWARDS] if keys.TOKEN_REWARDS in batch else batch[keys.TOKEN_SCORES]
     optional = lambda key: batch[key] if key in batch else None  # noqa: E731
     inputs = AdvantageInputs(
         token_rewards=rewards, response_mask=batch[keys.RESPONSE_MASK], group_ids=optional(keys.GROUP_IDS),
         values=optional(keys.VALUES), baseline_scores=optional(keys.BASELINE_SCORES),
     )
-    out = estimator(inputs)
+    if keys.EPISODE_IDS in batch and inputs.values is None:
+        out = per_episode(estimator, inputs, episode_index(batch))
+    else:
+        out = estimator(inputs)
     return batch.union(Batch.from_dict({keys.ADVANTAGES: out.advantages, keys.RETURNS: out.returns}))
 
 
@@ -120,6 +125,7 @@ class Learner:
         # the loss takes its own forward pass (detached) as π_old and the separate pass is skipped.
         self.on_policy_update = single_update_step(config)
         self.breakers = breakers
+        self.ranks = config.trainer.nnodes * config.trainer.n_workers_per_node
         overlong = config.reward_model.overlong_buffer
         self.overlong = (config.data.max_response_length, overlong.len, overlong.penalty_factor) if overlong.enable else None
         self.tokenizer, self.rollout_dir = tokenizer, rollout_data_dir(config)
@@ -127,6 +133,8 @@ class Learner:
     def __call__(self, roles: Roles, batch: Batch, step: int, timings: dict[str, float]) -> tuple[Batch, Metrics]:
         """Returns the batch with what was computed, and the phases' metrics."""
         metrics: Metrics = {}
+        if keys.EPISODE_IDS in batch:  # samples per group vary (a program's prefix breaks)
+            batch = fill_episode_batch(batch, self.ranks)
         if not self.on_policy_update:
             with timed(timings, "old_log_prob"):
                 old = roles.actor.compute_log_prob(batch)

@@ -9,7 +9,7 @@ from posttrain.config.schema import CriticConfig, ModelConfig
 from posttrain.controller import Dispatch, Worker, WorkerContext, register
 from posttrain.models import resolve_model
 from posttrain.metrics import merge
-from posttrain.protocol import Batch
+from posttrain.protocol import Batch, mini_batch_count
 from posttrain.workers.engines import training_engine
 from posttrain.workers.objectives import ValueObjective
 
@@ -44,6 +44,7 @@ class CriticWorker(Worker):
             for mini_batch in batch.minibatches(
                 min(per_rank, len(batch)), epochs=self.critic.ppo_epochs, seed=self.seed + self.engine.global_step,
                 group_ids=batch[keys.GROUP_IDS] if keys.GROUP_IDS in batch else None,
+                count=mini_batch_count(batch, self.critic.ppo_mini_batch_size),
             )
         ]
         return Batch().with_metrics(merge(steps))

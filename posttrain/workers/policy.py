@@ -16,7 +16,7 @@ from posttrain.controller import Dispatch, Worker, WorkerContext, register
 from posttrain.controller.worker import free_port, node_address
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.metrics import merge
-from posttrain.protocol import Batch
+from posttrain.protocol import Batch, mini_batch_count
 from posttrain.workers.engines import rollout_engine, training_engine
 from posttrain.workers.objectives import PolicyObjective, sft_objective
 from posttrain.workers.sampling import VALIDATE_META_KEY, Sampling, WeightsAtVersion
@@ -62,7 +62,8 @@ class PolicyWorker(Sampling, Worker):
     def update(self, batch: Batch) -> Batch:
         """PPO epochs over shuffled mini-batches of this rank's share; returns metrics in meta."""
         per_rank = self.actor.ppo_mini_batch_size * self.rollout_config.n // self.world_size
-        if keys.OLD_LOGPROBS not in batch and (self.actor.ppo_epochs > 1 or len(batch) > per_rank):
+        count = mini_batch_count(batch, self.actor.ppo_mini_batch_size)
+        if keys.OLD_LOGPROBS not in batch and (self.actor.ppo_epochs > 1 or (count or len(batch) // per_rank) > 1):
             raise ValueError(
                 f"update got no {keys.OLD_LOGPROBS} but makes several optimizer steps ({self.actor.ppo_epochs} epoch(s) over "
                 f"{len(batch)} samples in mini-batches of {per_rank}); compute them first (compute_log_prob): only a single "
@@ -74,7 +75,7 @@ class PolicyWorker(Sampling, Worker):
         for mini_batch in batch.minibatches(
             min(per_rank, len(batch)), epochs=self.actor.ppo_epochs, shuffle=self.actor.shuffle,
             seed=self.seed + self.engine.global_step,  # optimizer steps so far: restored on resume
-            group_ids=batch[keys.GROUP_IDS] if keys.GROUP_IDS in batch else None,
+            group_ids=batch[keys.GROUP_IDS] if keys.GROUP_IDS in batch else None, count=count,
         ):
             skip = self.objective.rows_without_gradient(mini_batch) if self.actor.skip_zero_advantage else None
             steps.append(self.engine.train_mini_batch(
