@@ -168,3 +168,25 @@ def test_pad_rows_right_and_left_with_a_fill():
     assert pad_rows([[-0.5]], 2, dtype=torch.float32).tolist() == [[-0.5, 0.0]]
     with pytest.raises(BatchError, match="row 1 has 3 values, more than the width 2"):
         pad_rows([[1], [1, 2, 3]], 2)
+
+
+def test_a_count_of_minibatches_cuts_between_groups_whose_sizes_vary_and_follows_the_groups():
+    """Groups of an agent program vary in samples (prefix breaks): ``count`` mini-batches per epoch, cut
+    where a group ends, as even as the groups allow; a mini-batch is never empty."""
+    from posttrain.keys import GROUP_COUNT
+    from posttrain.protocol import mini_batch_count
+
+    b = make(10)
+    group_ids = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3])  # 3 + 2 + 4 + 1 samples
+    for seed in range(5):
+        pieces = [[int(x) for x in m["score"].tolist()] for m in b.minibatches(0, count=2, seed=seed, group_ids=group_ids)]
+        assert len(pieces) == 2 and sorted(sum(pieces, [])) == list(range(10))
+        for piece in pieces:  # whole groups only
+            assert all(set(group_ids[piece].tolist()) & set(group_ids[other].tolist()) == set() for other in pieces if other is not piece)
+        assert abs(len(pieces[0]) - len(pieces[1])) <= 4
+    one_group = list(make(3).minibatches(0, count=3, group_ids=torch.tensor([7, 7, 7])))
+    assert [len(m) for m in one_group] == [1, 1, 1]  # cut inside the group rather than leave a step empty
+    with pytest.raises(BatchError, match="4 mini-batches cannot be made of 3 samples"):
+        next(make(3).minibatches(0, count=4))
+    assert mini_batch_count(make(4), 2) is None  # whole groups of rollout.n: split by size
+    assert mini_batch_count(Batch(meta={GROUP_COUNT: 8}), 4) == 2 and mini_batch_count(Batch(meta={GROUP_COUNT: 3}), 4) == 1

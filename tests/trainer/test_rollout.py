@@ -108,3 +108,25 @@ def test_a_retriever_that_is_down_or_a_missing_corpus_stops_the_run_with_the_fix
         open_retriever(RetrieverConfig(url=url, retries=0, timeout_s=1.0), None)
     with pytest.raises(ValueError, match="env.retriever.corpus=PATH.jsonl"):
         open_retriever(RetrieverConfig(), tmp_path)
+
+
+def _episodes(scored: Batch, ids: list[str]) -> Batch:
+    scored.non_tensors[keys.EPISODE_IDS] = __import__("numpy").array(ids, dtype=object)
+    return scored
+
+
+def test_where_an_episode_gave_several_samples_normalisation_counts_it_once_and_moves_them_all():
+    # group 0: episode a (two samples, 1.0) and b (0.0): ±0.7071 as for two episodes, a's on both of its samples
+    batch = normalize_rewards(_episodes(_scored([1.0, 1.0, 0.0], [0, 0, 0]), ["a", "a", "b"]), "group")
+    assert batch[keys.TOKEN_SCORES][:, 2].tolist() == pytest.approx([0.7071, 0.7071, -0.7071], abs=1e-4)
+
+
+def test_a_batch_of_episodes_is_filled_to_the_ranks_with_rows_that_train_nothing_and_tells_its_group_count():
+    from posttrain.rollout.groups import fill_episode_batch
+
+    batch = _episodes(_scored([1.0, 1.0, 0.0], [0, 0, 3]), ["a", "a", "b"])
+    filled = fill_episode_batch(batch, ranks=2)
+    assert len(filled) == 4 and filled.meta[keys.GROUP_COUNT] == 2
+    assert filled[keys.RESPONSE_MASK][3].sum() == 0 and filled[keys.EPISODE_IDS][3] == "b"  # in the last row's episode
+    assert torch.equal(filled[keys.RESPONSE_MASK][:3], batch[keys.RESPONSE_MASK])
+    assert len(fill_episode_batch(batch, ranks=1)) == 3 and len(fill_episode_batch(batch, ranks=3)) == 3
