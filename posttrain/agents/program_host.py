@@ -121,7 +121,7 @@ class ProgramEnv(Environment):
     runs_program = True
 
     def __init__(self, entry: str | None = None, command: str | None = None, deadline_s: float = 300.0,
-                 refuse_other_sampling: bool = False, gather_s: float = 0.02) -> None:
+                 refuse_other_sampling: bool = False, gather_s: float = 0.25) -> None:
         if (entry is None) == (command is None):
             raise ProgramError("env.name=program needs exactly one of env.options.entry (FILE.py:FUNCTION or "
                                "MODULE:FUNCTION, an async def rollout(client, row)) and env.options.command (a shell command)")
@@ -154,16 +154,21 @@ class ProgramHost:
         self.entry, self.command, self.start_timeout_s = entry, command, start_timeout_s
         self._process: Child | None = None
 
-    def run(self, jobs: Sequence[tuple[str, dict[str, Any]]], deadline_s: float) -> list[CallOutcome]:
-        """One outcome per ``(base_url, row)`` job, in order (module docstring)."""
+    def run(self, jobs: Sequence[tuple[str, dict[str, Any]]], deadline_s: float,
+            ended: Callable[[int], None] | None = None) -> list[CallOutcome]:
+        """One outcome per ``(base_url, row)`` job, in order (module docstring); ``ended(index)`` is called
+        as each job's run ends, before the others' (e.g. to stop waiting for its requests)."""
         if not jobs:
             return []
-        start = self._process is None or not self._process.alive
-        if start:
-            self.close()
-            self._process = Child(_host, (self.entry, self.command), name="posttrain-programs", group=True, grace_s=5.0)
-        wait_s = deadline_s + HOST_SLACK_S + (self.start_timeout_s if start else 0.0)
-        answer = self._process.answer(wait_s) if self._process.send((list(jobs), deadline_s)) else GONE
+        started = self.start()
+        deadline = time.monotonic() + deadline_s + HOST_SLACK_S + (self.start_timeout_s if started else 0.0)
+        answer: Any = GONE
+        if self._process.send((list(jobs), deadline_s)):
+            answer = self._process.answer(deadline - time.monotonic())
+            while isinstance(answer, int):  # a job that ended; the list of outcomes comes last
+                if ended is not None:
+                    ended(answer)
+                answer = self._process.answer(deadline - time.monotonic())
         if answer is LATE or answer is GONE:
             self.close()
             return [CallOutcome(error="the programs' host process died or hung", died=True)] * len(jobs)
@@ -171,6 +176,15 @@ class ProgramHost:
             self.close()
             raise ProgramError(answer)
         return answer
+
+    def start(self) -> bool:
+        """Spawn the host unless it runs (its imports then happen before the first episodes, not during
+        them); whether it was spawned now."""
+        if self._process is not None and self._process.alive:
+            return False
+        self.close()
+        self._process = Child(_host, (self.entry, self.command), name="posttrain-programs", group=True, grace_s=5.0)
+        return True
 
     def close(self) -> None:
         if self._process is not None:
@@ -186,8 +200,7 @@ def _host(connection: Connection, entry: str | None, command: str | None = None)
     os.setsid()  # a process group of its own: stopping it stops its episodes' processes
     problem = ""
     try:
-        import openai  # noqa: F401  (imported once here, not in every episode)
-
+        _warm_up()
         program = load_program(entry) if entry is not None else command_program(command)
     except BaseException as error:
         program = None
@@ -240,11 +253,36 @@ def _run_all(host: Connection, program: Callable[..., Any], jobs: Sequence[tuple
                 outcomes[index] = CallOutcome(error="the program's process died without an answer", died=True)
             read.close()
             _kill(pid)  # whatever it left running
+            host.send(index)  # ended: the controller stops waiting for its requests
     for read, (index, pid) in children.items():  # past the deadline
         _kill(pid)
         read.close()
         outcomes[index] = CallOutcome(error=f"the program was still running at its deadline ({deadline_s:g} s)", timed_out=True)
     return outcomes  # type: ignore[return-value]
+
+
+_SSL_CONTEXT: Any = None  # made once in the host, inherited by every episode's process
+
+
+def _warm_up() -> None:
+    """What every episode's client needs, done once in the host before it forks: the openai SDK's lazy
+    imports, and a TLS context (the client's certificates load in ~20 ms; 64 episodes on 2 cores would
+    spend a second of their start on them)."""
+    global _SSL_CONTEXT
+    import ssl
+
+    import openai
+
+    _SSL_CONTEXT = ssl.create_default_context()
+    with openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="-", http_client=openai.DefaultHttpxClient(verify=_SSL_CONTEXT)) as client:
+        client.chat.completions  # noqa: B018 - resolves the SDK's lazily imported resources
+
+    async def touch() -> None:  # the event loop's and the async client's own first-use imports
+        async with openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="-",
+                                      http_client=openai.DefaultAsyncHttpxClient(verify=_SSL_CONTEXT)) as client:
+            client.chat.completions  # noqa: B018
+
+    asyncio.run(touch())
 
 
 def _episode(write: Connection, program: Callable[..., Any], url: str, row: dict[str, Any]) -> None:
@@ -254,14 +292,15 @@ def _episode(write: Connection, program: Callable[..., Any], url: str, row: dict
 
         os.environ["OPENAI_BASE_URL"] = url
         os.environ["OPENAI_API_KEY"] = "posttrain"  # never the trainer's own key: every request goes to the endpoint
+        settings = {"base_url": url, "api_key": "posttrain", "max_retries": 0}
         if inspect.iscoroutinefunction(program):
             async def main() -> Any:
-                async with openai.AsyncOpenAI(base_url=url, api_key="posttrain", max_retries=0) as client:
+                async with openai.AsyncOpenAI(**settings, http_client=openai.DefaultAsyncHttpxClient(verify=_SSL_CONTEXT)) as client:
                     return await program(client, row)
 
             value = asyncio.run(main())
         else:
-            with openai.OpenAI(base_url=url, api_key="posttrain", max_retries=0) as client:
+            with openai.OpenAI(**settings, http_client=openai.DefaultHttpxClient(verify=_SSL_CONTEXT)) as client:
                 value = program(client, row)
         program_score(value)  # a return that is not a score is the program's error
         outcome = CallOutcome(value=value)

@@ -20,9 +20,9 @@ served with the run's settings and counted (``program/sampling_ignored``), or re
 run of the program). ``max_tokens`` can only lower the run's ``env.max_turn_tokens``, and what is left of
 the episode's ``data.max_response_length``.
 
-**Gathered into one engine call.** Requests that arrive together wait up to ``gather_s`` (or until every
-open episode has one waiting) and go to the engine as one call, as the agent loop's turns do; requests
-with other ``max_tokens`` or ``stop`` go in calls of their own.
+**Gathered into one engine call.** Requests wait until every open episode has one waiting (an episode is
+closed as its program ends) or none has come for ``gather_s``, and go to the engine as one call, as the
+agent loop's turns do; requests with other ``max_tokens`` or ``stop`` go in calls of their own.
 
 Refused with an OpenAI-shaped error (``program/refused``): a request for an episode that is not open
 (never opened, or closed, also while its request was with the engine: nothing more is recorded), 404; a
@@ -64,7 +64,7 @@ class EndpointSettings:
     model: str                      # the name /v1/models lists and a request may ask for
     max_turn_tokens: int            # new tokens per request at most (env.max_turn_tokens)
     max_response_length: int        # tokens after an episode's first prompt (data.max_response_length)
-    gather_s: float = 0.02          # how long a request waits for others to join its engine call
+    gather_s: float = 0.25          # the quiet time after the last request that ends the wait for the other open episodes'
     refuse_other_sampling: bool = False
     max_context_tokens: int | None = None  # the engine's context (max_model_len): a longer prompt is a 400, not an engine error
     host: str = "127.0.0.1"
@@ -108,6 +108,7 @@ class ProgramEndpoint:
         self._busy: set[int] = set()  # episodes (by identity) with a request under way
         self._gatherer: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
+        self._arrived = 0.0  # the event loop's time of the last request
 
     # episodes -----------------------------------------------------------------------------------
 
@@ -267,6 +268,7 @@ class ProgramEndpoint:
             self._loop, self._wake = loop, asyncio.Event()
             self._gatherer = loop.create_task(self._gather())
         self._waiting.append(waiting)
+        self._arrived = loop.time()
         self._wake.set()
 
     async def _gather(self) -> None:
@@ -274,8 +276,8 @@ class ProgramEndpoint:
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
-            deadline = loop.time() + self.settings.gather_s
-            while loop.time() < deadline and len(self._waiting) < len(self.episodes):
+            # until every open episode has a request waiting, or none has come for gather_s
+            while len(self._waiting) < len(self.episodes) and loop.time() - self._arrived < self.settings.gather_s:
                 await asyncio.sleep(min(0.002, self.settings.gather_s))
             taken, self._waiting = self._waiting, []
             self._wake.clear()

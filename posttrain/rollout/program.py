@@ -95,6 +95,7 @@ class ProgramRollout:
         self._serving = self.endpoint.serving()
         self._serving.__enter__()
         self.host = ProgramHost(self.options.entry, self.options.command)
+        self.host.start()
 
     def before_training(self, samples: Any) -> None:
         """A program has no check of its own before step 1."""
@@ -136,10 +137,15 @@ class ProgramRollout:
         timings = {} if timings is None else timings
         with timed(timings, "gen"):
             urls = [self.endpoint.open(name) for name in names]
+            closed: dict[int, ProgramEpisode] = {}
+
+            def ended(index: int) -> None:  # closed as its program ends: the endpoint stops waiting for its requests
+                closed[index] = self.endpoint.close(names[index])
+
             try:
-                outcomes = self.host.run([(url, program_row(sample)) for url, sample in zip(urls, samples)], self.options.deadline_s)
+                outcomes = self.host.run([(url, program_row(sample)) for url, sample in zip(urls, samples)], self.options.deadline_s, ended)
             finally:
-                episodes = [self.endpoint.close(name) for name in names]
+                episodes = [closed[index] if index in closed else self.endpoint.close(name) for index, name in enumerate(names)]
                 roles.actor.release_rollout()  # the engine stayed awake across the requests
         with timed(timings, "reward"):
             scores, successes, metrics = self.score(episodes, outcomes, samples)
