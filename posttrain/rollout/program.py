@@ -239,8 +239,9 @@ def episode_rows(episodes: Sequence[ProgramEpisode], prompts: Sequence[Sequence[
     rows: list[tuple[int, Episode]] = []
     for row, episode in enumerate(episodes):
         samples = episode.samples[-1:] if last_only else episode.samples
-        if not samples:
-            rows.append((row, Episode(prompt_ids=list(prompts[row]), turn_budget=0, response_budget=max_response_length)))
+        if not samples:  # no tokens to train; its score sits on the first place, so its group still counts it
+            rows.append((row, Episode(prompt_ids=list(prompts[row]), turn_budget=0, response_budget=max_response_length,
+                                      turn_ends=[0], turn_rewards=[float(scores[row])])))
             continue
         for sample in samples:
             sample.turn_rewards = [0.0] * len(sample.turn_ends)

@@ -184,3 +184,41 @@ def test_validation_gives_one_row_per_episode_its_last_sample(tmp_path, model, e
     assert len(batch) == 8 and len(set(batch[keys.EPISODE_IDS])) == 8
     transcripts = [t for t, info in zip(batch[keys.TRANSCRIPT], batch[keys.EXTRA_INFO]) if info["index"] != 1]
     assert sorted(t[-2]["content"] == "Again." for t in transcripts) == [False] * 3 + [True] * 3  # the last sample's request
+
+
+ENDS_EARLY = '''
+async def rollout(client, row):
+    """Row 0's episodes end at once; the others ask twice."""
+    if row["extra_info"]["index"] == 0:
+        return 0.5
+    messages = row["messages"]
+    for _ in range(2):
+        reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+        messages = messages + [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "More."}]
+    return 1.0
+'''
+
+
+class CountingSampler(GreedySampler):
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.calls = []
+
+    def generate_turn(self, batch):
+        self.calls.append(len(batch[keys.TURN_CONTEXT_IDS]))
+        return super().generate_turn(batch)
+
+
+def test_requests_are_gathered_into_one_engine_call_without_waiting_for_episodes_that_ended(tmp_path, model, engine):
+    """An episode is closed as its program ends, so the others' requests go to the engine as soon as each
+    open episode has one waiting: with a minute's gather_s and a 30 s deadline, waiting for the two episodes
+    that ended would time every other one out."""
+    _, program = configs(tmp_path, model, ENDS_EARLY)
+    program.env.options = {**program.env.options, "gather_s": 60.0, "deadline_s": 30.0}
+    sampler = CountingSampler(engine)
+    batch, metrics = rollout_of(program, sampler)
+    assert metrics["program/errors"] == 0 and metrics["program/timeouts"] == 0 and metrics["program/requests"] == 12
+    assert sampler.calls == [6, 6]  # the 6 episodes of rows 1-3, twice
+    # row 0's episodes asked nothing: no token is trained, and their 0.5 still counts in their group
+    assert sorted(batch[keys.TOKEN_SCORES].sum(-1).tolist()) == [0.5, 0.5] + [1.0] * 6
+    assert batch[keys.RESPONSE_MASK][[i for i, info in enumerate(batch[keys.EXTRA_INFO]) if info["index"] == 0]].sum() == 0
