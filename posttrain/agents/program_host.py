@@ -50,7 +50,7 @@ from typing import Any
 
 from posttrain.agents.env import Environment, StepResult
 from posttrain.deadlines import DEFAULT_START_TIMEOUT_S, GONE, LATE, CallOutcome, Child, describe_exception
-from posttrain.errors import InputError
+from posttrain.errors import InputError, import_optional
 from posttrain.rewards.custom import import_source
 
 HOST_SLACK_S = 30.0  # beyond the episodes' deadline, how long the controller waits for the host
@@ -122,6 +122,8 @@ class ProgramEnv(Environment):
 
     def __init__(self, entry: str | None = None, command: str | None = None, deadline_s: float = 300.0,
                  refuse_other_sampling: bool = False, gather_s: float = 0.25) -> None:
+        import_optional("openai", package="openai", hint='pip install "posttrain[programs]"',
+                        needed_by="env.name=program gives each episode's program an openai client")
         if (entry is None) == (command is None):
             raise ProgramError("env.name=program needs exactly one of env.options.entry (FILE.py:FUNCTION or "
                                "MODULE:FUNCTION, an async def rollout(client, row)) and env.options.command (a shell command)")
