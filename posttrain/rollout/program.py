@@ -28,6 +28,7 @@ Metrics: ``program/samples_per_episode``, ``program/prefix_breaks``, ``program/r
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,9 +53,11 @@ from posttrain.rollout.batching import prompt_token_lists
 from posttrain.rollout.endpoint import EndpointSettings, ProgramEndpoint, episode_counts
 from posttrain.rollout.environments import load_env_class, probe_environment
 from posttrain.rollout.groups import filter_groups, normalize_rewards, update_batch_shape
+from posttrain.rollout.retriever import RetrieverHandle, corpus_path, open_retriever
 from posttrain.rollout.roles import RolloutRoles
 from posttrain.rollout.scoring import reward_manager_for
 from posttrain.timing import timed
+from posttrain.tools.builtin import RETRIEVER_URL_VAR
 from posttrain.workers.sampling import VALIDATE_META_KEY
 
 MODEL_NAME = "policy"  # what /v1/models lists; a request naming another model is served by the policy and counted
@@ -65,7 +68,7 @@ class ProgramRollout:
 
     def __init__(self, config: PosttrainConfig, tokenizer: PreTrainedTokenizerBase, data_dir: Path | None) -> None:
         env = config.env
-        self.config, self.tokenizer = config, tokenizer
+        self.config, self.tokenizer, self.data_dir = config, tokenizer, data_dir
         self.env_class = load_env_class(env.name, env.path, env.class_name)
         options = probe_environment(self.env_class, env.options)  # a bad entry or option is refused here
         assert isinstance(options, ProgramEnv)
@@ -78,6 +81,9 @@ class ProgramRollout:
         )
         self.batch_shape = update_batch_shape(config)
         self.reward_manager = reward_manager_for(config, tokenizer)
+        if options.retriever and not env.retriever.url:
+            corpus_path(env.retriever, data_dir)  # a missing corpus fails here, not in the first step
+        self.retriever: RetrieverHandle | None = None
         self.endpoint: ProgramEndpoint | None = None
         self.host: ProgramHost | None = None
         self._serving: Any = None
@@ -89,8 +95,12 @@ class ProgramRollout:
         """Any row can be given to a program."""
 
     def open(self, roles: RolloutRoles) -> None:
-        """Serve the endpoint (a thread of this process) and start the programs' host."""
+        """Serve the endpoint (a thread of this process), open the retriever if the options ask for it
+        (its URL in ``$POSTTRAIN_RETRIEVER_URL`` for the programs), and start the programs' host."""
         self._roles = roles
+        if self.options.retriever:
+            self.retriever = open_retriever(self.config.env.retriever, self.data_dir)
+            os.environ[RETRIEVER_URL_VAR] = self.retriever.client.url  # inherited by the host and every episode
         self.endpoint = ProgramEndpoint(self._generate, self.tokenizer, self.tool_format, self.settings)
         self._serving = self.endpoint.serving()
         self._serving.__enter__()
@@ -104,6 +114,9 @@ class ProgramRollout:
         if self.host is not None:
             self.host.close()
             self.host = None
+        if self.retriever is not None:
+            self.retriever.close()
+            self.retriever = None
         if self._serving is not None:
             self._serving.__exit__(None, None, None)
             self._serving, self.endpoint = None, None
@@ -221,7 +234,10 @@ class ProgramRollout:
         return rest.index(source).union(made).union(records)
 
     def finish_batch(self, batch: Batch, metrics: Metrics) -> tuple[Batch, Metrics]:
-        """What is decided across a whole training batch: dropping low-spread groups, then reward normalisation."""
+        """What is decided across a whole training batch: dropping low-spread groups, then reward
+        normalisation. A batch whose retriever died under it is not trained on (:class:`ServiceDiedError`)."""
+        if self.retriever is not None:
+            self.retriever.check_alive()
         batch, metrics = filter_groups(batch, self.config.env.filter_groups_quantile, self.batch_shape, metrics)
         return normalize_rewards(batch, self.config.env.reward_norm), metrics
 

@@ -4,6 +4,7 @@ loss masks, logprobs and rewards; an episode that breaks its prefix gives two sa
 in their group; a program that fails before asking still has its row, scored 0."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ require("openai", 'the openai SDK is installed by scripts/setup.sh (pip install 
 
 from posttrain import keys  # noqa: E402
 from posttrain.config import load_config  # noqa: E402
+from posttrain.config.loader import preset_path  # noqa: E402
 from posttrain.engines.rollout.base import GenerationParams  # noqa: E402
 from posttrain.engines.rollout.hf_engine import HFRolloutEngine  # noqa: E402
 from posttrain.metrics import values  # noqa: E402
@@ -222,3 +224,33 @@ def test_requests_are_gathered_into_one_engine_call_without_waiting_for_episodes
     # row 0's episodes asked nothing: no token is trained, and their 0.5 still counts in their group
     assert sorted(batch[keys.TOKEN_SCORES].sum(-1).tolist()) == [0.5, 0.5] + [1.0] * 6
     assert batch[keys.RESPONSE_MASK][[i for i, info in enumerate(batch[keys.EXTRA_INFO]) if info["index"] == 0]].sum() == 0
+
+
+SEARCHES = '''
+import importlib.util
+import httpx
+
+spec = importlib.util.spec_from_file_location("search_agent", EXAMPLE)
+example = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(example)
+
+
+async def rollout(client, row):
+    """The search example's own tool against the run's retriever, for the row's question; then one request."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        passages = await example.search(http, row["messages"][-1]["content"])
+    await client.chat.completions.create(model="policy", messages=row["messages"], max_tokens=2)
+    return {"score": float(passages.startswith("<information>Doc 1 (Title: ")), "acc": "No documents" not in passages}
+'''
+
+
+def test_with_retriever_the_run_starts_one_and_the_search_examples_tool_finds_passages_in_it(tmp_path, engine):
+    program = tmp_path / "searches.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "search_agent.py"
+    program.write_text(SEARCHES.replace("EXAMPLE", repr(str(example))))
+    config = load_config([preset_path("search_tools")], [
+        f"actor_rollout_ref.model.path={tool_calling_model()}", "data.builtin_options.train_size=8", "data.builtin_options.val_size=4",
+        "actor_rollout_ref.rollout.n=2", "env.name=program", "env.tools=[]", f"env.options={{entry: {program}:rollout, retriever: true}}"])
+    batch, metrics = rollout_of(config, GreedySampler(engine))
+    assert metrics["program/errors"] == 0 and len(batch) == 8
+    assert batch[keys.TOKEN_SCORES].sum(-1).tolist() == [1.0] * 8 and batch["reward_extra/acc"].tolist() == [1.0] * 8
