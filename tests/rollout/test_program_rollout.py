@@ -19,7 +19,7 @@ from posttrain.engines.rollout.base import GenerationParams  # noqa: E402
 from posttrain.engines.rollout.hf_engine import HFRolloutEngine  # noqa: E402
 from posttrain.metrics import values  # noqa: E402
 from posttrain.protocol import Batch  # noqa: E402
-from posttrain.rollout import AgentRollout, ProgramRollout, RolloutRoles  # noqa: E402
+from posttrain.rollout import RolloutRoles  # noqa: E402
 from posttrain.rollout.batching import group_ids_of  # noqa: E402
 from posttrain.rollout.toolbox import tool_schemas  # noqa: E402
 from posttrain.trainer.learn import advantage_estimator, compute_advantages  # noqa: E402
