@@ -3,7 +3,7 @@ retriever over HTTP, nothing from posttrain. Trained unchanged through the run's
 retriever (started over the dataset's corpus) at ``$POSTTRAIN_RETRIEVER_URL`` (docs/programs.md):
 
     posttrain train --preset search_tools env.name=program env.tools=[] \
-        "env.options={entry: examples/search_agent.py:rollout, retriever: true}"
+        "env.options={entry: examples/search_agent.py:rollout, use_retriever: true}"
 
 The tool's schema and its result's layout are the built-in ``posttrain.tools:search``'s (``posttrain tools
 posttrain.tools:search`` prints the schema), so the model sees what the built-in tool agent would show it.

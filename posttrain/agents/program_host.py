@@ -22,7 +22,7 @@ row comes as JSON on its standard input, and the last line it prints is its retu
 
 ``env.name: program`` takes these as ``env.options`` (:class:`ProgramEnv`, checked before any worker):
 ``entry`` or ``command``, ``deadline_s`` (one episode's time), ``refuse_other_sampling`` and ``gather_s``
-(rollout/endpoint.py), ``retriever`` (the run starts its retriever, or connects to ``env.retriever.url``, and
+(rollout/endpoint.py), ``use_retriever`` (the run starts its retriever, or connects to ``env.retriever.url``, and
 the programs find it at ``$POSTTRAIN_RETRIEVER_URL``: a search agent's tool calls it).
 
 :meth:`ProgramHost.run` runs every episode given side by side and waits for them until a deadline. Each
@@ -122,7 +122,7 @@ class ProgramEnv(Environment):
     runs_program = True
 
     def __init__(self, entry: str | None = None, command: str | None = None, deadline_s: float = 300.0,
-                 refuse_other_sampling: bool = False, gather_s: float = 0.25, retriever: bool = False) -> None:
+                 refuse_other_sampling: bool = False, gather_s: float = 0.25, use_retriever: bool = False) -> None:
         import_optional("openai", package="openai", hint='pip install "posttrain[programs]"',
                         needed_by="env.name=program gives each episode's program an openai client")
         if (entry is None) == (command is None):
@@ -136,7 +136,7 @@ class ProgramEnv(Environment):
             raise ProgramError(f"env.options: deadline_s={deadline_s} must be > 0 and gather_s={gather_s} >= 0 (seconds)")
         self.entry, self.command, self.deadline_s = entry, command, float(deadline_s)
         self.refuse_other_sampling, self.gather_s = bool(refuse_other_sampling), float(gather_s)
-        self.retriever = bool(retriever)
+        self.use_retriever = bool(use_retriever)
 
     def reset(self, sample: Any) -> str:
         raise RuntimeError("a program's episodes are runs of the program (rollout/program.py); ProgramEnv is never reset")

@@ -81,7 +81,7 @@ class ProgramRollout:
         )
         self.batch_shape = update_batch_shape(config)
         self.reward_manager = reward_manager_for(config, tokenizer)
-        if options.retriever and not env.retriever.url:
+        if options.use_retriever and not env.retriever.url:
             corpus_path(env.retriever, data_dir)  # a missing corpus fails here, not in the first step
         self.retriever: RetrieverHandle | None = None
         self.endpoint: ProgramEndpoint | None = None
@@ -98,7 +98,7 @@ class ProgramRollout:
         """Serve the endpoint (a thread of this process), open the retriever if the options ask for it
         (its URL in ``$POSTTRAIN_RETRIEVER_URL`` for the programs), and start the programs' host."""
         self._roles = roles
-        if self.options.retriever:
+        if self.options.use_retriever:
             self.retriever = open_retriever(self.config.env.retriever, self.data_dir)
             os.environ[RETRIEVER_URL_VAR] = self.retriever.client.url  # inherited by the host and every episode
         self.endpoint = ProgramEndpoint(self._generate, self.tokenizer, self.tool_format, self.settings)

@@ -250,7 +250,7 @@ def test_with_retriever_the_run_starts_one_and_the_search_examples_tool_finds_pa
     program.write_text(SEARCHES.replace("EXAMPLE", repr(str(example))))
     config = load_config([preset_path("search_tools")], [
         f"actor_rollout_ref.model.path={tool_calling_model()}", "data.builtin_options.train_size=8", "data.builtin_options.val_size=4",
-        "actor_rollout_ref.rollout.n=2", "env.name=program", "env.tools=[]", f"env.options={{entry: {program}:rollout, retriever: true}}"])
+        "actor_rollout_ref.rollout.n=2", "env.name=program", "env.tools=[]", f"env.options={{entry: {program}:rollout, use_retriever: true}}"])
     batch, metrics = rollout_of(config, GreedySampler(engine))
     assert metrics["program/errors"] == 0 and len(batch) == 8
     assert batch[keys.TOKEN_SCORES].sum(-1).tolist() == [1.0] * 8 and batch["reward_extra/acc"].tolist() == [1.0] * 8
