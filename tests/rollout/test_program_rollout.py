@@ -254,3 +254,27 @@ def test_with_retriever_the_run_starts_one_and_the_search_examples_tool_finds_pa
     batch, metrics = rollout_of(config, GreedySampler(engine))
     assert metrics["program/errors"] == 0 and len(batch) == 8
     assert batch[keys.TOKEN_SCORES].sum(-1).tolist() == [1.0] * 8 and batch["reward_extra/acc"].tolist() == [1.0] * 8
+
+
+COMMAND = '''
+import json, sys
+from openai import OpenAI
+
+row = json.load(sys.stdin)
+reply = OpenAI().chat.completions.create(model="policy", messages=row["messages"], max_tokens=4)  # OPENAI_BASE_URL: the episode's
+print("anything the agent prints first")
+print(json.dumps({"score": 0.25 * (1 + row["extra_info"]["index"] % 2), "acc": bool(reply.choices[0].message.content is not None)}))
+'''
+
+
+def test_a_program_given_as_a_command_gets_the_row_on_stdin_and_its_last_printed_line_is_its_score(tmp_path, model, engine):
+    import sys
+
+    command = tmp_path / "agent_cli.py"
+    command.write_text(COMMAND)
+    _, program = configs(tmp_path, model)
+    program.env.options = {"command": f"{sys.executable} {command}"}
+    batch, metrics = rollout_of(program, GreedySampler(engine), validate=True)
+    assert metrics["program/errors"] == 0 and metrics["program/requests"] == 8
+    expected = [0.25 * (1 + info["index"] % 2) for info in batch[keys.EXTRA_INFO]]
+    assert batch[keys.TOKEN_SCORES].sum(-1).tolist() == expected and batch["reward_extra/acc"].tolist() == [1.0] * 8
