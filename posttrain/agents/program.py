@@ -152,6 +152,7 @@ class ProgramEpisode:
         sample = self.samples[-1]
         sample.append_observation(ids)
         sample.append_agent_turn(turn)
+        sample.done = reason != "length"  # its finish reason, as the batch reports it: stop, or cut at the budget
         sample.actions.append(text)
         self.requests += 1
         key = message_key(message)

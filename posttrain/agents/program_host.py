@@ -111,6 +111,7 @@ def command_program(command: str) -> Callable[[Any, dict[str, Any]], Any]:
             raise RuntimeError(f"`{command}` printed {lines[-1][:200]!r} last; print its score as JSON (a number, "
                                "{\"score\": x, \"acc\": y} or null)") from None
 
+    run.without_client = True  # type: ignore[attr-defined]  (the command makes its own, from OPENAI_BASE_URL)
     return run
 
 
@@ -123,17 +124,21 @@ class ProgramEnv(Environment):
 
     def __init__(self, entry: str | None = None, command: str | None = None, deadline_s: float = 300.0,
                  refuse_other_sampling: bool = False, gather_s: float = 0.25, use_retriever: bool = False) -> None:
-        import_optional("openai", package="openai", hint='pip install "posttrain[programs]"',
-                        needed_by="env.name=program gives each episode's program an openai client")
         if (entry is None) == (command is None):
             raise ProgramError("env.name=program needs exactly one of env.options.entry (FILE.py:FUNCTION or "
                                "MODULE:FUNCTION, an async def rollout(client, row)) and env.options.command (a shell command)")
         if entry is not None:
+            import_optional("openai", package="openai", hint='pip install "posttrain[programs]"',
+                            needed_by="env.name=program gives each episode's program an openai client")
             load_program(entry)
         else:
             command_program(command)
-        if not deadline_s > 0 or not gather_s >= 0:
-            raise ProgramError(f"env.options: deadline_s={deadline_s} must be > 0 and gather_s={gather_s} >= 0 (seconds)")
+        for name, value in (("deadline_s", deadline_s), ("gather_s", gather_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (name == "deadline_s" and value == 0):
+                raise ProgramError(f"env.options.{name}={value!r}: give a finite number of seconds ({'> 0' if name == 'deadline_s' else '>= 0'})")
+        for name, value in (("refuse_other_sampling", refuse_other_sampling), ("use_retriever", use_retriever)):
+            if not isinstance(value, bool):
+                raise ProgramError(f"env.options.{name}={value!r}: give true or false")
         self.entry, self.command, self.deadline_s = entry, command, float(deadline_s)
         self.refuse_other_sampling, self.gather_s = bool(refuse_other_sampling), float(gather_s)
         self.use_retriever = bool(use_retriever)
@@ -168,11 +173,15 @@ class ProgramHost:
         deadline = time.monotonic() + deadline_s + HOST_SLACK_S + (self.start_timeout_s if started else 0.0)
         answer: Any = GONE
         if self._process.send((list(jobs), deadline_s)):
-            answer = self._process.answer(deadline - time.monotonic())
-            while isinstance(answer, int):  # a job that ended; the list of outcomes comes last
-                if ended is not None:
-                    ended(answer)
+            try:
                 answer = self._process.answer(deadline - time.monotonic())
+                while isinstance(answer, int):  # a job that ended; the list of outcomes comes last
+                    if ended is not None:
+                        ended(answer)
+                    answer = self._process.answer(deadline - time.monotonic())
+            except BaseException:  # e.g. Ctrl-C: its answers would reach the next run; it stops, with its episodes
+                self.close()
+                raise
         if answer is LATE or answer is GONE:
             self.close()
             return [CallOutcome(error="the programs' host process died or hung", died=True)] * len(jobs)
@@ -204,7 +213,8 @@ def _host(connection: Connection, entry: str | None, command: str | None = None)
     os.setsid()  # a process group of its own: stopping it stops its episodes' processes
     problem = ""
     try:
-        _warm_up()
+        if entry is not None:
+            _warm_up()
         program = load_program(entry) if entry is not None else command_program(command)
     except BaseException as error:
         program = None
@@ -214,7 +224,10 @@ def _host(connection: Connection, entry: str | None, command: str | None = None)
             jobs, deadline_s = connection.recv()
         except (EOFError, OSError):  # the controller closed its end, or died
             return
-        connection.send(problem if program is None else _run_all(connection, program, jobs, deadline_s))
+        try:
+            connection.send(problem if program is None else _run_all(connection, program, jobs, deadline_s))
+        except (EOFError, OSError):  # the controller went away during the episodes (they are killed): nothing to answer
+            return
 
 
 def _kill(pid: int) -> None:
@@ -240,6 +253,7 @@ def _run_all(host: Connection, program: Callable[..., Any], jobs: Sequence[tuple
         if pid == 0:  # the episode's process: never returns to the host's loop
             try:
                 os.setpgid(0, 0)
+                _die_with_parent()
                 for end in (host, read, *children):  # only its own pipe end stays open
                     end.close()
                 _episode(write, program, url, row)
@@ -248,21 +262,37 @@ def _run_all(host: Connection, program: Callable[..., Any], jobs: Sequence[tuple
         write.close()
         children[read] = (index, pid)
     deadline = time.monotonic() + deadline_s
-    while children and (left := deadline - time.monotonic()) > 0:
-        for read in wait(list(children), timeout=left):
-            index, pid = children.pop(read)
-            try:
-                outcomes[index] = read.recv()
-            except Exception:  # nothing sent (a crash), or a reply that cannot be read
-                outcomes[index] = CallOutcome(error="the program's process died without an answer", died=True)
+    try:
+        while children and (left := deadline - time.monotonic()) > 0:
+            for read in wait([*children, host], timeout=left):
+                if read is host:  # the controller closed its end (it stops the host): no one waits for the answers
+                    raise EOFError("the controller went away")
+                index, pid = children.pop(read)
+                try:
+                    outcomes[index] = read.recv()
+                except Exception:  # nothing sent (a crash), or a reply that cannot be read
+                    outcomes[index] = CallOutcome(error="the program's process died without an answer", died=True)
+                read.close()
+                _kill(pid)  # whatever it left running
+                host.send(index)  # ended: the controller stops waiting for its requests
+        for index, _ in children.values():  # past the deadline
+            outcomes[index] = CallOutcome(error=f"the program was still running at its deadline ({deadline_s:g} s)", timed_out=True)
+    finally:  # at the deadline, and whatever ends the host's wait early: no episode outlives it
+        for read, (_, pid) in children.items():
+            _kill(pid)
             read.close()
-            _kill(pid)  # whatever it left running
-            host.send(index)  # ended: the controller stops waiting for its requests
-    for read, (index, pid) in children.items():  # past the deadline
-        _kill(pid)
-        read.close()
-        outcomes[index] = CallOutcome(error=f"the program was still running at its deadline ({deadline_s:g} s)", timed_out=True)
     return outcomes  # type: ignore[return-value]
+
+
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the host dies, however it dies (the host's own group holds
+    only the host: each episode leads a group of its own)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the host's cleanup still kills episodes it outlives
+        pass
 
 
 _SSL_CONTEXT: Any = None  # made once in the host, inherited by every episode's process
@@ -292,18 +322,22 @@ def _warm_up() -> None:
 def _episode(write: Connection, program: Callable[..., Any], url: str, row: dict[str, Any]) -> None:
     """Run the program once and send its outcome (the caller exits the process after)."""
     try:
-        import openai
-
         os.environ["OPENAI_BASE_URL"] = url
         os.environ["OPENAI_API_KEY"] = "posttrain"  # never the trainer's own key: every request goes to the endpoint
         settings = {"base_url": url, "api_key": "posttrain", "max_retries": 0}
-        if inspect.iscoroutinefunction(program):
+        if getattr(program, "without_client", False):
+            value = program(None, row)
+        elif inspect.iscoroutinefunction(program):
+            import openai
+
             async def main() -> Any:
                 async with openai.AsyncOpenAI(**settings, http_client=openai.DefaultAsyncHttpxClient(verify=_SSL_CONTEXT)) as client:
                     return await program(client, row)
 
             value = asyncio.run(main())
         else:
+            import openai
+
             with openai.OpenAI(**settings, http_client=openai.DefaultHttpxClient(verify=_SSL_CONTEXT)) as client:
                 value = program(client, row)
         program_score(value)  # a return that is not a score is the program's error

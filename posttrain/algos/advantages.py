@@ -41,8 +41,9 @@ Deviations and edge cases, all deliberate:
 
 An episode may give several samples (an agent program whose requests did not extend each other,
 rollout/program.py). `per_episode` runs an outcome estimator over episodes, not samples: each episode's
-score is its first sample's (they share it), group statistics count each episode once, and every sample
-carries its episode's advantage on its own response tokens.
+score is its samples' mean (they share the score; a KL or overlong term in the reward is each sample's
+own), group statistics count each episode once, and every sample carries its episode's advantage on its
+own response tokens.
 """
 
 from __future__ import annotations
@@ -125,11 +126,14 @@ def per_episode(estimator: Callable[[AdvantageInputs], AdvantageOutput], inputs:
     if tuple(episode_index.shape) != (inputs.response_mask.shape[0],):
         raise ValueError(f"episode_index has shape {tuple(episode_index.shape)}; it needs one episode per row ({inputs.response_mask.shape[0]},)")
     rewards = inputs.token_rewards.float()
-    scores = rewards.sum(-1) if rewards.dim() == 2 else rewards  # a row without response tokens keeps its score too
+    rows = rewards.sum(-1) if rewards.dim() == 2 else rewards  # a row without response tokens keeps its score too
     first = first_rows(episode_index)
+    # the episode's score: its samples' mean (they share the score; shaping, e.g. a KL or overlong term, is each one's own)
+    count = torch.zeros(first.shape[0], dtype=rows.dtype, device=rows.device).index_add_(0, episode_index, torch.ones_like(rows))
+    scores = torch.zeros_like(count).index_add_(0, episode_index, rows) / count
     pick = lambda tensor: None if tensor is None else tensor[first]  # noqa: E731
     one = torch.ones((first.shape[0], 1), dtype=inputs.response_mask.dtype, device=inputs.response_mask.device)
-    out = estimator(AdvantageInputs(scores[first], one, group_ids=pick(inputs.group_ids), baseline_scores=pick(inputs.baseline_scores)))
+    out = estimator(AdvantageInputs(scores.unsqueeze(-1), one, group_ids=pick(inputs.group_ids), baseline_scores=pick(inputs.baseline_scores)))
     valid = inputs.response_mask != 0
     spread = lambda per_episode_value: torch.where(valid, per_episode_value[:, 0][episode_index].unsqueeze(-1), 0.0)  # noqa: E731
     return AdvantageOutput(spread(out.advantages), spread(out.returns))

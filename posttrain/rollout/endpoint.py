@@ -22,7 +22,10 @@ the episode's ``data.max_response_length``.
 
 **Gathered into one engine call.** Requests wait until every open episode has one waiting (an episode is
 closed as its program ends) or none has come for ``gather_s``, and go to the engine as one call, as the
-agent loop's turns do; requests with other ``max_tokens`` or ``stop`` go in calls of their own.
+agent loop's turns do; requests with other ``max_tokens`` or ``stop`` go in calls of their own. A request
+whose episode was closed meanwhile (its program stopped at the deadline) never reaches the engine, and
+``idle`` is set while no engine call is under way: the rollout closes its episodes, then waits for it, so
+no call wakes the engine after the rollout let it sleep.
 
 Refused with an OpenAI-shaped error (``program/refused``): a request for an episode that is not open
 (never opened, or closed, also while its request was with the engine: nothing more is recorded), 404; a
@@ -86,6 +89,7 @@ class RequestError(PosttrainError):
 
 @dataclass
 class _Waiting:
+    key: str
     episode: ProgramEpisode
     context: list[int]
     max_tokens: int
@@ -109,6 +113,8 @@ class ProgramEndpoint:
         self._gatherer: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._arrived = 0.0  # the event loop's time of the last request
+        self.idle = threading.Event()  # no engine call under way (the rollout waits for it before the engine may sleep)
+        self.idle.set()
 
     # episodes -----------------------------------------------------------------------------------
 
@@ -211,12 +217,13 @@ class ProgramEndpoint:
             raise RequestError(400, f"the prompt is {len(context)} tokens; the engine's context holds {limit}", "context_length_exceeded")
         max_tokens = min(options["max_tokens"], episode.room)
         loop = asyncio.get_running_loop()
-        waiting = _Waiting(episode, context, max_tokens, options["stop"], loop.create_future())
+        waiting = _Waiting(key, episode, context, max_tokens, options["stop"], loop.create_future())
         self._enqueue(waiting)
         turn: TurnOutput = await waiting.future
-        if self.episodes.get(key) is not episode:  # closed while the engine answered: nothing more is recorded
-            raise RequestError(404, f"episode {key!r} ended while its request was answered", "episode_not_open")
-        reply = episode.record(turn, tools)
+        with self._lock:  # the controller may close the episode meanwhile: then nothing more is recorded
+            if self.episodes.get(key) is not episode:
+                raise RequestError(404, f"episode {key!r} ended while its request was answered", "episode_not_open")
+            reply = episode.record(turn, tools)
         kept = episode.samples[-1].last_turn_ids
         message = dict(reply.message)
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}
@@ -276,17 +283,29 @@ class ProgramEndpoint:
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
-            # until every open episode has a request waiting, or none has come for gather_s
+            # until every open episode has a request waiting, or none has come for gather_s (counted from
+            # now at the latest: requests that queued during the last engine call wait for its episodes too)
+            self._arrived = max(self._arrived, loop.time())
             while len(self._waiting) < len(self.episodes) and loop.time() - self._arrived < self.settings.gather_s:
                 await asyncio.sleep(min(0.002, self.settings.gather_s))
             taken, self._waiting = self._waiting, []
             self._wake.clear()
+            self.idle.clear()  # before the episodes are looked at: whoever closes them and then waits for idle is safe
             shapes: dict[tuple[int, tuple[str, ...]], list[_Waiting]] = defaultdict(list)
             for waiting in taken:
-                if not waiting.future.done():  # a program that went away leaves a cancelled request
-                    shapes[(waiting.max_tokens, waiting.stop)].append(waiting)
-            for (max_tokens, stop), members in shapes.items():
-                await self._call_engine(members, max_tokens, stop)
+                if waiting.future.done():  # a program that went away leaves a cancelled request
+                    continue
+                with self._lock:
+                    ended = self.episodes.get(waiting.key) is not waiting.episode
+                if ended:  # its program was stopped (the deadline): never to the engine
+                    waiting.future.set_exception(RequestError(404, f"episode {waiting.key!r} ended", "episode_not_open"))
+                    continue
+                shapes[(waiting.max_tokens, waiting.stop)].append(waiting)
+            try:
+                for (max_tokens, stop), members in shapes.items():
+                    await self._call_engine(members, max_tokens, stop)
+            finally:
+                self.idle.set()
 
     async def _call_engine(self, members: list[_Waiting], max_tokens: int, stop: tuple[str, ...]) -> None:
         """One engine call for ``members``; if it fails, each again alone, so that one bad context fails only itself."""

@@ -110,8 +110,13 @@ def filter_groups(batch: Batch, quantile: float, shape: UpdateBatchShape, metric
     if quantile == 0.0:
         return batch, metrics
     rewards, group_ids = batch[keys.TOKEN_SCORES].sum(-1), batch[keys.GROUP_IDS]
-    keep = groups_with_spread(rewards, group_ids, quantile)
-    kept = sorted({int(g) for g in group_ids[keep]}, key=lambda g: -rewards[group_ids == g].std(unbiased=False).item())
+    if keys.EPISODE_IDS in batch:  # an episode of several samples counts once in its group's spread
+        first = first_rows(episode_index(batch))
+        rewards, spread_ids = rewards[first], group_ids[first]
+    else:
+        spread_ids = group_ids
+    keep = groups_with_spread(rewards, spread_ids, quantile)
+    kept = sorted({int(g) for g in spread_ids[keep]}, key=lambda g: -rewards[spread_ids == g].std(unbiased=False).item())
     kept = kept[: kept_group_count(len(kept), shape)]
     if not kept:
         return batch, metrics | {"agent/groups_kept_ratio": mean(1.0, len(batch))}

@@ -60,6 +60,7 @@ from posttrain.timing import timed
 from posttrain.tools.builtin import RETRIEVER_URL_VAR
 from posttrain.workers.sampling import VALIDATE_META_KEY
 
+ENGINE_CALL_WAIT_S = 600.0  # after the episodes end, how long an engine call still under way may take
 MODEL_NAME = "policy"  # what /v1/models lists; a request naming another model is served by the policy and counted
 
 
@@ -117,6 +118,7 @@ class ProgramRollout:
         if self.retriever is not None:
             self.retriever.close()
             self.retriever = None
+            os.environ.pop(RETRIEVER_URL_VAR, None)
         if self._serving is not None:
             self._serving.__exit__(None, None, None)
             self._serving, self.endpoint = None, None
@@ -159,6 +161,7 @@ class ProgramRollout:
                 outcomes = self.host.run([(url, program_row(sample)) for url, sample in zip(urls, samples)], self.options.deadline_s, ended)
             finally:
                 episodes = [closed[index] if index in closed else self.endpoint.close(name) for index, name in enumerate(names)]
+                self.endpoint.idle.wait(ENGINE_CALL_WAIT_S)  # an engine call begun before the episodes closed ends first
                 roles.actor.release_rollout()  # the engine stayed awake across the requests
         with timed(timings, "reward"):
             scores, successes, metrics = self.score(episodes, outcomes, samples)

@@ -133,6 +133,7 @@ class Learner:
     def __call__(self, roles: Roles, batch: Batch, step: int, timings: dict[str, float]) -> tuple[Batch, Metrics]:
         """Returns the batch with what was computed, and the phases' metrics."""
         metrics: Metrics = {}
+        real = len(batch)
         if keys.EPISODE_IDS in batch:  # samples per group vary (a program's prefix breaks)
             batch = fill_episode_batch(batch, self.ranks)
         if not self.on_policy_update:
@@ -163,6 +164,8 @@ class Learner:
                 # the old-logprob pass's entropy covers every sample; the update's only those it ran
                 metrics = updated | metrics
         self.breakers.check_update(metrics, step)
+        if len(batch) > real:  # the rows that only filled the batch to the ranks: in no metric, no dump
+            batch = batch.index(torch.arange(real))
         if self.rollout_dir is not None:
             write_jsonl(training_rows(batch, self.tokenizer), self.rollout_dir / f"step_{step}.jsonl")
         return batch, metrics

@@ -57,6 +57,10 @@ def mixed(client, row):
         os._exit(3)
     time.sleep(600)
 
+def writes_its_pid(client, row):
+    open(row["extra_info"]["pid_file"] + row["ground_truth"], "w").write(str(os.getpid()))
+    time.sleep(600)
+
 def leaves_a_child(client, row):
     import subprocess
     child = subprocess.Popen(["sleep", "600"])
@@ -138,6 +142,39 @@ def test_what_a_program_started_is_killed_with_it_at_its_deadline(endpoint, prog
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
+def _gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_stopping_the_host_mid_run_stops_its_episodes_and_the_host_takes_a_new_run_after(endpoint, programs, tmp_path):
+    """The controller stops the host while its episodes run (Ctrl-C, a restart): the episodes go with it
+    (each leads its own process group, so the host's group does not hold them)."""
+    import threading
+
+    host = ProgramHost(f"{programs}:writes_its_pid")
+    rows = [{"messages": [{"role": "user", "content": "q"}], "ground_truth": str(i), "data_source": "x",
+             "extra_info": {"pid_file": str(tmp_path / "pid")}} for i in range(2)]
+    keys = [f"stopped-{i}" for i in range(2)]
+    done = []
+    worker = threading.Thread(target=lambda: done.append(host.run([(endpoint.open(k), row) for k, row in zip(keys, rows)], 60.0)))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"pid{i}").exists() for i in range(2)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int((tmp_path / f"pid{i}").read_text()) for i in range(2)]
+    host.close()
+    worker.join(30)
+    for key in keys:
+        endpoint.close(key)
+    deadline = time.monotonic() + 10
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in pids), "an episode outlived the host that ran it"
+    assert done and all(o.died for o in done[0])  # the run that was stopped reports its episodes lost
+    outcomes, _ = run(endpoint, programs, "plain")  # and a new host serves the next run
+    assert [o.value for o in outcomes] == [0.5, 0.5]
+
+
 def test_bad_entries_are_refused_with_the_reason(programs, tmp_path):
     with pytest.raises(ProgramError, match="exactly two arguments"):
         load_program(f"{programs}:three")
@@ -155,3 +192,16 @@ def test_a_return_is_a_score_an_acc_or_none():
     for bad in ("1", True, float("nan"), {"acc": 1}):
         with pytest.raises(ValueError):
             program_score(bad)
+
+
+def test_the_options_of_env_name_program_are_checked_when_built(programs):
+    from posttrain.agents.program_host import ProgramEnv
+
+    assert ProgramEnv(entry=f"{programs}:plain").deadline_s == 300.0
+    for options, message in (({}, "exactly one of"), ({"entry": f"{programs}:plain", "command": "x"}, "exactly one of"),
+                             ({"entry": f"{programs}:plain", "deadline_s": float("inf")}, "finite number of seconds"),
+                             ({"entry": f"{programs}:plain", "deadline_s": 0}, r"\(> 0\)"),
+                             ({"entry": f"{programs}:plain", "use_retriever": "false"}, "give true or false"),
+                             ({"command": "  "}, "command is empty")):
+        with pytest.raises(ProgramError, match=message):
+            ProgramEnv(**options)

@@ -268,3 +268,27 @@ def test_mismatched_shapes_are_named():
         reinforce_plus_plus_advantages(torch.zeros(2), torch.ones(2, 3))
     with pytest.raises(ValueError, match="baseline_scores"):
         remax_advantages(torch.zeros(2), torch.ones(2, 3), torch.zeros(3))
+
+
+@pytest.mark.parametrize("name", ["grpo", "drgrpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk"])
+def test_per_episode_counts_each_episode_once_whatever_the_estimator(name):
+    """Episodes a (two samples, score 1), b (0) and c (0, its second sample trains nothing): the same
+    advantages as the estimator gives three one-sample episodes, each on all of its samples' tokens; an
+    episode's score is its samples' mean (a shaping term on one sample moves the whole episode)."""
+    from posttrain.algos import AdvantageInputs, per_episode
+    from posttrain.algos.registry import get_advantage_estimator
+
+    estimator = get_advantage_estimator(name)
+    rewards, mask = torch.zeros(5, 3), torch.ones(5, 3)
+    rewards[0, 2] = rewards[1, 1] = 1.0
+    mask[4] = 0
+    index = torch.tensor([0, 0, 1, 2, 2])
+    out = per_episode(estimator, AdvantageInputs(rewards, mask, group_ids=torch.zeros(5, dtype=torch.long)), index)
+    alone = estimator(AdvantageInputs(torch.tensor([[1.0], [0.0], [0.0]]), torch.ones(3, 1), group_ids=torch.zeros(3, dtype=torch.long)))
+    assert torch.allclose(out.advantages[:4], alone.advantages[index[:4], 0].unsqueeze(-1).expand(4, 3))
+    assert out.advantages[4].abs().sum() == 0
+    shaped = rewards.clone()
+    shaped[1, 2] -= 0.5  # e.g. an overlong penalty on the second sample only: the episode's score is 0.75
+    moved = per_episode(estimator, AdvantageInputs(shaped, mask, group_ids=torch.zeros(5, dtype=torch.long)), index)
+    expected = estimator(AdvantageInputs(torch.tensor([[0.75], [0.0], [0.0]]), torch.ones(3, 1), group_ids=torch.zeros(3, dtype=torch.long)))
+    assert torch.allclose(moved.advantages[:2, 0], expected.advantages[0, 0].expand(2))

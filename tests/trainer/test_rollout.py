@@ -130,3 +130,11 @@ def test_a_batch_of_episodes_is_filled_to_the_ranks_with_rows_that_train_nothing
     assert filled[keys.RESPONSE_MASK][3].sum() == 0 and filled[keys.EPISODE_IDS][3] == "b"  # in the last row's episode
     assert torch.equal(filled[keys.RESPONSE_MASK][:3], batch[keys.RESPONSE_MASK])
     assert len(fill_episode_batch(batch, ranks=1)) == 3 and len(fill_episode_batch(batch, ranks=3)) == 3
+
+
+def test_where_an_episode_gave_several_samples_group_filtering_measures_spread_over_episodes():
+    # group 0: episode a (1.0, seven samples) and b (0.0); group 1: c (1.0) and d (0.0). Over episodes the two
+    # spread alike and both are kept; counted per sample group 0 (seven 1s, one 0) would spread less and go
+    many = _episodes(_scored([1.0] * 7 + [0.0, 1.0, 0.0], [0] * 8 + [1, 1]), ["a"] * 7 + ["b", "c", "d"])
+    kept = filter_groups(many, 0.5, UpdateBatchShape(1, 2, 1), {})[0]
+    assert kept[keys.GROUP_IDS].tolist() == [0] * 8 + [1, 1]
