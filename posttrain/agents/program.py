@@ -90,6 +90,7 @@ class ProgramEpisode:
         self.samples: list[Episode] = []
         self.prefix_breaks = 0
         self.requests = 0
+        self.oldest_version: int | None = None  # the oldest weight version any reply came from (async staleness)
         self._seen: list[MessageKey] | None = None  # the last request's messages, then its reply
         self._pending: tuple[list[MessageKey], Episode | None, list[int]] | None = None  # context() given, record() not yet
         self._last_reply: Reply | None = None
@@ -155,6 +156,7 @@ class ProgramEpisode:
         sample.done = reason != "length"  # its finish reason, as the batch reports it: stop, or cut at the budget
         sample.actions.append(text)
         self.requests += 1
+        self.oldest_version = turn.weight_version if self.oldest_version is None else min(self.oldest_version, turn.weight_version)
         key = message_key(message)
         self._sampled_text[key] = text
         self._seen, self._pending = [keys[-1], *keys[:-1], key], None  # the tools first, then the messages and the reply

@@ -227,7 +227,9 @@ class ProgramRollout:
         rest = Batch({k: v for k, v in batch.tensors.items() if k not in (keys.PROMPT_IDS, keys.PROMPT_MASK)}, batch.non_tensors, batch.meta)
         made = episodes_to_batch([sample for _, sample in rows], self.config.data.max_response_length, self.tokenizer.pad_token_id)
         made.non_tensors["reward_extra/acc"] = np.array([float(successes[row]) for row, _ in rows])
-        made.meta[keys.WEIGHT_VERSION] = min((sample.weight_version for _, sample in rows if sample.response_ids), default=0)
+        # an episode that spans weight versions counts as its oldest for the staleness bound
+        versions = [episodes[row].oldest_version for row, _ in rows if episodes[row].oldest_version is not None]
+        made.meta[keys.WEIGHT_VERSION] = min(versions, default=0)
         records = Batch.from_dict(non_tensors={
             keys.EPISODE_IDS: [names[row] for row, _ in rows],
             keys.TRANSCRIPT: [episodes[row].transcript() for row, _ in rows],
