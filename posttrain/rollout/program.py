@@ -55,7 +55,7 @@ from posttrain.rollout.environments import load_env_class, probe_environment
 from posttrain.rollout.groups import filter_groups, normalize_rewards, update_batch_shape
 from posttrain.rollout.retriever import RetrieverHandle, corpus_path, open_retriever
 from posttrain.rollout.roles import RolloutRoles
-from posttrain.rollout.scoring import reward_manager_for
+from posttrain.rollout.scoring import reward_manager_for, success_of
 from posttrain.timing import timed
 from posttrain.tools.builtin import RETRIEVER_URL_VAR
 from posttrain.workers.sampling import VALIDATE_META_KEY
@@ -195,9 +195,7 @@ class ProgramRollout:
         acc = scored.extra.get("acc")
         for index, row in enumerate(judged):
             scores[row] = float(scored.scores[index])
-            reported = None if acc is None else acc[index]
-            unknown = reported is None or (isinstance(reported, float) and np.isnan(reported))
-            successes[row] = scores[row] >= 1.0 if unknown else bool(reported)
+            successes[row] = success_of(scores[row], None if acc is None else acc[index])
         if scored.first_failure:
             self.first_failures["reward"] = scored.first_failure
         return scores, successes, dict(scored.metrics)

@@ -44,10 +44,14 @@ def score_episode_answers(manager: RewardManager | BatchRewardManager, episodes:
     for index, row in enumerate(asked):
         episode = episodes[row]
         score = float(scored.scores[index])
-        reported = None if acc is None else acc[index]
-        success = score >= 1.0 if reported is None or (isinstance(reported, float) and math.isnan(reported)) else bool(reported)
+        success = success_of(score, None if acc is None else acc[index])
         if episode.answer.score_cap is not None:
             score = min(score, episode.answer.score_cap)
         episode.turn_rewards[episode.answer_turn] += score
         episode.success = episode.success or success
     return scored.metrics, scored.first_failure
+
+
+def success_of(score: float, reported: Any) -> bool:
+    """An answer's success: the score function's ``acc`` where it reported one, else score >= 1."""
+    return score >= 1.0 if reported is None or (isinstance(reported, float) and math.isnan(reported)) else bool(reported)
