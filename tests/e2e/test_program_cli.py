@@ -1,4 +1,4 @@
-"""``env.name: program`` through the real CLI (vLLM on CPU, local Ray): a user's plain ``openai``
+"""``env.name: program`` through the real CLI (HF generate, local Ray): a user's plain ``openai``
 program trained in async mode, its generators serving the endpoint, with episodes that break their
 prefix (more samples than episodes) split into two mini-batches, validated; a bad entry refused by the
 config check before any worker. (The command form, and the rollout's rows and scores, are tested in
@@ -13,6 +13,7 @@ from tests.optional import require
 
 from posttrain.models import cached_tiny_model
 from tests.e2e.cli_runs import episodes, records
+from tests.e2e.test_train_cli import HF_ROLLOUT
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -39,7 +40,7 @@ async def rollout(client, row):
 RUN = ["--preset", "tool_grpo", f"actor_rollout_ref.model.path={cached_tiny_model('llama')}", "env.name=program", "env.tools=[]",
        "data.builtin_options.train_size=16", "data.builtin_options.val_size=4", "data.builtin_options.longer_size=2",
        "data.builtin_options.sft_size=0", "data.builtin_options.sft_val_size=0", "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.0625",
-       "data.max_response_length=64", "trainer.logger=[console,jsonl]"]
+       "data.max_response_length=64", "trainer.logger=[console,jsonl]", HF_ROLLOUT]  # the point is the program, not the engine
 
 
 def posttrain(*args: str) -> subprocess.CompletedProcess:
