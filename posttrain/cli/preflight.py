@@ -19,7 +19,7 @@ labelled by the loader with where its key was set.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -263,6 +263,7 @@ def check_paths(config: PosttrainConfig) -> list[Problem]:
     problems += file_problems("data.train_files", config.data.train_files) + file_problems("data.val_files", val_files)
     if config.custom_reward_function.path:
         problems += file_problems("custom_reward_function.path", [config.custom_reward_function.path])
+    problems += rubric_problems(config)
     if config.env.retriever.corpus:
         problems += file_problems("env.retriever.corpus", [config.env.retriever.corpus])
     mode = config.trainer.resume_mode
@@ -270,6 +271,26 @@ def check_paths(config: PosttrainConfig) -> list[Problem]:
         problems.append(Problem("trainer.resume_mode", mode,
                                 "must be auto (the latest checkpoint, if any), disable, or an existing global_step_N directory"))
     return problems
+
+
+def rubric_problems(config: PosttrainConfig) -> list[Problem]:
+    """``reward.rubric``'s parts built as the run builds them (names, weights, rules; rewards/rubric.py), and
+    alone: it scores every sample, so a custom function or the batch manager beside it is refused."""
+    from posttrain.rewards.rubric import build_rubric
+
+    parts = [dict(part) if isinstance(part, Mapping) else part for part in config.reward.rubric]
+    if not parts:
+        return []
+    if config.custom_reward_function.path or config.reward_model.reward_manager == "batch":
+        return [Problem("reward.rubric", parts, "scores every sample: leave custom_reward_function.path unset (and the batch reward "
+                                                "manager), or make that function a part (rule: FILE.py:FUNCTION)")]
+    if not all(isinstance(part, dict) for part in parts):
+        return [Problem("reward.rubric", parts, "each part is a mapping {name, weight, rule}")]
+    try:
+        build_rubric(parts)
+    except (ValueError, TypeError) as error:
+        return [Problem("reward.rubric", parts, str(error))]
+    return []
 
 
 def share_prompt_problems(config: PosttrainConfig, model_paths: list[str]) -> list[Problem]:

@@ -181,6 +181,13 @@ class CustomRewardConfig:
 
 
 @dataclass
+class RewardConfig:
+    # a reward made of named, weighted parts, each a rule: [{name, weight, rule}], rule a data source or
+    # FILE.py:FUNCTION (posttrain/rewards/rubric.py); it scores every sample in place of the data source's function
+    rubric: list[Any] = field(default_factory=list)
+
+
+@dataclass
 class KLControlConfig:
     type: str = "fixed"  # fixed | adaptive
     kl_coef: float = 0.001
@@ -370,6 +377,7 @@ class PosttrainConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)

@@ -57,9 +57,11 @@ import numpy as np
 import torch
 
 from posttrain import keys
-from posttrain.metrics import Metrics, total
+from posttrain.metrics import Metrics, mean, total
 from posttrain.protocol import Batch
 from posttrain.rewards.custom import FileScoreFunction
+from posttrain.rewards.rubric import PREFIX as RUBRIC_PREFIX
+from posttrain.rewards.rubric import build_rubric
 from posttrain.rewards.registry import (
     BATCHED_CONTEXT_KEYWORDS,
     BATCHED_REQUIRED_KEYWORDS,
@@ -293,13 +295,20 @@ def build_reward_manager(
     timeout_s: float | None = 10.0,
     budget_s: float | None = None,
     batched: bool = False,
+    rubric: Sequence[Mapping[str, Any]] = (),
 ) -> RewardManager | BatchRewardManager:
     """The manager a run uses, from ``custom_reward_function``'s fields given one by one.
 
     Without ``custom_path``: a :class:`RewardManager` over the built-in data sources. With it: the
     function ``custom_name`` from that file, ``reward_kwargs`` bound, scores every sample — in a
-    :class:`BatchRewardManager` when ``batched``.
+    :class:`BatchRewardManager` when ``batched``. With ``rubric`` (``reward.rubric``'s parts): the
+    :class:`~posttrain.rewards.rubric.Rubric` scores every sample.
     """
+    if rubric:
+        if custom_path is not None or batched:
+            raise ValueError("reward.rubric scores every sample; leave custom_reward_function.path and the batch reward manager unset, "
+                             "or make your function a part of the rubric (rule: FILE.py:FUNCTION)")
+        return RewardManager(tokenizer, score_function=build_rubric(rubric), timeout_s=timeout_s, budget_s=budget_s)
     if custom_path is None:
         if batched or reward_kwargs:
             raise ValueError(
@@ -396,7 +405,24 @@ def _collect(outcomes: Sequence[CallOutcome | None]) -> AnswerScores:
         "reward/errors": total(errors),
         "reward/timeouts": total(timeouts),
     }
-    return AnswerScores(scores, _extra_columns(results), metrics, first_failure)
+    extra = _extra_columns(results)
+    return AnswerScores(scores, extra, metrics | _rubric_metrics(extra), first_failure)
+
+
+def _rubric_metrics(extra: Mapping[str, np.ndarray]) -> Metrics:
+    """A rubric's parts (rewards/rubric.py): ``reward/<name>``, the mean over the answers it scored, and
+    ``reward/<name>/errors``, a count."""
+    metrics: Metrics = {}
+    for column, values in extra.items():
+        if not column.startswith(RUBRIC_PREFIX) or values.dtype != np.float64:
+            continue
+        scored = values[~np.isnan(values)]
+        name = "reward/" + column[len(RUBRIC_PREFIX):]
+        if column.endswith("/errors"):
+            metrics[name] = total(float(scored.sum()))
+        elif len(scored):
+            metrics[name] = mean(float(scored.mean()), len(scored))
+    return metrics
 
 
 def _extra_columns(results: Sequence[dict[str, Any] | None]) -> dict[str, np.ndarray]:

@@ -28,6 +28,7 @@ def reward_manager_for(config: PosttrainConfig, tokenizer: Any) -> RewardManager
     return build_reward_manager(
         tokenizer, custom_path=reward.path, custom_name=reward.name, reward_kwargs=reward.reward_kwargs,
         timeout_s=reward.timeout_s, budget_s=reward.step_timeout_s, batched=config.reward_model.reward_manager == "batch",
+        rubric=[dict(part) for part in config.reward.rubric],
     )
 
 

@@ -1,0 +1,139 @@
+"""A reward made of named parts with weights (``reward.rubric``), each part a rule: a data source's score
+function by name, or your own ``FILE.py:FUNCTION``::
+
+    reward:
+      rubric:
+        - {name: correct, weight: 1.0, rule: arithmetic}         # the arithmetic data source's function
+        - {name: brief, weight: 0.25, rule: my_rules.py:brief}  # yours, called as any score function
+
+A :class:`Rubric` is itself a score function, so it goes through the one reward path (rewards/manager.py:
+in the scoring process, with a deadline per answer, failures counted) in place of the data source's
+function. It returns
+
+- ``score``: the weighted mean of the parts, sum(weight × part) / sum(weight);
+- ``rubric/<name>``: each part's own score, logged per step as ``reward/<name>`` (the mean over the
+  answers scored) and written into validation's episode files beside the score;
+- ``rubric/<name>/errors``: 1 where that part raised or returned no usable score (it then counts 0 in the
+  mean), logged as ``reward/<name>/errors`` (a count), so one broken part shows without failing the answer;
+- ``acc``: where a part reports its own ``acc``, whether every part that reported one said yes (else the
+  manager's rule: score ≥ 1).
+
+Each part gets what any score function gets (``solution_str``, ``ground_truth``, and ``data_source``,
+``extra_info``, ``calls`` where it names them). A judge question as a part (an LLM that answers over the
+row, the answer and the ground truth) is not built yet.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from posttrain.errors import InputError, PosttrainError
+from posttrain.rewards.custom import FileScoreFunction
+from posttrain.rewards.registry import DEFAULT_SCORE_FUNCTIONS, ScoreFunction, context_keywords
+
+PREFIX = "rubric/"  # the extras a rubric returns; the manager logs them as reward/<name>
+
+
+@dataclass(frozen=True)
+class RubricPart:
+    name: str
+    weight: float
+    function: ScoreFunction
+
+
+def rule_function(rule: str, where: str) -> ScoreFunction:
+    """The score function ``rule`` names: a data source (posttrain's registry) or ``FILE.py:FUNCTION``."""
+    if rule in DEFAULT_SCORE_FUNCTIONS:
+        return DEFAULT_SCORE_FUNCTIONS[rule]
+    path, colon, name = str(rule).rpartition(":")
+    if colon and path.endswith(".py") and name:
+        try:
+            return FileScoreFunction(path, name)
+        except (PosttrainError, TypeError) as error:  # no such file or function, or it cannot be called as a rule
+            raise InputError(f"{where}: {error}") from None
+    raise InputError(f"{where}: rule={rule!r} is neither a data source with a score function "
+                     f"({', '.join(sorted(DEFAULT_SCORE_FUNCTIONS))}) nor FILE.py:FUNCTION")
+
+
+def build_rubric(parts: Sequence[Mapping[str, Any]]) -> Rubric:
+    """The rubric of ``reward.rubric``'s entries (``name``, ``weight``, ``rule``); an InputError naming
+    the entry for a missing or repeated name, a weight that is not a positive number, a rule that names
+    nothing, a judge (not built yet)."""
+    built: list[RubricPart] = []
+    for index, part in enumerate(parts):
+        where = f"reward.rubric[{index}]"
+        part = dict(part)
+        name, weight, rule = part.pop("name", None), part.pop("weight", 1.0), part.pop("rule", None)
+        if part.pop("judge", None) is not None:
+            raise InputError(f"{where}: judge parts are not built yet; give a rule (a data source or FILE.py:FUNCTION)")
+        if part:
+            raise InputError(f"{where}: unknown keys {sorted(part)}; a part has name, weight and rule")
+        if not isinstance(name, str) or not name.strip() or "/" in name:
+            raise InputError(f"{where}: name={name!r}: give each part a name (no '/'), e.g. correct")
+        if name in {p.name for p in built}:
+            raise InputError(f"{where}: name {name!r} is used twice; the parts are logged by name")
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) or weight <= 0:
+            raise InputError(f"{where} ({name}): weight={weight!r} must be a positive number")
+        if not rule:
+            raise InputError(f"{where} ({name}): give its rule, a data source (e.g. arithmetic) or FILE.py:FUNCTION")
+        built.append(RubricPart(name, float(weight), rule_function(str(rule), f"{where} ({name})")))
+    if not built:
+        raise InputError("reward.rubric is empty; give at least one part, or leave it out")
+    return Rubric(built)
+
+
+class Rubric:
+    """A score function made of weighted parts (module docstring). Picklable: its parts are module-level
+    functions or :class:`FileScoreFunction` s, so it runs in the scoring process like any score function."""
+
+    def __init__(self, parts: Sequence[RubricPart]) -> None:
+        self.parts = tuple(parts)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        names = ("solution_str", "ground_truth", "data_source", "extra_info", "calls")
+        return inspect.Signature([inspect.Parameter(n, keyword, default=None if n not in ("solution_str", "ground_truth") else inspect.Parameter.empty)
+                                  for n in names])
+
+    def __call__(self, *, solution_str: str, ground_truth: Any, data_source: str | None = None,
+                 extra_info: Mapping[str, Any] | None = None, calls: Any = None) -> dict[str, Any]:
+        context = {"data_source": data_source, "extra_info": extra_info, "calls": calls}
+        out: dict[str, Any] = {}
+        weighted = weights = 0.0
+        accs: list[bool] = []
+        for part in self.parts:
+            given = {k: context[k] for k in context_keywords(part.function) if k != "calls" or calls is not None}
+            try:
+                value = part.function(solution_str=solution_str, ground_truth=ground_truth, **given)
+                score, acc = _part_score(value)
+                failed = 0.0
+            except Exception:  # noqa: BLE001 - a user's rule: this part scores 0 and is counted, the answer is still scored
+                score, acc, failed = 0.0, None, 1.0
+            out[f"{PREFIX}{part.name}"], out[f"{PREFIX}{part.name}/errors"] = score, failed
+            weighted, weights = weighted + part.weight * score, weights + part.weight
+            if acc is not None:
+                accs.append(acc)
+        out["score"] = weighted / weights
+        if accs:
+            out["acc"] = all(accs)
+        return out
+
+    def __repr__(self) -> str:
+        return "Rubric(" + ", ".join(f"{p.name}×{p.weight:g}" for p in self.parts) + ")"
+
+
+def _part_score(value: Any) -> tuple[float, bool | None]:
+    """A part's (score, acc) from what its rule returned: a number or a dict with ``score`` (and ``acc``)."""
+    acc = None
+    if isinstance(value, Mapping):
+        acc = value.get("acc")
+        value = value["score"]
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise ValueError(f"a rubric part returned {value!r}")
+    return float(value), None if acc is None else bool(acc)
