@@ -123,15 +123,19 @@ class RLValidation:
         return self.validator(roles, step)
 
 
+RUBRIC_COLUMNS = "reward_extra/rubric/"  # a rubric's parts, per sample (rewards/rubric.py)
+
+
 def episode_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
     """One JSON-ready dict per validation row: data_source, extra_info, ground_truth, reward,
     success, ``messages`` (the conversation, in the layout ``posttrain sft`` reads), ``response_tokens``
-    (the policy's own tokens, what ``response_length/*`` counts) and, for agent episodes, ``stats``
-    (turns, valid actions, the environment's counters)."""
+    (the policy's own tokens, what ``response_length/*`` counts), for agent episodes ``stats``
+    (turns, valid actions, the environment's counters), and with a rubric ``rubric`` (each part's score)."""
     rewards = batch[keys.TOKEN_SCORES].sum(-1).tolist()
     success = sample_accuracy(batch)
     # the policy's own tokens (what response_length/* counts); a batch not yet made for training: its response
     trained = (batch[keys.RESPONSE_MASK] if keys.RESPONSE_MASK in batch else response_attention_mask(batch)).sum(-1).tolist()
+    parts = [name for name in batch.non_tensors if name.startswith(RUBRIC_COLUMNS) and not name.endswith("/errors")]
     rows = []
     for row in range(len(batch)):
         stats = dict(batch[keys.EPISODE_STATS][row]) if keys.EPISODE_STATS in batch else {}  # a single turn's counters, where it has them
@@ -145,7 +149,7 @@ def episode_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict[
             "data_source": str(batch[keys.DATA_SOURCE][row]), "extra_info": _plain(batch[keys.EXTRA_INFO][row]),
             "ground_truth": _plain(batch[keys.GROUND_TRUTH][row]), "reward": float(rewards[row]),
             "success": bool(success[row]), "messages": messages, "stats": stats, "response_tokens": int(trained[row]),
-        })
+        } | ({"rubric": {name[len(RUBRIC_COLUMNS):]: _plain(batch[name][row]) for name in parts}} if parts else {}))
     return rows
 
 

@@ -7,6 +7,7 @@ import pytest
 from posttrain.config import load_config
 from posttrain.errors import InputError
 from posttrain.metrics import values
+from posttrain.protocol import Batch
 from posttrain.rewards import build_reward_manager
 from posttrain.rewards.rubric import build_rubric
 from tests.rewards.helpers import CharTokenizer, response_batch, write_module
@@ -53,6 +54,13 @@ def test_through_the_reward_path_each_part_is_logged_and_a_failing_part_costs_on
     assert logged["reward/brief"] == pytest.approx(2 / 3) and logged["reward/flaky"] == pytest.approx(1 / 3)
     assert logged["reward/flaky/errors"] == 1 and logged["reward/brief/errors"] == 0 and logged["reward/errors"] == 0
     assert list(result.extra["rubric/flaky"]) == [0.5, 0.5, 0.0]
+    # validation's episode files (and `posttrain eval --dump-episodes`) carry each part's score
+    from posttrain import keys
+    from posttrain.trainer.validation import episode_rows
+
+    prompts = Batch.from_dict(non_tensors={keys.EXTRA_INFO: [{}] * 3, keys.TRANSCRIPT: [[{"role": "user", "content": "q"}]] * 3})
+    rows = episode_rows(batch.union(prompts).union(result.to_batch()), CharTokenizer())
+    assert [row["rubric"] for row in rows] == [{"brief": 1.0, "flaky": 0.5}, {"brief": 0.0, "flaky": 0.5}, {"brief": 1.0, "flaky": 0.0}]
 
 
 @pytest.mark.parametrize("parts, message", [
