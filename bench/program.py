@@ -2,7 +2,10 @@
 built-in tool agent (``env.name: tools``), episodes per second on the same rows, the same policy worker
 (vLLM in a Ray actor, SmolLM2-135M-Instruct by default) and the same tool (the calculator).
 
-    .venv/bin/python -m bench.program [--rows 32] [--n 4] [--rounds 2]
+    .venv/bin/python -m bench.program [--rows 32] [--n 4] [--rounds 2] [--model PATH]
+
+``--model``: e.g. the export of ``posttrain sft --preset tool_sft`` (``posttrain recipe program_calculator``'s
+sft stage), which calls the calculator in most episodes; the base model mostly answers at once.
 
 Both sides run the tool_grpo preset's episodes (up to ``env.max_turns`` tool turns, then an answer) on
 ``--rows`` validation rows × ``--n`` samples, alternating, ``--rounds`` times each; the program is a plain
@@ -78,8 +81,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--model", default=None, help="the policy (default: the preset's, SmolLM2-135M-Instruct)")
     args = parser.parse_args()
     overrides = [f"data.val_batch_size={args.rows}", f"actor_rollout_ref.rollout.n={args.n}"]
+    if args.model:
+        overrides.append(f"actor_rollout_ref.model.path={args.model}")
     preset = [preset_path("tool_grpo")]
     builtin = load_config(preset, overrides)
     with tempfile.TemporaryDirectory() as folder:
