@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from posttrain import keys
 from posttrain.agents import (
-    AgentLoopConfig, Environment, Episode, EpisodeSample, ObservationRenderer, TurnOutput, episode_metrics, run_episodes,
+    AgentLoopConfig, Environment, Episode, EpisodeSample, GenerateTurn, ObservationRenderer, TurnOutput, episode_metrics, run_episodes,
 )
 from posttrain.agents.env_llm import EnvLLMClient
 from posttrain.config.schema import PosttrainConfig
@@ -146,18 +146,7 @@ class AgentRollout:
             )
         ]
 
-        def generate(contexts: Sequence[Sequence[int]], max_new_tokens: int, stop: tuple[str, ...], turn: int) -> list[TurnOutput]:
-            request = Batch.from_dict(non_tensors={keys.TURN_CONTEXT_IDS: [list(c) for c in contexts]}, meta={
-                keys.TURN_MAX_NEW_TOKENS: max_new_tokens, keys.TURN_STOP: stop, keys.TURN_INDEX: turn,
-                VALIDATE_META_KEY: validate,
-            })
-            reply = roles.actor.generate_turn(request)
-            version = int(reply.meta.get(keys.WEIGHT_VERSION, 0))
-            return [
-                TurnOutput(list(tokens), list(logprobs), str(reason), version)
-                for tokens, logprobs, reason in zip(reply[keys.TURN_TOKEN_IDS], reply[keys.TURN_LOGPROBS], reply[keys.FINISH_REASON])
-            ]
-
+        generate = turn_call(roles, validate)
         prompts = prompt_token_lists(batch)
         with timed({} if timings is None else timings, "gen"):
             try:
@@ -189,6 +178,22 @@ class AgentRollout:
             self.retriever.check_alive()
         batch, metrics = filter_groups(batch, self.config.env.filter_groups_quantile, self.batch_shape, metrics)
         return normalize_rewards(batch, self.config.env.reward_norm), metrics
+
+
+def turn_call(roles: RolloutRoles, validate: bool) -> GenerateTurn:
+    """The agent loop's engine call (:data:`~posttrain.agents.GenerateTurn`) on ``roles.actor.generate_turn``:
+    one request for the contexts, one :class:`TurnOutput` back for each (with the weight version)."""
+
+    def generate(contexts: Sequence[Sequence[int]], max_new_tokens: int, stop: tuple[str, ...], turn: int) -> list[TurnOutput]:
+        request = Batch.from_dict(non_tensors={keys.TURN_CONTEXT_IDS: [list(c) for c in contexts]}, meta={
+            keys.TURN_MAX_NEW_TOKENS: max_new_tokens, keys.TURN_STOP: stop, keys.TURN_INDEX: turn, VALIDATE_META_KEY: validate,
+        })
+        reply = roles.actor.generate_turn(request)
+        version = int(reply.meta.get(keys.WEIGHT_VERSION, 0))
+        return [TurnOutput(list(tokens), list(logprobs), str(reason), version)
+                for tokens, logprobs, reason in zip(reply[keys.TURN_TOKEN_IDS], reply[keys.TURN_LOGPROBS], reply[keys.FINISH_REASON])]
+
+    return generate
 
 
 def episodes_to_batch(episodes: Sequence[Episode], max_response_length: int, pad_token_id: int) -> Batch:

@@ -133,6 +133,11 @@ class ProgramEndpoint:
         with self._lock:
             return self.episodes.pop(key)
 
+    def drain_counts(self) -> dict[str, float]:
+        """The ``program/*`` counters since the last call, and start again from 0."""
+        drained, self.counts = dict(self.counts), defaultdict(float)
+        return drained
+
     # serving ------------------------------------------------------------------------------------
 
     @contextlib.contextmanager

@@ -48,7 +48,7 @@ from posttrain.metrics import Metrics, mean, total
 from posttrain.models.tool_formats import make_tool_format
 from posttrain.protocol import Batch
 from posttrain.rewards.manager import Answer
-from posttrain.rollout.agent import episodes_to_batch
+from posttrain.rollout.agent import episodes_to_batch, turn_call
 from posttrain.rollout.batching import prompt_token_lists
 from posttrain.rollout.endpoint import EndpointSettings, ProgramEndpoint, episode_counts
 from posttrain.rollout.environments import load_env_class, probe_environment
@@ -58,7 +58,6 @@ from posttrain.rollout.roles import RolloutRoles
 from posttrain.rollout.scoring import reward_manager_for, success_of
 from posttrain.timing import timed
 from posttrain.tools.builtin import RETRIEVER_URL_VAR
-from posttrain.workers.sampling import VALIDATE_META_KEY
 
 ENGINE_CALL_WAIT_S = 600.0  # after the episodes end, how long an engine call still under way may take
 MODEL_NAME = "policy"  # what /v1/models lists; a request naming another model is served by the policy and counted
@@ -126,16 +125,10 @@ class ProgramRollout:
         self._roles = None
 
     def _generate(self, contexts: Sequence[Sequence[int]], max_new_tokens: int, stop: tuple[str, ...], turn: int) -> list[TurnOutput]:
-        """The endpoint's engine call: the agent loop's ``actor.generate_turn``."""
+        """The endpoint's engine call: the agent loop's (``turn_call``), on the roles of the rollout under way."""
         if self._roles is None:
             raise RuntimeError("ProgramRollout.open(roles) must be called before rollouts")
-        request = Batch.from_dict(non_tensors={keys.TURN_CONTEXT_IDS: [list(c) for c in contexts]}, meta={
-            keys.TURN_MAX_NEW_TOKENS: max_new_tokens, keys.TURN_STOP: stop, keys.TURN_INDEX: turn, VALIDATE_META_KEY: self._validate,
-        })
-        reply = self._roles.actor.generate_turn(request)
-        version = int(reply.meta.get(keys.WEIGHT_VERSION, 0))
-        return [TurnOutput(list(tokens), list(logprobs), str(reason), version)
-                for tokens, logprobs, reason in zip(reply[keys.TURN_TOKEN_IDS], reply[keys.TURN_LOGPROBS], reply[keys.FINISH_REASON])]
+        return turn_call(self._roles, self._validate)(contexts, max_new_tokens, stop, turn)
 
     def __call__(
         self, roles: RolloutRoles, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None,
@@ -186,7 +179,7 @@ class ProgramRollout:
                 if episodes[row].last_reply is not None:
                     judged.append(row)
                 continue
-            scores[row], successes[row] = score, score >= 1.0 if acc is None else acc
+            scores[row], successes[row] = score, success_of(score, acc)
         self.first_failures = {}
         if not judged:
             return scores, successes, {}
@@ -204,9 +197,8 @@ class ProgramRollout:
         """The ``program/*`` metrics of this rollout (module docstring)."""
         n = len(episodes)
         assert self.endpoint is not None
-        drained, self.endpoint.counts = dict(self.endpoint.counts), type(self.endpoint.counts)(float)
         metrics: Metrics = {name: mean(value, n) for name, value in episode_counts(episodes).items()}
-        metrics |= {name: total(value) for name, value in drained.items()}
+        metrics |= {name: total(value) for name, value in self.endpoint.drain_counts().items()}
         metrics |= {
             "program/errors": total(sum(o.error is not None and not o.timed_out for o in outcomes)),
             "program/timeouts": total(sum(bool(o.timed_out) for o in outcomes)),
