@@ -206,7 +206,7 @@ class SearchEnv(Environment):
             reward += self.repeated_search_penalty
             counts["repeated_searches"] = 1
         self._answered_queries.add(query)
-        if self._golds is not None and not self._found_evidence and _holds_answer(hits, self._golds):
+        if self._golds is not None and not self._found_evidence and holds_answer(hits, self._golds):
             self._found_evidence = True  # paid once per episode, so repeating a search earns nothing
             reward += self.search_hit_score
             counts["evidence_found"] = 1
@@ -221,7 +221,7 @@ class SearchEnv(Environment):
         return StepResult(observation, self.invalid_action_penalty, False, StepInfo(valid=False, effective=False, counts=counts))
 
 
-def _holds_answer(hits: Sequence[Hit], golds: tuple[str, ...]) -> bool:
+def holds_answer(hits: Sequence[Hit], golds: tuple[str, ...]) -> bool:
     """Whether a gold answer occurs (normalised, as whole words) in the text of any hit."""
     texts = [f" {normalize_answer(hit.document.contents)} " for hit in hits]
     return any(f" {normalize_answer(gold)} " in text for gold in golds for text in texts)

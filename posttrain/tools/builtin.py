@@ -24,6 +24,7 @@ import os
 from posttrain.tools.sandbox import MAX_OUTPUT_BYTES, run_python
 
 RETRIEVER_URL_VAR = "POSTTRAIN_RETRIEVER_URL"
+SEARCH_TOPK = 3  # the passages one search shows
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
@@ -96,6 +97,7 @@ def python(code: str, timeout_s: float = 5.0) -> str:
     return (output.strip() or "(no output)") + "".join(f"\n({note})" for note in notes)
 
 
+
 def search(query: str) -> str:
     """Search the document collection and return the best-matching passages.
 
@@ -103,13 +105,19 @@ def search(query: str) -> str:
         query: What to look for, e.g. a name or a question.
     """
     from posttrain.agents.retriever.client import RetrieverClient
-    from posttrain.agents.search import format_hits
 
     url = os.environ.get(RETRIEVER_URL_VAR)
     if not url:
         raise RuntimeError(f"no retriever: ${RETRIEVER_URL_VAR} is not set (a run sets it when env.tools lists posttrain.tools:search)")
     client = RetrieverClient(url, token=os.environ.get("POSTTRAIN_RETRIEVER_TOKEN") or None)
     try:
-        return format_hits(client.retrieve([query.strip()[:300]], 3)[0]).strip()
+        return shown_hits(client.retrieve([query.strip()[:300]], SEARCH_TOPK)[0])
     finally:
         client.close()
+
+
+def shown_hits(hits) -> str:
+    """What :func:`search` returns for the retriever's ``hits`` (Search-R1's ``<information>`` block)."""
+    from posttrain.agents.search import format_hits
+
+    return format_hits(hits).strip()

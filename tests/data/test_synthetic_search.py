@@ -204,3 +204,38 @@ def test_no_validation_transcripts_and_no_stale_ones(tmp_path):
     assert [p.name for p in paths][2:] == ["sft.parquet"] and not (tmp_path / "sft_val.parquet").exists()
     prepare("synthetic-search", tmp_path, **SMALL)
     assert not (tmp_path / "sft.parquet").exists()
+
+
+def test_tool_format_transcripts_show_what_the_search_tool_returns(tmp_path, monkeypatch):
+    """With tool_format, each expert turn is a call of the built-in search tool and each observation is
+    that tool's own result, run by the toolbox against the real retriever service over the corpus."""
+    import pyarrow.parquet as pq
+
+    from posttrain.agents.retriever import RetrieverProcess
+    from posttrain.data.preparers.synthetic_search import tool_instruction
+    from posttrain.models.tool_formats.builtin import tool_responses
+    from posttrain.rewards.search_answer import compute_score
+    from posttrain.tools import ParsedCall, ToolBox, load_tools
+    from posttrain.tools.builtin import RETRIEVER_URL_VAR
+
+    prepare("synthetic-search", tmp_path, **(SMALL | {"sft_size": 8, "sft_val_size": 2, "sft_two_hop_fraction": 0.5, "tool_format": True}))
+    train = {r.extra_info["question"]: r for r in read_rows([tmp_path / "train.parquet"])}
+    sft = [r["messages"] for r in pq.read_table(tmp_path / "sft.parquet").to_pylist()]
+    assert len(sft) == 8 and sum(len(m) == 6 for m in sft) == 4  # two calls, two results, an answer: half two-hop
+    with RetrieverProcess(tmp_path / CORPUS_FILE, "bm25", startup_timeout_s=60) as service:
+        monkeypatch.setenv(RETRIEVER_URL_VAR, service.url)
+        box = ToolBox(load_tools(["posttrain.tools:search"]))  # its child process inherits the address
+        try:
+            for messages in sft:
+                row = train[_question(messages)]
+                assert messages[0]["content"] == row.messages[0]["content"] == tool_instruction(row.extra_info["question"])
+                queries = [row.extra_info["subject"], row.extra_info["bridge"]][: row.extra_info["hops"]]
+                for i, query in enumerate(queries):
+                    call, shown = messages[1 + 2 * i]["content"], messages[2 + 2 * i]["content"]
+                    assert call.startswith("<tool_call>\n") and call.endswith("\n</tool_call>")
+                    assert json.loads(call.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>")) == {"name": "search", "arguments": {"query": query}}
+                    (result,) = box.run([ParsedCall("search", json.dumps({"query": query}))])
+                    assert result.ok and shown == tool_responses([("search", result.text)])
+                assert compute_score(messages[-1]["content"], row.ground_truth)["score"] == 1.0
+        finally:
+            box.close()

@@ -70,6 +70,7 @@ from posttrain.data.format import make_row, write_rows
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
 from posttrain.models import DEFAULT_MODEL, load_tokenizer, tokenize_prompts
+from posttrain.models.tool_formats.builtin import tool_calls_text
 from posttrain.rewards import bfcl
 
 DATA_SOURCE = "bfcl"
@@ -138,8 +139,7 @@ def transcript(question: Question) -> list[dict[str, str]] | None:
     calls = bfcl.answer_calls(question.ground_truth, question.functions)
     if not bfcl.check_calls(calls, question.ground_truth, extra_info).valid:
         return None
-    blocks = [f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>" for call in calls]
-    return [*question.messages, {"role": "assistant", "content": "\n".join(blocks)}]
+    return [*question.messages, {"role": "assistant", "content": tool_calls_text(calls)}]
 
 
 def prepare_bfcl(

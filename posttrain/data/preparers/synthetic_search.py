@@ -39,7 +39,10 @@ Expert transcripts (``sft_size > 0``): ``sft.parquet`` (``sft_size`` rows) and, 
 only (the held-out split never appears). A scripted expert plays the real :class:`SearchEnv` over a
 real BM25 index of this corpus (``sft_topk`` hits, as the environment shows them): it searches the
 name of the question's subject; on a two-hop question it then searches the bridge entity named in
-the subject's document; then it answers. ``sft_two_hop_fraction`` of the transcripts are two-hop. A question whose searches do not
+the subject's document; then it answers. With ``tool_format=True`` it does the same as a tool-calling
+agent: a ``<tool_call>`` to the built-in ``search`` tool per hop, the tool's own result (its
+``SEARCH_TOPK`` hits, ``sft_topk`` is unused) in ``<tool_response>``, the answer in plain text.
+``sft_two_hop_fraction`` of the transcripts are two-hop. A question whose searches do not
 retrieve the answer's evidence is skipped, so the expert never answers what it has not read.
 """
 
@@ -297,8 +300,6 @@ def prepare_synthetic_search(
     check_counts(1, num_people=num_people, num_places=num_places, num_organisations=num_organisations,
                  train_size=train_size, val_size=val_size, sft_topk=sft_topk)
     check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size)
-    if tool_format and sft_size:
-        raise InputError("the expert transcripts are written in the <search> tag format; with tool_format=true set sft_size=0")
     _check_fraction("two_hop_fraction", two_hop_fraction)
     _check_fraction("sft_two_hop_fraction", sft_two_hop_fraction)
     world = build_world(num_people, num_places, num_organisations, seed)
@@ -313,12 +314,12 @@ def prepare_synthetic_search(
     for stale in ("sft.parquet", "sft_val.parquet"):  # a directory reused with other options keeps no old transcripts
         (out_dir / stale).unlink(missing_ok=True)
     if sft_size:
-        paths += write_expert_transcripts(world, splits["train"], out_dir, sft_size, sft_val_size, sft_two_hop_fraction, sft_topk)
+        paths += write_expert_transcripts(world, splits["train"], out_dir, sft_size, sft_val_size, sft_two_hop_fraction, sft_topk, tool_format)
     return paths
 
 
 def write_expert_transcripts(world: World, train: list[Question], out_dir: Path, size: int, val_size: int,
-                             two_hop_fraction: float, topk: int) -> list[Path]:
+                             two_hop_fraction: float, topk: int, tool_format: bool = False) -> list[Path]:
     """``sft.parquet`` and ``sft_val.parquet`` of expert transcripts over ``train`` questions (module docstring)."""
     from posttrain.agents.retriever.index import BM25Index
     from posttrain.agents.retriever.types import Document
@@ -331,7 +332,8 @@ def write_expert_transcripts(world: World, train: list[Question], out_dir: Path,
     for question in train:
         if len(made[question.hops]) >= wanted[question.hops]:
             continue
-        messages = expert_transcript(question, _IndexRetriever(index), topk)
+        retriever = _IndexRetriever(index)
+        messages = expert_tool_transcript(question, retriever) if tool_format else expert_transcript(question, retriever, topk)
         if messages is None:
             skipped += 1
         else:
@@ -379,6 +381,23 @@ def expert_transcript(question: Question, retriever, topk: int) -> list[dict[str
     if not (found and answer.info.success):
         return None
     return messages + [{"role": "assistant", "content": f"<answer> {question.answers[0]} </answer>"}]
+
+
+def expert_tool_transcript(question: Question, retriever) -> list[dict[str, str]] | None:
+    """The scripted expert's episode as a tool-calling agent (``tool_format=True``): a call to the built-in
+    ``search`` tool per hop, each result exactly as that tool returns it, then the answer in plain text;
+    None when its searches did not retrieve the evidence holding the answer."""
+    from posttrain.agents.search import holds_answer
+    from posttrain.models.tool_formats.builtin import tool_calls_text, tool_responses
+    from posttrain.tools.builtin import SEARCH_TOPK, shown_hits
+
+    messages, found = [{"role": "user", "content": tool_instruction(question.text)}], False
+    for query in (question.subject, question.bridge)[: question.hops]:
+        hits = retriever.retrieve([query], SEARCH_TOPK)[0]
+        found = found or holds_answer(hits, question.answers)
+        messages += [{"role": "assistant", "content": tool_calls_text([{"name": "search", "arguments": {"query": query}}])},
+                     {"role": "user", "content": tool_responses([("search", shown_hits(hits))])}]
+    return messages + [{"role": "assistant", "content": question.answers[0]}] if found else None
 
 
 def tool_instruction(question: str) -> str:

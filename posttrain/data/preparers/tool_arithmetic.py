@@ -19,14 +19,13 @@ the tool is what pays; the SFT data shows both behaviours and never says which t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from posttrain.data.format import make_row, write_conversations, write_rows
 from posttrain.data.preparers.arithmetic import DATA_SOURCE, Problem, generate_problems
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
-from posttrain.models.tool_formats.builtin import tool_responses
+from posttrain.models.tool_formats.builtin import tool_calls_text, tool_responses
 from posttrain.tools.builtin import calculator
 
 TOOL_SPEC = "posttrain.tools:calculator"
@@ -41,11 +40,10 @@ def transcript(problem: Problem, direct: bool) -> list[dict[str, str]]:
     messages = [{"role": "user", "content": question(problem)}]
     if direct:
         return [*messages, {"role": "assistant", "content": f"{problem.expression} = {problem.value}"}]
-    call = json.dumps({"name": "calculator", "arguments": {"expression": problem.expression}})
     result = calculator(problem.expression)
     return [
         *messages,
-        {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
+        {"role": "assistant", "content": tool_calls_text([{"name": "calculator", "arguments": {"expression": problem.expression}}])},
         {"role": "user", "content": tool_responses([("calculator", result)])},
         {"role": "assistant", "content": f"{problem.expression} = {result}"},
     ]

@@ -44,6 +44,12 @@ def with_tools(messages: Sequence[dict[str, str]], schemas: Sequence[dict[str, A
     return with_system_text(messages, builtin_system_prompt(schemas))
 
 
+def tool_calls_text(calls: Sequence[dict[str, Any]]) -> str:
+    """An assistant turn that makes ``calls`` (``{"name", "arguments"}`` each): one ``<tool_call>`` block per call,
+    as scripted experts' transcripts write them."""
+    return "\n".join(f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>" for call in calls)
+
+
 def tool_responses(results: Sequence[tuple[str, str]]) -> str:
     """One ``<tool_response>`` block per result, ``(name, text)``."""
     return "\n".join(f"<tool_response>\n{json.dumps({'name': name, 'content': text}, ensure_ascii=False)}\n</tool_response>"
