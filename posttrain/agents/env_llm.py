@@ -103,15 +103,17 @@ class EnvLLMStats:
     cached: int = 0            # replies read from the reply cache (env.llm.reply_cache), not generated
     first_error: str = ""      # of the first failed reply (not a metric: the trainer's circuit breaker quotes it)
 
-    def metrics(self) -> Metrics:
-        return {
-            "env_llm/requests": total(self.requests), "env_llm/replies": total(self.conversations),
-            "env_llm/failures": total(self.failures), "env_llm/retries": total(self.retries),
-            "env_llm/wait_s": total(self.seconds),
-            "env_llm/latency_s": mean(self.seconds / self.requests if self.requests else 0.0, self.requests),  # per batched call
-            "env_llm/prompt_tokens": total(self.prompt_tokens), "env_llm/completion_tokens": total(self.completion_tokens),
-            "env_llm/cached_replies": total(self.cached),
+    def metrics(self, prefix: str = "env_llm") -> Metrics:
+        """The counts as metrics named ``<prefix>/...`` (a judge's client reports as ``judge/``)."""
+        metrics = {
+            "requests": total(self.requests), "replies": total(self.conversations),
+            "failures": total(self.failures), "retries": total(self.retries),
+            "wait_s": total(self.seconds),
+            "latency_s": mean(self.seconds / self.requests if self.requests else 0.0, self.requests),  # per batched call
+            "prompt_tokens": total(self.prompt_tokens), "completion_tokens": total(self.completion_tokens),
+            "cached_replies": total(self.cached),
         }
+        return {f"{prefix}/{name}": metric for name, metric in metrics.items()}
 
 
 class EnvLLMClient(abc.ABC):
@@ -120,6 +122,7 @@ class EnvLLMClient(abc.ABC):
     def __init__(self) -> None:
         self.stats = EnvLLMStats()
         self.cache: ReplyCache | None = None  # set by the caller (env.llm.reply_cache)
+        self.metric_prefix = "env_llm"  # its metrics' names: env_llm/..., or judge/... for a judge's client
 
     def chat(self, conversations: Sequence[Messages]) -> list[EnvLLMReply]:
         """One reply per conversation, in order (a failed one has ``finish_reason="error"``)."""
@@ -167,8 +170,8 @@ class EnvLLMClient(abc.ABC):
         """Where the model is, for messages (``the Env-LLM worker``, ``http://...``)."""
 
     def drain_metrics(self) -> Metrics:
-        """``env_llm/*`` metrics of the usage since the last drain; starts counting anew."""
-        metrics, self.stats = self.stats.metrics(), EnvLLMStats()
+        """``env_llm/*`` (or ``<metric_prefix>/*``) metrics of the usage since the last drain; starts counting anew."""
+        metrics, self.stats = self.stats.metrics(self.metric_prefix), EnvLLMStats()
         return metrics
 
     def close(self) -> None:

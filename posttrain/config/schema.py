@@ -181,10 +181,28 @@ class CustomRewardConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """The judge of ``reward.rubric``'s judge parts: the environment's model, ``env.llm`` (the Env-LLM worker,
+    started for it, or the server at ``env.llm.url``), asked through its client (posttrain/rewards/judge.py)."""
+
+    timeout_s: Optional[float] = 300.0  # one batched request's deadline; its replies fail past it; null: none
+    # the judge's replies by (model, sampling, rendered prompt), for the run and its resume: auto is
+    # judge_cache.sqlite in trainer.default_local_dir; a path; null: none
+    cache: Optional[str] = "auto"
+    # before training, each judge part with a rule is asked about right answers (the rows' own) and wrong ones
+    # (another row's) that the rule decides: a judge agreeing on less than this share refuses to start; null: no check
+    min_agreement: Optional[float] = 0.8
+    agreement_rows: int = 32  # held-out rows (else training rows) of that check
+    stop_at_failed_fraction: Optional[float] = 1.0  # stop the run when this fraction of a step's judge replies fail; null: never
+
+
+@dataclass
 class RewardConfig:
-    # a reward made of named, weighted parts, each a rule: [{name, weight, rule}], rule a data source or
-    # FILE.py:FUNCTION (posttrain/rewards/rubric.py); it scores every sample in place of the data source's function
+    # a reward made of named, weighted parts, each a rule or a judge: [{name, weight, rule | judge}], rule a data
+    # source or FILE.py:FUNCTION, judge {prompt, parser, ...} (posttrain/rewards/rubric.py, judge.py); it scores
+    # every sample in place of the data source's function
     rubric: list[Any] = field(default_factory=list)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass

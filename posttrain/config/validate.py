@@ -84,7 +84,8 @@ def check_retriever_token_env(config: PosttrainConfig) -> list[Problem]:
 def check_breakers(config: PosttrainConfig) -> list[Problem]:
     """The circuit breakers' limits (``trainer/breakers.py``) and the reward's time budget per step."""
     problems = []
-    for key in ("custom_reward_function.stop_at_failed_fraction", "env.retriever.stop_at_failed_fraction", "env.llm.stop_at_failed_fraction"):
+    for key in ("custom_reward_function.stop_at_failed_fraction", "env.retriever.stop_at_failed_fraction", "env.llm.stop_at_failed_fraction",
+                "reward.judge.stop_at_failed_fraction"):
         fraction = get(config, key)
         if fraction is not None and not 0 < fraction <= 1:
             problems.append(Problem(key, fraction, "must be in (0, 1] (1.0: stop when every call of a step fails), or null never to stop"))
@@ -394,6 +395,9 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("env.llm.cpu_kv_cache_gb", lambda v: v > 0, "must be > 0 (GiB for the Env-LLM's vLLM KV cache on CPU)"),
     ("env.llm.gpu_memory_utilization", lambda v: 0 < v <= 1, "must be in (0, 1]: the share of GPU memory the Env-LLM's vLLM may take"),
     ("env.llm.min_faithfulness", lambda v: v is None or 0 <= v <= 1, "must be in [0, 1] (the share of yes/no findings the patient must get right), or null for no probe"),
+    ("reward.judge.min_agreement", lambda v: v is None or 0 <= v <= 1, "must be in [0, 1] (the share of the rule's verdicts the judge must give), or null for no check"),
+    ("reward.judge.agreement_rows", lambda v: v >= 1, "must be >= 1 (rows of the judge's check before training)"),
+    ("reward.judge.timeout_s", lambda v: v is None or v > 0, "must be > 0 seconds (one batched judge request), or null for no deadline"),
     ("env.llm.gpus", lambda v: v >= 0, "must be >= 0 (GPUs of the Env-LLM's own pool on a GPU machine)"),
     ("actor_rollout_ref.rollout.top_k", lambda v: v >= -1, "must be -1 or 0 (no top-k cut) or >= 1 (sample among the k likeliest tokens)"),
     ("actor_rollout_ref.rollout.val_kwargs.top_k", lambda v: v >= -1, "must be -1 or 0 (no top-k cut) or >= 1 (sample among the k likeliest tokens)"),

@@ -57,11 +57,13 @@ import numpy as np
 import torch
 
 from posttrain import keys
+from posttrain.agents.env_llm import EnvLLMClient
 from posttrain.metrics import Metrics, mean, total
 from posttrain.protocol import Batch
 from posttrain.rewards.custom import FileScoreFunction
+from posttrain.rewards.judge import ask
 from posttrain.rewards.rubric import PREFIX as RUBRIC_PREFIX
-from posttrain.rewards.rubric import build_rubric
+from posttrain.rewards.rubric import Rubric, build_rubric
 from posttrain.rewards.registry import (
     BATCHED_CONTEXT_KEYWORDS,
     BATCHED_REQUIRED_KEYWORDS,
@@ -103,6 +105,7 @@ class Answer:
     data_source: str
     extra_info: Mapping[str, Any] | None = None
     calls: list[dict[str, Any]] | None = None
+    prompt: Sequence[Mapping[str, Any]] | None = None  # the row's chat messages (a judge's {question})
 
 
 @dataclass
@@ -111,6 +114,7 @@ class AnswerScores:
     extra: dict[str, np.ndarray]                                   # as RewardResult's
     metrics: Metrics                                               # reward/{samples,errors,timeouts}: counts
     first_failure: str | None = None
+    scored: np.ndarray | None = None                               # (B,) bool: the call scored it (no error, in time)
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,15 @@ class RewardManager:
                 check_picklable(function, repr(name))
         self.scorer = _make_scorer(timeout_s)
         self.services = ServiceScorer(timeout_s)
+        self.rubric = score_function if isinstance(score_function, Rubric) else None
+        self.judge: EnvLLMClient | None = None  # the judge parts' model, connected when the run opens (rollout/scoring.py open_judge)
+        self.judge_llm: Any = None  # where that model is: an EnvLLMConfig (set by rollout/scoring.py reward_manager_for)
+        self.judge_timeout_s: float | None = None  # one batched judge request's deadline
+
+    @property
+    def judged(self) -> bool:
+        """Whether a rubric part is a judge, so the manager asks an LLM (rewards/judge.py)."""
+        return self.rubric is not None and bool(self.rubric.judged)
 
     def __call__(self, batch: Batch) -> RewardResult:
         decoded = decode_responses(batch, self.tokenizer)
@@ -240,11 +253,72 @@ class RewardManager:
             arguments = {"solution_str": answer.text, "ground_truth": answer.ground_truth} | {k: context[k] for k in given}
             calls.append((table[function], arguments))
         outcomes = iter(_run(self.scorer, self.services, list(table), calls, budget_s=self.budget_s))
-        return _collect([None if answer is None else next(outcomes) for answer in answers])
+        scored = _collect([None if answer is None else next(outcomes) for answer in answers])
+        return self._judge_parts(answers, scored) if self.judged else scored
+
+    def _judge_parts(self, answers: Sequence[Answer | None], scored: AnswerScores) -> AnswerScores:
+        """The rubric's judge parts filled in (rewards/judge.py): every answer the scoring call scored and no
+        judge rule accepted, each judge part's question for it, all in one batched request; then each
+        answer's score and acc over all its parts."""
+        if self.judge is None:
+            raise RuntimeError("the rubric has judge parts but no judge is connected: open the rollout first (rollout/scoring.py open_judge)")
+        assert self.rubric is not None and scored.scored is not None
+        extra, rows = dict(scored.extra), len(answers)
+        values = {p.name: np.full(rows, np.nan) for p in self.rubric.judged}
+        failed = {p.name: np.zeros(rows) for p in self.rubric.judged}
+        unread = {p.name: np.zeros(rows) for p in self.rubric.judged}
+        asked: list[tuple[Any, int]] = []
+        conversations = []
+        for part in self.rubric.judged:
+            by_rule = extra.get(f"{RUBRIC_PREFIX}{part.name}/rule")
+            for row, answer in enumerate(answers):
+                if answer is None or not scored.scored[row]:
+                    continue
+                if by_rule is not None and by_rule[row] == 1.0:
+                    values[part.name][row] = 1.0
+                    continue
+                try:
+                    conversations.append(part.judge.messages(answer.text, answer.ground_truth, answer.prompt, answer.data_source, answer.extra_info))
+                except (KeyError, IndexError, TypeError):  # the template names an extra_info key this row lacks
+                    values[part.name][row], failed[part.name][row] = 0.0, 1.0
+                    continue
+                asked.append((part, row))
+        unanswered = 0
+        for (part, row), reply in zip(asked, ask(self.judge, conversations, self.judge_timeout_s)):
+            value = None if reply.failed else part.judge.read(reply.text)
+            if reply.failed:
+                values[part.name][row], failed[part.name][row] = 0.0, 1.0
+                unanswered += 1
+            elif value is None:
+                values[part.name][row], unread[part.name][row] = part.judge.unparsable, 1.0
+            else:
+                values[part.name][row] = value
+        scores, acc = scored.scores.clone(), extra.get("acc")
+        acc = np.full(rows, np.nan) if acc is None or acc.dtype != np.float64 else acc.copy()
+        for row in np.flatnonzero(scored.scored):
+            parts = {p.name: float(extra[f"{RUBRIC_PREFIX}{p.name}"][row]) for p in self.rubric.parts if p.judge is None}
+            parts |= {name: float(v[row]) for name, v in values.items()}
+            accs = [bool(acc[row])] if not np.isnan(acc[row]) else []
+            accs += [parts[p.name] >= 1.0 for p in self.rubric.judged if p.judge.verdict]
+            score, verdict = self.rubric.combine(parts, accs)
+            scores[row], acc[row] = score, np.nan if verdict is None else float(verdict)
+        for name in values:
+            extra[f"{RUBRIC_PREFIX}{name}"] = values[name]
+            extra[f"{RUBRIC_PREFIX}{name}/errors"] = np.where(np.isnan(values[name]), np.nan, failed[name])
+            extra[f"{RUBRIC_PREFIX}{name}/unparsable"] = np.where(np.isnan(values[name]), np.nan, unread[name])
+        if not np.isnan(acc).all():
+            extra["acc"] = acc
+        # replies and failures as this call saw them: a request past its deadline is failed here, whatever its thread counts later
+        seen = {"judge/replies": total(len(asked)), "judge/failures": total(unanswered)}
+        metrics = scored.metrics | _rubric_metrics(extra) | self.judge.drain_metrics() | seen
+        return AnswerScores(scores, extra, metrics, scored.first_failure, scored.scored)
 
     def close(self) -> None:
-        """Stop the scoring process (it is also stopped when the manager is garbage-collected)."""
+        """Stop the scoring process (it is also stopped when the manager is garbage-collected) and let the judge go."""
         self.scorer.close()
+        if self.judge is not None:
+            self.judge.close()
+            self.judge = None
 
 
 class BatchRewardManager:
@@ -261,6 +335,15 @@ class BatchRewardManager:
         self.tokenizer, self.score_function, self.timeout_s, self.budget_s = tokenizer, score_function, timeout_s, budget_s
         self.scorer = _make_scorer(timeout_s)
         self.services = ServiceScorer(timeout_s)
+        self.rubric = score_function if isinstance(score_function, Rubric) else None
+        self.judge: EnvLLMClient | None = None  # the judge parts' model, connected when the run opens (rollout/scoring.py open_judge)
+        self.judge_llm: Any = None  # where that model is: an EnvLLMConfig (set by rollout/scoring.py reward_manager_for)
+        self.judge_timeout_s: float | None = None  # one batched judge request's deadline
+
+    @property
+    def judged(self) -> bool:
+        """Whether a rubric part is a judge, so the manager asks an LLM (rewards/judge.py)."""
+        return self.rubric is not None and bool(self.rubric.judged)
 
     def __call__(self, batch: Batch) -> RewardResult:
         decoded = decode_responses(batch, self.tokenizer)
@@ -322,10 +405,11 @@ def build_reward_manager(
 
 
 def answers_of(batch: Batch, texts: Sequence[str]) -> list[Answer]:
-    """The batch's responses (``texts``, decoded) as answers, with each row's ground truth, data source and extra_info."""
-    return [Answer(text, truth, source, info) for text, truth, source, info in zip(
+    """The batch's responses (``texts``, decoded) as answers, with each row's ground truth, data source, extra_info
+    and prompt messages."""
+    return [Answer(text, truth, source, info, prompt=prompt) for text, truth, source, info, prompt in zip(
         texts, _per_sample(batch, keys.GROUND_TRUTH), _per_sample(batch, keys.DATA_SOURCE),
-        _per_sample(batch, keys.EXTRA_INFO, required=False), strict=True)]
+        _per_sample(batch, keys.EXTRA_INFO, required=False), _per_sample(batch, keys.RAW_PROMPT, required=False), strict=True)]
 
 
 def place_answer_scores(scored: AnswerScores, decoded: DecodedResponses) -> RewardResult:
@@ -406,7 +490,8 @@ def _collect(outcomes: Sequence[CallOutcome | None]) -> AnswerScores:
         "reward/timeouts": total(timeouts),
     }
     extra = _extra_columns(results)
-    return AnswerScores(scores, extra, metrics | _rubric_metrics(extra), first_failure)
+    return AnswerScores(scores, extra, metrics | _rubric_metrics(extra), first_failure,
+                        np.array([r is not None for r in results], dtype=bool))
 
 
 def _rubric_metrics(extra: Mapping[str, np.ndarray]) -> Metrics:
@@ -418,7 +503,7 @@ def _rubric_metrics(extra: Mapping[str, np.ndarray]) -> Metrics:
             continue
         scored = values[~np.isnan(values)]
         name = "reward/" + column[len(RUBRIC_PREFIX):]
-        if column.endswith("/errors"):
+        if column.endswith(("/errors", "/unparsable")):
             metrics[name] = total(float(scored.sum()))
         elif len(scored):
             metrics[name] = mean(float(scored.mean()), len(scored))

@@ -21,6 +21,7 @@ function is given whatever the row holds and decides for itself.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -48,6 +49,8 @@ DEFAULT_SCORE_FUNCTIONS: Mapping[str, ScoreFunction] = MappingProxyType(
         "DigitalLearningGmbH/MATH-lighteval": math_answer.compute_score,
         "HuggingFaceH4/MATH-500": math_answer.compute_score,
         "synthetic_search": search_answer.compute_score,  # the search task's answer, for a tool-calling agent
+        # the doctor's diagnosis by exact name (the rule of its judge part: docs/rewards.md)
+        "synthetic_doctor": functools.partial(search_answer.compute_score, tag="diagnosis"),
         "bfcl": bfcl.compute_score,  # BFCL's own AST checker on the calls (bfcl-eval, imported when first called)
         # the task's own score_answer on the item regenerated from the row (reasoning-gym, imported by the scoring process)
         reasoning_gym.DATA_SOURCE: reasoning_gym.SCORE_FUNCTION,

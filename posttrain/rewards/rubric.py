@@ -19,8 +19,13 @@ function. It returns
   manager's rule: score ≥ 1).
 
 Each part gets what any score function gets (``solution_str``, ``ground_truth``, and ``data_source``,
-``extra_info``, ``calls`` where it names them). A judge question as a part (an LLM that answers over the
-row, the answer and the ground truth) is not built yet.
+``extra_info``, ``calls`` where it names them).
+
+A part may be a judge instead of a rule (``{name, weight, judge: {prompt, parser, ...}}``, rewards/judge.py):
+an LLM asked about the answer. The rubric, run in the scoring process, runs only a judge part's own
+``rule`` (``rubric/<name>/rule``: 1 where the rule accepts the answer, so the judge is not asked); the
+reward manager asks the judge for the rest in one batched request, fills ``rubric/<name>`` and computes
+the weighted mean of every part (rewards/manager.py).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 
 from posttrain.errors import InputError, PosttrainError
 from posttrain.rewards.custom import FileScoreFunction
+from posttrain.rewards.judge import JudgeQuestion, accepted, build_question
 from posttrain.rewards.registry import DEFAULT_SCORE_FUNCTIONS, ScoreFunction, context_keywords
 
 PREFIX = "rubric/"  # the extras a rubric returns; the manager logs them as reward/<name>
@@ -43,7 +49,8 @@ PREFIX = "rubric/"  # the extras a rubric returns; the manager logs them as rewa
 class RubricPart:
     name: str
     weight: float
-    function: ScoreFunction
+    function: ScoreFunction | None       # a rule part's function; None for a judge part
+    judge: JudgeQuestion | None = None   # a judge part's question
 
 
 def rule_function(rule: str, where: str) -> ScoreFunction:
@@ -61,27 +68,29 @@ def rule_function(rule: str, where: str) -> ScoreFunction:
 
 
 def build_rubric(parts: Sequence[Mapping[str, Any]]) -> Rubric:
-    """The rubric of ``reward.rubric``'s entries (``name``, ``weight``, ``rule``); an InputError naming
-    the entry for a missing or repeated name, a weight that is not a positive number, a rule that names
-    nothing, a judge (not built yet)."""
+    """The rubric of ``reward.rubric``'s entries (``name``, ``weight``, and ``rule`` or ``judge``); an InputError
+    naming the entry for a missing or repeated name, a weight that is not a positive number, a rule that names
+    nothing, a judge that cannot work (rewards/judge.py), a part with both or neither."""
     built: list[RubricPart] = []
     for index, part in enumerate(parts):
         where = f"reward.rubric[{index}]"
         part = dict(part)
-        name, weight, rule = part.pop("name", None), part.pop("weight", 1.0), part.pop("rule", None)
-        if part.pop("judge", None) is not None:
-            raise InputError(f"{where}: judge parts are not built yet; give a rule (a data source or FILE.py:FUNCTION)")
+        name, weight, rule, judge = part.pop("name", None), part.pop("weight", 1.0), part.pop("rule", None), part.pop("judge", None)
         if part:
-            raise InputError(f"{where}: unknown keys {sorted(part)}; a part has name, weight and rule")
+            raise InputError(f"{where}: unknown keys {sorted(part)}; a part has name, weight, and rule or judge")
         if not isinstance(name, str) or not name.strip() or "/" in name:
             raise InputError(f"{where}: name={name!r}: give each part a name (no '/'), e.g. correct")
         if name in {p.name for p in built}:
             raise InputError(f"{where}: name {name!r} is used twice; the parts are logged by name")
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) or weight <= 0:
             raise InputError(f"{where} ({name}): weight={weight!r} must be a positive number")
-        if not rule:
-            raise InputError(f"{where} ({name}): give its rule, a data source (e.g. arithmetic) or FILE.py:FUNCTION")
-        built.append(RubricPart(name, float(weight), rule_function(str(rule), f"{where} ({name})")))
+        if bool(rule) == (judge is not None):
+            raise InputError(f"{where} ({name}): give it a rule (a data source, e.g. arithmetic, or FILE.py:FUNCTION) "
+                             "or a judge ({prompt, parser}), one of the two")
+        if judge is not None:
+            built.append(RubricPart(name, float(weight), None, build_question(judge, f"{where} ({name})", rule_function)))
+        else:
+            built.append(RubricPart(name, float(weight), rule_function(str(rule), f"{where} ({name})")))
     if not built:
         raise InputError("reward.rubric is empty; give at least one part, or leave it out")
     return Rubric(built)
@@ -93,6 +102,11 @@ class Rubric:
 
     def __init__(self, parts: Sequence[RubricPart]) -> None:
         self.parts = tuple(parts)
+
+    @property
+    def judged(self) -> tuple[RubricPart, ...]:
+        """The judge parts, which the reward manager completes (module docstring)."""
+        return tuple(p for p in self.parts if p.judge is not None)
 
     @property
     def __signature__(self) -> inspect.Signature:
@@ -108,21 +122,33 @@ class Rubric:
         weighted = weights = 0.0
         accs: list[bool] = []
         for part in self.parts:
-            given = {k: context[k] for k in context_keywords(part.function) if k != "calls" or calls is not None}
+            function = part.function if part.judge is None else part.judge.rule
+            if function is None:
+                continue  # a judge part without a rule: the manager asks the judge about every answer
+            given = {k: context[k] for k in context_keywords(function) if k != "calls" or calls is not None}
             try:
-                value = part.function(solution_str=solution_str, ground_truth=ground_truth, **given)
+                value = function(solution_str=solution_str, ground_truth=ground_truth, **given)
                 score, acc = _part_score(value)
                 failed = 0.0
             except Exception:  # noqa: BLE001 - a user's rule: this part scores 0 and is counted, the answer is still scored
                 score, acc, failed = 0.0, None, 1.0
+            if part.judge is not None:  # the judge's rule: the answer it accepts needs no judge
+                out[f"{PREFIX}{part.name}/rule"] = float(not failed and accepted({"score": score, "acc": acc}))
+                continue
             out[f"{PREFIX}{part.name}"], out[f"{PREFIX}{part.name}/errors"] = score, failed
             weighted, weights = weighted + part.weight * score, weights + part.weight
             if acc is not None:
                 accs.append(acc)
-        out["score"] = weighted / weights
+        out["score"] = weighted / weights if weights else 0.0  # the rule parts' mean; with judges the manager's is final
         if accs:
             out["acc"] = all(accs)
         return out
+
+    def combine(self, parts: Mapping[str, float], accs: Sequence[bool]) -> tuple[float, bool | None]:
+        """The answer's score, the weighted mean of every part's value (``parts``, by name), and its ``acc``:
+        whether every part that reported one (``accs``) said yes; None when none did."""
+        score = sum(p.weight * parts[p.name] for p in self.parts) / sum(p.weight for p in self.parts)
+        return score, (all(accs) if accs else None)
 
     def __repr__(self) -> str:
         return "Rubric(" + ", ".join(f"{p.name}×{p.weight:g}" for p in self.parts) + ")"

@@ -52,8 +52,11 @@ def exact_match(prediction: str, golds: Any) -> bool:
     return any(predicted == normalize_answer(gold) for gold in gold_answers(golds))
 
 
-def compute_score(solution_str: str, ground_truth: Any) -> dict[str, float]:
-    found = _ANSWER.search(solution_str)
+def compute_score(solution_str: str, ground_truth: Any, tag: str = "answer") -> dict[str, float]:
+    """1.0 when the reply's answer (inside ``<tag>…</tag>`` if there is such a block, else the whole reply)
+    equals a gold answer after :func:`normalize_answer`; ``tag="diagnosis"`` is the doctor's rule
+    (``synthetic_doctor``: the diagnosis exactly, as :class:`~posttrain.agents.doctor.env.DoctorEnv` checks it)."""
+    found = _ANSWER.search(solution_str) if tag == "answer" else re.search(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", solution_str, re.DOTALL)
     answer = (found.group(1) if found else solution_str).strip().rstrip(".")
     right = float(exact_match(answer, ground_truth))
     return {"score": right, "acc": right}

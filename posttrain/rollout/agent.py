@@ -37,7 +37,7 @@ from posttrain.rollout.environments import env_factory, load_env_class, probe_en
 from posttrain.rollout.groups import filter_groups, normalize_rewards, update_batch_shape
 from posttrain.rollout.retriever import RetrieverHandle, corpus_path, open_retriever
 from posttrain.rollout.roles import RolloutRoles
-from posttrain.rollout.scoring import reward_manager_for, score_episode_answers
+from posttrain.rollout.scoring import open_judge, reward_manager_for, score_episode_answers
 from posttrain.rollout.toolbox import needs_retriever, open_toolbox, sample_checker, uses_tools
 from posttrain.timing import timed
 from posttrain.tools import ToolBox
@@ -111,6 +111,7 @@ class AgentRollout:
             resources["toolbox"] = self.toolbox
         self.make_env = env_factory(self.env_class, self.config.env.options, resources)
         self.opened = resources
+        open_judge(self.reward_manager, roles)
 
     def before_training(self, samples: Iterable[EpisodeSample]) -> None:
         """The environment's own check before step 1 (its class's ``before_training``, e.g. the

@@ -91,7 +91,7 @@ class CallsAnswers:
         if any(kind in UNREADABLE for kind in errors) or None in arguments:
             return None, dict(counts)
         calls = [{"name": call.name, "arguments": args} for call, args in zip(turn.calls, arguments)]
-        return Answer(text, sample.ground_truth, sample.data_source, sample.extra_info, calls), dict(counts)
+        return Answer(text, sample.ground_truth, sample.data_source, sample.extra_info, calls, sample.prompt), dict(counts)
 
 
 def calls_metrics(counts: Sequence[Mapping[str, float]]) -> Metrics:

@@ -8,7 +8,7 @@ run builds the Env-LLM worker (the environment asks for ``env_llm`` and no ``env
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from posttrain import keys
 from posttrain.agents.env_llm import (
@@ -28,7 +28,10 @@ from posttrain.rollout.roles import ChatModel
 
 
 def uses_env_llm(config: PosttrainConfig) -> bool:
+    """The environment asks for ``env_llm``, or a ``reward.rubric`` part is a judge (rewards/judge.py)."""
     env = config.env
+    if any(isinstance(part, Mapping) and part.get("judge") is not None for part in config.reward.rubric):
+        return True
     return env.name is not None and "env_llm" in wanted_resources(load_env_class(env.name, env.path, env.class_name), env.options)
 
 

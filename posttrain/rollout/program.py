@@ -55,7 +55,7 @@ from posttrain.rollout.environments import load_env_class, probe_environment
 from posttrain.rollout.groups import filter_groups, normalize_rewards, update_batch_shape
 from posttrain.rollout.retriever import RetrieverHandle, corpus_path, open_retriever
 from posttrain.rollout.roles import RolloutRoles
-from posttrain.rollout.scoring import reward_manager_for, success_of
+from posttrain.rollout.scoring import open_judge, reward_manager_for, success_of
 from posttrain.timing import timed
 from posttrain.tools.builtin import RETRIEVER_URL_VAR
 
@@ -106,6 +106,7 @@ class ProgramRollout:
         self._serving.__enter__()
         self.host = ProgramHost(self.options.entry, self.options.command)
         self.host.start()
+        open_judge(self.reward_manager, roles)
 
     def before_training(self, samples: Any) -> None:
         """A program has no check of its own before step 1."""
@@ -184,7 +185,7 @@ class ProgramRollout:
         if not judged:
             return scores, successes, {}
         scored = self.reward_manager.score([Answer(episodes[row].last_reply.text, samples[row].ground_truth, samples[row].data_source,
-                                                   dict(samples[row].extra_info)) for row in judged])
+                                                   dict(samples[row].extra_info), prompt=samples[row].prompt) for row in judged])
         acc = scored.extra.get("acc")
         for index, row in enumerate(judged):
             scores[row] = float(scored.scores[index])

@@ -26,6 +26,7 @@ from posttrain.rollout.batching import responses_to_batch
 from posttrain.rollout.calls import CallsAnswers, calls_metrics
 from posttrain.rollout.groups import normalize_rewards
 from posttrain.rollout.roles import RolloutRoles
+from posttrain.rollout.scoring import open_judge
 from posttrain.timing import timed
 from posttrain.workers.sampling import VALIDATE_META_KEY
 
@@ -63,9 +64,10 @@ class SingleTurnRollout:
                         raise InputError(f"{split} prompt {index}: {error}") from None
 
     def open(self, roles: RolloutRoles) -> None:
-        """The toolbox that reads the calls, where the calls are the answer."""
+        """The toolbox that reads the calls, where the calls are the answer, and the rubric's judge."""
         if self.calls is not None:
             self.calls.open()
+        open_judge(self.reward_manager, roles)
 
     def before_training(self, samples: Iterable[EpisodeSample]) -> None:
         """Nothing to check before step 1: a reward function has no state to probe."""

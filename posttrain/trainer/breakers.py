@@ -11,6 +11,7 @@ change; it is a PosttrainError, which the CLI shows as one line.
     reward         reward/errors + reward/timeouts of reward/samples     custom_reward_function.stop_at_failed_fraction
     retriever      env/retriever_errors of env/searches + that            env.retriever.stop_at_failed_fraction
     env LLM        env_llm/failures of env_llm/replies                     env.llm.stop_at_failed_fraction
+    judge          judge/failures of judge/replies (a rubric's judge)      reward.judge.stop_at_failed_fraction
     non-finite     steps in a row in which every update of the actor (or   trainer.stop_after_skipped_steps
                    of the critic) was skipped for a non-finite gradient
                    (``actor/skipped`` = 1: the weights did not move)
@@ -42,13 +43,14 @@ class BreakerLimits:
     reward: float | None = 1.0       # the failed fraction of a step's rewards that stops the run; None: never
     retriever: float | None = 1.0    # ... of its retriever searches
     env_llm: float | None = 1.0      # ... of its env-LLM replies
+    judge: float | None = 1.0        # ... of its judge replies
     skipped_steps: int = 3           # steps in a row with every update skipped that stop the run; 0: never
 
     @classmethod
     def from_config(cls, config: PosttrainConfig) -> BreakerLimits:
         return cls(
             config.custom_reward_function.stop_at_failed_fraction, config.env.retriever.stop_at_failed_fraction,
-            config.env.llm.stop_at_failed_fraction, config.trainer.stop_after_skipped_steps,
+            config.env.llm.stop_at_failed_fraction, config.reward.judge.stop_at_failed_fraction, config.trainer.stop_after_skipped_steps,
         )
 
 
@@ -85,10 +87,13 @@ def _retriever_counts(metrics: Mapping[str, Metric]) -> tuple[float, float] | No
     return errors, errors + _count(metrics, "env/searches")
 
 
-def _env_llm_counts(metrics: Mapping[str, Metric]) -> tuple[float, float] | None:
-    if "env_llm/replies" not in metrics:
-        return None
-    return _count(metrics, "env_llm/failures"), _count(metrics, "env_llm/replies")
+def _replies_counts(prefix: str) -> Callable[[Mapping[str, Metric]], tuple[float, float] | None]:
+    """(failed, all) replies of a model client reporting as ``<prefix>/*`` (agents/env_llm.py)."""
+    def counts(metrics: Mapping[str, Metric]) -> tuple[float, float] | None:
+        if f"{prefix}/replies" not in metrics:
+            return None
+        return _count(metrics, f"{prefix}/failures"), _count(metrics, f"{prefix}/replies")
+    return counts
 
 
 _FRACTION_BREAKERS = (
@@ -104,9 +109,15 @@ _FRACTION_BREAKERS = (
         "check that the retriever is up (env.retriever.url, or the service the run started; its warnings are in the log)",
     ),
     _FractionBreaker(
-        "env LLM", "env_llm", "env.llm.stop_at_failed_fraction", _env_llm_counts,
+        "env LLM", "env_llm", "env.llm.stop_at_failed_fraction", _replies_counts("env_llm"),
         "env-LLM replies failed (finish_reason=error)",
         "check the environment's model (env.llm.url and env.llm.api_model, or the Env-LLM worker's log)",
+    ),
+    _FractionBreaker(
+        "judge", "judge", "reward.judge.stop_at_failed_fraction", _replies_counts("judge"),
+        "judge replies failed or came too late",
+        "check the judge's model (env.llm.url and env.llm.api_model, or the Env-LLM worker's log), give it more time "
+        "(reward.judge.timeout_s)",
     ),
 )
 

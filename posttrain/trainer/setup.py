@@ -9,6 +9,7 @@ before a worker process exists.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import islice
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.rollout import Rollout, build_rollout
+from posttrain.rollout.scoring import check_judge
 from posttrain.rollout.toolbox import tool_schemas
 from posttrain.trainer.data_setup import RunData, build_run_data
 from posttrain.trainer.roles import Roles
@@ -86,6 +88,8 @@ class BeforeTraining:
     def open(self, roles: Roles, resumed: Path | None) -> None:
         if resumed is None:
             self.setup.rollout.before_training(self.samples())
+            judged = islice(self.samples(), self.setup.config.reward.judge.agreement_rows)
+            check_judge(self.setup.config, self.setup.rollout.reward_manager, list(judged))  # a rubric's judge against its rules
 
     def samples(self) -> Iterator[EpisodeSample]:
         """The rows as an environment sees them, read as far as it asks."""

@@ -135,7 +135,8 @@ def episode_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict[
     success = sample_accuracy(batch)
     # the policy's own tokens (what response_length/* counts); a batch not yet made for training: its response
     trained = (batch[keys.RESPONSE_MASK] if keys.RESPONSE_MASK in batch else response_attention_mask(batch)).sum(-1).tolist()
-    parts = [name for name in batch.non_tensors if name.startswith(RUBRIC_COLUMNS) and not name.endswith("/errors")]
+    # each part's score; not its failures, nor a judge part's rule verdict or unreadable replies (rubric/<name>/...)
+    parts = [name for name in batch.non_tensors if name.startswith(RUBRIC_COLUMNS) and "/" not in name[len(RUBRIC_COLUMNS):]]
     rows = []
     for row in range(len(batch)):
         stats = dict(batch[keys.EPISODE_STATS][row]) if keys.EPISODE_STATS in batch else {}  # a single turn's counters, where it has them

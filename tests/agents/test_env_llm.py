@@ -1,62 +1,14 @@
 """The OpenAI-compatible Env-LLM backend against a local stub server: replies, retries, refusals, timeouts, usage."""
 
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from posttrain.agents.env_llm import EnvLLMError, OpenAIChatClient, ReplyCache, model_identity
+from tests.chat_stub import Stub
 
 
-class Stub:
-    """A chat server on 127.0.0.1 whose behaviour each test scripts: a list of HTTP statuses to
-    answer before succeeding, an optional delay; the requests it saw are kept."""
-
-    def __init__(self):
-        self.failures: list[int] = []
-        self.delay_s = 0.0
-        self.requests: list[dict] = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.requests.append({"path": self.path, "body": body})
-                time.sleep(stub.delay_s)
-                if stub.failures:
-                    self._send(stub.failures.pop(0), {"error": "scripted failure"})
-                    return
-                question = body["messages"][-1]["content"]
-                self._send(200, {
-                    "choices": [{"message": {"role": "assistant", "content": f"echo: {question}"},
-                                 "finish_reason": "length" if "long" in question else "stop"}],
-                    "usage": {"prompt_tokens": 7, "completion_tokens": 3},
-                })
-
-            def _send(self, status, payload):
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        class Server(ThreadingHTTPServer):
-            def handle_error(self, request, client_address):
-                pass  # a client that timed out closed its end: nothing to report
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

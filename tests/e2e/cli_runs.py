@@ -12,10 +12,11 @@ from pathlib import Path
 import psutil
 
 
-def run(argv: list[str], while_running: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
-    """``argv`` to its end (stdout and stderr together), with ``while_running`` in a thread beside it."""
+def run(argv: list[str], while_running: Callable[[], None] | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``argv`` to its end (stdout and stderr together), with ``while_running`` in a thread beside it and
+    ``env`` added to this process's environment."""
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
+                               env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}))
     watcher = threading.Thread(target=while_running, daemon=True) if while_running else None
     if watcher:
         watcher.start()

@@ -279,14 +279,15 @@ def test_a_running_count_over_mini_batches_is_its_last_value_not_a_mean(tmp_path
 
 def test_the_limits_come_from_the_config_and_bad_ones_are_reported():
     config = PosttrainConfig()
-    assert BreakerLimits.from_config(config) == BreakerLimits(1.0, 1.0, 1.0, 3)
+    assert BreakerLimits.from_config(config) == BreakerLimits(1.0, 1.0, 1.0, 1.0, 3)
     assert config.custom_reward_function.step_timeout_s == 600.0 and check_breakers(config) == []
     config.custom_reward_function.stop_at_failed_fraction = 0.0
     config.env.retriever.stop_at_failed_fraction = 1.5
     config.env.llm.stop_at_failed_fraction = None  # never: fine
+    config.reward.judge.stop_at_failed_fraction = 2.0
     config.custom_reward_function.step_timeout_s = 0.0
     config.trainer.stop_after_skipped_steps = -1
     assert [p.key for p in check_breakers(config)] == [
         "custom_reward_function.stop_at_failed_fraction", "env.retriever.stop_at_failed_fraction",
-        "custom_reward_function.step_timeout_s", "trainer.stop_after_skipped_steps",
+        "reward.judge.stop_at_failed_fraction", "custom_reward_function.step_timeout_s", "trainer.stop_after_skipped_steps",
     ]

@@ -14,7 +14,11 @@ self-report (:func:`~posttrain.agents.doctor.prompts.doctor_instruction`); a tur
 - **Diagnosis.** The episode ends. It is correct when it equals the diagnosis or an alias after
   normalisation (lower case, punctuation and articles removed: :func:`~posttrain.agents.search.exact_match`),
   or, with ``judge="llm"``, when it does not but the Env-LLM says yes to "do they name the same
-  condition?" (a judge that fails leaves it wrong, counted as ``judge_errors``).
+  condition?" (a judge that fails leaves it wrong, counted as ``judge_errors``). With ``judge="rubric"`` the
+  environment does not judge: the diagnosis (the text inside the tags) goes to the reward path as the
+  episode's answer, scored by the run's ``reward.rubric`` (the same check as a rubric part: the
+  ``synthetic_doctor`` rule, then a judge question; docs/rewards.md) or else by that rule alone; its score
+  is the diagnosis turn's reward beside the turn's cost, so ``correct_reward`` stays 1.
 - **Anything else** is invalid: a corrective observation and ``invalid_action_penalty``.
 
 Rewards (the seed's shaping; each is an option, a penalty is a reward ``<= 0``), per step:
@@ -48,7 +52,7 @@ from posttrain.agents.doctor.case import Case, case_from_sample
 from posttrain.agents.doctor.patient import PatientReply, RulePatient, best_match, clean_reply, is_refusal, polarity, question_similarity
 from posttrain.agents.doctor.probe import probe_patient, probe_wanted
 from posttrain.agents.doctor.prompts import DIAGNOSIS_TAG, QUESTION_TAG, how_to_act, judge_messages, patient_messages
-from posttrain.agents.env import EpisodeSample, Environment, StepInfo, StepResult
+from posttrain.agents.env import EpisodeAnswer, EpisodeSample, Environment, StepInfo, StepResult
 from posttrain.agents.env_llm import EnvLLM, EnvLLMError, EnvLLMReply
 from posttrain.agents.search import exact_match
 from posttrain.errors import InputError
@@ -57,7 +61,7 @@ if TYPE_CHECKING:
     from posttrain.config.schema import EnvConfig
 
 _ACTION = re.compile(rf"<({QUESTION_TAG}|{DIAGNOSIS_TAG})>(.*?)</\1>", re.DOTALL)
-PATIENTS, JUDGES = ("llm", "rule"), ("rule", "llm")
+PATIENTS, JUDGES = ("llm", "rule"), ("rule", "llm", "rubric")
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,9 @@ class DoctorEnv(Environment):
                               StepInfo(valid=False, effective=False, counts={"invalid": 1}))
         tag, content = parsed
         if tag == DIAGNOSIS_TAG:
+            if self.judge == "rubric":  # the reward path scores it (module docstring); success is its verdict
+                return StepResult("", self.turn_penalty, True, StepInfo(valid=True, effective=True, counts={"diagnoses": 1.0}),
+                                  answer=EpisodeAnswer(content))
             # the judge is asked only about a diagnosis the rule does not already accept
             if self.judge == "rule" or exact_match(content, list(self.case.diagnoses)):
                 return self._diagnosis_result(content, None)
@@ -290,6 +297,9 @@ def _check_options(patient: str, judge: str, correct: float, relevant: float, pe
         problems.append(f"patient={patient!r} must be one of {PATIENTS}")
     if judge not in JUDGES:
         problems.append(f"judge={judge!r} must be one of {JUDGES}")
+    if judge == "rubric" and correct != 1.0:
+        problems.append(f"correct_reward={correct}: with judge=rubric the reward path's score (in [0, 1]) is the diagnosis's reward; "
+                        "weigh it in reward.rubric instead, and leave correct_reward at 1")
     if correct <= 0 or relevant < 0:
         problems.append(f"correct_reward={correct} must be > 0 and relevant_question_reward={relevant} >= 0")
     if any(p > 0 for p in penalties):

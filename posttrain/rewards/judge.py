@@ -1,0 +1,240 @@
+"""An LLM judge as a rubric part (``reward.rubric: [{name, weight, judge: {...}}]``, rewards/rubric.py).
+
+A judge part asks the run's environment model (``env.llm``: the Env-LLM worker, or any OpenAI-compatible
+server at ``env.llm.url``, through the same client the environments use, agents/env_llm.py) one question
+per answer and reads a number out of its reply::
+
+    - name: same_condition
+      weight: 1.0
+      judge:
+        prompt: 'A doctor diagnosed: "{answer}". The correct diagnosis is: "{ground_truth}". Do they name the same condition? Answer only yes or no.'
+        parser: yes_no        # yes_no (yes 1, no 0) | score (the first number ÷ scale, in [0, 1]) | choice (the first label ↦ its value)
+        rule: synthetic_doctor  # optional: where it says yes the judge is not asked; the agreement check's reference
+
+- **The prompt** is a ``str.format`` template over ``{answer}`` (the reply scored), ``{ground_truth}`` (the gold
+  answers, ``" / "``-joined), ``{question}`` (the row's last user message), ``{data_source}`` and
+  ``{extra_info[KEY]}``; it becomes one user message.
+- **Parsers** (:data:`PARSERS`): ``yes_no`` reads the reply's first word; ``score`` its first number divided by
+  ``scale`` (e.g. 10 for "0 to 10"), refused outside [0, 1]; ``choice`` the first of ``choices``' labels that
+  stands as a word (``{A: 1.0, B: 0.5, C: 0}``). A reply none of them reads is *unparsable*: it scores
+  ``unparsable`` (0 by default) and is counted (``reward/<name>/unparsable``).
+- **The rule** (optional, a data source or ``FILE.py:FUNCTION``, as a rule part's): an answer it accepts (score
+  >= 1 or its ``acc``) scores 1 without asking the judge (the doctor's "exact name, else ask the model"), and it
+  is the reference of the check before training (:func:`agreement`).
+- **Asking** (:func:`ask`): every answer of one scoring call in one batched request, under one deadline
+  (``reward.judge.timeout_s``); a reply that fails or comes too late scores 0 for that part and is counted
+  (``reward/<name>/errors``; ``judge/failures`` of ``judge/replies`` trips the ``judge`` circuit breaker,
+  trainer/breakers.py, so a judge that stops answering stops the run, which a restart resumes).
+- **The cache**: replies are stored by (the judge model and its files, the sampling settings, the rendered prompt,
+  which holds the ground truth), in ``reward.judge.cache`` (default: ``judge_cache.sqlite`` in the run's directory),
+  so a resumed run, or an evaluation run again, never asks twice.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+import string
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from posttrain.errors import InputError, PosttrainError
+
+if TYPE_CHECKING:  # the scoring process imports this module with the rubric: no HTTP client there
+    from posttrain.agents.env_llm import EnvLLM, EnvLLMReply, Messages
+
+PARSERS = ("yes_no", "score", "choice")
+FIELDS = ("answer", "ground_truth", "question", "data_source", "extra_info")
+_YES_NO = re.compile(r"\W*(yes|no)\b", re.IGNORECASE)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+class JudgeDisagrees(PosttrainError):
+    """Before training, the judge agreed with its rule on too few answers (:func:`agreement`)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class JudgeQuestion:
+    """What a judge part asks and how it reads the reply (module docstring). Picklable: it travels
+    with the rubric to the scoring process, which runs its ``rule``."""
+
+    prompt: str
+    parser: str = "yes_no"
+    choices: tuple[tuple[str, float], ...] = ()
+    scale: float = 1.0
+    unparsable: float = 0.0
+    rule: Callable[..., Any] | None = None
+
+    @property
+    def verdict(self) -> bool:
+        """Whether the reply is a yes/no verdict (then it is also the part's ``acc``)."""
+        return self.parser == "yes_no"
+
+    def messages(self, answer: str, ground_truth: Any, prompt: Sequence[Mapping[str, Any]] | None = None,
+                 data_source: str | None = None, extra_info: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
+        """The judge's conversation for one answer; KeyError where the template names a missing extra_info key."""
+        fields = {"answer": answer, "ground_truth": gold_text(ground_truth), "question": last_user_text(prompt),
+                  "data_source": data_source or "", "extra_info": dict(extra_info or {})}
+        return [{"role": "user", "content": self.prompt.format_map(fields)}]
+
+    def read(self, reply: str) -> float | None:
+        """The reply as a number in [0, 1], or None when the parser cannot read it."""
+        if self.parser == "yes_no":
+            found = _YES_NO.match(reply)
+            return None if found is None else float(found.group(1).lower() == "yes")
+        if self.parser == "score":
+            found = _NUMBER.search(reply)
+            value = None if found is None else float(found.group()) / self.scale
+            return value if value is not None and 0.0 <= value <= 1.0 else None
+        labels = "|".join(re.escape(label) for label, _ in self.choices)
+        found = re.search(rf"(?<!\w)({labels})(?!\w)", reply)
+        return None if found is None else dict(self.choices)[found.group(1)]
+
+
+def build_question(spec: Any, where: str, rule_function: Callable[[str, str], Callable[..., Any]]) -> JudgeQuestion:
+    """A judge part's question from its ``judge:`` mapping; an InputError naming ``where`` for a missing or
+    malformed prompt, an unknown parser, choices or scale that cannot work, an unknown key."""
+    if not isinstance(spec, Mapping):
+        raise InputError(f"{where}: judge must be a mapping {{prompt, parser, ...}}, not {spec!r}")
+    spec = dict(spec)
+    prompt, parser = spec.pop("prompt", None), spec.pop("parser", "yes_no")
+    choices, scale, unparsable, rule = spec.pop("choices", None), spec.pop("scale", 1.0), spec.pop("unparsable", 0.0), spec.pop("rule", None)
+    if spec:
+        raise InputError(f"{where}: unknown judge keys {sorted(spec)}; a judge has prompt, parser, choices, scale, unparsable, rule")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InputError(f"{where}: give the judge a prompt, a template over {{answer}} and {{ground_truth}} (module rewards/judge.py)")
+    _check_template(prompt, where)
+    if parser not in PARSERS:
+        raise InputError(f"{where}: parser={parser!r} must be one of {PARSERS}")
+    pairs: tuple[tuple[str, float], ...] = ()
+    if parser == "choice":
+        if not isinstance(choices, Mapping) or not choices:
+            raise InputError(f"{where}: parser=choice needs choices, labels to values, e.g. {{A: 1.0, B: 0.0}}")
+        pairs = tuple((str(label), _unit(value, f"{where}: choices[{label!r}]")) for label, value in choices.items())
+    elif choices is not None:
+        raise InputError(f"{where}: choices apply to parser=choice only")
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
+        raise InputError(f"{where}: scale={scale!r} must be a positive number (e.g. 10 for a score out of 10)")
+    return JudgeQuestion(prompt, parser, pairs, float(scale), _unit(unparsable, f"{where}: unparsable"),
+                         rule_function(str(rule), f"{where} rule") if rule else None)
+
+
+def _unit(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) <= 1.0:
+        raise InputError(f"{what}={value!r} must be a number in [0, 1]")
+    return float(value)
+
+
+def _check_template(prompt: str, where: str) -> None:
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(prompt) if name is not None]
+    except ValueError as error:
+        raise InputError(f"{where}: the judge's prompt is not a template ({error}); write a literal brace as {{{{ or }}}}") from None
+    for name in fields:
+        if name not in FIELDS[:-1] and not re.fullmatch(r"extra_info\[[^\]]+\]", name):
+            raise InputError(f"{where}: the judge's prompt names {{{name}}}; it may name {{answer}}, {{ground_truth}}, {{question}}, "
+                             "{data_source} and {extra_info[KEY]}")
+
+
+def gold_text(ground_truth: Any) -> str:
+    """The gold answers as the judge reads them: a str as it is, a list (or ``{"target": [...]}``) joined by " / "."""
+    if isinstance(ground_truth, Mapping) and "target" in ground_truth:
+        ground_truth = ground_truth["target"]
+    if hasattr(ground_truth, "tolist"):  # numpy array, as Parquet columns arrive
+        ground_truth = ground_truth.tolist()
+    if isinstance(ground_truth, (list, tuple)):
+        return " / ".join(str(g) for g in ground_truth)
+    return str(ground_truth)
+
+
+def reference_answer(ground_truth: Any) -> str | None:
+    """A right answer to a row, for the agreement check: its gold answer (the first of several); None when
+    the ground truth is not one (a structure only a rule reads)."""
+    if isinstance(ground_truth, Mapping) and "target" in ground_truth:
+        ground_truth = ground_truth["target"]
+    if hasattr(ground_truth, "tolist"):
+        ground_truth = ground_truth.tolist()
+    if isinstance(ground_truth, (list, tuple)) and ground_truth:
+        ground_truth = ground_truth[0]
+    return ground_truth if isinstance(ground_truth, str) and ground_truth.strip() else None
+
+
+def last_user_text(prompt: Sequence[Mapping[str, Any]] | None) -> str:
+    """The content of the row's last user message ("" without one)."""
+    return next((str(m.get("content") or "") for m in reversed(list(prompt or ())) if m.get("role") == "user"), "")
+
+
+def ask(client: EnvLLM, conversations: Sequence[Messages], timeout_s: float | None) -> list[EnvLLMReply]:
+    """One batched request for every conversation, under one deadline: a request that does not return
+    in ``timeout_s`` (None: no deadline) gives every conversation a failed reply (its thread is left to end)."""
+    from posttrain.agents.env_llm import EnvLLMReply
+
+    if not conversations:
+        return []
+    box: dict[str, Any] = {}
+
+    def request() -> None:
+        try:
+            box["replies"] = client.chat(conversations)
+        except Exception as error:  # noqa: BLE001 - any backend failure is every conversation's failed reply
+            box["error"] = f"{type(error).__name__}: {error}"
+
+    thread = threading.Thread(target=request, name="posttrain-judge", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if "replies" in box:
+        return list(box["replies"])
+    reason = box.get("error") or f"the judge did not answer within reward.judge.timeout_s={timeout_s:g}s"
+    return [EnvLLMReply("", "error", error=reason)] * len(conversations)
+
+
+def accepted(value: Any) -> bool:
+    """A rule's verdict on an answer: its ``acc`` where it reports one, else score >= 1."""
+    if isinstance(value, Mapping):
+        return bool(value["acc"]) if value.get("acc") is not None else float(value["score"]) >= 1.0
+    return float(value) >= 1.0
+
+
+@dataclass(frozen=True)
+class Agreement:
+    agreed: int
+    checked: int   # pairs the judge gave a readable verdict on
+    asked: int     # pairs put to it
+
+    @property
+    def share(self) -> float:
+        return self.agreed / self.checked if self.checked else 0.0
+
+
+def agreement(question: JudgeQuestion, client: EnvLLM, rows: Sequence[tuple[Any, Any, Any, Any]],
+              timeout_s: float | None = None) -> Agreement:
+    """How often the judge agrees with its rule on answers the rule decides: for each row
+    ``(prompt, ground_truth, data_source, extra_info)`` its own gold answer (the rule says right) and the
+    next row's gold answer where the rule says it is wrong. One batched request; a reply that failed or
+    could not be read is left out of the share (``checked``)."""
+    from posttrain.rewards.registry import context_keywords
+
+    if question.rule is None:
+        raise ValueError("the agreement check needs the judge's rule")
+    readable = [row for row in rows if reference_answer(row[1]) is not None]
+    pairs: list[tuple[list[dict[str, str]], bool]] = []
+    keywords = context_keywords(question.rule)
+    for index, (prompt, truth, source, info) in enumerate(readable):
+        context = {"data_source": source, "extra_info": info}
+        candidates = [reference_answer(truth)]
+        if len(readable) > 1:
+            candidates.append(reference_answer(readable[(index + 1) % len(readable)][1]))
+        for answer in dict.fromkeys(candidates):
+            verdict = accepted(question.rule(solution_str=answer, ground_truth=truth, **{k: context[k] for k in keywords if k in context}))
+            if answer != candidates[0] and verdict:
+                continue  # a neighbour's answer the rule accepts says nothing about a wrong one
+            pairs.append((question.messages(answer, truth, prompt, source, info), verdict))
+    replies = ask(client, [messages for messages, _ in pairs], timeout_s)
+    read = [(question.read(reply.text) if not reply.failed else None, verdict) for reply, (_, verdict) in zip(replies, pairs)]
+    judged = [(value >= 0.5, verdict) for value, verdict in read if value is not None]
+    return Agreement(sum(said == verdict for said, verdict in judged), len(judged), len(pairs))
