@@ -171,7 +171,9 @@ def last_user_text(prompt: Sequence[Mapping[str, Any]] | None) -> str:
 
 def ask(client: EnvLLM, conversations: Sequence[Messages], timeout_s: float | None) -> list[EnvLLMReply]:
     """One batched request for every conversation, under one deadline: a request that does not return
-    in ``timeout_s`` (None: no deadline) gives every conversation a failed reply (its thread is left to end)."""
+    in ``timeout_s`` (None: no deadline) gives every conversation a failed reply (its thread is left to end).
+    What the client raises is raised here: the Env-LLM worker's death is the run's failure, which a restart
+    resumes (a server at a URL answers failures as failed replies instead)."""
     from posttrain.agents.env_llm import EnvLLMReply
 
     if not conversations:
@@ -181,16 +183,17 @@ def ask(client: EnvLLM, conversations: Sequence[Messages], timeout_s: float | No
     def request() -> None:
         try:
             box["replies"] = client.chat(conversations)
-        except Exception as error:  # noqa: BLE001 - any backend failure is every conversation's failed reply
-            box["error"] = f"{type(error).__name__}: {error}"
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread below
+            box["error"] = error
 
     thread = threading.Thread(target=request, name="posttrain-judge", daemon=True)
     thread.start()
     thread.join(timeout_s)
+    if "error" in box:
+        raise box["error"]
     if "replies" in box:
         return list(box["replies"])
-    reason = box.get("error") or f"the judge did not answer within reward.judge.timeout_s={timeout_s:g}s"
-    return [EnvLLMReply("", "error", error=reason)] * len(conversations)
+    return [EnvLLMReply("", "error", error=f"the judge did not answer within reward.judge.timeout_s={timeout_s:g}s")] * len(conversations)
 
 
 def accepted(value: Any) -> bool:
@@ -205,9 +208,11 @@ class Agreement:
     agreed: int
     checked: int   # pairs the judge gave a readable verdict on
     asked: int     # pairs put to it
+    right: tuple[int, int] = (0, 0)  # (agreed, checked) on the answers the rule accepts; the rest were wrong ones
 
     @property
     def share(self) -> float:
+        """The share of readable verdicts that equal the rule's (0 when there were none: a judge never read is no judge)."""
         return self.agreed / self.checked if self.checked else 0.0
 
 
@@ -237,4 +242,5 @@ def agreement(question: JudgeQuestion, client: EnvLLM, rows: Sequence[tuple[Any,
     replies = ask(client, [messages for messages, _ in pairs], timeout_s)
     read = [(question.read(reply.text) if not reply.failed else None, verdict) for reply, (_, verdict) in zip(replies, pairs)]
     judged = [(value >= 0.5, verdict) for value, verdict in read if value is not None]
-    return Agreement(sum(said == verdict for said, verdict in judged), len(judged), len(pairs))
+    right = [said for said, verdict in judged if verdict]
+    return Agreement(sum(said == verdict for said, verdict in judged), len(judged), len(pairs), (sum(right), len(right)))

@@ -66,7 +66,8 @@ def test_a_judge_scores_a_run_survives_its_death_and_replays_from_its_cache(tmp_
         assert db.execute("SELECT COUNT(*) FROM replies").fetchone()[0] >= logged[0]["metrics"]["judge/replies"]
     # the trained policy evaluated twice over one cache: the second asks the judge nothing, and scores the same
     cache = tmp_path / "eval_cache.sqlite"
-    evals = [run([*cli, "eval", "--config", str(config), "--checkpoint", str(run_dir), f"env.llm.model_path={tiny}", *TINY_RUN,
+    evals = [run([*cli, "eval", "--config", str(config), "--checkpoint", str(run_dir), f"actor_rollout_ref.model.path={tiny}",
+                  f"env.llm.model_path={tiny}", *TINY_RUN,
                   f"reward.judge.cache={cache}", f"trainer.default_local_dir={tmp_path / f'eval{i}'}"]) for i in (1, 2)]
     shown = []
     for done in evals:
