@@ -2,7 +2,8 @@
 
 Plots read ``metrics.jsonl`` (the JSONL tracker's file): reward (``critic/score/mean``), validation
 accuracy (every ``val/*/acc/*``), response length (``response_length/mean``), KL (``actor/ppo_kl``,
-``actor/kl_loss``, ``critic/kl``, whichever were logged), the SFT loss (``sft/loss``, ``val/sft_loss``), each
+``actor/kl_loss``, ``critic/kl``, whichever were logged), a rubric's parts (``reward/<part>``, with their failures
+in ``report.md``), the SFT loss (``sft/loss``, ``val/sft_loss``), each
 worker process's memory (every ``memory/*/rss_gb``, its high-water mark ``peak_rss_gb``, and glibc's heap in use and kept free, ``heap_used_gb`` / ``heap_free_gb``: a line that climbs step after step is a leak)
 and, in asynchronous runs, staleness, buffer fill and the trainer's waiting share. ``report.md`` ties them together with each
 validation accuracy's first and last value and the first and last validation's sample generations.
@@ -31,7 +32,10 @@ PANELS = {
     "sft_loss": ("sft/loss", "val/sft_loss"),
     "async": ("async/staleness/mean", "async/buffer_units", "async/trainer_wait_fraction"),
     "memory": ("memory/",),
+    "rubric": ("reward/",),
 }
+# the reward path's own counts under reward/; every other reward/<name> is a rubric's part (rewards/rubric.py)
+REWARD_COUNTS = frozenset({"reward/samples", "reward/errors", "reward/timeouts", "reward/empty_responses"})
 FIRST_SAMPLES = "first_samples.json"  # in <run_dir>/report/: the run's first validation's samples
 
 
@@ -44,16 +48,24 @@ class Sample:
 
 def series(records: Sequence[dict], prefixes: Sequence[str]) -> dict[str, tuple[list[int], list[float]]]:
     """name -> (steps, values) for every logged metric matching a panel: a name, or a prefix ending in
-    "/" (every name under it; under ``val/`` only accuracies)."""
+    "/" (every name under it; under ``val/`` only accuracies; under ``reward/`` only a rubric's parts' means)."""
     found: dict[str, tuple[list[int], list[float]]] = {}
     for record in records:
         for name, value in record["metrics"].items():
-            wanted = any(name == p or (p.endswith("/") and name.startswith(p) and (p != "val/" or "/acc/" in name)) for p in prefixes)
+            wanted = any(name == p or (p.endswith("/") and name.startswith(p) and _in_panel(p, name)) for p in prefixes)
             if wanted and value is not None:
                 steps, values = found.setdefault(name, ([], []))
                 steps.append(record["step"])
                 values.append(value)
     return found
+
+
+def _in_panel(prefix: str, name: str) -> bool:
+    if prefix == "val/":
+        return "/acc/" in name
+    if prefix == "reward/":
+        return name not in REWARD_COUNTS and "/" not in name.removeprefix(prefix)
+    return True
 
 
 def first_and_last_validation(records: Sequence[dict]) -> dict[str, tuple[tuple[int, str], tuple[int, str]]]:
@@ -115,6 +127,14 @@ def write_report(run_dir: Path, first_samples: Sequence[Sample] = (), last_sampl
         lines += ["", "## Validation: first → last", ""]
         lines += [f"- `{name}`: {first} (step {a}) → {last} (step {b})"
                   for name, ((a, first), (b, last)) in sorted(endpoints.items())]
+    parts = series(records, ("reward/",))
+    if parts:
+        totals = {f"{name}/{kind}": sum(record["metrics"].get(f"{name}/{kind}") or 0 for record in records)
+                  for name in parts for kind in ("errors", "unparsable")}
+        lines += ["", "## Rubric parts: first step → last (training answers' mean)", ""]
+        lines += [f"- `{name}`: {values[0]:.3f} (step {steps[0]}) → {values[-1]:.3f} (step {steps[-1]}); "
+                  f"{totals[f'{name}/errors']:g} failed, {totals[f'{name}/unparsable']:g} unread (judge) over the run"
+                  for name, (steps, values) in sorted(parts.items())]
     for title, samples in (("First validation", first_samples), ("Last validation", last_samples)):
         if samples:
             lines += ["", f"## {title}: sample generations", ""]

@@ -7,16 +7,20 @@ def test_report_plots_logged_metrics_and_quotes_samples(tmp_path):
     tracking.log({"val/arith/acc/mean@1": 0.1}, 0)
     for step in (1, 2, 3):
         tracking.log({"critic/score/mean": step / 10, "response_length/mean": 20 + step, "actor/ppo_kl": 0.01 * step,
-                      "memory/policy/rss_gb": 3.0 + step}, step)
+                      "memory/policy/rss_gb": 3.0 + step, "reward/samples": 8, "reward/errors": 0,  # the reward path's counts
+                      "reward/polite": 0.25 * step, "reward/polite/errors": 1, "reward/polite/unparsable": step - 1}, step)
     tracking.log({"val/arith/acc/mean@1": 0.3, "val/arith/reward/mean@1": 0.5}, 3)
     tracking.close()
     report = write_report(tmp_path, [Sample("1+1=?", "#### 3", 0.0)], [Sample("1+1=?", "#### 2", 1.0)])
     text = report.read_text()
     pngs = sorted(p.name for p in (tmp_path / "report").glob("*.png"))
-    assert pngs == ["kl.png", "memory.png", "response_length.png", "reward.png", "validation_accuracy.png"]
+    assert pngs == ["kl.png", "memory.png", "response_length.png", "reward.png", "rubric.png", "validation_accuracy.png"]
     assert all((tmp_path / "report" / p).stat().st_size > 1000 for p in pngs)
     assert "![reward](reward.png)" in text and "> #### 2" in text and "**score 1**" in text
     assert "- `val/arith/acc/mean@1`: 0.100 (step 0) → 0.300 (step 3)" in text  # the run's first validation → its last
+    # a rubric's parts (not the reward path's own counts), with their failures over the run
+    assert "- `reward/polite`: 0.250 (step 1) → 0.750 (step 3); 3 failed, 3 unread (judge) over the run" in text
+    assert "reward/samples" not in text and "![rubric](rubric.png)" in text
     from posttrain.trainer.tracking import read_jsonl
 
     val = series(read_jsonl(tmp_path / "metrics.jsonl"), ("val/",))
