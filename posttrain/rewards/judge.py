@@ -39,12 +39,15 @@ import string
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from posttrain.errors import InputError, PosttrainError
 
-if TYPE_CHECKING:  # the scoring process imports this module with the rubric: no HTTP client there
-    from posttrain.agents.env_llm import EnvLLM, EnvLLMReply, Messages
+# The client is posttrain.agents.env_llm's EnvLLM (``chat(conversations) -> replies``, each with ``text`` and
+# ``failed``), duck-typed: rewards/ stands below agents/, and the scoring process imports this module with
+# the rubric, where no HTTP client is needed.
+EnvLLM = Any
+Messages = Sequence[Mapping[str, Any]]
 
 PARSERS = ("yes_no", "score", "choice")
 FIELDS = ("answer", "ground_truth", "question", "data_source", "extra_info")
@@ -169,13 +172,11 @@ def last_user_text(prompt: Sequence[Mapping[str, Any]] | None) -> str:
     return next((str(m.get("content") or "") for m in reversed(list(prompt or ())) if m.get("role") == "user"), "")
 
 
-def ask(client: EnvLLM, conversations: Sequence[Messages], timeout_s: float | None) -> list[EnvLLMReply]:
-    """One batched request for every conversation, under one deadline: a request that does not return
-    in ``timeout_s`` (None: no deadline) gives every conversation a failed reply (its thread is left to end).
-    What the client raises is raised here: the Env-LLM worker's death is the run's failure, which a restart
-    resumes (a server at a URL answers failures as failed replies instead)."""
-    from posttrain.agents.env_llm import EnvLLMReply
-
+def ask(client: EnvLLM, conversations: Sequence[Messages], timeout_s: float | None) -> list[Any] | None:
+    """The client's replies to every conversation, in one batched request under one deadline; None when the
+    request did not return in ``timeout_s`` (None: no deadline; its thread is left to end). What the client
+    raises is raised here: the Env-LLM worker's death is the run's failure, which a restart resumes (a server
+    at a URL answers failures as failed replies instead)."""
     if not conversations:
         return []
     box: dict[str, Any] = {}
@@ -191,9 +192,7 @@ def ask(client: EnvLLM, conversations: Sequence[Messages], timeout_s: float | No
     thread.join(timeout_s)
     if "error" in box:
         raise box["error"]
-    if "replies" in box:
-        return list(box["replies"])
-    return [EnvLLMReply("", "error", error=f"the judge did not answer within reward.judge.timeout_s={timeout_s:g}s")] * len(conversations)
+    return list(box["replies"]) if "replies" in box else None
 
 
 def accepted(value: Any) -> bool:
@@ -239,8 +238,9 @@ def agreement(question: JudgeQuestion, client: EnvLLM, rows: Sequence[tuple[Any,
             if answer != candidates[0] and verdict:
                 continue  # a neighbour's answer the rule accepts says nothing about a wrong one
             pairs.append((question.messages(answer, truth, prompt, source, info), verdict))
-    replies = ask(client, [messages for messages, _ in pairs], timeout_s)
-    read = [(question.read(reply.text) if not reply.failed else None, verdict) for reply, (_, verdict) in zip(replies, pairs)]
+    replies = ask(client, [messages for messages, _ in pairs], timeout_s) or [None] * len(pairs)
+    read = [(question.read(reply.text) if reply is not None and not reply.failed else None, verdict)
+            for reply, (_, verdict) in zip(replies, pairs)]
     judged = [(value >= 0.5, verdict) for value, verdict in read if value is not None]
     right = [said for said, verdict in judged if verdict]
     return Agreement(sum(said == verdict for said, verdict in judged), len(judged), len(pairs), (sum(right), len(right)))

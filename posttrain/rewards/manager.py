@@ -57,7 +57,6 @@ import numpy as np
 import torch
 
 from posttrain import keys
-from posttrain.agents.env_llm import EnvLLMClient
 from posttrain.metrics import Metrics, mean, total
 from posttrain.protocol import Batch
 from posttrain.rewards.custom import FileScoreFunction
@@ -222,7 +221,7 @@ class RewardManager:
         self.scorer = _make_scorer(timeout_s)
         self.services = ServiceScorer(timeout_s)
         self.rubric = score_function if isinstance(score_function, Rubric) else None
-        self.judge: EnvLLMClient | None = None  # the judge parts' model, connected when the run opens (rollout/scoring.py open_judge)
+        self.judge: Any = None  # an EnvLLMClient (agents/env_llm.py): the judge parts' model, connected when the run opens (rollout/scoring.py open_judge)
         self.judge_llm: Any = None  # where that model is: an EnvLLMConfig (set by rollout/scoring.py reward_manager_for)
         self.judge_timeout_s: float | None = None  # one batched judge request's deadline
 
@@ -284,9 +283,14 @@ class RewardManager:
                     continue
                 asked.append((part, row))
         unanswered = 0
-        for (part, row), reply in zip(asked, ask(self.judge, conversations, self.judge_timeout_s)):
-            value = None if reply.failed else part.judge.read(reply.text)
-            if reply.failed:
+        replies = ask(self.judge, conversations, self.judge_timeout_s)
+        if replies is None:
+            logger.warning("reward: the judge did not answer %d questions within reward.judge.timeout_s=%gs; they score 0",
+                           len(conversations), self.judge_timeout_s)
+        for (part, row), reply in zip(asked, replies or [None] * len(asked)):
+            failed_reply = reply is None or reply.failed
+            value = None if failed_reply else part.judge.read(reply.text)
+            if failed_reply:
                 values[part.name][row], failed[part.name][row] = 0.0, 1.0
                 unanswered += 1
             elif value is None:
@@ -335,15 +339,6 @@ class BatchRewardManager:
         self.tokenizer, self.score_function, self.timeout_s, self.budget_s = tokenizer, score_function, timeout_s, budget_s
         self.scorer = _make_scorer(timeout_s)
         self.services = ServiceScorer(timeout_s)
-        self.rubric = score_function if isinstance(score_function, Rubric) else None
-        self.judge: EnvLLMClient | None = None  # the judge parts' model, connected when the run opens (rollout/scoring.py open_judge)
-        self.judge_llm: Any = None  # where that model is: an EnvLLMConfig (set by rollout/scoring.py reward_manager_for)
-        self.judge_timeout_s: float | None = None  # one batched judge request's deadline
-
-    @property
-    def judged(self) -> bool:
-        """Whether a rubric part is a judge, so the manager asks an LLM (rewards/judge.py)."""
-        return self.rubric is not None and bool(self.rubric.judged)
 
     def __call__(self, batch: Batch) -> RewardResult:
         decoded = decode_responses(batch, self.tokenizer)

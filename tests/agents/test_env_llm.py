@@ -1,6 +1,5 @@
 """The OpenAI-compatible Env-LLM backend against a local stub server: replies, retries, refusals, timeouts, usage."""
 
-import threading
 import time
 
 import pytest

@@ -99,7 +99,7 @@ def test_an_answer_the_rule_accepts_is_not_sent_to_the_judge(stub):
         scored = manager.score(answers("#### 4", "#### 5 please", "#### 5"))
     finally:
         manager.close()
-    assert [re.search(r"<<(.*)>>", p).group(1) for p in judge_prompts(stub)] == ["#### 5 please", "#### 5"]
+    assert sorted(re.search(r"<<(.*)>>", p).group(1) for p in judge_prompts(stub)) == ["#### 5", "#### 5 please"]  # sent side by side
     assert scored.scores.tolist() == [1.0, 1.0, 0.0] and list(scored.extra["rubric/accepted/rule"]) == [1.0, 0.0, 0.0]
 
 

@@ -88,6 +88,6 @@ def test_the_config_check_refuses_a_bad_rubric_and_one_beside_a_custom_function(
 
     bad = load_config([], ["reward.rubric=[{name: a, weight: -2, rule: arithmetic}]"])
     assert "weight=-2 must be a positive number" in rubric_problems(bad)[0].message
-    beside = load_config([], [f"reward.rubric=[{{name: a, rule: arithmetic}}]", f"custom_reward_function.path={rules}"])
+    beside = load_config([], ["reward.rubric=[{name: a, rule: arithmetic}]", f"custom_reward_function.path={rules}"])
     assert "scores every sample" in rubric_problems(beside)[0].message
     assert rubric_problems(load_config([], [f"reward.rubric=[{{name: a, rule: arithmetic}}, {{name: b, rule: '{rules}:brief'}}]"])) == []
