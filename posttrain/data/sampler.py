@@ -7,10 +7,13 @@ difficulty curriculum. Seeded, and resumable exactly from its ``state_dict``.
 **Strata.** Each row belongs to the stratum named by one of its columns (``stratify_by``:
 ``data_source`` or ``extra_info.<field>``, e.g. a BFCL row's category). A stratum's share of every
 batch is its ``shares`` entry, or, for the strata without one, what is left in proportion to their rows.
-Seats are given one at a time to the stratum furthest below its share of all rows handed out at this
-level so far (ties: the stratum named first), so a stratum's count in a batch is less than two rows from
-its share of it, and its count over the run less than about one row from its share of all rows handed out
-(a share of 0.1 of batches of 8 is 0.8 rows a batch: one row in four batches of five, none in the fifth).
+Seats are allocated by largest remainder: each stratum gets the whole part of its share of the batch, and
+the seats left go one each to the strata with the largest remainders, where a remainder counts what the
+stratum is short of its share of all rows handed out at this level so far (ties: the stratum named first).
+So a stratum's count in a batch is its share of the batch rounded down or up, never further, and its count
+over the run stays within a row of its share of all rows handed out (a share of 0.1 of batches of 8 is 0.8
+rows a batch: one row in four batches of five, none in the fifth; three equal strata in batches of 8 get
+3, 3, 2, then 3, 2, 3, then 2, 3, 3).
 At a curriculum level where only strata with shares are present, their shares are scaled to add up to 1. Within a stratum, rows come in a shuffled order of their own, drawn anew from
 ``(seed, stratum, pass)`` each time the stratum is used up; a batch never holds a row twice (at a
 pass's end, rows of the new pass already in the batch wait for the next one).
@@ -213,16 +216,18 @@ class StratifiedSampler:
         return result
 
     def _allocate(self) -> dict[str, int]:
-        """Seats of the next batch per stratum: each to the stratum furthest below its share so far."""
-        shares, given = self.shares[self._level], dict(self._given)
-        handed = self._level_batches * self.batch_size
-        seats: dict[str, int] = {}
-        for seat in range(self.batch_size):
-            deficits = {name: share * (handed + seat + 1) - given.get(name, 0) for name, share in shares.items()}
-            name = max(shares, key=lambda n: deficits[n])  # max keeps the first of equals: the order strata were named
-            given[name] = given.get(name, 0) + 1
-            seats[name] = seats.get(name, 0) + 1
-        return seats
+        """Seats of the next batch per stratum, by largest remainder: each stratum the whole part of its share of
+        the batch, the seats left one each to the strata with the largest remainders, a remainder counting what
+        the stratum is short of its share of every row handed out at this level so far (so a remainder passed
+        over in one batch wins a later one)."""
+        shares, given = self.shares[self._level], self._given
+        total = (self._level_batches + 1) * self.batch_size
+        seats = {name: int(np.floor(share * self.batch_size + 1e-9)) for name, share in shares.items()}
+        owed = {name: share * total - given.get(name, 0) - seats[name] for name, share in shares.items()}
+        left = self.batch_size - sum(seats.values())
+        for name in sorted(shares, key=lambda n: -owed[n])[:left]:  # a stable sort: equals in the order strata were named
+            seats[name] += 1
+        return {name: count for name, count in seats.items() if count}
 
     def _next_batch(self) -> np.ndarray:
         with self._lock:  # the level, the cursors and the counts move together

@@ -1,6 +1,7 @@
 """data.sampler: strata held at their shares, a curriculum that steps up and holds, exact resumes."""
 
 import json
+import math
 import sys
 import threading
 from collections import Counter
@@ -38,9 +39,24 @@ def test_each_stratum_holds_its_share_of_every_batch_and_of_the_run():
         counts = Counter(STRATA[row] for row in batch)
         assert sum(counts.values()) == 8 and len(set(batch)) == 8  # a batch never holds a row twice
         for name, share in wanted.items():
-            assert abs(counts[name] - 8 * share) < 1 + 1e-9  # within one row of its share, batch by batch
+            assert abs(counts[name] - 8 * share) < 1  # its share rounded down or up, batch by batch
         given += counts
         assert all(abs(given[name] - 8 * k * share) < 1 for name, share in wanted.items())  # and over the run so far
+
+
+def test_each_batch_is_allocated_by_largest_remainder_and_the_remainders_take_turns():
+    """Weights as a mixture's: each stratum's count in a batch is its quota rounded down or up, and a
+    remainder passed over in one batch wins a later one (three equal strata: 3 3 2, 3 2 3, 2 3 3)."""
+    equal = StratifiedSampler(STRATA, 8, seed=0, shares={"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})
+    assert [tuple(Counter(STRATA[r] for r in batch)[n] for n in "abc") for batch in batches(equal, 3)] == [(3, 3, 2), (3, 2, 3), (2, 3, 3)]
+    weighted = StratifiedSampler(STRATA, 8, seed=0, shares={"a": 0.5, "b": 0.3, "c": 0.2})  # quotas 4, 2.4, 1.6
+    drawn = [Counter(STRATA[r] for r in batch) for batch in batches(weighted, 10)]
+    assert all(c["a"] == 4 and c["b"] in (2, 3) and c["c"] in (1, 2) and sum(c.values()) == 8 for c in drawn)
+    assert sum(drawn, Counter()) == {"a": 40, "b": 24, "c": 16}  # 10 batches: exactly the weights
+    uneven = {"a": 0.08, "b": 0.66, "c": 0.26}  # quotas 0.72, 5.94, 2.34 of 9: seat by seat, b once took 7
+    for batch in batches(StratifiedSampler(STRATA, 9, seed=0, shares=uneven), 20):
+        counts = Counter(STRATA[r] for r in batch)
+        assert all(math.floor(9 * share) <= counts[name] <= math.ceil(9 * share) for name, share in uneven.items()), counts
 
 
 def test_without_shares_strata_get_batches_in_proportion_to_their_rows():
