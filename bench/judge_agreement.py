@@ -4,7 +4,7 @@ behind ``reward.judge.min_agreement``'s default (docs/rewards.md).
 The judge part is the doctor's diagnosis check as a rubric part (the doctor's own question, parser
 ``yes_no``, rule ``synthetic_doctor``); the rows are ``--cases`` held-out synthetic-doctor cases. The check
 is the one a run makes before training (``rewards/judge.py agreement``): each case's own diagnosis
-(the rule says right) and the next case's (the rule says wrong), one batched request to the Env-LLM
+(the rule says right) and the next case's that the rule rejects (wrong), one batched request to the Env-LLM
 worker serving ``env.llm.model_path`` (SmolLM2-135M-Instruct by default) on local Ray, greedy.
 
 Writes the figures to ``--out`` (docs/measured/judge_agreement.txt); the last line is
@@ -57,18 +57,15 @@ def main() -> None:
     finally:
         roles.release()
         ray.shutdown()
-    right_agreed, right_checked = found.right
-    wrong_checked = found.checked - right_checked
-    wrong_agreed = found.agreed - right_agreed
     lines = [
         "$ python -m bench.judge_agreement " + " ".join(sys.argv[1:]),
         f"# {datetime.date.today()}, at {_commit()}; {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
         f"judge model: {config.env.llm.model_path} ({config.env.llm.rollout}, greedy, max_tokens={config.env.llm.max_tokens})",
-        f"rows: {len(rows)} held-out synthetic-doctor cases; asked {found.asked} (each case's own diagnosis, and the next case's)",
-        f"readable verdicts: {found.checked} of {found.asked}",
-        f"agreement with the synthetic_doctor rule: {found.share:.3f} ({found.agreed} of {found.checked})",
-        f"  on right diagnoses (rule: yes): {right_agreed} of {right_checked} said yes",
-        f"  on wrong diagnoses (rule: no): {wrong_agreed} of {wrong_checked} said no",
+        f"rows: {len(rows)} held-out synthetic-doctor cases; asked {found.asked} (each case's own diagnosis, and another case's)",
+        f"readable verdicts: {found.readable} of {found.asked} (an unreadable one counts as a disagreement)",
+        f"agreement with the synthetic_doctor rule: {found.share:.3f} ({found.agreed} of {found.asked})",
+        f"  on right diagnoses (rule: yes): {found.right[0]} of {found.right[1]} said yes",
+        f"  on wrong diagnoses (rule: no): {found.wrong[0]} of {found.wrong[1]} said no",
         f"judge_agreement: {found.share:.3f}",
     ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

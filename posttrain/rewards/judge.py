@@ -142,6 +142,15 @@ def _check_template(prompt: str, where: str) -> None:
         if name not in FIELDS[:-1] and not re.fullmatch(r"extra_info\[[^\]]+\]", name):
             raise InputError(f"{where}: the judge's prompt names {{{name}}}; it may name {{answer}}, {{ground_truth}}, {{question}}, "
                              "{data_source} and {extra_info[KEY]}")
+    try:  # a format spec or conversion a text cannot take ({answer:d}) fails here, not at every scoring call
+        prompt.format_map({name: "text" for name in FIELDS[:-1]} | {"extra_info": _AnyKey()})
+    except (ValueError, TypeError, AttributeError) as error:
+        raise InputError(f"{where}: the judge's prompt cannot be filled with text ({error}); drop the format spec") from None
+
+
+class _AnyKey(dict):
+    def __missing__(self, key: str) -> str:
+        return "text"
 
 
 def gold_text(ground_truth: Any) -> str:
@@ -204,43 +213,68 @@ def accepted(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Agreement:
-    agreed: int
-    checked: int   # pairs the judge gave a readable verdict on
-    asked: int     # pairs put to it
-    right: tuple[int, int] = (0, 0)  # (agreed, checked) on the answers the rule accepts; the rest were wrong ones
+    right: tuple[int, int]  # (agreed, asked) on right answers: the rows' own gold answers, which the rule accepts
+    wrong: tuple[int, int]  # (agreed, asked) on wrong ones: another row's gold answer, which the rule rejects
+    readable: int           # replies the parser could read (a failed or unreadable one counts as a disagreement)
+
+    @property
+    def agreed(self) -> int:
+        return self.right[0] + self.wrong[0]
+
+    @property
+    def asked(self) -> int:
+        return self.right[1] + self.wrong[1]
 
     @property
     def share(self) -> float:
-        """The share of readable verdicts that equal the rule's (0 when there were none: a judge never read is no judge)."""
-        return self.agreed / self.checked if self.checked else 0.0
+        """The share of the questions whose verdict equals the rule's (0 when none was asked)."""
+        return self.agreed / self.asked if self.asked else 0.0
+
+    @property
+    def decided(self) -> bool:
+        """Whether the check had right and wrong answers both: else it says nothing of the judge."""
+        return self.right[1] > 0 and self.wrong[1] > 0
 
 
 def agreement(question: JudgeQuestion, client: EnvLLM, rows: Sequence[tuple[Any, Any, Any, Any]],
               timeout_s: float | None = None) -> Agreement:
     """How often the judge agrees with its rule on answers the rule decides: for each row
-    ``(prompt, ground_truth, data_source, extra_info)`` its own gold answer (the rule says right) and the
-    next row's gold answer where the rule says it is wrong. One batched request; a reply that failed or
-    could not be read is left out of the share (``checked``)."""
+    ``(prompt, ground_truth, data_source, extra_info)`` whose gold answer the rule accepts, that answer, and
+    the gold answer of the next row that the rule rejects for it. One batched request; a reply that failed
+    or could not be read counts as a disagreement, so a judge that never answers readably agrees on nothing,
+    and one that always answers the same on about half. An InputError where the prompt names an
+    ``extra_info`` key a row lacks."""
     from posttrain.rewards.registry import context_keywords
 
     if question.rule is None:
         raise ValueError("the agreement check needs the judge's rule")
+    keywords = context_keywords(question.rule)
+
+    def rule_says(answer: str, truth: Any, source: Any, info: Any) -> bool:
+        context = {"data_source": source, "extra_info": info}
+        return accepted(question.rule(solution_str=answer, ground_truth=truth, **{k: context[k] for k in keywords if k in context}))
+
     readable = [row for row in rows if reference_answer(row[1]) is not None]
     pairs: list[tuple[list[dict[str, str]], bool]] = []
-    keywords = context_keywords(question.rule)
     for index, (prompt, truth, source, info) in enumerate(readable):
-        context = {"data_source": source, "extra_info": info}
-        candidates = [reference_answer(truth)]
-        if len(readable) > 1:
-            candidates.append(reference_answer(readable[(index + 1) % len(readable)][1]))
-        for answer in dict.fromkeys(candidates):
-            verdict = accepted(question.rule(solution_str=answer, ground_truth=truth, **{k: context[k] for k in keywords if k in context}))
-            if answer != candidates[0] and verdict:
-                continue  # a neighbour's answer the rule accepts says nothing about a wrong one
-            pairs.append((question.messages(answer, truth, prompt, source, info), verdict))
+        own = reference_answer(truth)
+        if not rule_says(own, truth, source, info):
+            continue  # a row its rule does not accept its own gold answer for decides nothing
+        others = (reference_answer(readable[(index + step) % len(readable)][1]) for step in range(1, len(readable)))
+        wrong = next((answer for answer in others if not rule_says(answer, truth, source, info)), None)
+        for answer, verdict in ((own, True), (wrong, False)):
+            if answer is None:
+                continue
+            try:
+                pairs.append((question.messages(answer, truth, prompt, source, info), verdict))
+            except (KeyError, IndexError) as error:
+                raise InputError(f"the judge's prompt names {error} of extra_info, which a row lacks; name keys every row has") from None
+    if len({verdict for _, verdict in pairs}) < 2:  # no right answer or no wrong one: nothing to ask (Agreement.decided)
+        return Agreement((0, sum(v for _, v in pairs)), (0, sum(not v for _, v in pairs)), 0)
     replies = ask(client, [messages for messages, _ in pairs], timeout_s) or [None] * len(pairs)
-    read = [(question.read(reply.text) if reply is not None and not reply.failed else None, verdict)
-            for reply, (_, verdict) in zip(replies, pairs)]
-    judged = [(value >= 0.5, verdict) for value, verdict in read if value is not None]
-    right = [said for said, verdict in judged if verdict]
-    return Agreement(sum(said == verdict for said, verdict in judged), len(judged), len(pairs), (sum(right), len(right)))
+    values = [question.read(reply.text) if reply is not None and not reply.failed else None for reply in replies]
+    counts = {True: [0, 0], False: [0, 0]}
+    for value, (_, verdict) in zip(values, pairs):
+        counts[verdict][1] += 1
+        counts[verdict][0] += value is not None and (value >= 0.5) == verdict
+    return Agreement(tuple(counts[True]), tuple(counts[False]), sum(v is not None for v in values))

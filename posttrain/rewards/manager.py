@@ -268,6 +268,7 @@ class RewardManager:
         unread = {p.name: np.zeros(rows) for p in self.rubric.judged}
         asked: list[tuple[Any, int]] = []
         conversations = []
+        unrendered = 0  # questions whose prompt could not be made: failed replies, for the breaker too
         for part in self.rubric.judged:
             by_rule = extra.get(f"{RUBRIC_PREFIX}{part.name}/rule")
             for row, answer in enumerate(answers):
@@ -278,8 +279,9 @@ class RewardManager:
                     continue
                 try:
                     conversations.append(part.judge.messages(answer.text, answer.ground_truth, answer.prompt, answer.data_source, answer.extra_info))
-                except (KeyError, IndexError, TypeError):  # the template names an extra_info key this row lacks
+                except (KeyError, IndexError, TypeError, ValueError):  # the template names an extra_info key this row lacks
                     values[part.name][row], failed[part.name][row] = 0.0, 1.0
+                    unrendered += 1
                     continue
                 asked.append((part, row))
         unanswered = 0
@@ -313,7 +315,7 @@ class RewardManager:
         if not np.isnan(acc).all():
             extra["acc"] = acc
         # replies and failures as this call saw them: a request past its deadline is failed here, whatever its thread counts later
-        seen = {"judge/replies": total(len(asked)), "judge/failures": total(unanswered)}
+        seen = {"judge/replies": total(len(asked) + unrendered), "judge/failures": total(unanswered + unrendered)}
         metrics = scored.metrics | _rubric_metrics(extra) | self.judge.drain_metrics() | seen
         return AnswerScores(scores, extra, metrics, scored.first_failure, scored.scored)
 

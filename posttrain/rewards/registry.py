@@ -51,6 +51,7 @@ DEFAULT_SCORE_FUNCTIONS: Mapping[str, ScoreFunction] = MappingProxyType(
         "synthetic_search": search_answer.compute_score,  # the search task's answer, for a tool-calling agent
         # the doctor's diagnosis by exact name (the rule of its judge part: docs/rewards.md)
         "synthetic_doctor": functools.partial(search_answer.compute_score, tag="diagnosis"),
+        "doctor": functools.partial(search_answer.compute_score, tag="diagnosis"),  # your cases (posttrain prepare doctor-json)
         "bfcl": bfcl.compute_score,  # BFCL's own AST checker on the calls (bfcl-eval, imported when first called)
         # the task's own score_answer on the item regenerated from the row (reasoning-gym, imported by the scoring process)
         reasoning_gym.DATA_SOURCE: reasoning_gym.SCORE_FUNCTION,

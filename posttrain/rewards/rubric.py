@@ -43,6 +43,7 @@ from posttrain.rewards.judge import JudgeQuestion, accepted, build_question
 from posttrain.rewards.registry import DEFAULT_SCORE_FUNCTIONS, ScoreFunction, context_keywords
 
 PREFIX = "rubric/"  # the extras a rubric returns; the manager logs them as reward/<name>
+RESERVED_NAMES = frozenset({"samples", "errors", "timeouts", "empty_responses", "overlong_fraction"})  # reward/<name> counts of their own
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ def build_rubric(parts: Sequence[Mapping[str, Any]]) -> Rubric:
             raise InputError(f"{where}: unknown keys {sorted(part)}; a part has name, weight, and rule or judge")
         if not isinstance(name, str) or not name.strip() or "/" in name:
             raise InputError(f"{where}: name={name!r}: give each part a name (no '/'), e.g. correct")
+        if name in RESERVED_NAMES:
+            raise InputError(f"{where}: name={name!r} is the reward path's own reward/{name} count; call the part otherwise")
         if name in {p.name for p in built}:
             raise InputError(f"{where}: name {name!r} is used twice; the parts are logged by name")
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) or weight <= 0:

@@ -74,14 +74,20 @@ def check_judge(config: PosttrainConfig, manager: RewardManager | BatchRewardMan
             continue
         found = agreement(part.judge, manager.judge, rows, settings.timeout_s)
         manager.judge.drain_metrics()  # the check's requests are not the first step's
-        print(f"posttrain: judge part {part.name!r} ({config.env.llm.url or config.env.llm.model_path}) agrees with its rule on "
-              f"{found.share:.2f} of {found.checked} answers it judged ({found.asked} asked; reward.judge.min_agreement={settings.min_agreement:g})")
+        model = config.env.llm.url or config.env.llm.model_path
+        if not found.decided:
+            print(f"posttrain: judge part {part.name!r} is not checked: its rule decides no right and wrong answer among the "
+                  f"{len(rows)} rows (it needs rows with a plain gold answer the rule accepts, and another it rejects)")
+            continue
+        summary = (f"{found.share:.2f} of {found.asked} answers (right ones: {found.right[0]} of {found.right[1]}, wrong ones: "
+                   f"{found.wrong[0]} of {found.wrong[1]}; {found.readable} replies readable)")
+        print(f"posttrain: judge part {part.name!r} ({model}) agrees with its rule on {summary}; "
+              f"reward.judge.min_agreement={settings.min_agreement:g}")
         if found.share < settings.min_agreement:
             raise JudgeDisagrees(
-                f"judge part {part.name!r} agrees with its rule on {found.share:.2f} of {found.checked} answers ({found.asked} asked), "
-                f"below reward.judge.min_agreement={settings.min_agreement:g}: its scores would teach what the rule does not. "
-                "Give the judge a clearer prompt or a stronger model (env.llm.model_path, or env.llm.url), "
-                "or lower reward.judge.min_agreement (null: no check)"
+                f"judge part {part.name!r} ({model}) agrees with its rule on {summary}, below reward.judge.min_agreement="
+                f"{settings.min_agreement:g}: its scores would teach what the rule does not. Give the judge a clearer prompt "
+                "or a stronger model (env.llm.model_path, or env.llm.url), or lower reward.judge.min_agreement (null: no check)"
             )
 
 

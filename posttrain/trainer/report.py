@@ -34,8 +34,6 @@ PANELS = {
     "memory": ("memory/",),
     "rubric": ("reward/",),
 }
-# the reward path's own counts under reward/; every other reward/<name> is a rubric's part (rewards/rubric.py)
-REWARD_COUNTS = frozenset({"reward/samples", "reward/errors", "reward/timeouts", "reward/empty_responses"})
 FIRST_SAMPLES = "first_samples.json"  # in <run_dir>/report/: the run's first validation's samples
 
 
@@ -52,7 +50,7 @@ def series(records: Sequence[dict], prefixes: Sequence[str]) -> dict[str, tuple[
     found: dict[str, tuple[list[int], list[float]]] = {}
     for record in records:
         for name, value in record["metrics"].items():
-            wanted = any(name == p or (p.endswith("/") and name.startswith(p) and _in_panel(p, name)) for p in prefixes)
+            wanted = any(name == p or (p.endswith("/") and name.startswith(p) and _in_panel(p, name, record["metrics"])) for p in prefixes)
             if wanted and value is not None:
                 steps, values = found.setdefault(name, ([], []))
                 steps.append(record["step"])
@@ -60,11 +58,11 @@ def series(records: Sequence[dict], prefixes: Sequence[str]) -> dict[str, tuple[
     return found
 
 
-def _in_panel(prefix: str, name: str) -> bool:
+def _in_panel(prefix: str, name: str, metrics: dict) -> bool:
     if prefix == "val/":
         return "/acc/" in name
-    if prefix == "reward/":
-        return name not in REWARD_COUNTS and "/" not in name.removeprefix(prefix)
+    if prefix == "reward/":  # a rubric's part: reward/<part>, logged beside its reward/<part>/errors (rewards/manager.py)
+        return "/" not in name.removeprefix(prefix) and f"{name}/errors" in metrics
     return True
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from posttrain.config.schema import EnvLLMConfig, PosttrainConfig
+from posttrain.errors import InputError
 from posttrain.metrics import values
 from posttrain.rewards import build_reward_manager
 from posttrain.rewards.judge import JudgeDisagrees, JudgeQuestion, gold_text
@@ -38,7 +39,7 @@ def stub():
 
 def judged_manager(stub, parts, **llm):
     """A rubric's manager connected to the stand-in judge as a run connects it (rollout/scoring.py open_judge)."""
-    manager = build_reward_manager(None, rubric=parts, timeout_s=None)
+    manager = build_reward_manager(None, rubric=parts, timeout_s=10.0)  # the rules in the scoring process, as in a run
     manager.judge_llm, manager.judge_timeout_s = EnvLLMConfig(url=stub.url, api_model="judge", retries=0, **llm), 30.0
     open_judge(manager, RolloutRoles(actor=None))
     return manager
@@ -162,20 +163,44 @@ def test_before_training_a_judge_that_disagrees_with_its_rule_is_refused(capsys)
         return "OK" if found is None else "yes" if found.group(1) == found.group(2) else "no"
 
     config = PosttrainConfig()
-    for judge, share in ((fair, 1.0), (lambda question: "yes", 0.5)):
+    cases = ((fair, "1.00 of 6 answers (right ones: 3 of 3, wrong ones: 3 of 3; 6 replies readable)"),
+             (lambda question: "yes", "0.50 of 6 answers (right ones: 3 of 3, wrong ones: 0 of 3; 6 replies readable)"),
+             (lambda question: "Hmm.", "0.00 of 6 answers (right ones: 0 of 3, wrong ones: 0 of 3; 0 replies readable)"))
+    for judge, summary in cases:
         server = Stub(judge)
         manager = judged_manager(server, [{"name": "same", "judge": SAME}])
         try:
-            if share < config.reward.judge.min_agreement:
-                with pytest.raises(JudgeDisagrees, match=r"agrees with its rule on 0\.50 of 6 answers \(6 asked\), below reward\.judge\.min_agreement=0\.8"):
-                    check_judge(config, manager, _rows("12", "7", "30"))
-            else:
+            if judge is fair:
                 check_judge(config, manager, _rows("12", "7", "30"))
+            else:  # always the same verdict, or none readable: refused
+                with pytest.raises(JudgeDisagrees, match=re.escape(summary) + r", below reward\.judge\.min_agreement=0\.8"):
+                    check_judge(config, manager, _rows("12", "7", "30"))
         finally:
             manager.close()
             server.close()
-        assert len(judge_prompts(server)) == 6  # each row's own answer and its neighbour's
-        assert f"agrees with its rule on {share:.2f} of 6 answers" in capsys.readouterr().out
+        assert len(judge_prompts(server)) == 6  # each row's own answer and another row's
+        assert f"agrees with its rule on {summary}" in capsys.readouterr().out
+
+
+def test_an_agreement_check_that_decides_nothing_is_skipped_and_a_missing_key_is_refused(capsys):
+    server = Stub(lambda question: "yes")
+    manager = judged_manager(server, [{"name": "same", "judge": SAME}])
+    keyed = judged_manager(server, [{"name": "keyed", "judge": SAME | {"prompt": SAME["prompt"] + " Topic: {extra_info[topic]}"}}])
+    try:
+        check_judge(PosttrainConfig(), manager, _rows("12", "12"))  # no answer the rule rejects: nothing to check against
+        assert "judge part 'same' is not checked" in capsys.readouterr().out
+        with pytest.raises(InputError, match="names 'topic' of extra_info"):
+            check_judge(PosttrainConfig(), keyed, _rows("12", "7"))
+        scored = keyed.score(answers("#### 5", "#### 6"))  # while scoring, each such question fails, counted for the breaker
+    finally:
+        manager.close()
+        keyed.close()
+        server.close()
+    assert judge_prompts(server) == [] and scored.scores.tolist() == [0.0, 0.0]
+    logged = values(scored.metrics)
+    assert (logged["judge/failures"], logged["judge/replies"], logged["reward/keyed/errors"]) == (2, 2, 2)
+    with pytest.raises(CircuitBreakerError, match="circuit breaker 'judge'"):
+        CircuitBreakers(BreakerLimits()).check_rollout(scored.metrics, 1)
 
 
 def test_a_judge_part_makes_the_run_start_the_env_llm():

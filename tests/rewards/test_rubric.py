@@ -75,6 +75,8 @@ def test_through_the_reward_path_each_part_is_logged_and_a_failing_part_costs_on
     ([{"name": "a", "judge": {"prompt": "Grade {answer}", "parser": "choice"}}], "needs choices"),
     ([{"name": "a", "judge": {"prompt": "Grade {answer}", "parser": "score", "scale": 0}}], "scale=0 must be a positive"),
     ([{"name": "a", "judge": {"prompt": "Is {answer} right?", "rule": "no_such_source"}}], "neither a data source"),
+    ([{"name": "a", "judge": {"prompt": "Is {answer:d} right?"}}], "cannot be filled with text"),
+    ([{"name": "errors", "rule": "arithmetic"}], "the reward path's own reward/errors count"),
     ([{"rule": "arithmetic"}], "give each part a name"),
     ([], "empty"),
 ])

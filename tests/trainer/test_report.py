@@ -7,7 +7,7 @@ def test_report_plots_logged_metrics_and_quotes_samples(tmp_path):
     tracking.log({"val/arith/acc/mean@1": 0.1}, 0)
     for step in (1, 2, 3):
         tracking.log({"critic/score/mean": step / 10, "response_length/mean": 20 + step, "actor/ppo_kl": 0.01 * step,
-                      "memory/policy/rss_gb": 3.0 + step, "reward/samples": 8, "reward/errors": 0,  # the reward path's counts
+                      "memory/policy/rss_gb": 3.0 + step, "reward/samples": 8, "reward/errors": 0, "reward/overlong_fraction": 0.1,  # no parts
                       "reward/polite": 0.25 * step, "reward/polite/errors": 1, "reward/polite/unparsable": step - 1}, step)
     tracking.log({"val/arith/acc/mean@1": 0.3, "val/arith/reward/mean@1": 0.5}, 3)
     tracking.close()
@@ -20,7 +20,7 @@ def test_report_plots_logged_metrics_and_quotes_samples(tmp_path):
     assert "- `val/arith/acc/mean@1`: 0.100 (step 0) → 0.300 (step 3)" in text  # the run's first validation → its last
     # a rubric's parts (not the reward path's own counts), with their failures over the run
     assert "- `reward/polite`: 0.250 (step 1) → 0.750 (step 3); 3 failed, 3 unread (judge) over the run" in text
-    assert "reward/samples" not in text and "![rubric](rubric.png)" in text
+    assert "reward/samples" not in text and "reward/overlong_fraction" not in text and "![rubric](rubric.png)" in text
     from posttrain.trainer.tracking import read_jsonl
 
     val = series(read_jsonl(tmp_path / "metrics.jsonl"), ("val/",))
