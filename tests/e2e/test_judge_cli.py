@@ -76,3 +76,20 @@ def test_a_judge_scores_a_run_survives_its_death_and_replays_from_its_cache(tmp_
     assert shown[0]["val/judge/cached_replies"] == "0.0000" and float(shown[0]["val/judge/replies"]) > 0
     assert shown[1]["val/judge/cached_replies"] == shown[0]["val/judge/replies"]
     assert shown[1]["val/reward/judged_right"] == shown[0]["val/reward/judged_right"]
+
+
+def test_an_async_runs_generator_asks_the_judge(tmp_path):
+    """Async mode: the generator's rollout connects its own judge client to the run's Env-LLM worker, and its
+    judge counts come back with each unit."""
+    tiny = str(cached_tiny_model("llama"))
+    config = tmp_path / "judged.yaml"
+    config.write_text(JUDGED.replace("min_agreement: 0.0", "min_agreement: null"))
+    done = run([sys.executable, "-m", "posttrain.cli", "train", "--config", str(config), f"actor_rollout_ref.model.path={tiny}",
+                f"env.llm.model_path={tiny}", *TINY_RUN, f"trainer.default_local_dir={tmp_path}", "trainer.mode=async"])
+    assert done.returncode == 0, done.stdout[-4000:]
+    logged = records(tmp_path)
+    assert [r["step"] for r in logged] == [1, 2]
+    for record in logged:
+        metrics = record["metrics"]
+        assert 0 < metrics["judge/replies"] <= 8 and metrics["judge/failures"] == 0 and metrics["judge/requests"] >= 1
+        assert "reward/judged_right" in metrics
