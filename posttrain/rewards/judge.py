@@ -41,6 +41,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from posttrain.errors import InputError, PosttrainError
 
 # The client is posttrain.agents.env_llm's EnvLLM (``chat(conversations) -> replies``, each with ``text`` and
@@ -202,6 +204,56 @@ def ask(client: EnvLLM, conversations: Sequence[Messages], timeout_s: float | No
     if "error" in box:
         raise box["error"]
     return list(box["replies"]) if "replies" in box else None
+
+
+@dataclass
+class Judged:
+    """Each judge part's value per answer (NaN: not scored), and per answer 1 where its question failed or its
+    reply could not be read; ``asked`` counts the questions (sent, or failed to render), ``failures`` those with no reply."""
+
+    values: dict[str, np.ndarray]
+    failed: dict[str, np.ndarray]
+    unread: dict[str, np.ndarray]
+    asked: int = 0
+    failures: int = 0
+    late: bool = False
+
+
+def judge_answers(parts: Sequence[Any], client: EnvLLM, timeout_s: float | None, answers: Sequence[Any],
+                  scored: np.ndarray, columns: Mapping[str, np.ndarray]) -> Judged:
+    """The judge parts (rubric parts with a ``judge``) for every answer the scoring call ``scored`` (answers carry
+    ``text``, ``ground_truth``, ``prompt``, ``data_source``, ``extra_info``): 1 where the part's rule accepted it
+    (``columns``' ``rubric/<name>/rule``), else its question, all in one request (:func:`ask`)."""
+    rows = len(answers)
+    judged = Judged({p.name: np.full(rows, np.nan) for p in parts}, {p.name: np.zeros(rows) for p in parts},
+                    {p.name: np.zeros(rows) for p in parts})
+    asked, conversations = [], []
+    for part in parts:
+        by_rule = columns.get(f"rubric/{part.name}/rule")
+        for row, answer in enumerate(answers):
+            if answer is None or not scored[row]:
+                continue
+            if by_rule is not None and by_rule[row] == 1.0:
+                judged.values[part.name][row] = 1.0
+                continue
+            try:
+                conversations.append(part.judge.messages(answer.text, answer.ground_truth, answer.prompt, answer.data_source, answer.extra_info))
+                asked.append((part, row))
+            except (KeyError, IndexError, TypeError, ValueError):  # the template names an extra_info key this row lacks
+                judged.values[part.name][row], judged.failed[part.name][row] = 0.0, 1.0
+                judged.asked, judged.failures = judged.asked + 1, judged.failures + 1
+    replies = ask(client, conversations, timeout_s)
+    judged.late, judged.asked = replies is None and bool(conversations), judged.asked + len(asked)
+    for (part, row), reply in zip(asked, replies or [None] * len(asked)):
+        value = None if reply is None or reply.failed else part.judge.read(reply.text)
+        if reply is None or reply.failed:
+            judged.values[part.name][row], judged.failed[part.name][row] = 0.0, 1.0
+            judged.failures += 1
+        elif value is None:
+            judged.values[part.name][row], judged.unread[part.name][row] = part.judge.unparsable, 1.0
+        else:
+            judged.values[part.name][row] = value
+    return judged
 
 
 def accepted(value: Any) -> bool:

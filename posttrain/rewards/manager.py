@@ -60,7 +60,7 @@ from posttrain import keys
 from posttrain.metrics import Metrics, mean, total
 from posttrain.protocol import Batch
 from posttrain.rewards.custom import FileScoreFunction
-from posttrain.rewards.judge import ask
+from posttrain.rewards.judge import judge_answers
 from posttrain.rewards.rubric import PREFIX as RUBRIC_PREFIX
 from posttrain.rewards.rubric import Rubric, build_rubric
 from posttrain.rewards.registry import (
@@ -262,52 +262,12 @@ class RewardManager:
         if self.judge is None:
             raise RuntimeError("the rubric has judge parts but no judge is connected: open the rollout first (rollout/scoring.py open_judge)")
         assert self.rubric is not None and scored.scored is not None
-        extra, rows = dict(scored.extra), len(answers)
-        values = {p.name: np.full(rows, np.nan) for p in self.rubric.judged}
-        failed = {p.name: np.zeros(rows) for p in self.rubric.judged}
-        unread = {p.name: np.zeros(rows) for p in self.rubric.judged}
-        asked: list[tuple[Any, int]] = []
-        conversations = []
-        unrendered = 0  # questions whose prompt could not be made: failed replies, for the breaker too
-        for part in self.rubric.judged:
-            by_rule = extra.get(f"{RUBRIC_PREFIX}{part.name}/rule")
-            for row, answer in enumerate(answers):
-                if answer is None or not scored.scored[row]:
-                    continue
-                if by_rule is not None and by_rule[row] == 1.0:
-                    values[part.name][row] = 1.0
-                    continue
-                try:
-                    conversations.append(part.judge.messages(answer.text, answer.ground_truth, answer.prompt, answer.data_source, answer.extra_info))
-                except (KeyError, IndexError, TypeError, ValueError):  # the template names an extra_info key this row lacks
-                    values[part.name][row], failed[part.name][row] = 0.0, 1.0
-                    unrendered += 1
-                    continue
-                asked.append((part, row))
-        unanswered = 0
-        replies = ask(self.judge, conversations, self.judge_timeout_s)
-        if replies is None:
-            logger.warning("reward: the judge did not answer %d questions within reward.judge.timeout_s=%gs; they score 0",
-                           len(conversations), self.judge_timeout_s)
-        for (part, row), reply in zip(asked, replies or [None] * len(asked)):
-            failed_reply = reply is None or reply.failed
-            value = None if failed_reply else part.judge.read(reply.text)
-            if failed_reply:
-                values[part.name][row], failed[part.name][row] = 0.0, 1.0
-                unanswered += 1
-            elif value is None:
-                values[part.name][row], unread[part.name][row] = part.judge.unparsable, 1.0
-            else:
-                values[part.name][row] = value
-        scores, acc = scored.scores.clone(), extra.get("acc")
-        acc = np.full(rows, np.nan) if acc is None or acc.dtype != np.float64 else acc.copy()
-        for row in np.flatnonzero(scored.scored):
-            parts = {p.name: float(extra[f"{RUBRIC_PREFIX}{p.name}"][row]) for p in self.rubric.parts if p.judge is None}
-            parts |= {name: float(v[row]) for name, v in values.items()}
-            accs = [bool(acc[row])] if not np.isnan(acc[row]) else []
-            accs += [parts[p.name] >= 1.0 for p in self.rubric.judged if p.judge.verdict]
-            score, verdict = self.rubric.combine(parts, accs)
-            scores[row], acc[row] = score, np.nan if verdict is None else float(verdict)
+        extra = dict(scored.extra)
+        judged = judge_answers(self.rubric.judged, self.judge, self.judge_timeout_s, answers, scored.scored, extra)
+        if judged.late:
+            logger.warning("reward: the judge did not answer within reward.judge.timeout_s=%gs; its questions score 0", self.judge_timeout_s)
+        values, failed, unread = judged.values, judged.failed, judged.unread
+        scores, acc = self.rubric.combine_rows(extra, values, scored.scored, scored.scores.clone())
         for name in values:
             extra[f"{RUBRIC_PREFIX}{name}"] = values[name]
             extra[f"{RUBRIC_PREFIX}{name}/errors"] = np.where(np.isnan(values[name]), np.nan, failed[name])
@@ -315,7 +275,7 @@ class RewardManager:
         if not np.isnan(acc).all():
             extra["acc"] = acc
         # replies and failures as this call saw them: a request past its deadline is failed here, whatever its thread counts later
-        seen = {"judge/replies": total(len(asked) + unrendered), "judge/failures": total(unanswered + unrendered)}
+        seen = {"judge/replies": total(judged.asked), "judge/failures": total(judged.failures)}
         metrics = scored.metrics | _rubric_metrics(extra) | self.judge.drain_metrics() | seen
         return AnswerScores(scores, extra, metrics, scored.first_failure, scored.scored)
 

@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from posttrain.errors import InputError, PosttrainError
 from posttrain.rewards.custom import FileScoreFunction
 from posttrain.rewards.judge import JudgeQuestion, accepted, build_question
@@ -146,6 +148,21 @@ class Rubric:
         if accs:
             out["acc"] = all(accs)
         return out
+
+    def combine_rows(self, columns: Mapping[str, np.ndarray], judged: Mapping[str, np.ndarray], scored: np.ndarray,
+                     scores: Any) -> tuple[Any, np.ndarray]:
+        """Each scored row's score and acc over all its parts: the rule parts' values in ``columns``
+        (``rubric/<name>``, and its ``acc``), the judge parts' in ``judged``; ``scores`` (B,) updated in place."""
+        acc = columns.get("acc")
+        acc = np.full(len(scored), np.nan) if acc is None or acc.dtype != np.float64 else acc.copy()
+        for row in np.flatnonzero(scored):
+            parts = {p.name: float(columns[f"{PREFIX}{p.name}"][row]) for p in self.parts if p.judge is None}
+            parts |= {name: float(values[row]) for name, values in judged.items()}
+            accs = [bool(acc[row])] if not np.isnan(acc[row]) else []
+            accs += [parts[p.name] >= 1.0 for p in self.judged if p.judge.verdict]
+            scores[row], verdict = self.combine(parts, accs)
+            acc[row] = np.nan if verdict is None else float(verdict)
+        return scores, acc
 
     def combine(self, parts: Mapping[str, float], accs: Sequence[bool]) -> tuple[float, bool | None]:
         """The answer's score, the weighted mean of every part's value (``parts``, by name), and its ``acc``:
