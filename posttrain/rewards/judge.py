@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from posttrain.errors import InputError, PosttrainError
+from posttrain.rewards.search_answer import gold_answers
 
 # The client is posttrain.agents.env_llm's EnvLLM (``chat(conversations) -> replies``, each with ``text`` and
 # ``failed``), duck-typed: rewards/ stands below agents/, and the scoring process imports this module with
@@ -156,26 +157,22 @@ class _AnyKey(dict):
 
 
 def gold_text(ground_truth: Any) -> str:
-    """The gold answers as the judge reads them: a str as it is, a list (or ``{"target": [...]}``) joined by " / "."""
-    if isinstance(ground_truth, Mapping) and "target" in ground_truth:
-        ground_truth = ground_truth["target"]
-    if hasattr(ground_truth, "tolist"):  # numpy array, as Parquet columns arrive
-        ground_truth = ground_truth.tolist()
-    if isinstance(ground_truth, (list, tuple)):
-        return " / ".join(str(g) for g in ground_truth)
-    return str(ground_truth)
+    """The gold answers as the judge reads them (``search_answer.gold_answers``: a str, a list, ``{"target": [...]}``)
+    joined by " / "; any other ground truth as its text."""
+    try:
+        return " / ".join(gold_answers(ground_truth))
+    except ValueError:  # a structure only a rule reads
+        return str(ground_truth)
 
 
 def reference_answer(ground_truth: Any) -> str | None:
     """A right answer to a row, for the agreement check: its gold answer (the first of several); None when
     the ground truth is not one (a structure only a rule reads)."""
-    if isinstance(ground_truth, Mapping) and "target" in ground_truth:
-        ground_truth = ground_truth["target"]
-    if hasattr(ground_truth, "tolist"):
-        ground_truth = ground_truth.tolist()
-    if isinstance(ground_truth, (list, tuple)) and ground_truth:
-        ground_truth = ground_truth[0]
-    return ground_truth if isinstance(ground_truth, str) and ground_truth.strip() else None
+    try:
+        answer = gold_answers(ground_truth)[0]
+    except ValueError:
+        return None
+    return answer if answer.strip() else None
 
 
 def last_user_text(prompt: Sequence[Mapping[str, Any]] | None) -> str:
@@ -245,14 +242,13 @@ def judge_answers(parts: Sequence[Any], client: EnvLLM, timeout_s: float | None,
     replies = ask(client, conversations, timeout_s)
     judged.late, judged.asked = replies is None and bool(conversations), judged.asked + len(asked)
     for (part, row), reply in zip(asked, replies or [None] * len(asked)):
-        value = None if reply is None or reply.failed else part.judge.read(reply.text)
         if reply is None or reply.failed:
             judged.values[part.name][row], judged.failed[part.name][row] = 0.0, 1.0
             judged.failures += 1
-        elif value is None:
-            judged.values[part.name][row], judged.unread[part.name][row] = part.judge.unparsable, 1.0
-        else:
-            judged.values[part.name][row] = value
+            continue
+        value = part.judge.read(reply.text)
+        judged.values[part.name][row] = part.judge.unparsable if value is None else value
+        judged.unread[part.name][row] = float(value is None)
     return judged
 
 

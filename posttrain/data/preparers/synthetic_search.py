@@ -329,10 +329,10 @@ def write_expert_transcripts(world: World, train: list[Question], out_dir: Path,
     wanted[1] = size + val_size - wanted[2]
     made: dict[int, list[list[dict[str, str]]]] = {1: [], 2: []}
     skipped = 0
+    retriever = _IndexRetriever(index)
     for question in train:
         if len(made[question.hops]) >= wanted[question.hops]:
             continue
-        retriever = _IndexRetriever(index)
         messages = expert_tool_transcript(question, retriever) if tool_format else expert_transcript(question, retriever, topk)
         if messages is None:
             skipped += 1
