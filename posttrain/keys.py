@@ -34,6 +34,7 @@ UID = "uid"                                 # str, unique per prompt, shared by 
 # rollout/program.py): group statistics count each episode once (algos/advantages.py ``per_episode``)
 EPISODE_IDS = "episode_ids"
 DATA_SOURCE = "data_source"                 # str, picks the reward function
+SOURCE = "source"                           # str, a mixture's source of the row (config/mixture.py); absent without a mixture
 GROUND_TRUTH = "ground_truth"               # Any, the reference answer
 RAW_PROMPT = "raw_prompt"                   # list[dict], chat messages before templating
 EXTRA_INFO = "extra_info"                   # dict, per-sample extras from the dataset

@@ -42,6 +42,7 @@ class EpisodeSample:
     ground_truth: Any
     data_source: str = ""
     extra_info: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""  # a mixture's source of the row (config/mixture.py); "" without one
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,9 @@ def _with_source(problem: Problem, sources: dict[str, str]) -> Problem:
     """A check's problem labelled with where its key was set (checks only know the key)."""
     if problem.source:
         return problem
-    return replace(problem, source=sources.get(_field_key(problem.key), "default"))
+    key = _field_key(problem.key)
+    key = "mixture" if key.startswith("mixture[") else key  # a source's key: where the mixture (a list, set whole) was set
+    return replace(problem, source=sources.get(key, "default"))
 
 
 ASYNC_SECTION = ("async", "async_")  # what users write, and the field's name (``async`` is a Python keyword)

@@ -401,3 +401,6 @@ class PosttrainConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     async_: AsyncConfig = field(default_factory=AsyncConfig)  # the key ``async`` (a Python keyword) in YAML and overrides
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    # several datasets in one run, each with its environment and weight (config/mixture.py):
+    # [{name, weight, data: {...}, env: {...}, reward: {...}, custom_reward_function: {...}}]
+    mixture: list[Any] = field(default_factory=list)

@@ -45,6 +45,7 @@ class PromptSample:
     extra_info: dict[str, Any]
     file: Path                          # where it was read, so a later check can name the row
     row: int                            # position within ``file``
+    source: str = ""                    # a mixture's source (config/mixture.py); "" without one
 
 
 class RLDataset:

@@ -177,6 +177,8 @@ def collate_prompts(samples: list[PromptSample], pad_token_id: int) -> Batch:
     width = max(len(s.prompt_ids) for s in samples)
     prompt_ids = pad_rows([s.prompt_ids for s in samples], width, pad_token_id, left=True)
     prompt_mask = pad_rows([[1] * len(s.prompt_ids) for s in samples], width, left=True)
+    # a mixture's rows say their source (its rollout sends each to its own); rows of no mixture have no such column
+    sources = {keys.SOURCE: [s.source for s in samples]} if any(s.source for s in samples) else {}
     return Batch.from_dict(
         tensors={keys.PROMPT_IDS: prompt_ids, keys.PROMPT_MASK: prompt_mask},
         non_tensors={
@@ -185,5 +187,5 @@ def collate_prompts(samples: list[PromptSample], pad_token_id: int) -> Batch:
             keys.GROUND_TRUTH: [s.ground_truth for s in samples],
             keys.EXTRA_INFO: [s.extra_info for s in samples],
             keys.UID: [str(uuid.uuid4()) for _ in samples],
-        },
+        } | sources,
     )

@@ -79,23 +79,51 @@ def responses_to_batch(prompts: Batch, sampled: Batch, *, max_response_length: i
 
 def join_rollouts(batches: Sequence[Batch], pad_token_id: int) -> Batch:
     """Concatenate rollouts whose prompts were padded to different widths: each one's prompt-side
-    columns are left-padded to the widest (position ids of padding are 0, as the builder makes them)."""
+    columns are left-padded to the widest (position ids of padding are 0, as the builder makes them).
+
+    A non-tensor column that only some pieces have is filled on the others' rows: a score function's
+    extra values (``reward_extra/...``) are missing from a piece where no sample was scored (every answer
+    unreadable, or every call failed), NaN there as for one unscored sample; in a mixture's batch
+    (rollout/mixture.py) an episode's columns (its transcript, counters) are None on single-turn rows, and
+    EPISODE_IDS (a program's) names each other row an episode of its own. Tensors must agree."""
     width = max(b[keys.PROMPT_IDS].shape[1] for b in batches)
-    # a score function's extra values (reward_extra/acc, ...) are missing from a piece where no sample was
-    # scored (every answer unreadable, or every call failed): NaN there, as for one unscored sample
-    extras = {key: batch.non_tensors[key] for batch in batches for key in batch.non_tensors if key.startswith(REWARD_EXTRA)}
+    examples = {key: batch.non_tensors[key] for batch in batches for key in batch.non_tensors}
+    tensor_keys = {key for batch in batches for key in batch.tensors}
     padded = []
-    for batch in batches:
+    for index, batch in enumerate(batches):
+        missing = sorted(tensor_keys - set(batch.tensors))
+        if missing:
+            raise ValueError(f"rollout piece {index} lacks the tensors {missing} that another piece has; pieces to join must make the same tensors")
         extra = width - batch[keys.PROMPT_IDS].shape[1]
         tensors = dict(batch.tensors)
         for key, value in _PROMPT_SIDE:
             tensors[key] = F.pad(batch[key], (extra, 0), value=pad_token_id if value is None else value)
         non_tensors = dict(batch.non_tensors)
-        for key, example in extras.items():
+        for key, example in examples.items():
             if key not in non_tensors:
-                non_tensors[key] = np.full(len(batch), np.nan) if example.dtype != object else np.array([None] * len(batch), dtype=object)
+                non_tensors[key] = _filler(key, example, len(batch), index)
         padded.append(Batch(tensors, non_tensors, {}))
     return Batch.concat(padded)
+
+
+def _filler(key: str, example: np.ndarray, rows: int, piece: int) -> np.ndarray:
+    """What a piece without column ``key`` holds there (:func:`join_rollouts`)."""
+    if key == keys.EPISODE_IDS:
+        return np.array([f"joined-{piece}-{row}" for row in range(rows)], dtype=object)
+    if example.dtype != object:
+        return np.full(rows, np.nan)
+    return np.array([None] * rows, dtype=object)
+
+
+def sample_accuracy(batch: Batch) -> np.ndarray:
+    """Each sample's accuracy: ``reward_extra/acc`` where the score function reported it, else score > 0
+    (so a sample it could not score, an error or an unreadable answer, is 0 and never NaN)."""
+    scores = batch[keys.TOKEN_SCORES].sum(-1).numpy()
+    positive = (scores > 0).astype(float)
+    if "reward_extra/acc" not in batch:
+        return positive
+    acc = np.array([np.nan if value is None else float(value) for value in batch["reward_extra/acc"]], dtype=float)
+    return np.where(np.isnan(acc), positive, acc)
 
 
 def prompt_token_lists(batch: Batch) -> list[list[int]]:

@@ -23,12 +23,16 @@ from posttrain.agents.env_llm import (
 from posttrain.config.schema import EnvLLMConfig, PosttrainConfig
 from posttrain.models import resolve_model
 from posttrain.protocol import Batch
+from posttrain.config.mixture import mixture_sources
 from posttrain.rollout.environments import load_env_class, wanted_resources
 from posttrain.rollout.roles import ChatModel
 
 
 def uses_env_llm(config: PosttrainConfig) -> bool:
-    """The environment asks for ``env_llm``, or a ``reward.rubric`` part is a judge (rewards/judge.py)."""
+    """The environment asks for ``env_llm``, or a ``reward.rubric`` part is a judge (rewards/judge.py); in a
+    mixture, any source's (they share the run's one Env-LLM, config/mixture.py)."""
+    if config.mixture:
+        return any(uses_env_llm(source.config) for source in mixture_sources(config))
     env = config.env
     if any(isinstance(part, Mapping) and part.get("judge") is not None for part in config.reward.rubric):
         return True

@@ -40,10 +40,12 @@ class SingleTurnRollout:
     """One response per row from ``actor.generate``, scored by the reward manager (+ reward model)."""
 
     def __init__(self, reward_manager: RewardManager | BatchRewardManager, max_response_length: int, pad_token_id: int,
-                 calls: CallsAnswers | None = None, reward_norm: str = "none") -> None:
+                 calls: CallsAnswers | None = None, reward_norm: str = "none", max_new_tokens: int | None = None) -> None:
         """``calls``: the responses' calls are the answer (rollout/calls.py); ``reward_norm``: ``env.reward_norm``
-        over the training batch (none, group, batch: rollout/groups.py ``normalize_rewards``)."""
+        over the training batch (none, group, batch: rollout/groups.py ``normalize_rewards``); ``max_new_tokens``:
+        a response's budget below ``max_response_length`` (a mixture's source's own, config/mixture.py)."""
         self.reward_manager, self.calls, self.reward_norm = reward_manager, calls, reward_norm
+        self.max_new_tokens = max_new_tokens
         self._counts: list[dict[str, float]] = []  # each response's counters, of the last scoring (calls only)
         self.max_response_length, self.pad_token_id = max_response_length, pad_token_id
         self.first_failures: dict[str, str] = {}  # of the last rollout, by circuit breaker (trainer/breakers.py)
@@ -86,7 +88,10 @@ class SingleTurnRollout:
         across it (:meth:`finish_batch`)."""
         timings = {} if timings is None else timings
         with timed(timings, "gen"):
-            sampled = roles.actor.generate(validation_view(batch) if validate else batch)
+            request = validation_view(batch) if validate else batch
+            if self.max_new_tokens is not None:
+                request = Batch(request.tensors, request.non_tensors, request.meta | {keys.TURN_MAX_NEW_TOKENS: self.max_new_tokens})
+            sampled = roles.actor.generate(request)
             responses = responses_to_batch(batch, sampled, max_response_length=self.max_response_length, pad_token_id=self.pad_token_id)
             if validate:
                 responses.meta.clear()

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from posttrain import keys
+from posttrain.config.mixture import MixtureSource
 from posttrain.config.schema import DataConfig
 from posttrain.data import PromptDataLoader, RLDataset, prepare, split_dev
 from posttrain.data.loader import row_of_uid
@@ -20,7 +22,8 @@ from posttrain.data.sampler import Curriculum, StratifiedSampler, row_value
 from posttrain.errors import InputError
 from posttrain.models import build_atomically, cache_root
 from posttrain.protocol import Batch
-from posttrain.trainer.validation import sample_accuracy
+from posttrain.rollout.batching import sample_accuracy
+from posttrain.rollout.toolbox import tool_schemas
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +33,9 @@ class RunData:
     train: PromptDataLoader | None  # None for an evaluation: it reads no training set
     val: PromptDataLoader | None
     val_dataset: RLDataset | None
-    data_dir: Path  # the first training file's directory (a search corpus may sit beside it); an evaluation's first validation file's
+    # the first training file's directory (a search corpus may sit beside it); an evaluation's first validation file's;
+    # a mixture's: each source's, by name
+    data_dir: Path | dict[str, Path]
 
 
 def resolve_files(data: DataConfig, training: bool = True) -> tuple[list[str], list[str]]:
@@ -77,6 +82,15 @@ def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, A
     prompt, in ``tool_format`` (``env.tool_format``). ``training`` False (an evaluation): the validation prompts only, and none of the training
     batch's rules (``data.train_batch_size`` against the training set's size) apply. With ``data.dev_size``
     the validation prompts are that many rows held back from the training files (``data.val_files`` unread)."""
+    train_set, val_set, data_dir = _datasets(data, tokenizer, tools, training, tool_format)
+    if not training:
+        return RunData(None, *_validation(data, val_set, tokenizer), data_dir)
+    return RunData(_training_loader(data, train_set, tokenizer, build_sampler(data, train_set)), *_validation(data, val_set, tokenizer), data_dir)
+
+
+def _datasets(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, Any]] | None, training: bool,
+              tool_format: str) -> tuple[RLDataset | None, RLDataset | None, Path]:
+    """(training rows or None for an evaluation, validation rows or None, the data's directory)."""
     held_back = data.dev_size > 0
     train_files, val_files = resolve_files(data, training or held_back)
     common = {
@@ -90,16 +104,57 @@ def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, A
     else:
         train_set = RLDataset(train_files, tokenizer, **common) if training else None
         val_set = RLDataset(val_files, tokenizer, **common) if val_files else None
-    if not training:
-        return RunData(None, *_validation(data, val_set, tokenizer), Path((train_files or val_files or ["."])[0]).parent)
+    return train_set, val_set, Path((train_files or val_files or ["."])[0]).parent
+
+
+def _training_loader(data: DataConfig, train_set: RLDataset, tokenizer: Any, sampler: StratifiedSampler | None) -> PromptDataLoader:
     if len(train_set) < data.train_batch_size:
         raise InputError(
             f"data.train_batch_size={data.train_batch_size} but the training set has only {len(train_set)} prompts "
             f"(after filtering {train_set.num_filtered} overlong ones); lower the batch size or add data"
         )
-    train = PromptDataLoader(train_set, data.train_batch_size, tokenizer.pad_token_id, shuffle=data.shuffle, seed=data.seed,
-                             sampler=build_sampler(data, train_set))
-    return RunData(train, *_validation(data, val_set, tokenizer), Path(train_files[0]).parent)
+    return PromptDataLoader(train_set, data.train_batch_size, tokenizer.pad_token_id, shuffle=data.shuffle, seed=data.seed, sampler=sampler)
+
+
+def build_mixture_data(data: DataConfig, sources: Sequence[MixtureSource], tokenizer: Any, training: bool = True) -> RunData:
+    """A mixture's rows (config/mixture.py): each source's datasets built from its own ``data`` with its own
+    tools, every row tagged with its source, joined; batches of the run's ``data`` settings, each holding the
+    sources by weight (the sampler's strata: a source each, its share its weight's). ``data_dir``: each
+    source's directory, by name."""
+    trains, vals, dirs = [], [], {}
+    for source in sources:
+        own = source.config
+        try:
+            train_set, val_set, dirs[source.name] = _datasets(own.data, tokenizer, tool_schemas(own.env), training, own.env.tool_format)
+        except InputError as error:
+            raise InputError(f"mixture source {source.name!r}: {error}") from None
+        trains.append(_tagged(train_set, source.name))
+        vals.append(_tagged(val_set, source.name))
+    val_set = _joined([v for v in vals if v is not None])
+    if not training:
+        return RunData(None, *_validation(data, val_set, tokenizer), dirs)
+    train_set = _joined(trains)
+    sampler = StratifiedSampler([sample.source for sample in train_set.samples], data.train_batch_size, seed=data.seed,
+                                shares={source.name: source.share for source in sources})
+    return RunData(_training_loader(data, train_set, tokenizer, sampler), *_validation(data, val_set, tokenizer), dirs)
+
+
+def _tagged(dataset: RLDataset | None, name: str) -> RLDataset | None:
+    if dataset is None:
+        return None
+    tagged = copy.copy(dataset)
+    tagged.samples = [replace(sample, source=name) for sample in dataset.samples]
+    return tagged
+
+
+def _joined(datasets: Sequence[RLDataset]) -> RLDataset | None:
+    """The datasets' rows one after another (None for none)."""
+    if not datasets:
+        return None
+    joined = copy.copy(datasets[0])
+    joined.samples = [sample for dataset in datasets for sample in dataset.samples]
+    joined.num_filtered = sum(dataset.num_filtered for dataset in datasets)
+    return joined
 
 
 def build_sampler(data: DataConfig, rows: Sequence[Any]) -> StratifiedSampler | None:

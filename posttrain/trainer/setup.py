@@ -16,13 +16,14 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.agents.env import EpisodeSample
+from posttrain.config.mixture import mixture_sources
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.models import load_tokenizer, resolve_model
-from posttrain.rollout import Rollout, build_rollout
+from posttrain.rollout import MixtureRollout, Rollout, build_rollout
 from posttrain.rollout.scoring import check_judge
 from posttrain.rollout.toolbox import tool_schemas
-from posttrain.trainer.data_setup import RunData, build_run_data
+from posttrain.trainer.data_setup import RunData, build_mixture_data, build_run_data
 from posttrain.trainer.roles import Roles
 from posttrain.trainer.validation import Validator
 
@@ -46,7 +47,9 @@ def rollout_setup(config: PosttrainConfig, training: bool = True) -> RolloutSetu
         resolve_model(config.critic.model_path)
     if config.reward_model.enable and config.reward_model.model_path:
         resolve_model(config.reward_model.model_path)
-    data = build_run_data(config.data, tokenizer, tool_schemas(config.env), training, config.env.tool_format)
+    sources = mixture_sources(config)
+    data = build_mixture_data(config.data, sources, tokenizer, training) if sources else \
+        build_run_data(config.data, tokenizer, tool_schemas(config.env), training, config.env.tool_format)
     epochs_steps = len(data.train) * config.trainer.total_epochs if data.train is not None else 0
     total_steps = min(config.trainer.total_training_steps or epochs_steps, epochs_steps)
     rollout = build_rollout(config, tokenizer, data.data_dir)
@@ -87,9 +90,14 @@ class BeforeTraining:
 
     def open(self, roles: Roles, resumed: Path | None) -> None:
         if resumed is None:
-            self.setup.rollout.before_training(self.samples())
-            judged = islice(self.samples(), self.setup.config.reward.judge.agreement_rows)
-            check_judge(self.setup.config, self.setup.rollout.reward_manager, list(judged))  # a rubric's judge against its rules
+            rollout = self.setup.rollout
+            rollout.before_training(self.samples())
+            # a rubric's judge against its rules; a mixture's: each source's, on its own rows
+            parts = [(s.name, s.config, rollout.parts[s.name].reward_manager) for s in rollout.sources] \
+                if isinstance(rollout, MixtureRollout) else [(None, self.setup.config, rollout.reward_manager)]
+            for name, config, manager in parts:
+                judged = islice((row for row in self.samples() if name is None or row.source == name), config.reward.judge.agreement_rows)
+                check_judge(config, manager, list(judged))
 
     def samples(self) -> Iterator[EpisodeSample]:
         """The rows as an environment sees them, read as far as it asks."""
@@ -97,7 +105,7 @@ class BeforeTraining:
         dataset = data.val_dataset or data.train.dataset
         for index in range(len(dataset)):
             row = dataset[index]
-            yield EpisodeSample(list(row.messages), row.ground_truth, row.data_source, dict(row.extra_info))
+            yield EpisodeSample(list(row.messages), row.ground_truth, row.data_source, dict(row.extra_info), row.source)
 
     def close(self) -> None:
         pass

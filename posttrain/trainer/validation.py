@@ -31,6 +31,7 @@ from posttrain.errors import InputError, MissingFileError
 from posttrain.metrics import merge, values
 from posttrain.protocol import Batch
 from posttrain.rollout import Rollout, join_rollouts
+from posttrain.rollout.batching import sample_accuracy
 from posttrain.trainer.intervals import interval_metrics, wilson
 from posttrain.trainer.report import Sample
 from posttrain.trainer.roles import Roles
@@ -77,7 +78,7 @@ class Validator:
         scores = batch[keys.TOKEN_SCORES].sum(-1)
         rows = list(range(count))
         if count and keys.EPISODE_STATS in batch:  # show at least one episode that acted (a search, a tool call) if any did
-            acted = [row for row in range(len(batch)) if batch[keys.EPISODE_STATS][row].get("num_turns", 1) > 1]  # a single turn acts once
+            acted = [row for row in range(len(batch)) if (batch[keys.EPISODE_STATS][row] or {}).get("num_turns", 1) > 1]  # a single turn acts once
             if acted and not set(acted) & set(rows):
                 rows[-1] = acted[0]
         samples = []
@@ -139,8 +140,9 @@ def episode_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict[
     parts = [name for name in batch.non_tensors if name.startswith(RUBRIC_COLUMNS) and "/" not in name[len(RUBRIC_COLUMNS):]]
     rows = []
     for row in range(len(batch)):
-        stats = dict(batch[keys.EPISODE_STATS][row]) if keys.EPISODE_STATS in batch else {}  # a single turn's counters, where it has them
-        if keys.TRANSCRIPT in batch:
+        # a single turn's counters, where it has them (a mixture's single-turn rows beside episodes: None)
+        stats = dict(batch[keys.EPISODE_STATS][row] or {}) if keys.EPISODE_STATS in batch else {}
+        if keys.TRANSCRIPT in batch and batch[keys.TRANSCRIPT][row] is not None:
             messages = list(batch[keys.TRANSCRIPT][row])
         else:
             length = int(response_attention_mask(batch)[row].sum())
@@ -150,7 +152,8 @@ def episode_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict[
             "data_source": str(batch[keys.DATA_SOURCE][row]), "extra_info": _plain(batch[keys.EXTRA_INFO][row]),
             "ground_truth": _plain(batch[keys.GROUND_TRUTH][row]), "reward": float(rewards[row]),
             "success": bool(success[row]), "messages": messages, "stats": stats, "response_tokens": int(trained[row]),
-        } | ({"rubric": {name[len(RUBRIC_COLUMNS):]: _plain(batch[name][row]) for name in parts}} if parts else {}))
+        } | ({"rubric": {name[len(RUBRIC_COLUMNS):]: _plain(batch[name][row]) for name in parts}} if parts else {})
+          | ({"source": str(batch[keys.SOURCE][row])} if keys.SOURCE in batch else {}))
     return rows
 
 
@@ -220,19 +223,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def sample_accuracy(batch: Batch) -> np.ndarray:
-    """Each sample's accuracy: ``reward_extra/acc`` where the score function reported it, else score > 0
-    (so a sample it could not score, an error or an unreadable answer, is 0 and never NaN)."""
-    scores = batch[keys.TOKEN_SCORES].sum(-1).numpy()
-    positive = (scores > 0).astype(float)
-    if "reward_extra/acc" not in batch:
-        return positive
-    acc = np.array([np.nan if value is None else float(value) for value in batch["reward_extra/acc"]], dtype=float)
-    return np.where(np.isnan(acc), positive, acc)
-
-
 def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
-    """Per data source: ``val/<source>/acc/mean@n`` (mean over all samples) and ``best@n`` (any of a
+    """Per data source (a mixture's: per source, its name): ``val/<source>/acc/mean@n`` (mean over all samples) and ``best@n`` (any of a
     prompt's n samples right), and ``maj@n`` when the scores carry predictions (``reward_extra/pred``),
     each with its 95 % interval (``acc_low`` / ``acc_high``, trainer/intervals.py).
 
@@ -242,7 +234,8 @@ def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
     acc = sample_accuracy(batch)
     predictions = batch["reward_extra/pred"] if "reward_extra/pred" in batch else None
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for row, (source, uid) in enumerate(zip(batch[keys.DATA_SOURCE], batch[keys.UID])):
+    sources = batch[keys.SOURCE] if keys.SOURCE in batch else batch[keys.DATA_SOURCE]
+    for row, (source, uid) in enumerate(zip(sources, batch[keys.UID])):
         groups[(source, uid)].append(row)
     per_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     sample_successes: dict[str, list[float]] = defaultdict(list)  # mean@n's trials are the samples

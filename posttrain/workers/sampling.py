@@ -58,7 +58,8 @@ class Sampling:
         validate = bool(batch.meta.get(VALIDATE_META_KEY, False))
         # Seeded by the weight version (restored with a checkpoint), so a resumed run samples as
         # the uninterrupted one would have.
-        params = generation_params(self.rollout_config, self.data.max_response_length, validation=validate, seed=self._seed())
+        budget = int(batch.meta.get(keys.TURN_MAX_NEW_TOKENS, self.data.max_response_length))  # a mixture's source may set less
+        params = generation_params(self.rollout_config, budget, validation=validate, seed=self._seed())
         self.rollout.wake_up()
         ids, mask = batch[keys.PROMPT_IDS], batch[keys.PROMPT_MASK].bool()
         generations = self.rollout.generate([row[row_mask].tolist() for row, row_mask in zip(ids, mask)], params)
