@@ -21,7 +21,7 @@ A recipe is a YAML file (the built-in ones are beside this file; ``posttrain rec
     table:
       rows: {base: base_eval, SFT: sft_eval, RL: rl_eval}   # label: an eval stage
       compare: [sft_eval, rl_eval]      # the paired difference of the last two rows
-      by: hops                          # also per value of extra_info[hops]
+      by: hops                          # also per value of extra_info[hops] (source: a mixture's sources)
 
 Each stage is a normal run of ``posttrain <command>`` in its own process and directory. A stage's
 output is its directory (prepare: the dataset; train: the run, whose latest checkpoint ``checkpoint:``

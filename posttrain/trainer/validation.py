@@ -297,9 +297,11 @@ def item_accuracies(path: Path) -> tuple[dict[str, float], dict[str, dict]]:
 
 
 def item_groups(keys: list[str], rows: dict[str, dict], by: str | None) -> dict[str, list[str]]:
-    """``keys`` under ``"all"`` and, with ``by``, under ``"<by>=<value>"`` per value of the row's ``extra_info[by]``."""
+    """``keys`` under ``"all"`` and, with ``by``, under ``"<by>=<value>"`` per value of the row's ``extra_info[by]``
+    (``source`` and ``data_source``: the row's own field, a mixture's source and the data source)."""
     groups = {"all": list(keys)}
     if by is not None:
         for key in keys:
-            groups.setdefault(f"{by}={(rows[key].get('extra_info') or {}).get(by)}", []).append(key)
+            value = rows[key].get(by) if by in ("source", "data_source") else (rows[key].get("extra_info") or {}).get(by)
+            groups.setdefault(f"{by}={value}", []).append(key)
     return groups
