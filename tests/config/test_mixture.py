@@ -87,3 +87,23 @@ def test_the_preset_is_a_valid_mixture_of_three_sources():
 
     config = load_run_config([preset_path("mixture_grpo")], [])
     assert [(s.name, s.share) for s in mixture_sources(config)] == [("arithmetic", 0.25), ("reasoning_gym", 0.5), ("guess_the_number", 0.25)]
+
+
+def test_async_generators_search_the_retriever_each_source_opened():
+    from types import SimpleNamespace
+
+    from posttrain.rollout import MixtureRollout
+    from posttrain.trainer.async_.coordinator import generator_config, retriever_urls
+
+    search = "{name: search, weight: 1, data: {builtin: synthetic-search}, env: {name: search}}"
+    config = load(mixture(ARITH, search))
+    opened = SimpleNamespace(retriever=SimpleNamespace(client=SimpleNamespace(url="http://127.0.0.1:9/")))
+    rollout = MixtureRollout.__new__(MixtureRollout)
+    rollout.parts = {"arith": SimpleNamespace(), "search": opened}
+    urls = retriever_urls(rollout)
+    assert urls == {"search": "http://127.0.0.1:9/"}
+    arith, found = mixture_sources(generator_config(config, urls))
+    assert (found.config.env.retriever.url, arith.config.env.retriever.url) == ("http://127.0.0.1:9/", None)
+    assert config.mixture[1].get("env") == {"name": "search"}  # the run's own config is untouched
+    assert retriever_urls(opened) == {None: "http://127.0.0.1:9/"}
+    assert generator_config(load(), {None: "http://x/"}).env.retriever.url == "http://x/"

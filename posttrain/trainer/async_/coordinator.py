@@ -28,6 +28,7 @@ import copy
 import json
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from ray.actor import ActorHandle
@@ -39,6 +40,7 @@ from posttrain.config.schema import PosttrainConfig
 from posttrain.controller import ResourcePool, WorkerDiedError, WorkerGroup, WorkerSpec
 from posttrain.controller.worker_group import kill_group, spawn_ray
 from posttrain.errors import PosttrainError
+from posttrain.rollout import MixtureRollout, Rollout
 from posttrain.rollout.generator import GeneratorWorker
 from posttrain.trainer.async_.buffer import UnitScheduler
 from posttrain.trainer.roles import SidePool
@@ -65,11 +67,22 @@ def generator_pools(config: PosttrainConfig) -> tuple[SidePool, ...]:
                           f"each of async.num_generators={options.num_generators} generators") for i in range(options.num_generators))
 
 
-def generator_config(config: PosttrainConfig, retriever_url: str | None) -> PosttrainConfig:
-    """The run's config as generators see it: the retriever the controller opened, by URL."""
+def retriever_urls(rollout: Rollout) -> dict[str | None, str]:
+    """The retrievers the controller's rollout opened, by URL: ``{None: url}``, or a mixture's by source name."""
+    parts = rollout.parts if isinstance(rollout, MixtureRollout) else {None: rollout}
+    return {name: part.retriever.client.url for name, part in parts.items() if getattr(part, "retriever", None)}
+
+
+def generator_config(config: PosttrainConfig, retriever_urls: Mapping[str | None, str]) -> PosttrainConfig:
+    """The run's config as generators see it: the retrievers the controller opened, by URL (a mixture's
+    source's in its own ``env``), so that generators search the same service instead of starting their own."""
     config = copy.deepcopy(config)
-    if retriever_url:
-        config.env.retriever.url = retriever_url
+    for name, url in retriever_urls.items():
+        if name is None:
+            config.env.retriever.url = url
+            continue
+        entry = next(entry for entry in config.mixture if entry["name"] == name)
+        entry.setdefault("env", {}).setdefault("retriever", {})["url"] = url
     return config
 
 

@@ -45,7 +45,7 @@ from posttrain.rollout.generator import GeneratedUnit, WeightBoard
 from posttrain.rollout.groups import dynamic_sample, update_batch_shape
 from posttrain.timing import timed
 from posttrain.trainer.async_.buffer import SchedulerClosed, UnitScheduler
-from posttrain.trainer.async_.coordinator import Generators, generator_config, generator_pools
+from posttrain.trainer.async_.coordinator import Generators, generator_config, generator_pools, retriever_urls
 from posttrain.trainer.breakers import BreakerLimits, CircuitBreakers
 from posttrain.trainer.checkpoint import ASYNC_STATE, step_of
 from posttrain.trainer.data_setup import CurriculumTracker, curriculum_tracker
@@ -121,10 +121,8 @@ class GeneratorFeed:
             self.scheduler.restore(self.restored)
             self.restored = None
         self.board = ray.remote(WeightBoard).options(num_cpus=0).remote()
-        rollout = self.setup.rollout
-        retriever = rollout.retriever.client.url if getattr(rollout, "retriever", None) else None
         self.generators = Generators(
-            generator_config(self.config, retriever), self.setup.data.data_dir, self.scheduler, self.board, roles.actor,
+            generator_config(self.config, retriever_urls(self.setup.rollout)), self.setup.data.data_dir, self.scheduler, self.board, roles.actor,
             roles.env_llm, [roles.pools.pool_of(pool.name) for pool in self.pools], Path(self.config.trainer.default_local_dir),
             WORKER_ENV, on_gpu=uses_gpu(self.config.trainer.device),
         )
