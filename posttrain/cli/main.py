@@ -181,7 +181,7 @@ def _add_recipe_commands(commands) -> None:
     compare = commands.add_parser("compare", help="two evaluations of the same items: accuracies and their difference, with 95%% intervals")
     compare.add_argument("first", type=Path, metavar="A.jsonl", help="episodes of one evaluation (`posttrain eval --dump-episodes`, or validation/step_N.jsonl)")
     compare.add_argument("second", type=Path, metavar="B.jsonl", help="episodes of the other, on the same items")
-    compare.add_argument("--by", metavar="KEY", help="also compare per value of extra_info[KEY], e.g. hops")
+    compare.add_argument("--by", metavar="KEY", help="also compare per value of extra_info[KEY], e.g. hops (source: a mixture's sources)")
     compare.set_defaults(run=_compare_command)
 
 
@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--checkpoint", help="a global_step_N directory or a run directory (its latest checkpoint)")
             command.add_argument("--dump-episodes", metavar="FILE.jsonl",
                                  help="write every validation episode (messages, reward, success, stats) to this file; `posttrain sft` reads it")
-            command.add_argument("--by", metavar="KEY", help="also summarise the episodes per value of extra_info[KEY], e.g. hops")
+            command.add_argument("--by", metavar="KEY", help="also summarise the episodes per value of extra_info[KEY], e.g. hops (source: a mixture's sources)")
 
     _add_recipe_commands(commands)
 

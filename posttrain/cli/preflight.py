@@ -72,7 +72,7 @@ def check_mixture(config: PosttrainConfig, command: str) -> list[Problem]:
     """A ``mixture``'s own rules (config/mixture.py), then each source's config judged as a run's would be
     (its environment, its files, its rubric, its sections' rules), each problem named by its source
     (``mixture[i].env.options``); the run's own sections are judged once, at the top."""
-    from posttrain.config.mixture import SECTIONS, mixture_problems, mixture_sources
+    from posttrain.config.mixture import mixture_problems, mixture_sources
 
     problems = mixture_problems(config)
     if problems or not config.mixture:
@@ -80,11 +80,12 @@ def check_mixture(config: PosttrainConfig, command: str) -> list[Problem]:
     if command == "sft":
         return [Problem("mixture", [source.get("name") for source in config.mixture],
                         "posttrain sft trains on one set of transcripts: give sft.train_files and leave the mixture out")]
+    top = {(p.key, p.message) for p in validate_config(config, command) + check_paths(config)}  # the run's own, reported once
     for index, source in enumerate(mixture_sources(config)):
         own = source.config
         found = validate_config(own, command) + check_paths(own)
         found += check_environment(own) if own.env.name is not None else unused_tools(own)
-        problems += [replace(p, key=f"mixture[{index}].{p.key}") for p in found if p.key.split(".")[0].split("[")[0] in SECTIONS]
+        problems += [replace(p, key=f"mixture[{index}].{p.key}") for p in found if (p.key, p.message) not in top]
     return problems
 
 

@@ -32,8 +32,13 @@ from posttrain.config.schema import PosttrainConfig
 from posttrain.errors import InputError, Problem
 
 SECTIONS = ("data", "env", "reward", "custom_reward_function")  # what a source may set of its own
-RUN_DATA_KEYS = ("train_batch_size", "val_batch_size", "seed", "shuffle", "sampler")  # the run's, for every source
-RUN_WIDE = {"data": RUN_DATA_KEYS, "env": ("llm",)}
+# the run's, for every source: the batch, the one Env-LLM, and the limits the circuit breakers read (over all sources' counts)
+RUN_WIDE = {
+    "data": ("train_batch_size", "val_batch_size", "seed", "shuffle", "sampler"),
+    "env": ("llm", "retriever.stop_at_failed_fraction"),
+    "reward": ("judge.stop_at_failed_fraction",),
+    "custom_reward_function": ("stop_at_failed_fraction",),
+}
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # a metric path segment: val/<name>/acc/...
 
 
@@ -112,9 +117,11 @@ def _section_problems(key: str, entry: Mapping[str, Any], config: PosttrainConfi
             problems.append(Problem(f"{key}.{section}", value, "a mapping of that section's keys"))
             continue
         for field in RUN_WIDE.get(section, ()):
-            if field in value:
-                problems.append(Problem(f"{key}.{section}.{field}", value[field], f"the run's, for every source: set {section}.{field} "
-                                        "at the top"))
+            head, _, rest = field.partition(".")
+            inner = value.get(head)
+            if head in value and (not rest or (isinstance(inner, Mapping) and rest in inner)):
+                problems.append(Problem(f"{key}.{section}.{field}", inner[rest] if rest else inner,
+                                        f"the run's, for every source: set {section}.{field} at the top"))
     if problems:
         return problems
     try:
@@ -130,6 +137,14 @@ def _section_problems(key: str, entry: Mapping[str, Any], config: PosttrainConfi
         if own > run:
             problems.append(Problem(f"{key}.data.{field}", own, f"at most the run's data.{field}={run}, which sizes the engine and "
                                     "every batch; raise the run's"))
+    if data.max_response_length < config.data.max_response_length and config.reward_model.overlong_buffer.enable:
+        problems.append(Problem(f"{key}.data.max_response_length", data.max_response_length, "reward_model.overlong_buffer measures "
+                                "every response against the run's data.max_response_length: give this source the run's budget, or "
+                                "turn the buffer off"))
+    if merged.env.filter_groups_quantile > 0:
+        problems.append(Problem(f"{key}.env.filter_groups_quantile", merged.env.filter_groups_quantile, "a source's groups are not "
+                                "dropped by their spread in a mixture (the batch would no longer split into its mini-batches); use "
+                                "algorithm.filter_groups (dynamic sampling), which fills the batch again"))
     return problems
 
 

@@ -14,6 +14,7 @@ Also here: prompts as token lists for the engine, and groups (each prompt repeat
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 
 import numpy as np
@@ -101,15 +102,15 @@ def join_rollouts(batches: Sequence[Batch], pad_token_id: int) -> Batch:
         non_tensors = dict(batch.non_tensors)
         for key, example in examples.items():
             if key not in non_tensors:
-                non_tensors[key] = _filler(key, example, len(batch), index)
+                non_tensors[key] = _filler(key, example, len(batch))
         padded.append(Batch(tensors, non_tensors, {}))
     return Batch.concat(padded)
 
 
-def _filler(key: str, example: np.ndarray, rows: int, piece: int) -> np.ndarray:
+def _filler(key: str, example: np.ndarray, rows: int) -> np.ndarray:
     """What a piece without column ``key`` holds there (:func:`join_rollouts`)."""
-    if key == keys.EPISODE_IDS:
-        return np.array([f"joined-{piece}-{row}" for row in range(rows)], dtype=object)
+    if key == keys.EPISODE_IDS:  # unique across joins too (dynamic sampling's rounds, an asynchronous batch's units)
+        return np.array([uuid.uuid4().hex for _ in range(rows)], dtype=object)
     if example.dtype != object:
         return np.full(rows, np.nan)
     return np.array([None] * rows, dtype=object)

@@ -18,11 +18,10 @@ the circuit breakers read), and each source's samples, mean score and accuracy a
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
-
-import copy
 
 import numpy as np
 
@@ -31,7 +30,7 @@ from posttrain.agents.env import EpisodeSample
 from posttrain.config.mixture import MixtureSource
 from posttrain.metrics import Metrics, mean, merge, total
 from posttrain.protocol import Batch
-from posttrain.rollout.batching import group_ids_of, join_rollouts, sample_accuracy
+from posttrain.rollout.batching import join_rollouts, sample_accuracy
 from posttrain.rollout.roles import RolloutRoles
 
 
@@ -91,7 +90,7 @@ class MixtureRollout:
             self.first_failures |= {f"{kind} ({name})": note for kind, note in self.parts[name].first_failures.items()}
             pieces.append(piece)
             metrics.append(part_metrics | source_metrics(name, piece))
-        joined, merged = self._join(pieces), merge(metrics)
+        joined, merged = self._join(pieces, batch), merge(metrics)
         if validate or not whole_batch:
             return joined, merged
         return self.finish_batch(joined, merged)
@@ -103,7 +102,7 @@ class MixtureRollout:
             piece, piece_metrics = self.parts[name].finish_batch(batch.index(rows), {})
             pieces.append(piece)
             merged.append(piece_metrics)
-        joined = self._join(pieces)
+        joined = self._join(pieces, batch)
         joined.meta = dict(batch.meta)
         return joined, merge(merged)
 
@@ -117,13 +116,18 @@ class MixtureRollout:
             raise ValueError(f"rows of sources {unknown}, which this mixture does not have ({sorted(self.parts)})")
         return {name: np.flatnonzero(names == name) for name in self.parts if (names == name).any()}
 
-    def _join(self, pieces: list[Batch]) -> Batch:
-        """The pieces as one batch: prompts padded to the widest, groups numbered across it, the oldest weights."""
+    def _join(self, pieces: list[Batch], batch: Batch) -> Batch:
+        """The pieces as one batch in ``batch``'s order of prompts (each group where its prompt was, so that its
+        GROUP_IDS still number the prompts: ReMax's baseline reads them so), prompts padded to the widest, the
+        oldest weights."""
         versions = [piece.meta.get(keys.WEIGHT_VERSION) for piece in pieces if keys.WEIGHT_VERSION in piece.meta]
         counts = [piece.meta.get(keys.GROUP_COUNT) for piece in pieces]
         joined = pieces[0] if len(pieces) == 1 else join_rollouts(pieces, self.pad_token_id)
-        if keys.GROUP_IDS in joined and len(pieces) > 1:
-            joined.tensors[keys.GROUP_IDS] = group_ids_of(joined[keys.UID])
+        first = {}
+        for row, uid in enumerate(batch[keys.UID]):
+            first.setdefault(uid, row)
+        order = np.argsort([first[uid] for uid in joined[keys.UID]], kind="stable")  # a program's samples stay together
+        joined = joined.index(order)
         if versions:
             joined.meta[keys.WEIGHT_VERSION] = min(versions)
         if all(count is not None for count in counts) and len(pieces) > 1:

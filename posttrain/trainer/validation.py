@@ -175,13 +175,13 @@ def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
 
 
 def summarize_rows(rows: Sequence[dict[str, Any]], by: str | None = None) -> dict[str, dict[str, float]]:
-    """Means per value of ``extra_info[by]`` (all rows under ``"all"``): ``episodes``, ``accuracy``
+    """Means per value of ``by`` (:func:`row_field`: ``extra_info[by]``, or a mixture's ``source``; all rows under ``"all"``): ``episodes``, ``accuracy``
     (with its 95 % Wilson interval, ``accuracy_low`` / ``accuracy_high``), ``reward``, every stat, and ``valid_action_ratio`` (valid actions over turns)."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         groups["all"].append(row)
         if by is not None:
-            groups[f"{by}={row['extra_info'].get(by)}"].append(row)
+            groups[f"{by}={row_field(row, by)}"].append(row)
     table = {}
     for name, members in groups.items():
         stats = sorted({key for row in members for key in row["stats"]})
@@ -235,6 +235,8 @@ def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
     predictions = batch["reward_extra/pred"] if "reward_extra/pred" in batch else None
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     sources = batch[keys.SOURCE] if keys.SOURCE in batch else batch[keys.DATA_SOURCE]
+    # maj@n for the sources whose scorer reports predictions (in a mixture, others' rows hold None)
+    predicted = set() if predictions is None else {source for source, vote in zip(sources, predictions) if vote is not None}
     for row, (source, uid) in enumerate(zip(sources, batch[keys.UID])):
         groups[(source, uid)].append(row)
     per_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -244,9 +246,10 @@ def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
         per_source[source]["mean"].append(float(acc[rows].mean()))
         per_source[source]["best"].append(float(acc[rows].max()))
         per_source[source]["reward"].append(float(scores[rows].mean()))
-        if predictions is not None:
+        if predictions is not None and source in predicted:
             votes = [predictions[r] for r in rows]
-            answered = [vote for vote in votes if vote == vote]  # NaN: no answer was extracted, which wins no vote
+            # NaN: no answer was extracted, which wins no vote; None: a row whose scorer reports no predictions
+            answered = [vote for vote in votes if vote is not None and vote == vote]
             winner = max(set(answered), key=answered.count) if answered else None
             majority = [acc[r] for r, vote in zip(rows, votes) if answered and vote == winner]
             per_source[source]["maj"].append(float(np.mean(majority)) if majority else 0.0)
@@ -271,8 +274,9 @@ def item_key(row: dict) -> str:
     messages = row.get("messages") or []
     first_answer = next((i for i, message in enumerate(messages) if message.get("role") == "assistant"), len(messages))
     index = (row.get("extra_info") or {}).get("index")
-    return json.dumps([row.get("data_source"), index, messages[:first_answer], row.get("ground_truth")],
-                      sort_keys=True, ensure_ascii=False)
+    item = [row.get("data_source"), index, messages[:first_answer], row.get("ground_truth")]
+    item += [row["source"]] if "source" in row else []  # a mixture's: two sources may hold the same rows
+    return json.dumps(item, sort_keys=True, ensure_ascii=False)
 
 
 def item_accuracies(path: Path) -> tuple[dict[str, float], dict[str, dict]]:
@@ -296,12 +300,16 @@ def item_accuracies(path: Path) -> tuple[dict[str, float], dict[str, dict]]:
     return {key: sum(values) / len(values) for key, values in successes.items()}, rows
 
 
+def row_field(row: dict, by: str) -> Any:
+    """An episode row's value of ``by``: its ``extra_info[by]``, or for ``source`` and ``data_source`` the row's
+    own field (a mixture's source, the data source)."""
+    return row.get(by) if by in ("source", "data_source") else (row.get("extra_info") or {}).get(by)
+
+
 def item_groups(keys: list[str], rows: dict[str, dict], by: str | None) -> dict[str, list[str]]:
-    """``keys`` under ``"all"`` and, with ``by``, under ``"<by>=<value>"`` per value of the row's ``extra_info[by]``
-    (``source`` and ``data_source``: the row's own field, a mixture's source and the data source)."""
+    """``keys`` under ``"all"`` and, with ``by``, under ``"<by>=<value>"`` per :func:`row_field`."""
     groups = {"all": list(keys)}
     if by is not None:
         for key in keys:
-            value = rows[key].get(by) if by in ("source", "data_source") else (rows[key].get("extra_info") or {}).get(by)
-            groups.setdefault(f"{by}={value}", []).append(key)
+            groups.setdefault(f"{by}={row_field(rows[key], by)}", []).append(key)
     return groups

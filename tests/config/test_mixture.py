@@ -62,6 +62,18 @@ def test_no_mixture_has_no_sources():
     ([mixture(ARITH, GAME.replace("name: textarena, options", "name: nosuch, options"))], "mixture[1].env.name = 'nosuch'"),
     ([mixture(ARITH, GAME.replace("max_turns: 3", "max_turns: 3, max_turn_tokens: 0"))], "mixture[1].env.max_turn_tokens = 0"),
     ([mixture(ARITH, "{name: files, weight: 1, data: {train_files: [/nowhere/train.parquet]}}")], "mixture[1].data.train_files"),
+    # what the circuit breakers read over all sources is the run's
+    ([mixture(ARITH, GAME.replace("max_turns: 3", "max_turns: 3, retriever: {stop_at_failed_fraction: 0.5}"))],
+     "mixture[1].env.retriever.stop_at_failed_fraction = 0.5"),
+    ([mixture(ARITH.replace("weight: 3,", "weight: 3, custom_reward_function: {stop_at_failed_fraction: 0.1},"), GAME)],
+     "mixture[0].custom_reward_function.stop_at_failed_fraction = 0.1"),
+    # a source's groups dropped by their spread would leave a batch the mini-batches cannot split
+    ([mixture(ARITH, GAME.replace("max_turns: 3", "max_turns: 3, filter_groups_quantile: 0.5"))], "mixture[1].env.filter_groups_quantile = 0.5"),
+    # the overlong buffer measures against the run's budget, not a source's smaller one
+    ([mixture(ARITH, GAME), "reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4"],
+     "mixture[0].data.max_response_length = 16"),
+    # a rule over two sections, found in a source's config: a reward model beside an environment's rewards
+    ([mixture(ARITH, GAME), "reward_model.enable=true", "reward_model.model_path=/nowhere"], "mixture[1].reward_model.enable = True"),
 ])
 def test_a_mixture_that_cannot_work_is_refused_naming_the_source(overrides, fragment):
     found = problems(*overrides)

@@ -13,7 +13,7 @@ from posttrain.metrics import total, values
 from posttrain.protocol import Batch, pad_rows
 from posttrain.rollout import MixtureRollout, join_rollouts, repeat_for_groups
 from posttrain.rollout.batching import prompt_token_lists, sequences_to_batch
-from posttrain.trainer.validation import episode_rows, validation_metrics
+from posttrain.trainer.validation import episode_rows, item_groups, item_key, summarize_rows, validation_metrics
 
 
 class Tokens:
@@ -93,12 +93,12 @@ def test_each_source_gets_its_own_rows_with_its_own_prompt_padding_and_the_piece
     (game_uids, _, game_first), = rollout.parts["game"].calls
     assert arith_uids == ["u1", "u1", "u3", "u3"] and game_uids == ["u0", "u0", "u2", "u2"]
     assert 1 in arith_first and 1 in game_first  # each piece's prompts padded to its own longest, not the batch's
-    assert sorted(joined[keys.UID]) == sorted(batch[keys.UID]) and joined[keys.PROMPT_IDS].shape[1] == 5
-    # groups numbered across the joined batch, one per prompt
+    # back in the batch's order of prompts, so that the group ids still number the prompts (ReMax's baseline reads them)
+    assert list(joined[keys.UID]) == list(batch[keys.UID]) and joined[keys.PROMPT_IDS].shape[1] == 5
     assert joined[keys.GROUP_IDS].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert [joined[keys.TRANSCRIPT][i] is None for i in range(8)] == [True] * 4 + [False] * 4  # a single turn has none
+    assert [joined[keys.TRANSCRIPT][i] is None for i in range(8)] == [False, False, True, True] * 2  # a single turn has none
     # a column one piece lacks: empty there, as for an unscored sample (its accuracy is then score > 0)
-    assert list(joined["reward_extra/acc"]) == [None] * 4 + [1.0] * 4
+    assert list(joined["reward_extra/acc"]) == [1.0, 1.0, None, None] * 2
     assert joined.meta[keys.WEIGHT_VERSION] == 5  # the oldest weights of any piece
     found = values(metrics)
     assert found["env/things"] == 8 and found["mixture/arith/samples"] == 4 and found["mixture/game/samples"] == 4
@@ -111,7 +111,7 @@ def test_what_is_decided_across_a_batch_is_each_sources_own_over_its_own_rows():
     rollout = mixture()
     batch, metrics = rollout(None, repeat_for_groups(prompts(["arith", "game", "arith"], [2, 2, 2]), 2))  # a training batch
     assert rollout.parts["arith"].finished == [["u0", "u0", "u2", "u2"]] and rollout.parts["game"].finished == [["u1", "u1"]]
-    assert sorted(batch[keys.TOKEN_SCORES].sum(-1).tolist()) == [5.0, 5.0, 10.0, 10.0, 10.0, 10.0]
+    assert batch[keys.TOKEN_SCORES].sum(-1).tolist() == [10.0, 10.0, 5.0, 5.0, 10.0, 10.0]  # each row still where its prompt was
     assert values(metrics)["finished"] == 6
 
 
@@ -126,6 +126,19 @@ def test_validation_passes_through_and_names_each_source_in_metrics_and_episode_
     assert [row["source"] for row in rows] == ["arith", "game"]
     assert rows[0]["messages"][-1] == {"role": "assistant", "content": "7 7"} and rows[0]["stats"] == {}  # a single turn's row, decoded
     assert rows[1]["messages"] == [{"role": "user", "content": "hi"}] and rows[1]["stats"] == {"num_turns": 3.0}
+    # `posttrain eval --by source`, `compare --by source` and a recipe's table group by the row's source
+    assert {name: summary["reward"] for name, summary in summarize_rows(rows, by="source").items()} == \
+        {"all": 0.75, "source=arith": 1.0, "source=game": 0.5}
+    assert item_groups([item_key(row) for row in rows], {item_key(row): row for row in rows}, "source")["source=game"] == [item_key(rows[1])]
+    assert item_key(rows[0]) != item_key(rows[0] | {"source": "game"})  # two sources may hold the same rows
+
+
+def test_majority_votes_are_reported_only_for_the_sources_that_predict():
+    rollout = mixture()
+    batch, _ = rollout(None, prompts(["arith", "arith", "game", "game"], [2, 2, 3, 3]).repeat(2, interleave=True), validate=True)
+    batch.non_tensors["reward_extra/pred"] = np.array([4.0, 4.0, 7.0, float("nan")] + [None] * 4, dtype=object)
+    metrics = validation_metrics(batch, 2)
+    assert metrics["val/arith/acc/maj@2"] == 1.0 and "val/game/acc/maj@2" not in metrics
 
 
 def test_checks_and_resources_go_to_each_source_with_its_own_rows():
@@ -158,6 +171,8 @@ def test_join_names_each_row_without_an_episode_id_an_episode_of_its_own_and_ref
     joined = join_rollouts([first, second, first], 0)
     ids = list(joined[keys.EPISODE_IDS])
     assert ids[1:3] == ["e", "e"] and len({ids[0], ids[3], "e"}) == 3
+    again = join_rollouts([first, second], 0)  # another join (a second round, another unit): its own ids too
+    assert again[keys.EPISODE_IDS][0] not in ids
     second.tensors[keys.VALUES] = torch.zeros(2, 1)
     with pytest.raises(ValueError, match="lacks the tensors"):
         join_rollouts([first, second], 0)
