@@ -37,6 +37,9 @@ def command(run_dir: Path, *overrides: str) -> list[str]:
         "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=4",
         "reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=0.5",
         DEFAULT_SKIP, *overrides,  # the kept groups vary: the update has samples to run
+        # bfloat16 on every machine: the sampled tokens then do not depend on whether the CPU has native bf16
+        # (in float32, where it has not, one sample of the sync run drew eos after 13 tokens)
+        "actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16",
     ]
 
 
