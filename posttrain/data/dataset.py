@@ -102,6 +102,15 @@ class RLDataset:
     def __getitem__(self, index: int) -> PromptSample:
         return self.samples[index]
 
+    def with_samples(self, samples: Sequence[PromptSample], num_filtered: int | None = None) -> RLDataset:
+        """The same dataset holding ``samples`` instead (a split, a mixture's source, rows joined), the prompts
+        already tokenised; ``num_filtered`` kept unless given."""
+        other = copy.copy(self)
+        other.samples = list(samples)
+        if num_filtered is not None:
+            other.num_filtered = num_filtered
+        return other
+
 
 def split_dev(dataset: RLDataset, size: int, seed: int) -> tuple[RLDataset, RLDataset]:
     """(the training rows, ``size`` development rows held back from them): a draw seeded by ``seed``, the
@@ -114,10 +123,8 @@ def split_dev(dataset: RLDataset, size: int, seed: int) -> tuple[RLDataset, RLDa
         raise InputError(f"data.dev_size={size}: hold back at least 1 and at most {min(len(candidates), len(dataset) - 1)} "
                          f"of the {len(dataset)} training prompts{taught}")
     held = {candidates[i] for i in np.random.default_rng(seed).permutation(len(candidates))[:size].tolist()}
-    train, dev = copy.copy(dataset), copy.copy(dataset)
-    train.samples = [sample for index, sample in enumerate(dataset.samples) if index not in held]
-    dev.samples = [sample for index, sample in enumerate(dataset.samples) if index in held]
-    return train, dev
+    return (dataset.with_samples([sample for index, sample in enumerate(dataset.samples) if index not in held]),
+            dataset.with_samples([sample for index, sample in enumerate(dataset.samples) if index in held]))
 
 
 def _fit(ids: list[int], index: int, row: PromptRow, max_length: int, truncation: str) -> list[int]:

@@ -18,7 +18,6 @@ the circuit breakers read), and each source's samples, mean score and accuracy a
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import numpy as np
 from posttrain import keys
 from posttrain.agents.env import EpisodeSample
 from posttrain.config.mixture import MixtureSource
+from posttrain.config.schema import PosttrainConfig
 from posttrain.metrics import Metrics, mean, merge, total
 from posttrain.protocol import Batch
 from posttrain.rollout.batching import join_rollouts, sample_accuracy
@@ -44,11 +44,6 @@ class MixtureRollout:
         self.pad_token_id = pad_token_id
         self.first_failures: dict[str, str] = {}
         self.stop_strings = tuple(dict.fromkeys(s for part in self.parts.values() for s in part.stop_strings))
-
-    @property
-    def reward_manager(self) -> None:
-        """A mixture has one reward manager per source (``parts[name].reward_manager``), none of its own."""
-        return None
 
     def check_data(self, **datasets: Any) -> None:
         """Each source's rows checked by its own rollout (the prompts its environment cannot play, the rows
@@ -79,7 +74,7 @@ class MixtureRollout:
 
     def __call__(self, roles: RolloutRoles, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None,
                  whole_batch: bool = True) -> tuple[Batch, Metrics]:
-        """Each source's rows through its rollout, the pieces joined (sources in the mixture's order)."""
+        """Each source's rows through its rollout, the pieces joined back in the batch's order of prompts."""
         timings = {} if timings is None else timings
         pieces, metrics, self.first_failures = [], [], {}
         for name, rows in self._split(batch).items():
@@ -157,12 +152,16 @@ def source_metrics(name: str, piece: Batch) -> Metrics:
 
 
 def _rows_of(dataset: Any, name: str) -> Any:
-    """``dataset`` with only the rows of source ``name`` (a shallow copy; None stays None)."""
-    if dataset is None:
-        return None
-    part = copy.copy(dataset)
-    part.samples = [sample for sample in dataset.samples if sample.source == name]
-    return part
+    """``dataset`` (an RLDataset) with only the rows of source ``name``; None stays None."""
+    return None if dataset is None else dataset.with_samples([sample for sample in dataset.samples if sample.source == name])
+
+
+def rollout_parts(rollout: Any, config: PosttrainConfig | None) -> list[tuple[str | None, PosttrainConfig | None, Any]]:
+    """(source name, its config, its rollout) for each source of a mixture's rollout; ``[(None, config, rollout)]``
+    for any other: what reads the rollout's own pieces (a judge's check, the retrievers it opened) asks this."""
+    if isinstance(rollout, MixtureRollout):
+        return [(source.name, source.config, rollout.parts[source.name]) for source in rollout.sources]
+    return [(None, config, rollout)]
 
 
 def source_dirs(data_dir: Path | Mapping[str, Path] | None, sources: list[MixtureSource]) -> dict[str, Path | None]:

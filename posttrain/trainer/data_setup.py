@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import inspect
 import json
@@ -140,21 +139,15 @@ def build_mixture_data(data: DataConfig, sources: Sequence[MixtureSource], token
 
 
 def _tagged(dataset: RLDataset | None, name: str) -> RLDataset | None:
-    if dataset is None:
-        return None
-    tagged = copy.copy(dataset)
-    tagged.samples = [replace(sample, source=name) for sample in dataset.samples]
-    return tagged
+    return None if dataset is None else dataset.with_samples([replace(sample, source=name) for sample in dataset.samples])
 
 
 def _joined(datasets: Sequence[RLDataset]) -> RLDataset | None:
     """The datasets' rows one after another (None for none)."""
     if not datasets:
         return None
-    joined = copy.copy(datasets[0])
-    joined.samples = [sample for dataset in datasets for sample in dataset.samples]
-    joined.num_filtered = sum(dataset.num_filtered for dataset in datasets)
-    return joined
+    return datasets[0].with_samples([sample for dataset in datasets for sample in dataset.samples],
+                                    sum(dataset.num_filtered for dataset in datasets))
 
 
 def build_sampler(data: DataConfig, rows: Sequence[Any]) -> StratifiedSampler | None:

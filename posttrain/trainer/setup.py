@@ -20,7 +20,8 @@ from posttrain.config.mixture import mixture_sources
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import critic_enabled
 from posttrain.models import load_tokenizer, resolve_model
-from posttrain.rollout import MixtureRollout, Rollout, build_rollout
+from posttrain.rollout import Rollout, build_rollout
+from posttrain.rollout.mixture import rollout_parts
 from posttrain.rollout.scoring import check_judge
 from posttrain.rollout.toolbox import tool_schemas
 from posttrain.trainer.data_setup import RunData, build_mixture_data, build_run_data
@@ -93,11 +94,9 @@ class BeforeTraining:
             rollout = self.setup.rollout
             rollout.before_training(self.samples())
             # a rubric's judge against its rules; a mixture's: each source's, on its own rows
-            parts = [(s.name, s.config, rollout.parts[s.name].reward_manager) for s in rollout.sources] \
-                if isinstance(rollout, MixtureRollout) else [(None, self.setup.config, rollout.reward_manager)]
-            for name, config, manager in parts:
+            for name, config, part in rollout_parts(rollout, self.setup.config):
                 judged = islice((row for row in self.samples() if name is None or row.source == name), config.reward.judge.agreement_rows)
-                check_judge(config, manager, list(judged))
+                check_judge(config, part.reward_manager, list(judged))
 
     def samples(self) -> Iterator[EpisodeSample]:
         """The rows as an environment sees them, read as far as it asks."""

@@ -109,9 +109,9 @@ def test_async_generators_search_the_retriever_each_source_opened():
 
     search = "{name: search, weight: 1, data: {builtin: synthetic-search}, env: {name: search}}"
     config = load(mixture(ARITH, search))
-    opened = SimpleNamespace(retriever=SimpleNamespace(client=SimpleNamespace(url="http://127.0.0.1:9/")))
-    rollout = MixtureRollout.__new__(MixtureRollout)
-    rollout.parts = {"arith": SimpleNamespace(), "search": opened}
+    opened = SimpleNamespace(retriever=SimpleNamespace(client=SimpleNamespace(url="http://127.0.0.1:9/")), stop_strings=())
+    parts = {"arith": SimpleNamespace(stop_strings=()), "search": opened}
+    rollout = MixtureRollout(mixture_sources(config), lambda source: parts[source.name], 0)
     urls = retriever_urls(rollout)
     assert urls == {"search": "http://127.0.0.1:9/"}
     arith, found = mixture_sources(generator_config(config, urls))

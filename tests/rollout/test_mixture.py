@@ -9,6 +9,7 @@ from posttrain import keys
 from posttrain.agents.env import EpisodeSample
 from posttrain.config.mixture import MixtureSource
 from posttrain.config.schema import PosttrainConfig
+from posttrain.data import RLDataset
 from posttrain.metrics import total, values
 from posttrain.protocol import Batch, pad_rows
 from posttrain.rollout import MixtureRollout, join_rollouts, repeat_for_groups
@@ -143,7 +144,7 @@ def test_majority_votes_are_reported_only_for_the_sources_that_predict():
 
 def test_checks_and_resources_go_to_each_source_with_its_own_rows():
     rollout = mixture()
-    dataset = type("Data", (), {})()
+    dataset = RLDataset.__new__(RLDataset)  # its rows only: the checks read .samples
     dataset.samples = [type("S", (), {"row": i, "source": name})() for i, name in enumerate(["arith", "game", "arith"])]
     rollout.check_data(training=dataset, validation=None)
     assert rollout.parts["arith"].checked == {"training": [0, 2], "validation": None} and rollout.parts["game"].checked["training"] == [1]

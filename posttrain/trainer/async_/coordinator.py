@@ -40,7 +40,8 @@ from posttrain.config.schema import PosttrainConfig
 from posttrain.controller import ResourcePool, WorkerDiedError, WorkerGroup, WorkerSpec
 from posttrain.controller.worker_group import kill_group, spawn_ray
 from posttrain.errors import PosttrainError
-from posttrain.rollout import MixtureRollout, Rollout
+from posttrain.rollout import Rollout
+from posttrain.rollout.mixture import rollout_parts
 from posttrain.rollout.generator import GeneratorWorker
 from posttrain.trainer.async_.buffer import UnitScheduler
 from posttrain.trainer.roles import SidePool
@@ -69,8 +70,7 @@ def generator_pools(config: PosttrainConfig) -> tuple[SidePool, ...]:
 
 def retriever_urls(rollout: Rollout) -> dict[str | None, str]:
     """The retrievers the controller's rollout opened, by URL: ``{None: url}``, or a mixture's by source name."""
-    parts = rollout.parts if isinstance(rollout, MixtureRollout) else {None: rollout}
-    return {name: part.retriever.client.url for name, part in parts.items() if getattr(part, "retriever", None)}
+    return {name: part.retriever.client.url for name, _, part in rollout_parts(rollout, None) if getattr(part, "retriever", None)}
 
 
 def generator_config(config: PosttrainConfig, retriever_urls: Mapping[str | None, str]) -> PosttrainConfig:
