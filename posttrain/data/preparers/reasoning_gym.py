@@ -27,7 +27,10 @@ Options (``key=value``, as every preparer takes them):
   the first training items of each task: the row's messages, then an assistant turn
   ``<answer>ANSWER</answer>`` with the library's own answer (the format, no reasoning: pair it with
   ``system_prompt=direct``). SmolLM2-135M-Instruct, greedy, wrote no answer tag under either the
-  ``default`` or the ``direct`` prompt on 32 held-out items of four easy tasks, and so scores 0 without one.
+  ``default`` or the ``direct`` prompt on 32 held-out items of four easy tasks, and so scores 0 without one;
+- ``sft_solution``: what the transcripts' assistant turn holds: ``answer`` (the default; the tag alone) or
+  ``worked`` (the steps first, one a line, then the tag: :mod:`posttrain.data.preparers.rg_worked`; pair it with a
+  system prompt that asks for steps, ``simple`` or ``default``).
 
 Files: ``train.parquet`` and ``test.parquet`` (and ``sft.parquet`` / ``sft_val.parquet``), one row per item: the user message is the library's
 question unchanged; ``ground_truth`` is the item's reference (:class:`~posttrain.rewards.reasoning_gym.ItemRef`,
@@ -44,12 +47,14 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.data.format import IN_SFT, make_row, write_conversations, write_rows
+from posttrain.data.preparers import rg_worked
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
 from posttrain.rewards import reasoning_gym as rg
 
 TEST_SCAN_FACTOR = 10  # held-out items looked at per item kept, at most
 NO_SYSTEM_PROMPT = "none"
+SFT_SOLUTIONS = ("answer", "worked")
 
 
 def prepare_reasoning_gym(
@@ -65,6 +70,7 @@ def prepare_reasoning_gym(
     sft_size: int = 0,
     sft_val_size: int = 0,
     levels: int = 0,
+    sft_solution: str = "answer",
 ) -> list[Path]:
     """Write the files of the module docstring into ``out_dir``; returns their paths."""
     check_counts(1, size=size, test_size=test_size)
@@ -75,6 +81,10 @@ def prepare_reasoning_gym(
         raise InputError(f"sft_size + sft_val_size = {sft_size + sft_val_size} transcripts per task are drawn from its {size} training items; lower them")
     check_seeds(seed, size * max(levels, 1), test_seed, test_size * TEST_SCAN_FACTOR)
     names = parse_tasks(tasks)
+    if sft_solution not in SFT_SOLUTIONS:
+        raise InputError(f"sft_solution={sft_solution!r}: pass one of {', '.join(SFT_SOLUTIONS)}")
+    if sft_solution == "worked":
+        rg_worked.check_tasks(names)
     task_configs = parse_configs(configs, names)
     system = system_message(system_prompt)
     train_rows, test_rows, sft, sft_val = [], [], [], []
@@ -89,8 +99,8 @@ def prepare_reasoning_gym(
         train_rows += [_row(item, "train", system, level, in_sft=_question(item) in sft_questions)
                        for level, items in by_level.items() for item in items]
         test_rows += [_row(item, "test", system) for item in test]
-        sft += [transcript(item, system) for item in train[:sft_size]]
-        sft_val += [transcript(item, system) for item in train[sft_size:sft_size + sft_val_size]]
+        sft += [transcript(item, system, sft_solution) for item in train[:sft_size]]
+        sft_val += [transcript(item, system, sft_solution) for item in train[sft_size:sft_size + sft_val_size]]
     out_dir = Path(out_dir)
     paths = [write_rows(train_rows, out_dir / "train.parquet"), write_rows(test_rows, out_dir / "test.parquet")]
     paths += [write_conversations(c, out_dir / f"{name}.parquet") for name, c in (("sft", sft), ("sft_val", sft_val)) if c]
@@ -165,10 +175,12 @@ def held_out_items(task: str, config: dict[str, Any], test_seed: int, test_size:
         f"the training split does not; lower test_size or size, or widen the config (more terms, digits, words)")
 
 
-def transcript(item: rg.ItemRef, system: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The item's messages and the library's own answer in the tag its ``extract_answer`` reads."""
+def transcript(item: rg.ItemRef, system: list[dict[str, str]], solution: str = "answer") -> list[dict[str, str]]:
+    """The item's messages and the library's own answer in the tag its ``extract_answer`` reads (after the
+    worked steps with ``solution="worked"``)."""
     entry = rg.regenerate(item)
-    return [*system, {"role": "user", "content": entry["question"]}, {"role": "assistant", "content": f"<answer>{entry['answer']}</answer>"}]
+    reply = rg_worked.worked_solution(entry, item.task) if solution == "worked" else f"<answer>{entry['answer']}</answer>"
+    return [*system, {"role": "user", "content": entry["question"]}, {"role": "assistant", "content": reply}]
 
 
 def _question(item: rg.ItemRef) -> str:
