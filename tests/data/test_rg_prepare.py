@@ -130,3 +130,60 @@ def test_levels_are_the_library_s_own_curriculum_each_item_scored_at_its_level(t
     assert "level" not in test[0]["extra_info"] and _reference(test[0])["config"] == {}  # the held-out split as before
     with pytest.raises(InputError, match="only 11 distinct configs"):
         prepare("reasoning-gym", tmp_path / "more", **parse_options("reasoning-gym", ["tasks=chain_sum", "size=2", "test_size=2", "levels=12"]))
+
+
+WORKED_CONFIGS = {
+    "basic_arithmetic": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"],
+                         "allow_parentheses": False, "allow_negation": False},
+    "chain_sum": {"min_terms": 2, "max_terms": 4, "min_digits": 1, "max_digits": 2},
+    "leg_counting": {"min_animals": 1, "max_animals": 3, "min_instances": 1, "max_instances": 4},
+    "spell_backward": {"min_word_len": 3, "max_word_len": 8},
+}
+
+
+def test_worked_transcripts_show_steps_that_reach_the_library_answer(tmp_path):
+    """``sft_solution=worked``: one step a line before the tag, each line's arithmetic true, the last step's
+    result the library's answer (which its own scorer accepts), the same questions as ``answer`` transcripts."""
+    common = {"tasks": ",".join(WORKED_CONFIGS), "configs": json.dumps(WORKED_CONFIGS), "size": 40, "seed": 7,
+              "test_size": 4, "test_seed": 9000, "system_prompt": "simple", "sft_size": 30, "sft_val_size": 5}
+    prepare_reasoning_gym(tmp_path / "worked", sft_solution="worked", **common)
+    prepare_reasoning_gym(tmp_path / "answer", **common)
+    worked, plain = (pq.read_table(tmp_path / name / "sft.parquet").to_pylist() for name in ("worked", "answer"))
+    train = pq.read_table(tmp_path / "worked" / "train.parquet").to_pylist()
+    score = score_function_for("reasoning_gym")
+    assert len(worked) == len(plain) == 4 * 30
+    for mine, theirs in zip(worked, plain, strict=True):
+        messages = mine["messages"]
+        assert messages[:-1] == theirs["messages"][:-1]
+        *steps, tag = messages[-1]["content"].split("\n")
+        assert tag == theirs["messages"][-1]["content"] and steps
+        row = next(r for r in train if r["prompt"] == messages[:-1])
+        task = row["extra_info"]["task"]
+        assert score(solution_str=messages[-1]["content"], ground_truth=row["reward_model"]["ground_truth"])["score"] == 1.0
+        question = messages[-2]["content"]
+        if task == "spell_backward":
+            word = question.rsplit(": ", 1)[1]
+            assert steps == [f"{word}: {' '.join(word)}", f"backward: {' '.join(word[::-1])}"]
+            continue
+        for step in steps:  # "a op b = c" (or "animal: n × k legs = c") holds as arithmetic
+            left, result = step.rsplit(" = ", 1)
+            expression = left.split(": ", 1)[-1].replace("×", "*").replace(" legs", "")
+            assert eval(expression) == int(result), step  # noqa: S307 - digits and + - * only, written by the test's preparer
+        if task in ("chain_sum", "basic_arithmetic"):
+            terms = question.split(": ")[-1].removeprefix("Calculate ").rstrip(" =.").split()
+            assert len(steps) == len(terms) // 2  # one operation a line
+        if task == "leg_counting":
+            kinds = question.split("you have ", 1)[1].count(",") + 1
+            assert len(steps) == kinds + (kinds > 1)  # an animal a line, then the sum
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"tasks": "chain_sum,word_sorting", "sft_solution": "worked"}, r"no worked-solution writer for \['word_sorting'\]"),
+    ({"tasks": "chain_sum", "sft_solution": "steps"}, "pass one of answer, worked"),
+    ({"tasks": "basic_arithmetic", "sft_solution": "worked", "sft_size": 4,
+      "configs": '{"basic_arithmetic": {"operators": ["*"], "min_terms": 2, "max_terms": 2}}'}, "outside what its writer covers"),
+])
+def test_worked_solutions_refuse_what_they_cannot_write(tmp_path, options, message):
+    with pytest.raises(InputError, match=message):
+        prepare_reasoning_gym(tmp_path / "out", **options)
+    assert not (tmp_path / "out").exists()
