@@ -137,3 +137,18 @@ def test_a_recipe_runs_its_stages_ends_with_its_table_and_skips_what_finished(tm
 
     # a changed stage starting over (its old run moved aside, not resumed) and a stage given from
     # elsewhere (--use): tests/recipes/test_recipe_stages.py, with stand-in stages
+
+
+def test_the_mixture_recipe_warms_up_on_the_dataset_its_reasoning_gym_source_trains_on():
+    """The sft stage runs rg_grpo with overrides; they must give the options of mixture_grpo's reasoning-gym source
+    (same items, same system prompt, same transcripts' format), or the warm-up teaches another prompt than RL sees."""
+    from posttrain.config import load_config, preset_path
+    from posttrain.config.mixture import mixture_sources
+
+    sft = next(stage for stage in load_recipe("mixture").stages if stage.name == "sft")
+    warm_up = load_config([preset_path(sft.preset)], [o for o in sft.overrides if o.startswith("data.")], checks=None)
+    source = next(s for s in mixture_sources(load_config([preset_path("mixture_grpo")], checks=None))
+                  if s.config.data.builtin == "reasoning-gym")
+    mine, theirs = dict(warm_up.data.builtin_options), dict(source.config.data.builtin_options)
+    theirs.setdefault("sft_solution", "answer")
+    assert (warm_up.data.builtin, mine) == (source.config.data.builtin, theirs)
