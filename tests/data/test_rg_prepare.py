@@ -134,8 +134,8 @@ def test_levels_are_the_library_s_own_curriculum_each_item_scored_at_its_level(t
 
 WORKED_CONFIGS = {
     "basic_arithmetic": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2, "operators": ["+", "-"],
-                         "allow_parentheses": False, "allow_negation": False},
-    "chain_sum": {"min_terms": 2, "max_terms": 4, "min_digits": 1, "max_digits": 2},
+                         "allow_parentheses": False, "allow_negation": True},
+    "chain_sum": {"min_terms": 2, "max_terms": 4, "min_digits": 1, "max_digits": 2, "allow_negation": True},
     "leg_counting": {"min_animals": 1, "max_animals": 3, "min_instances": 1, "max_instances": 4},
     "spell_backward": {"min_word_len": 3, "max_word_len": 8},
 }
@@ -165,23 +165,31 @@ def test_worked_transcripts_show_steps_that_reach_the_library_answer(tmp_path):
             word = question.rsplit(": ", 1)[1]
             assert steps == [f"{word}: {' '.join(word)}", f"backward: {' '.join(word[::-1])}"]
             continue
+        results = []
         for step in steps:  # "a op b = c" (or "animal: n × k legs = c") holds as arithmetic
             left, result = step.rsplit(" = ", 1)
             expression = left.split(": ", 1)[-1].replace("×", "*").replace(" legs", "")
             assert eval(expression) == int(result), step  # noqa: S307 - digits and + - * only, written by the test's preparer
+            results.append((expression, int(result)))
+        assert f"<answer>{results[-1][1]}</answer>" == tag  # the last step reaches the answer
         if task in ("chain_sum", "basic_arithmetic"):
             terms = question.split(": ")[-1].removeprefix("Calculate ").rstrip(" =.").split()
             assert len(steps) == len(terms) // 2  # one operation a line
+            assert steps[0].startswith(" ".join(terms[:3]) + " = ")
+            for (_, before), (expression, _), op, term in zip(results[:-1], results[1:], terms[3::2], terms[4::2], strict=True):
+                assert expression == f"{before} {op} {term}"  # each step goes on from the one before
         if task == "leg_counting":
             kinds = question.split("you have ", 1)[1].count(",") + 1
             assert len(steps) == kinds + (kinds > 1)  # an animal a line, then the sum
+            if kinds > 1:
+                assert results[-1][0] == " + ".join(str(legs) for _, legs in results[:-1])
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"tasks": "chain_sum,word_sorting", "sft_solution": "worked"}, r"no worked-solution writer for \['word_sorting'\]"),
+    ({"tasks": "chain_sum,word_sorting", "sft_solution": "worked", "sft_size": 4}, r"no worked-solution writer for \['word_sorting'\]"),
     ({"tasks": "chain_sum", "sft_solution": "steps"}, "pass one of answer, worked"),
-    ({"tasks": "basic_arithmetic", "sft_solution": "worked", "sft_size": 4,
-      "configs": '{"basic_arithmetic": {"operators": ["*"], "min_terms": 2, "max_terms": 2}}'}, "outside what its writer covers"),
+    ({"tasks": "basic_arithmetic", "sft_solution": "worked", "sft_size": 4}, r"'operators': \('\+', '-', '\*', '/'\), 'allow_parentheses': True"),
+    ({"tasks": "chain_sum", "sft_solution": "worked", "sft_size": 4, "configs": '{"chain_sum": {"min_terms": 1}}'}, "'min_terms': 1"),
 ])
 def test_worked_solutions_refuse_what_they_cannot_write(tmp_path, options, message):
     with pytest.raises(InputError, match=message):

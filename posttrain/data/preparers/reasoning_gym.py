@@ -24,9 +24,9 @@ Options (``key=value``, as every preparer takes them):
   message (``default``: think, then ``<answer>...</answer>``; ``direct``: only the tagged answer;
   ``none``: no system message). The tag is what the library's ``extract_answer`` reads;
 - ``sft_size`` / ``sft_val_size`` (0: none): SFT transcripts for a warm-up on the answer format, from
-  the first training items of each task: the row's messages, then an assistant turn
-  ``<answer>ANSWER</answer>`` with the library's own answer (the format, no reasoning: pair it with
-  ``system_prompt=direct``). SmolLM2-135M-Instruct, greedy, wrote no answer tag under either the
+  the first training items of each task: the row's messages, then an assistant turn with the library's own
+  answer in the tag, ``<answer>ANSWER</answer>`` (with ``sft_solution=answer``: the format, no reasoning; pair it
+  with ``system_prompt=direct``), after the worked steps with ``sft_solution=worked``. SmolLM2-135M-Instruct, greedy, wrote no answer tag under either the
   ``default`` or the ``direct`` prompt on 32 held-out items of four easy tasks, and so scores 0 without one;
 - ``sft_solution``: what the transcripts' assistant turn holds: ``answer`` (the default; the tag alone) or
   ``worked`` (the steps first, one a line, then the tag: :mod:`posttrain.data.preparers.rg_worked`; pair it with a
@@ -81,11 +81,11 @@ def prepare_reasoning_gym(
         raise InputError(f"sft_size + sft_val_size = {sft_size + sft_val_size} transcripts per task are drawn from its {size} training items; lower them")
     check_seeds(seed, size * max(levels, 1), test_seed, test_size * TEST_SCAN_FACTOR)
     names = parse_tasks(tasks)
+    task_configs = parse_configs(configs, names)
     if sft_solution not in SFT_SOLUTIONS:
         raise InputError(f"sft_solution={sft_solution!r}: pass one of {', '.join(SFT_SOLUTIONS)}")
-    if sft_solution == "worked":
-        rg_worked.check_tasks(names)
-    task_configs = parse_configs(configs, names)
+    if sft_solution == "worked" and sft_size + sft_val_size:
+        rg_worked.check_tasks(task_configs)
     system = system_message(system_prompt)
     train_rows, test_rows, sft, sft_val = [], [], [], []
     for task in names:
