@@ -26,8 +26,9 @@ Options (``key=value``, as every preparer takes them):
 - ``sft_size`` / ``sft_val_size`` (0: none): SFT transcripts for a warm-up on the answer format, from
   the first training items of each task: the row's messages, then an assistant turn with the library's own
   answer in the tag, ``<answer>ANSWER</answer>`` (with ``sft_solution=answer``: the format, no reasoning; pair it
-  with ``system_prompt=direct``), after the worked steps with ``sft_solution=worked``. SmolLM2-135M-Instruct, greedy, wrote no answer tag under either the
-  ``default`` or the ``direct`` prompt on 32 held-out items of four easy tasks, and so scores 0 without one;
+  with ``system_prompt=direct``), after the worked steps with ``sft_solution=worked``. SmolLM2-135M-Instruct,
+  greedy, wrote no answer tag under either the ``default`` or the ``direct`` prompt on 32 held-out items of four
+  easy tasks, and so scores 0 without one;
 - ``sft_solution``: what the transcripts' assistant turn holds: ``answer`` (the default; the tag alone) or
   ``worked`` (the steps first, one a line, then the tag: :mod:`posttrain.data.preparers.rg_worked`; pair it with a
   system prompt that asks for steps, ``simple`` or ``default``).
