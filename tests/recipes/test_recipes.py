@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from posttrain.config import load_config, preset_path
+from posttrain.config.mixture import mixture_sources
 from posttrain.models import cached_tiny_model
 from posttrain.recipes import (
     RecipeError,
@@ -142,9 +144,6 @@ def test_a_recipe_runs_its_stages_ends_with_its_table_and_skips_what_finished(tm
 def test_the_mixture_recipe_warms_up_on_the_dataset_its_reasoning_gym_source_trains_on():
     """The sft stage runs rg_grpo with overrides; they must give the options of mixture_grpo's reasoning-gym source
     (same items, same system prompt, same transcripts' format), or the warm-up teaches another prompt than RL sees."""
-    from posttrain.config import load_config, preset_path
-    from posttrain.config.mixture import mixture_sources
-
     sft = next(stage for stage in load_recipe("mixture").stages if stage.name == "sft")
     warm_up = load_config([preset_path(sft.preset)], [o for o in sft.overrides if o.startswith("data.")], checks=None)
     source = next(s for s in mixture_sources(load_config([preset_path("mixture_grpo")], checks=None))

@@ -86,7 +86,7 @@ def prepare_reasoning_gym(
     if sft_solution not in SFT_SOLUTIONS:
         raise InputError(f"sft_solution={sft_solution!r}: pass one of {', '.join(SFT_SOLUTIONS)}")
     if sft_solution == "worked" and sft_size + sft_val_size:
-        rg_worked.check_tasks(task_configs)
+        rg_worked.check_configs(task_configs)
     system = system_message(system_prompt)
     train_rows, test_rows, sft, sft_val = [], [], [], []
     for task in names:

@@ -7,7 +7,7 @@ work before ``<answer>…</answer>``, so that a small model learns steps that RL
 result is checked against the library's answer: a writer that disagrees with the library raises, naming the item.
 
 Tasks with a writer: ``basic_arithmetic`` and ``chain_sum`` (chains of ``+``/``-`` of at least two terms, single
-spaces, no parentheses: :func:`check_tasks` refuses any other config before a file is written), ``leg_counting``,
+spaces, no parentheses: :func:`check_configs` refuses any other config before a file is written), ``leg_counting``,
 ``spell_backward``. Any other task is refused.
 """
 
@@ -65,7 +65,7 @@ CHAIN_FIELDS = {"operators": lambda ops: set(ops) <= {"+", "-"}, "allow_parenthe
                 "whitespace": lambda value: value == "single", "min_terms": lambda value: value >= 2}
 
 
-def check_tasks(configs: dict[str, dict[str, Any]]) -> None:
+def check_configs(configs: dict[str, dict[str, Any]]) -> None:
     """Refuse ``sft_solution=worked`` for a task no writer covers, or a config whose items it cannot write."""
     missing = [task for task in configs if task not in WRITERS]
     if missing:
