@@ -249,12 +249,12 @@ class Run(Generic[Item]):
             try:
                 epoch, item = next(batches)
             except StopIteration:  # the data ran out (total_epochs) before total_steps
-                self._ran_out()
+                self._ran_out(roles, tracking)
                 return
             try:
                 metrics = self.parts.step(roles, item, self.step + 1)
             except DataRanOut:
-                self._ran_out()
+                self._ran_out(roles, tracking)
                 return
             self.step += 1
             metrics["run/restarts"] = float(self.restarts)
@@ -272,13 +272,17 @@ class Run(Generic[Item]):
             if self._due(self.config.trainer.save_freq) or self.step == self.total_steps:  # the last: the run's policy
                 self.save_checkpoint()
 
-    def _ran_out(self) -> None:
+    def _ran_out(self, roles: Roles, tracking: Tracking) -> None:
         """The data ended before ``total_steps`` (DAPO's dynamic sampling reads it faster than one
-        batch a step): the last step trained is checkpointed, as the last step always is."""
+        batch a step): the last step trained is validated (when validation is on and it was not yet, in a
+        second record of its step) and checkpointed, as the last step always is."""
         if self.step == 0 or self.saved_step == self.step:
             return
         print(f"posttrain: the data ran out after step {self.step} of {self.total_steps} (trainer.total_epochs); "
-              "checkpointing it as the run's last")
+              "validating and checkpointing it as the run's last")
+        validation = self.parts.validation
+        if validation is not None and validation.due(self.step, self.step) and not validation.due(self.step, self.total_steps):
+            tracking.log(self._validate(roles), self.step)
         self.save_checkpoint()
 
     def _record_prompts(self) -> None:
