@@ -176,15 +176,16 @@ class ToolEnv(Environment):
         tool_envs = [_as_tool_env(env) for env in envs]
         turns = [env.toolbox.read(action, env._row_schemas) for env, action in zip(tool_envs, actions, strict=True)]
         planned = [env._plan(turn) for env, turn in zip(tool_envs, turns)]
-        runs: dict[int, list[tuple[int, int]]] = {}  # toolbox -> (episode, call index) of calls to run
+        runs: dict[int, list[tuple[int, int]]] = {}  # toolbox -> (episode, plan slot) of calls to run
         for i, (env, plan) in enumerate(zip(tool_envs, planned)):
             for j, result in enumerate(plan or []):
                 if result is None:
                     runs.setdefault(id(env.toolbox), []).append((i, j))
         for members in runs.values():
             box = tool_envs[members[0][0]].toolbox
-            results = box.run([turns[i].calls[j] for i, j in members], [tool_envs[i]._row_tools for i, _ in members],
-                              [tool_envs[i]._episode for i, _ in members])
+            # a plan's malformed calls come first (_plan): slot j is call j - malformed
+            results = box.run([turns[i].calls[j - turns[i].malformed] for i, j in members],
+                              [tool_envs[i]._row_tools for i, _ in members], [tool_envs[i]._episode for i, _ in members])
             for (i, j), result in zip(members, results, strict=True):
                 planned[i][j] = result
         return [env._answered(action) if plan is None else env._calls_result(turn, plan)

@@ -84,6 +84,19 @@ def test_errors_are_observations_the_model_reads_and_the_episode_goes_on(tokeniz
     assert metrics["tool/calculator/calls"].value == 3 and "env/tool/calls" not in metrics
 
 
+def test_a_call_counted_malformed_beside_read_ones_leaves_those_to_run(tokenizer, toolbox):
+    # a call marker inside an argument is one call more than the parser reads: the turn holds a malformed
+    # call before its two read ones, and each read call is still the one run, in its own place
+    text = call("2*3") + call("4+5 <tool_call>")
+    turn = toolbox.read(text)
+    assert (turn.malformed, len(turn.calls)) == (1, 2)
+    (episode,), _ = play(tokenizer, toolbox, [[text, "6"]], ["6"])
+    (shown,) = episode.observations
+    assert shown.count("<tool_response>") == 3 and shown.count("Error (bad_json)") == 1
+    assert shown.index("Error (bad_json)") < shown.index('"content": "6"')
+    assert episode.counts["tool/calls"] == 3 and episode.counts["tool/calculator/calls"] == 2 and episode.success
+
+
 def test_a_call_in_the_forced_final_turn_is_not_run_and_earns_nothing(tokenizer, toolbox):
     (episode,), _ = play(tokenizer, toolbox, [[call("1+1"), call("1+1")]], ["2"], max_turns=1)
     assert episode.forced_final and episode.done and episode.reward == 0.0 and not episode.success
