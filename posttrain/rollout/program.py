@@ -21,7 +21,7 @@ function on the last reply's text (the one reward path, rollout/scoring.py), as 
 over its final turn. A program that raised, hung past ``deadline_s`` or died scores 0 and is counted
 (``program/errors``, ``program/timeouts``); the run goes on.
 
-Metrics: ``program/samples_per_episode``, ``program/prefix_breaks``, ``program/requests``,
+Metrics: ``agent/success_rate`` (over episodes, as the agent loop's), ``program/samples_per_episode``, ``program/prefix_breaks``, ``program/requests``,
 ``program/refused``, ``program/engine_errors``, ``program/sampling_ignored``, ``program/context_full``,
 ``program/errors``, ``program/timeouts``, ``program/no_request`` and the reward path's own.
 """
@@ -159,7 +159,7 @@ class ProgramRollout:
                 roles.actor.release_rollout()  # the engine stayed awake across the requests
         with timed(timings, "reward"):
             scores, successes, metrics = self.score(episodes, outcomes, samples)
-        metrics |= self.counts(episodes, outcomes)
+        metrics |= self.counts(episodes, outcomes) | {"agent/success_rate": mean(float(np.mean(successes)), len(successes))}
         rows = episode_rows(episodes, prompt_token_lists(batch), scores, self.config.data.max_response_length, last_only=validate)
         scored = self.to_batch(batch, episodes, rows, successes, names)
         if validate:

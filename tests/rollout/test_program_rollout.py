@@ -125,6 +125,7 @@ def test_a_program_and_the_builtin_tool_environment_give_the_same_ids_masks_and_
     for key in (keys.PROMPT_IDS, keys.RESPONSE_IDS, keys.RESPONSE_MASK, keys.TOKEN_SCORES, keys.BEHAVIOUR_LOGPROBS):
         assert torch.equal(width(ran, key), width(built, key)), key
     assert ran["reward_extra/acc"].tolist() == built["reward_extra/acc"].tolist()
+    assert ran_metrics["agent/success_rate"] == built_metrics["agent/success_rate"] == ran["reward_extra/acc"].mean()
     assert (built[keys.RESPONSE_MASK] == 0).any(), "an observation (the tool's result) is in every episode, not trained"
 
 
@@ -163,6 +164,7 @@ def test_prefix_breaks_add_samples_that_count_once_in_their_group_and_a_failed_p
     # 4 rows × n=2 episodes: 3 rows' episodes gave 2 + 1 samples, row 1's two failed at once (a row each)
     assert len(batch) == 3 * 3 + 2 and len(set(episodes)) == 8
     assert metrics["program/errors"] == 2 and metrics["program/no_request"] == 2 and metrics["program/prefix_breaks"] == pytest.approx(3 / 8)
+    assert metrics["agent/success_rate"] == pytest.approx(3 / 8)  # over episodes (3 of 8 scored 1), not over the 11 samples
     failed = [i for i, row in enumerate(index) if row == 1]
     assert len(failed) == 2 and all(batch[keys.RESPONSE_MASK][i].sum() == 0 and batch[keys.TOKEN_SCORES][i].sum() == 0 for i in failed)
     scored = compute_advantages(batch, advantage_estimator(program))
