@@ -276,14 +276,15 @@ class Run(Generic[Item]):
         """The data ended before ``total_steps`` (DAPO's dynamic sampling reads it faster than one
         batch a step): the last step trained is validated (when validation is on and it was not yet, in a
         second record of its step) and checkpointed, as the last step always is."""
-        if self.step == 0 or self.saved_step == self.step:
-            return
+        if self.step == (step_of(self.resume_from) if self.resume_from is not None else 0):
+            return  # nothing trained by this run: the checkpoint it resumed from holds its last step
         print(f"posttrain: the data ran out after step {self.step} of {self.total_steps} (trainer.total_epochs); "
-              "validating and checkpointing it as the run's last")
+              "it is the run's last")
         validation = self.parts.validation
         if validation is not None and validation.due(self.step, self.step) and not validation.due(self.step, self.total_steps):
             tracking.log(self._validate(roles), self.step)
-        self.save_checkpoint()
+        if self.saved_step != self.step:  # not saved already by trainer.save_freq
+            self.save_checkpoint()
 
     def _record_prompts(self) -> None:
         if self.parts.trained_prompts is not None:

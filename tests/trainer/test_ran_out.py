@@ -28,9 +28,9 @@ class CountingValidation:
         return {"val/acc": float(step)}
 
 
-def run_out_of_data(tmp_path, batches: int, total_steps: int, test_freq: int) -> tuple[CountingValidation, list[int], list[dict]]:
+def run_out_of_data(tmp_path, batches: int, total_steps: int, test_freq: int, save_freq: int = -1) -> tuple[CountingValidation, list[int], list[dict]]:
     config = PosttrainConfig()
-    config.trainer.default_local_dir = str(tmp_path)
+    config.trainer.default_local_dir, config.trainer.save_freq = str(tmp_path), save_freq
     validation = CountingValidation(test_freq)
     parts = RunParts(headline="test", config=config, total_steps=total_steps, step=lambda roles, item, step: {"loss": float(item)},
                      batches=lambda: iter([(0, index) for index in range(batches)]), validation=validation)
@@ -65,3 +65,9 @@ def test_no_second_validation_when_validation_is_off_or_already_ran_at_that_step
     validation, saved, records = run_out_of_data(tmp_path, batches=5, total_steps=8, test_freq=test_freq)
     assert validation.steps == ([] if test_freq == -1 else [5])
     assert saved == [5] and [r["step"] for r in records] == [1, 2, 3, 4, 5]
+
+
+def test_a_last_step_saved_by_save_freq_is_still_validated_and_saved_once(tmp_path):
+    validation, saved, records = run_out_of_data(tmp_path, batches=5, total_steps=8, test_freq=3, save_freq=5)
+    assert validation.steps == [3, 5] and saved == [5]
+    assert records[-1]["step"] == 5 and records[-1]["metrics"] == {"val/acc": 5.0}
