@@ -41,6 +41,7 @@ EXTRA_INFO = "extra_info"                   # dict, per-sample extras from the d
 FINISH_REASON = "finish_reason"             # str, "stop" | "length"
 # one agent turn (PolicyWorker.generate_turn): the context so far in, the sampled turn out
 TURN_CONTEXT_IDS = "turn_context_ids"       # list[int], prompt + response so far
+TURN_REQUEST_KEYS = "turn_request_keys"     # str per context: its episode's key and turn ("<episode>:<turn>"); seeds its sampling
 TURN_TOKEN_IDS = "turn_token_ids"           # list[int], the turn's tokens exactly as sampled
 TURN_LOGPROBS = "turn_log_probs"            # list[float], their behaviour logprobs
 # the Env-LLM worker (EnvLLMWorker.chat): a conversation in, the environment model's reply out
@@ -58,4 +59,3 @@ GROUP_COUNT = "group_count"                 # int, groups in a batch whose group
                                             # (groups / ppo_mini_batch_size) optimizer steps per epoch, whatever the samples
 TURN_MAX_NEW_TOKENS = "turn_max_new_tokens" # int, token budget of one agent turn
 TURN_STOP = "turn_stop"                     # tuple[str, ...], stop strings that end an agent turn
-TURN_INDEX = "turn_index"                   # int, the round of the agent loop (varies the sampling seed)

@@ -45,8 +45,9 @@ class TurnOutput:
     weight_version: int = 0
 
 
-# (contexts as token ids, max new tokens, stop strings, turn index) -> one TurnOutput per context
-GenerateTurn = Callable[[Sequence[Sequence[int]], int, tuple[str, ...], int], list[TurnOutput]]
+# (contexts as token ids, max new tokens, stop strings, request keys) -> one TurnOutput per context. A request's
+# key, "<episode key>:<turn>", seeds its sampling (workers/sampling.py), whatever else the call holds.
+GenerateTurn = Callable[[Sequence[Sequence[int]], int, tuple[str, ...], Sequence[str]], list[TurnOutput]]
 
 
 @dataclass(frozen=True)
@@ -182,11 +183,13 @@ def run_episodes(
 ) -> list[Episode]:
     """Play one episode per environment to the end; returns them in input order.
 
-    ``episode_keys`` seed the turn budgets drawn from ``turns_range`` (default: the positions).
+    ``episode_keys`` seed the turn budgets drawn from ``turns_range`` and, with the turn, each request's
+    sampling (default: the positions).
     """
     if not len(envs) == len(samples) == len(prompt_ids):
         raise ValueError(f"{len(envs)} environments, {len(samples)} samples and {len(prompt_ids)} prompts: give one of each per episode")
-    budgets = turn_budgets([str(i) for i in range(len(envs))] if episode_keys is None else episode_keys, config)
+    episode_keys = [str(i) for i in range(len(envs))] if episode_keys is None else list(episode_keys)
+    budgets = turn_budgets(episode_keys, config)
     episodes: list[Episode] = []
     closed: set[int] = set()
     try:
@@ -196,7 +199,7 @@ def run_episodes(
         turn = 0
         while live := [i for i, episode in enumerate(episodes) if not episode.done]:
             _close_ended(envs, episodes, closed)
-            outputs = generate([episodes[i].context for i in live], config.max_turn_tokens, stop, turn)
+            outputs = generate([episodes[i].context for i in live], config.max_turn_tokens, stop, [f"{episode_keys[i]}:{turn}" for i in live])
             if len(outputs) != len(live):
                 raise ValueError(f"the rollout engine returned {len(outputs)} turns for {len(live)} live episodes")
             for i, output in zip(live, outputs):

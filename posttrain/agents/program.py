@@ -85,8 +85,9 @@ class Reply:
 class ProgramEpisode:
     """One run of a program on one row: its samples, stitched from its requests (module docstring)."""
 
-    def __init__(self, tokenizer: Any, tool_format: ToolFormat, max_response_length: int) -> None:
+    def __init__(self, tokenizer: Any, tool_format: ToolFormat, max_response_length: int, key: str = "") -> None:
         self.tokenizer, self.tool_format, self.max_response_length = tokenizer, tool_format, max_response_length
+        self.key = key  # as the agent loop's episode key: with the number of replies so far, it seeds each request
         self.samples: list[Episode] = []
         self.prefix_breaks = 0
         self.requests = 0

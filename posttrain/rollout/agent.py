@@ -11,9 +11,11 @@ tokens sampled: episodes grow by appending token ids, never by re-tokenising tex
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -151,7 +153,7 @@ class AgentRollout:
         prompts = prompt_token_lists(batch)
         with timed({} if timings is None else timings, "gen"):
             try:
-                episodes = run_episodes(envs, samples, prompts, generate, self.renderer, self.loop_config, episode_keys(prompts))
+                episodes = run_episodes(envs, samples, prompts, generate, self.renderer, self.loop_config, episode_keys(batch[keys.RAW_PROMPT]))
             finally:
                 roles.actor.release_rollout()  # the engine stayed awake across turns
         with timed({} if timings is None else timings, "reward"):
@@ -185,10 +187,9 @@ def turn_call(roles: RolloutRoles, validate: bool) -> GenerateTurn:
     """The agent loop's engine call (:data:`~posttrain.agents.GenerateTurn`) on ``roles.actor.generate_turn``:
     one request for the contexts, one :class:`TurnOutput` back for each (with the weight version)."""
 
-    def generate(contexts: Sequence[Sequence[int]], max_new_tokens: int, stop: tuple[str, ...], turn: int) -> list[TurnOutput]:
-        request = Batch.from_dict(non_tensors={keys.TURN_CONTEXT_IDS: [list(c) for c in contexts]}, meta={
-            keys.TURN_MAX_NEW_TOKENS: max_new_tokens, keys.TURN_STOP: stop, keys.TURN_INDEX: turn, VALIDATE_META_KEY: validate,
-        })
+    def generate(contexts: Sequence[Sequence[int]], max_new_tokens: int, stop: tuple[str, ...], request_keys: Sequence[str]) -> list[TurnOutput]:
+        request = Batch.from_dict(non_tensors={keys.TURN_CONTEXT_IDS: [list(c) for c in contexts], keys.TURN_REQUEST_KEYS: list(request_keys)},
+                                  meta={keys.TURN_MAX_NEW_TOKENS: max_new_tokens, keys.TURN_STOP: stop, VALIDATE_META_KEY: validate})
         reply = roles.actor.generate_turn(request)
         version = int(reply.meta.get(keys.WEIGHT_VERSION, 0))
         return [TurnOutput(list(tokens), list(logprobs), str(reason), version)
@@ -232,12 +233,14 @@ def episode_records(episodes: Sequence[Episode], counters: Sequence[str] = ()) -
     return Batch.from_dict(non_tensors={keys.TRANSCRIPT: [e.messages() for e in episodes], keys.EPISODE_STATS: stats})
 
 
-def episode_keys(prompts: Sequence[Sequence[int]]) -> list[str]:
-    """A stable key per episode: its prompt's hash and its place among the rows with that prompt."""
+def episode_keys(raw_prompts: Sequence[Any]) -> list[str]:
+    """A stable key per episode: its row's chat messages (RAW_PROMPT) hashed, and its place among the rows
+    with those messages. The messages, not the token ids, so a program (whose prompt tells no tools until it
+    asks) and the built-in agent give the same row the same key, and with it the same sampling seeds."""
     seen: dict[str, int] = {}
     keys_ = []
-    for prompt in prompts:
-        digest = hashlib.sha256(np.asarray(prompt, dtype=np.int64).tobytes()).hexdigest()[:16]
+    for prompt in raw_prompts:
+        digest = hashlib.sha256(json.dumps(prompt, sort_keys=True, default=str).encode()).hexdigest()[:16]
         seen[digest] = seen.get(digest, -1) + 1
         keys_.append(f"{digest}-{seen[digest]}")
     return keys_

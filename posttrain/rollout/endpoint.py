@@ -22,7 +22,9 @@ the episode's ``data.max_response_length``.
 
 **Gathered into one engine call.** Requests wait until every open episode has one waiting (an episode is
 closed as its program ends) or none has come for ``gather_s``, and go to the engine as one call, as the
-agent loop's turns do; requests with other ``max_tokens`` or ``stop`` go in calls of their own. A request
+agent loop's turns do; requests with other ``max_tokens`` or ``stop`` go in calls of their own. Each
+request is sampled under its own key, the episode's seed key and its turn (as the agent loop names its
+requests), so the sampled tokens do not depend on which requests a call gathered. A request
 whose episode was closed meanwhile (its program stopped at the deadline) never reaches the engine, and
 ``idle`` is set while no engine call is under way: the rollout closes its episodes, then waits for it, so
 no call wakes the engine after the rollout let it sleep.
@@ -104,7 +106,6 @@ class ProgramEndpoint:
         self.generate, self.tokenizer, self.tool_format, self.settings = generate, tokenizer, tool_format, settings
         self.episodes: dict[str, ProgramEpisode] = {}
         self.counts: dict[str, float] = defaultdict(float)  # program/* counters
-        self.engine_calls = 0
         self.port: int | None = None
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -118,14 +119,16 @@ class ProgramEndpoint:
 
     # episodes -----------------------------------------------------------------------------------
 
-    def open(self, key: str) -> str:
-        """Start recording episode ``key``; its base URL."""
+    def open(self, key: str, seed_key: str | None = None) -> str:
+        """Start recording episode ``key``; its base URL. Its requests are sampled under ``"<seed_key>:<turn>"``
+        (default ``key``), as the agent loop's episode of that key would be."""
         if self.port is None:
             raise RuntimeError("the endpoint is not serving: open episodes inside `with endpoint.serving():`")
         with self._lock:
             if key in self.episodes:
                 raise ValueError(f"episode {key!r} is already open")
-            self.episodes[key] = ProgramEpisode(self.tokenizer, self.tool_format, self.settings.max_response_length)
+            self.episodes[key] = ProgramEpisode(self.tokenizer, self.tool_format, self.settings.max_response_length,
+                                                key if seed_key is None else seed_key)
         return f"http://{self.settings.host}:{self.port}/episodes/{key}/v1"
 
     def close(self, key: str) -> ProgramEpisode:
@@ -316,8 +319,8 @@ class ProgramEndpoint:
         """One engine call for ``members``; if it fails, each again alone, so that one bad context fails only itself."""
         loop = asyncio.get_running_loop()
         try:
-            outputs = await loop.run_in_executor(None, self.generate, [m.context for m in members], max_tokens, stop, self.engine_calls)
-            self.engine_calls += 1
+            request_keys = [f"{m.episode.key}:{m.episode.requests}" for m in members]  # its turn: the replies before it
+            outputs = await loop.run_in_executor(None, self.generate, [m.context for m in members], max_tokens, stop, request_keys)
             if len(outputs) != len(members):
                 raise RuntimeError(f"the engine returned {len(outputs)} turns for {len(members)} contexts")
         except Exception as problem:

@@ -48,7 +48,7 @@ from posttrain.metrics import Metrics, mean, total
 from posttrain.models.tool_formats import make_tool_format
 from posttrain.protocol import Batch
 from posttrain.rewards.manager import Answer
-from posttrain.rollout.agent import episodes_to_batch, turn_call
+from posttrain.rollout.agent import episode_keys, episodes_to_batch, turn_call
 from posttrain.rollout.batching import prompt_token_lists
 from posttrain.rollout.endpoint import EndpointSettings, ProgramEndpoint, episode_counts
 from posttrain.rollout.environments import load_env_class, probe_environment
@@ -125,11 +125,11 @@ class ProgramRollout:
         self.reward_manager.close()
         self._roles = None
 
-    def _generate(self, contexts: Sequence[Sequence[int]], max_new_tokens: int, stop: tuple[str, ...], turn: int) -> list[TurnOutput]:
+    def _generate(self, contexts: Sequence[Sequence[int]], max_new_tokens: int, stop: tuple[str, ...], request_keys: Sequence[str]) -> list[TurnOutput]:
         """The endpoint's engine call: the agent loop's (``turn_call``), on the roles of the rollout under way."""
         if self._roles is None:
             raise RuntimeError("ProgramRollout.open(roles) must be called before rollouts")
-        return turn_call(self._roles, self._validate)(contexts, max_new_tokens, stop, turn)
+        return turn_call(self._roles, self._validate)(contexts, max_new_tokens, stop, request_keys)
 
     def __call__(
         self, roles: RolloutRoles, batch: Batch, *, validate: bool = False, timings: dict[str, float] | None = None,
@@ -143,9 +143,10 @@ class ProgramRollout:
         samples = [EpisodeSample(list(prompt), truth, str(source), dict(extra or {})) for prompt, truth, source, extra in zip(
             batch[keys.RAW_PROMPT], batch[keys.GROUND_TRUTH], batch[keys.DATA_SOURCE], batch[keys.EXTRA_INFO])]
         names = [uuid.uuid4().hex[:16] for _ in samples]
+        prompts = prompt_token_lists(batch)
         timings = {} if timings is None else timings
-        with timed(timings, "gen"):
-            urls = [self.endpoint.open(name) for name in names]
+        with timed(timings, "gen"):  # each episode sampled under the built-in agent loop's key for its row
+            urls = [self.endpoint.open(name, seed_key) for name, seed_key in zip(names, episode_keys(batch[keys.RAW_PROMPT]))]
             closed: dict[int, ProgramEpisode] = {}
 
             def ended(index: int) -> None:  # closed as its program ends: the endpoint stops waiting for its requests
@@ -160,7 +161,7 @@ class ProgramRollout:
         with timed(timings, "reward"):
             scores, successes, metrics = self.score(episodes, outcomes, samples)
         metrics |= self.counts(episodes, outcomes) | {"agent/success_rate": mean(float(np.mean(successes)), len(successes))}
-        rows = episode_rows(episodes, prompt_token_lists(batch), scores, self.config.data.max_response_length, last_only=validate)
+        rows = episode_rows(episodes, prompts, scores, self.config.data.max_response_length, last_only=validate)
         scored = self.to_batch(batch, episodes, rows, successes, names)
         if validate:
             return scored, metrics

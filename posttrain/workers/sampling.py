@@ -6,16 +6,19 @@ training). The rollouts (``posttrain/rollout/``) call ``generate`` (one response
 or ``generate_turn`` (one agent turn per context) and ``release_rollout``, and do not know which.
 Both answer with token lists exactly as sampled; the rollout builds the training Batch from them.
 
-Seeds: a request's sampling seed is ``seed + 1000 × step + RANK_SEED_STRIDE × rank + row_offset``
-(+ ``100_003 × turn`` for agent turns); the engine gives the i-th row base + i. ``step`` is the
-weight version in sync mode, where batch ``b`` is always sampled by version ``b``; a generator sets
-``seed_step`` to its unit's batch instead (versions do not number batches when it runs ahead), and
-``row_offset`` to the unit's first row in the batch, so a batch split over generator calls is
-seeded exactly as one call over the whole batch would be.
+Seeds: a ``generate`` call's sampling seed is ``seed + 1000 × step + RANK_SEED_STRIDE × rank +
+row_offset``; the engine gives the i-th row base + i. ``step`` is the weight version in sync mode,
+where batch ``b`` is always sampled by version ``b``; a generator sets ``seed_step`` to its unit's
+batch instead (versions do not number batches when it runs ahead), and ``row_offset`` to the unit's
+first row in the batch, so a batch split over generator calls is seeded exactly as one call over the
+whole batch would be. An agent turn's context is seeded by its own request key (its episode's key
+and turn, :func:`request_seed`), not by its place in the call: the agent loop and a program's
+endpoint, which gather the same requests into different calls, sample alike.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -29,6 +32,13 @@ from posttrain.workers.engines import generation_params
 
 RANK_SEED_STRIDE = 1_000_003  # ranks' sampling seeds far apart: a rank's requests take base, base+1, ...
 VALIDATE_META_KEY = "validate"  # meta flag: sample with rollout.val_kwargs instead of training settings
+
+
+def request_seed(seed: int, step: int, request_key: str) -> int:
+    """The sampling seed of one agent-turn request: ``trainer.seed``, the step and the request's key
+    (``"<episode key>:<turn>"``), hashed to 31 bits."""
+    digest = hashlib.sha256(f"{seed}:{step}:{request_key}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") >> 1
 
 
 @dataclass(frozen=True)
@@ -48,9 +58,12 @@ class Sampling:
     row_offset: int = 0
     seed_step: int | None = None  # None: the weight version
 
-    def _seed(self, turn: int = 0) -> int:
-        step = self.rollout.version if self.seed_step is None else self.seed_step
-        return self.seed + 1000 * step + 100_003 * turn + RANK_SEED_STRIDE * self.rank + self.row_offset
+    @property
+    def _step(self) -> int:
+        return self.rollout.version if self.seed_step is None else self.seed_step
+
+    def _seed(self) -> int:
+        return self.seed + 1000 * self._step + RANK_SEED_STRIDE * self.rank + self.row_offset
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
     def generate(self, batch: Batch) -> Batch:
@@ -68,9 +81,10 @@ class Sampling:
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
     def generate_turn(self, batch: Batch) -> Batch:
-        """One agent turn for each row's context (TURN_CONTEXT_IDS): TURN_TOKEN_IDS, TURN_LOGPROBS, FINISH_REASON.
+        """One agent turn for each row's context (TURN_CONTEXT_IDS, seeded by its TURN_REQUEST_KEYS):
+        TURN_TOKEN_IDS, TURN_LOGPROBS, FINISH_REASON.
 
-        Meta: TURN_MAX_NEW_TOKENS, TURN_STOP, TURN_INDEX and optionally VALIDATE_META_KEY. The
+        Meta: TURN_MAX_NEW_TOKENS, TURN_STOP and optionally VALIDATE_META_KEY. The
         tokens come back exactly as sampled; the agent loop appends them without re-tokenising.
         The engine stays awake between turns (its prefix cache holds the contexts); the agent loop
         calls :meth:`release_rollout` when its episodes end.
@@ -78,13 +92,13 @@ class Sampling:
         validate = bool(batch.meta.get(VALIDATE_META_KEY, False))
         params = replace(
             generation_params(
-                self.rollout_config, int(batch.meta[keys.TURN_MAX_NEW_TOKENS]), validation=validate,
-                seed=self._seed(int(batch.meta.get(keys.TURN_INDEX, 0))),
+                self.rollout_config, int(batch.meta[keys.TURN_MAX_NEW_TOKENS]), validation=validate, seed=None,
             ),
             stop=tuple(batch.meta.get(keys.TURN_STOP, ())),
         )
+        seeds = [request_seed(self.seed, self._step, str(key)) for key in batch[keys.TURN_REQUEST_KEYS]]
         self.rollout.wake_up()
-        generations = self.rollout.generate([list(context) for context in batch[keys.TURN_CONTEXT_IDS]], params)
+        generations = self.rollout.generate([list(context) for context in batch[keys.TURN_CONTEXT_IDS]], params, seeds)
         return _sampled(generations, self.rollout.version)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)

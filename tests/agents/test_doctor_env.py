@@ -217,9 +217,10 @@ def _scripted(actions_per_episode):
     """A GenerateTurn that replays fixed texts (one list per episode, in episode order) through the tokenizer."""
 
     def generate(tokenizer):
-        def turn(contexts, max_new_tokens, stop, index):
+        def turn(contexts, max_new_tokens, stop, request_keys):
             outputs = []
-            for context in contexts:
+            for context, key in zip(contexts, request_keys):
+                index = int(key.rsplit(":", 1)[1])  # "<episode>:<turn>"
                 episode = next(i for i, prompt in enumerate(prompts) if list(context[: len(prompt)]) == prompt)
                 text = actions_per_episode[episode][index]
                 ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]

@@ -52,7 +52,7 @@ class ScriptedEngine:
         self.emitted: dict[int, list[list[int]]] = {k: [] for k in range(len(prompts))}
         self.calls: list[int] = []
 
-    def __call__(self, contexts, max_new_tokens, stop, turn):
+    def __call__(self, contexts, max_new_tokens, stop, request_keys):
         self.calls.append(len(contexts))
         outputs = []
         for context in contexts:

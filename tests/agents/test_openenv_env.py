@@ -199,10 +199,10 @@ def _dies_at_second_turn(tokenizer, seeds, scripts, kill):
     """A scripted engine that does ``kill()`` once its first turn is answered (mid-episode)."""
     engine = ScriptedEngine(tokenizer, _episodes(tokenizer, seeds)[1], scripts)
 
-    def generate(contexts, max_new_tokens, stop, turn):
-        if turn == 1:
+    def generate(contexts, max_new_tokens, stop, request_keys):
+        if request_keys[0].endswith(":1"):  # "<episode>:<turn>"
             kill()
-        return engine(contexts, max_new_tokens, stop, turn)
+        return engine(contexts, max_new_tokens, stop, request_keys)
 
     return generate
 

@@ -47,7 +47,7 @@ class Recorder:
     def __init__(self, engine, scripted=None):
         self.engine, self.scripted, self.calls = engine, scripted, []
 
-    def __call__(self, contexts, max_new_tokens, stop, turn):
+    def __call__(self, contexts, max_new_tokens, stop, request_keys):
         self.calls.append([list(c) for c in contexts])
         if self.scripted is not None:  # fixed token ids per call, as a model might sample them
             ids = self.scripted.pop(0)
@@ -190,7 +190,7 @@ def test_bad_requests_get_openai_errors_and_other_sampling_is_counted_or_refused
 def test_an_engine_failure_is_a_500_for_that_request_and_leaves_the_episode_as_it_was(tokenizer):
     calls = []
 
-    def generate(contexts, max_new_tokens, stop, turn):
+    def generate(contexts, max_new_tokens, stop, request_keys):
         calls.append([list(c) for c in contexts])
         if len(calls) == 2:
             raise RuntimeError("engine fell over")
@@ -214,7 +214,7 @@ def test_an_engine_failure_is_a_500_for_that_request_and_leaves_the_episode_as_i
 def test_two_requests_of_one_episode_at_once_the_second_is_refused(tokenizer):
     import time as clock
 
-    def slow(contexts, max_new_tokens, stop, turn):
+    def slow(contexts, max_new_tokens, stop, request_keys):
         clock.sleep(0.5)
         return [TurnOutput([tokenizer.eos_token_id], [-0.1], "stop", 0) for _ in contexts]
 

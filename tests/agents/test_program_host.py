@@ -81,7 +81,7 @@ def endpoint():
     tokenizer = load_tokenizer(cached_tiny_model("llama", seed=0))
     ok = tokenizer.encode("ok", add_special_tokens=False) + [tokenizer.eos_token_id]
 
-    def generate(contexts, max_new_tokens, stop, turn):
+    def generate(contexts, max_new_tokens, stop, request_keys):
         return [TurnOutput(list(ok), [-0.1] * len(ok), "stop", 0) for _ in contexts]
 
     served = ProgramEndpoint(generate, tokenizer, make_tool_format("auto", tokenizer),

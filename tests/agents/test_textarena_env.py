@@ -33,7 +33,7 @@ TILE_MOVES = ["[Up]", "[Left]", "[Down]", "[Right]"]
 
 def scripted_policy(tokenizer, moves: list[str]):
     """The agent loop's generate function: each episode's n-th turn is ``moves[n]`` (cycling), read from its context."""
-    def generate(contexts, max_new_tokens, stop, turn):
+    def generate(contexts, max_new_tokens, stop, request_keys):
         outputs = []
         for context in contexts:
             made = tokenizer.decode(context).count("<|im_start|>assistant") - 1

@@ -32,7 +32,7 @@ def _play(tokenizer, actions: list[str], eos_after: bool = False):
     prompt = tokenize_prompts([sample.prompt], tokenizer)[0]
     turns = iter(actions)
 
-    def generate(contexts, max_new_tokens, stop, turn):
+    def generate(contexts, max_new_tokens, stop, request_keys):
         tokens = tokenizer.encode(next(turns), add_special_tokens=False) + ([tokenizer.eos_token_id] if eos_after else [])
         return [TurnOutput(tokens, [-0.1] * len(tokens), "stop")]
 
@@ -103,7 +103,7 @@ def test_cut_observations_are_kept_as_shown(tokenizer):
     prompt = tokenize_prompts([sample.prompt], tokenizer)[0]
     turns = iter(["<search> Velnor Kastrin </search>", "<answer> Belmoria </answer>"])
 
-    def generate(contexts, max_new_tokens, stop, turn):
+    def generate(contexts, max_new_tokens, stop, request_keys):
         tokens = tokenizer.encode(next(turns), add_special_tokens=False)
         return [TurnOutput(tokens, [-0.1] * len(tokens), "stop")]
 

@@ -53,6 +53,21 @@ def test_samples_are_prompt_major_and_seeded(engine, chat_prompts):
     assert response_ids(engine.generate(chat_prompts, other_seed)) != response_ids(generations)
 
 
+def test_a_prompt_with_its_own_seed_samples_alike_in_any_call(engine, chat_prompts):
+    """Per-prompt seeds: what a prompt samples does not depend on the call's other prompts or its place."""
+    params = GenerationParams(temperature=1.0, n=2, max_new_tokens=12, seed=0)
+    seeds = [11, 22, 33]
+    together = response_ids(engine.generate(chat_prompts, params, seeds))
+    alone = [response_ids(engine.generate([prompt], params, [seed])) for prompt, seed in zip(chat_prompts, seeds)]
+    reversed_ = response_ids(engine.generate(chat_prompts[::-1], params, seeds[::-1]))
+    assert together == [ids for pair in alone for ids in pair]
+    assert reversed_ == [ids for pair in alone[::-1] for ids in pair]
+    assert response_ids(engine.generate(chat_prompts[:1], params, [12])) != alone[0], "another seed, other samples"
+    assert together != response_ids(engine.generate(chat_prompts, params)), "without seeds the call's seed decides"
+    with pytest.raises(ValueError, match="one seed per prompt"):
+        engine.generate(chat_prompts, params, seeds[:2])
+
+
 def test_a_repeated_prompt_gets_different_samples(engine, chat_prompts):
     params = GenerationParams(temperature=1.0, max_new_tokens=8, seed=1)
     first, second = response_ids(engine.generate([chat_prompts[0]] * 2, params))

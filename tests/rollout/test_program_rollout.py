@@ -24,6 +24,7 @@ from posttrain.rollout.batching import group_ids_of  # noqa: E402
 from posttrain.rollout.toolbox import tool_schemas  # noqa: E402
 from posttrain.trainer.learn import advantage_estimator, compute_advantages  # noqa: E402
 from posttrain.trainer.setup import rollout_setup  # noqa: E402
+from posttrain.workers.sampling import Sampling  # noqa: E402
 from tests.e2e.test_tool_agent import tool_calling_model, user_tools  # noqa: E402
 
 # the user's agent, as they would write it against any OpenAI-compatible server: its own loop, its own
@@ -127,6 +128,36 @@ def test_a_program_and_the_builtin_tool_environment_give_the_same_ids_masks_and_
     assert ran["reward_extra/acc"].tolist() == built["reward_extra/acc"].tolist()
     assert ran_metrics["agent/success_rate"] == built_metrics["agent/success_rate"] == ran["reward_extra/acc"].mean()
     assert (built[keys.RESPONSE_MASK] == 0).any(), "an observation (the tool's result) is in every episode, not trained"
+
+
+class LocalSampling(Sampling):
+    """The policy worker's own ``generate_turn`` (workers/sampling.py: each request seeded by its key) on a
+    local engine, with the run's sampling settings."""
+
+    rank = 0
+
+    def __init__(self, engine, config):
+        self.rollout, self.rollout_config, self.data, self.seed = engine, config.actor_rollout_ref.rollout, config.data, config.trainer.seed
+        self.calls: list[int] = []
+
+    def generate_turn(self, batch):
+        self.calls.append(len(batch))
+        return super().generate_turn(batch)
+
+
+def test_sampled_a_program_and_the_builtin_tool_environment_still_give_the_same_ids(tmp_path, model, engine):
+    """At temperature 1 the two paths gather their requests into different engine calls; each request is
+    seeded by its episode's key and turn, so the paths sample the same tokens."""
+    builtin, program = configs(tmp_path, model)
+    sampler = LocalSampling(engine, builtin)
+    built, built_metrics = rollout_of(builtin, sampler)
+    ran, ran_metrics = rollout_of(program, LocalSampling(engine, program))
+    assert builtin.actor_rollout_ref.rollout.temperature == 1.0 and ran_metrics["program/errors"] == 0
+    assert len(ran) == len(built) == 8
+    for key in (keys.RESPONSE_IDS, keys.RESPONSE_MASK, keys.TOKEN_SCORES, keys.BEHAVIOUR_LOGPROBS):
+        assert torch.equal(ran[key], built[key]), key
+    first = built[keys.RESPONSE_IDS][0::2]  # the two samples of each row differ: a group is not one sample twice
+    assert not torch.equal(first, built[keys.RESPONSE_IDS][1::2])
 
 
 BREAKS = '''

@@ -45,7 +45,7 @@ class GroupEngine:
         self.before: list[list[int]] = [[] for _ in scripts]  # each episode's last context and the turn sampled after it
         self.turns = [0] * len(scripts)
 
-    def __call__(self, contexts, max_new_tokens, stop, turn):
+    def __call__(self, contexts, max_new_tokens, stop, request_keys):
         self.on_turn()
         taken, outputs = set(), []
         for context in contexts:

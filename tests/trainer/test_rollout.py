@@ -92,9 +92,11 @@ def test_kept_group_counts_split_into_mini_batches_and_ranks():
 
 
 def test_episode_keys_are_stable_and_tell_group_members_apart():
-    keys_ = episode_keys([[1, 2], [1, 2], [3], [1, 2]])
+    a, b = [{"role": "user", "content": "2+2?"}], [{"role": "user", "content": "3+3?"}]
+    keys_ = episode_keys([a, a, b, a])
     assert keys_[0] != keys_[1] != keys_[3] and keys_[0].split("-")[0] == keys_[1].split("-")[0]
-    assert episode_keys([[3], [1, 2]]) == [keys_[2], keys_[0]]
+    assert episode_keys([b, a]) == [keys_[2], keys_[0]]
+    assert episode_keys([[{"content": "2+2?", "role": "user"}]]) == [keys_[0]], "the messages decide, not their fields' order"
 
 
 def test_a_retriever_that_is_down_or_a_missing_corpus_stops_the_run_with_the_fix(tmp_path):

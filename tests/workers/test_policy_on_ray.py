@@ -118,9 +118,9 @@ def test_tool_episodes_train_on_exactly_the_tokens_the_engine_sampled(workers):
     samples = [EpisodeSample([{"role": "user", "content": q}], "42", "arithmetic") for q in ("What is 6*7?", "And 5*5?")]
     sampled: list[list[list[int]]] = [[], []]
 
-    def generate(contexts, max_new_tokens, stop, turn):
-        request = Batch.from_dict(non_tensors={keys.TURN_CONTEXT_IDS: [list(c) for c in contexts]},
-                                  meta={keys.TURN_MAX_NEW_TOKENS: max_new_tokens, keys.TURN_STOP: stop, keys.TURN_INDEX: turn})
+    def generate(contexts, max_new_tokens, stop, request_keys):
+        request = Batch.from_dict(non_tensors={keys.TURN_CONTEXT_IDS: [list(c) for c in contexts], keys.TURN_REQUEST_KEYS: list(request_keys)},
+                                  meta={keys.TURN_MAX_NEW_TOKENS: max_new_tokens, keys.TURN_STOP: stop})
         reply = actor.generate_turn(request)
         for row, tokens in enumerate(reply[keys.TURN_TOKEN_IDS]):
             sampled[row].append(list(tokens))

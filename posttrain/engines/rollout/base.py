@@ -19,6 +19,10 @@ Contract shared by all engines:
 - ``finish_reason`` is ``"stop"`` (eos, stop token id or stop string) or ``"length"``
   (``max_new_tokens`` reached, or the engine's context ``max_model_len`` filled).
 - a prompt longer than the context raises :class:`PromptTooLongError` before any work is done.
+- ``seeds`` (one per prompt) gives each prompt a random stream of its own: the same prompt, seed,
+  params and weights give the same samples whatever else the call holds, so two callers that batch
+  the same requests differently (the agent loop and a program's endpoint) sample alike. Without
+  them ``params.seed`` seeds the call, and a prompt's samples depend on its place in it.
 """
 
 from __future__ import annotations
@@ -121,6 +125,12 @@ def check_prompts_fit(prompt_token_ids: Sequence[Sequence[int]], max_model_len: 
             )
 
 
+def check_seeds(seeds: Sequence[int] | None, prompts: int) -> None:
+    """Raise unless ``seeds`` is None or holds one seed per prompt."""
+    if seeds is not None and len(seeds) != prompts:
+        raise ValueError(f"{len(seeds)} seeds for {prompts} prompts: give one seed per prompt, or none")
+
+
 class RolloutEngine(abc.ABC):
     """Samples responses from token ids and takes new weights in place; see the module docstring."""
 
@@ -139,9 +149,10 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], params: GenerationParams
+        self, prompt_token_ids: Sequence[Sequence[int]], params: GenerationParams, seeds: Sequence[int] | None = None
     ) -> list[Generation]:
-        """Sample ``params.n`` responses per prompt; returns them prompt-major."""
+        """Sample ``params.n`` responses per prompt; returns them prompt-major. ``seeds``: one per
+        prompt, overriding ``params.seed`` (module docstring)."""
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy weights (Hugging Face parameter names) into the engine in place; set ``version``.

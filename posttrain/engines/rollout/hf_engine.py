@@ -18,6 +18,9 @@ Same contract as every rollout engine (see ``base``). How it is met here:
   finished row is dropped;
 - with a seed, batch ``b`` samples under ``torch`` RNG seeded ``seed + b`` in a forked RNG state,
   so the caller's RNG is untouched. Results depend on ``max_batch_size`` (it changes batches).
+  ``generate`` draws from one stream per call, so per-prompt ``seeds`` put each prompt in a call of
+  its own (its ``n`` rows together) under its seed: exact, and slower than one batch (agent turns
+  sampled on this engine pay it; greedy turns need no seed and stay batched).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from posttrain.engines.rollout.base import (
     GenerationParams,
     RolloutEngine,
     check_prompts_fit,
+    check_seeds,
 )
 from posttrain.models.loading import load_causal_lm, load_tokenizer, resolve_dtype, resolve_model
 
@@ -152,16 +156,20 @@ class HFRolloutEngine(RolloutEngine):
         return self._model
 
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], params: GenerationParams
+        self, prompt_token_ids: Sequence[Sequence[int]], params: GenerationParams, seeds: Sequence[int] | None = None
     ) -> list[Generation]:
         check_prompts_fit(prompt_token_ids, self._max_model_len)
-        prompts_per_batch = max(1, self._rows_per_call(params) // params.n)
+        check_seeds(seeds, len(prompt_token_ids))
+        if seeds is not None and not params.greedy:  # a stream per prompt: a call per prompt (module docstring)
+            calls = [(index, index + 1, seeds[index]) for index in range(len(prompt_token_ids))]
+        else:
+            per_call = max(1, self._rows_per_call(params) // params.n)
+            calls = [(start, start + per_call, None if params.seed is None else params.seed + number)
+                     for number, start in enumerate(range(0, len(prompt_token_ids), per_call))]
         generations = []
-        for batch_index, start in enumerate(range(0, len(prompt_token_ids), prompts_per_batch)):
-            batch = prompt_token_ids[start : start + prompts_per_batch]
-            seed = None if params.seed is None else params.seed + batch_index
+        for start, end, seed in calls:
             with _seeded(seed, self._device):
-                generations.extend(self._generate_batch(batch, start, params))
+                generations.extend(self._generate_batch(prompt_token_ids[start:end], start, params))
         return generations
 
     def _rows_per_call(self, params: GenerationParams) -> int:

@@ -10,8 +10,10 @@ KV block computed with old weights is reused.
 Behaviour logprobs come from vLLM's ``processed_logprobs`` mode: the log-softmax after temperature,
 top-k and top-p, i.e. of the distribution each token was drawn from (see ``base``).
 
-Seeds: prompt ``p`` gets ``seed + p * n`` and vLLM gives its ``i``-th sample ``seed + p * n + i``,
-so every sample of a call has its own stream.
+Seeds: prompt ``p`` gets ``seed + p * n`` (or ``seeds[p]``) and vLLM gives its ``i``-th sample that
+seed ``+ i``, so every sample of a call has its own stream. vLLM draws a seeded request's tokens from
+a generator of its own, so ``seeds`` hold whatever else the call holds (up to the kernels' rounding,
+which a different batch can change).
 
 Sleep mode (GPU only): ``sleep()`` frees the KV cache and offloads (level 1) or drops (level 2) the
 weights; ``load_weights`` while asleep first wakes the weights only, so a hybrid engine can sync
@@ -40,6 +42,7 @@ from posttrain.engines.rollout.base import (
     GenerationParams,
     RolloutEngine,
     check_prompts_fit,
+    check_seeds,
 )
 from posttrain.errors import import_optional
 from posttrain.install import ENGINE
@@ -123,12 +126,15 @@ class VLLMRolloutEngine(RolloutEngine):
         return self._max_model_len
 
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], params: GenerationParams
+        self, prompt_token_ids: Sequence[Sequence[int]], params: GenerationParams, seeds: Sequence[int] | None = None
     ) -> list[Generation]:
         if self._asleep:
             raise RuntimeError("The rollout engine is asleep; call wake_up() before generate().")
         _check_vllm_state_alive()
         check_prompts_fit(prompt_token_ids, self._max_model_len)
+        check_seeds(seeds, len(prompt_token_ids))
+        if seeds is None and params.seed is not None:
+            seeds = [params.seed + index * params.n for index in range(len(prompt_token_ids))]
         from vllm.inputs import TokensPrompt
 
         # vLLM refuses n > 1 with greedy decoding: send n single-sample copies instead.
@@ -141,7 +147,8 @@ class VLLMRolloutEngine(RolloutEngine):
             [TokensPrompt(prompt_token_ids=list(prompt_token_ids[index])) for index, _ in requests],
             [
                 self._sampling_params(
-                    params, index, len(prompt_token_ids[index]), samples_per_request
+                    params, len(prompt_token_ids[index]), samples_per_request,
+                    None if seeds is None else seeds[index],
                 )
                 for index, _ in requests
             ],
@@ -153,9 +160,7 @@ class VLLMRolloutEngine(RolloutEngine):
             generations.extend(self._to_generations(prompt_index, first_sample, output, params))
         return generations
 
-    def _sampling_params(
-        self, params: GenerationParams, prompt_index: int, prompt_len: int, n: int
-    ):
+    def _sampling_params(self, params: GenerationParams, prompt_len: int, n: int, seed: int | None):
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -168,7 +173,7 @@ class VLLMRolloutEngine(RolloutEngine):
             stop=list(params.stop),
             stop_token_ids=list(params.stop_token_ids),
             ignore_eos=params.ignore_eos,
-            seed=None if params.seed is None else params.seed + prompt_index * params.n,
+            seed=seed,
             logprobs=0 if params.logprobs else None,
             # Text is only needed to find stop strings; responses are returned as token ids.
             detokenize=bool(params.stop),
