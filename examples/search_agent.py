@@ -6,7 +6,8 @@ retriever (started over the dataset's corpus) at ``$POSTTRAIN_RETRIEVER_URL`` (d
         "env.options={entry: examples/search_agent.py:rollout, use_retriever: true}"
 
 The tool's schema and its result's layout are the built-in ``posttrain.tools:search``'s (``posttrain tools
-posttrain.tools:search`` prints the schema), so the model sees what the built-in tool agent would show it.
+posttrain.tools:search`` prints the schema), and after its last search turn it tells the model to answer, in the
+built-in tool agent's words: the model sees what the built-in tool agent would show it.
 """
 
 import json
@@ -27,6 +28,7 @@ TOOLS = [{
     },
 }]
 MAX_TOOL_TURNS = 3  # then one last request for the answer
+LAST_TURN = "You have no tool calls left. Give your final answer now, without calling a tool."
 TOP_K = 3
 
 
@@ -61,4 +63,6 @@ async def rollout(client, row):
                 except Exception as error:  # the model reads what went wrong
                     result = f"Error: {error}"
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+            if turn == MAX_TOOL_TURNS - 1:
+                messages.append({"role": "user", "content": LAST_TURN})
     return None

@@ -116,7 +116,7 @@ class ProgramEpisode:
             self._pending = (keys, None, ids)
             return sample.context + ids
         turns = self._as_turns(messages, [])
-        prompt = tokenize_prompts([[{"role": role, "content": text} for role, text in turns]], self.tokenizer,
+        prompt = tokenize_prompts([[{"role": role, "content": "".join(text)} for role, text in turns]], self.tokenizer,
                                   tools=list(tools or ()) or None, tool_format=self.tool_format)[0]
         fresh = Episode(prompt_ids=list(prompt), turn_budget=0, response_budget=self.max_response_length)
         self._pending = (keys, fresh, [])
@@ -182,12 +182,14 @@ class ProgramEpisode:
             messages.append(message)
         return messages
 
-    def _as_turns(self, messages: Sequence[Any], calls: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    def _as_turns(self, messages: Sequence[Any], calls: Sequence[dict[str, Any]]) -> list[tuple[str, str | tuple[str, ...]]]:
         """Messages as (role, text) turns for the template: a reply this endpoint returned as the text the
         model wrote; each run of tool messages as one observation in the tool format's role, the results in
         the order of the calls they answer (``calls``: the reply before them, where it is not among
-        ``messages``), each named by its call's id (else by its place)."""
-        turns: list[tuple[str, str]] = []
+        ``messages``), each named by its call's id (else by its place). A user message right after the results,
+        where the observation is a user turn, joins it on a line of its own, tokenised apart (pieces), as the
+        built-in agent appends its final-turn instruction (agents/render.py)."""
+        turns: list[tuple[str, str | tuple[str, ...]]] = []
         results: list[tuple[int, str, str]] = []  # (the call's place, its name, the result)
         last_calls = list(calls)
 
@@ -206,7 +208,12 @@ class ProgramEpisode:
                 name = str(_field(_field(last_calls[place], "function") or {}, "name")) if place < len(last_calls) else "tool"
                 results.append((place, name, content))
                 continue
+            observed = bool(results)
             flush()
+            if observed and role == "user" == self.tool_format.observation_role:
+                last = turns[-1][1]
+                turns[-1] = (role, (last, "\n" + content) if content and last else last or content)
+                continue
             if role == "assistant":
                 last_calls = list(_field(message, "tool_calls") or ())
                 content = self._sampled_text.get(key, content)

@@ -69,12 +69,14 @@ class ObservationRenderer:
         return RenderedObservation(close + content + suffix_ids + self.open_ids, truncated, text)
 
 
-def render_turns(tokenizer: Any, messages: list[tuple[str, str]], *, after_token: int | None) -> list[int]:
+def render_turns(tokenizer: Any, messages: list[tuple[str, str | tuple[str, ...]]], *, after_token: int | None) -> list[int]:
     """The tokens that follow an agent turn ending on ``after_token`` when the conversation goes on with
     ``messages`` (``(role, text)`` each) and then a fresh assistant header, as the chat template renders
     them. As for one observation (:class:`ObservationRenderer`), the template's pieces between the
     messages and each message's text are tokenised apart, and the end-of-turn token the agent sampled is
-    not added again; for one message it gives what ``ObservationRenderer(tokenizer, role).render`` does."""
+    not added again; for one message it gives what ``ObservationRenderer(tokenizer, role).render`` does.
+    A text given as pieces is tokenised piece by piece (``(observation, "\n" + suffix)`` is ``render``'s
+    observation with its suffix)."""
     pieces = template_pieces(tokenizer, [role for role, _ in messages], "multi-turn programs need a template that keeps every message")
 
     def encode(piece: str) -> list[int]:
@@ -84,7 +86,9 @@ def render_turns(tokenizer: Any, messages: list[tuple[str, str]], *, after_token
     if ids and after_token is not None and after_token == ids[0] == tokenizer.eos_token_id:
         ids = ids[1:]
     for (_, content), piece in zip(messages, pieces[1:]):
-        ids += encode(content) + encode(piece)
+        for part in (content,) if isinstance(content, str) else content:
+            ids += encode(part)
+        ids += encode(piece)
     return ids
 
 

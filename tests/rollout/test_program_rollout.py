@@ -130,6 +130,44 @@ def test_a_program_and_the_builtin_tool_environment_give_the_same_ids_masks_and_
     assert (built[keys.RESPONSE_MASK] == 0).any(), "an observation (the tool's result) is in every episode, not trained"
 
 
+LAST_TURN = '''
+import json
+
+TOOLS = SCHEMAS
+
+
+async def rollout(client, row):
+    """One tool turn, then the built-in agent's final-turn instruction as a user message after the results."""
+    messages = list(row["messages"])
+    for turn in range(2):
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        message = reply.choices[0].message
+        if turn == 1 or not message.tool_calls:
+            return None
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            arguments = json.loads(call.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(arguments["a"] * arguments["b"])})
+        messages.append({"role": "user", "content": "INSTRUCTION"})
+'''
+
+
+def test_a_user_message_after_tool_results_is_rendered_as_the_builtin_final_turn_instruction(tmp_path, model, engine):
+    """env.max_turns=1: the built-in agent appends its final-turn instruction to the first results; a program
+    that sends it as a user message after them gets the same tokens."""
+    builtin, _ = configs(tmp_path, model)
+    instruction = "You have no tool calls left. Give your final answer now, without calling a tool."
+    text = LAST_TURN.replace("SCHEMAS", json.dumps(tool_schemas(builtin.env))).replace("INSTRUCTION", instruction)
+    builtin, program = configs(tmp_path, model, text)
+    builtin.env.max_turns = program.env.max_turns = 1
+    built, built_metrics = rollout_of(builtin, GreedySampler(engine))
+    ran, ran_metrics = rollout_of(program, GreedySampler(engine))
+    assert built_metrics["agent/forced_final_ratio"] == 1 and ran_metrics["program/prefix_breaks"] == 0
+    for key in (keys.PROMPT_IDS, keys.RESPONSE_IDS, keys.RESPONSE_MASK):
+        assert torch.equal(ran[key][:, -built[key].shape[1]:], built[key]), key
+    assert instruction in GreedySampler(engine).engine._tokenizer.decode(built[keys.RESPONSE_IDS][0])
+
+
 class LocalSampling(Sampling):
     """The policy worker's own ``generate_turn`` (workers/sampling.py: each request seeded by its key) on a
     local engine, with the run's sampling settings."""
