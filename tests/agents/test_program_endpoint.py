@@ -252,8 +252,10 @@ def test_results_of_several_calls_go_in_call_order_and_other_tools_start_a_new_s
         client.chat.completions.create(model="policy", messages=messages, tools=[ADD])
         episode = endpoint.close("e0")
     tool_format = make_tool_format("auto", tokenizer)
-    expected = render_turns(tokenizer, [(tool_format.observation_role, tool_format.observation([("add", "3"), ("mul", "12")])),
-                                        ("user", "Say both.")], after_token=tokenizer.eos_token_id)
+    # the user message right after the results joins them on its own line, as the built-in final-turn instruction
+    assert tool_format.observation_role == "user"
+    expected = render_turns(tokenizer, [("user", (tool_format.observation([("add", "3"), ("mul", "12")]), "\nSay both."))],
+                            after_token=tokenizer.eos_token_id)
     sample = episode.samples[0]
     assert generate.calls[1] == [sample.prompt_ids + two + [tokenizer.eos_token_id] + expected]
     assert len(episode.samples) == 2 and episode.prefix_breaks == 1  # the third request told other tools
