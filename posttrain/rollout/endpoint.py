@@ -339,8 +339,10 @@ class ProgramEndpoint:
 
 
 def episode_counts(episodes: Sequence[ProgramEpisode]) -> dict[str, float]:
-    """``program/samples_per_episode`` and ``program/prefix_breaks`` (per episode) over ``episodes``."""
+    """``program/samples_per_episode``, ``program/prefix_breaks`` and ``program/malformed_turns`` (replies that
+    began a call and had none read, which the built-in tool agent would answer with an error), per episode."""
     if not episodes:
         return {}
     return {"program/samples_per_episode": sum(len(e.samples) for e in episodes) / len(episodes),
-            "program/prefix_breaks": sum(e.prefix_breaks for e in episodes) / len(episodes)}
+            "program/prefix_breaks": sum(e.prefix_breaks for e in episodes) / len(episodes),
+            "program/malformed_turns": sum(e.malformed_turns for e in episodes) / len(episodes)}

@@ -83,7 +83,7 @@ def test_a_conversation_that_goes_on_is_one_sample_of_the_exact_ids(engine, toke
     returned = [p.logprob for c in (first, second) for p in c.choices[0].logprobs.content]
     assert returned == pytest.approx([lp for lp, m in zip(sample.logprobs, sample.loss_mask) if m])
     assert second.usage.prompt_tokens == len(generate.calls[1][0])
-    assert episode_counts([episode]) == {"program/samples_per_episode": 1.0, "program/prefix_breaks": 0.0}
+    assert episode_counts([episode]) == {"program/samples_per_episode": 1.0, "program/prefix_breaks": 0.0, "program/malformed_turns": 0.0}
 
 
 def test_a_request_that_does_not_extend_the_last_starts_a_new_sample(engine, tokenizer):
@@ -113,6 +113,21 @@ def test_sampled_ids_that_re_encode_differently_stay_as_sampled(tokenizer):
         episode = endpoint.close("e0")
     prompt = episode.samples[0].prompt_ids
     assert generate.calls[1][0][len(prompt): len(prompt) + len(spelt)] == spelt and len(episode.samples) == 1
+
+
+def test_a_reply_whose_only_call_cannot_be_read_comes_back_as_its_text_and_is_counted(tokenizer):
+    """The built-in tool agent answers such a turn with an error; OpenAI's shape has no malformed call, so
+    the program gets the text as the content (its answer, unless it looks) and the turn is counted."""
+    broken = tokenizer.encode('<tool_call>{"name": "add", "arguments": {"a": 2,</tool_call>', add_special_tokens=False)
+    generate = Recorder(None, scripted=[broken + [tokenizer.eos_token_id]])
+    endpoint = endpoint_for(tokenizer, generate, max_turn_tokens=64)
+    with endpoint.serving():
+        client = openai.OpenAI(base_url=endpoint.open("e0"), api_key="-")
+        reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "Add 2 and 3."}], tools=[ADD])
+        episode = endpoint.close("e0")
+    assert reply.choices[0].finish_reason == "stop" and not reply.choices[0].message.tool_calls
+    assert reply.choices[0].message.content.startswith("<tool_call>")
+    assert episode_counts([episode])["program/malformed_turns"] == 1.0
 
 
 def test_tool_calls_come_back_in_openai_shape_and_results_go_in_as_the_tool_agent_renders_them(tokenizer):
