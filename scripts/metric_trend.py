@@ -4,7 +4,9 @@ training steps of a run's metrics file, and over all of them.
     python scripts/metric_trend.py runs/rg/rl critic/score/mean dynamic_sampling/rounds [--window 10]
 
 One line per metric: ``NAME: first W A, last W B, all N C``; steps without the metric (a validation's
-own record) are left out. The last line is ``metric_trend_last_minus_first: X`` for the first metric named.
+own record) are left out. ``--each`` adds a line per metric with its value at every step, in order (two
+runs' lines side by side show whether they went alike). The last line is
+``metric_trend_last_minus_first: X`` for the first metric named.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ def values(run_dir: Path, name: str) -> list[float]:
 
 
 def main(arguments: list[str]) -> None:
-    window = 10
+    window, each = 10, "--each" in arguments
+    arguments = [a for a in arguments if a != "--each"]
     if "--window" in arguments:
         at = arguments.index("--window")
         window, arguments = int(arguments[at + 1]), arguments[:at] + arguments[at + 2:]
@@ -40,6 +43,8 @@ def main(arguments: list[str]) -> None:
         first, last = mean(found[:window]), mean(found[-window:])
         changes.append(last - first)
         print(f"{name}: first {min(window, len(found))} {first:.3f}, last {min(window, len(found))} {last:.3f}, all {len(found)} {mean(found):.3f}")
+        if each:
+            print(f"{name} by step: {' '.join(f'{value:.3f}' for value in found)}")
     print(f"metric_trend_last_minus_first: {changes[0]:+.3f}")
 
 
