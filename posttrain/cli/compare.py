@@ -1,5 +1,6 @@
 """``posttrain compare A.jsonl B.jsonl``: two evaluations of the same items set side by side, each
-accuracy with its 95 % Wilson interval and B − A with a paired bootstrap interval. The episode files
+accuracy with its 95 % Wilson interval and B − A with a paired bootstrap interval, and on how many items
+the two wrote the same transcript (each file's first episode of the item). The episode files
 are what ``posttrain eval --dump-episodes`` and a run's ``validation/step_N.jsonl`` hold; reading
 them is ``trainer/validation.py``'s."""
 
@@ -19,7 +20,7 @@ def compare_evaluations(first: Path, second: Path, by: str | None = None) -> int
     """``posttrain compare A.jsonl B.jsonl``: each evaluation's accuracy on the items both hold, with
     its 95 % Wilson interval, and B − A with a paired bootstrap interval (per ``extra_info[by]`` too)."""
     console = Console(highlight=False)
-    (a, rows), (b, _) = item_accuracies(first), item_accuracies(second)  # what they refuse goes up to main, as one line
+    (a, rows), (b, rows_b) = item_accuracies(first), item_accuracies(second)  # what they refuse goes up to main, as one line
     made = provenance.find(first), provenance.find(second)
     if None not in made and (differ := provenance.differences(*made)):
         console.print("posttrain: warning: A and B were made differently (their runs' provenance.json):\n  " + "\n  ".join(differ))
@@ -37,5 +38,7 @@ def compare_evaluations(first: Path, second: Path, by: str | None = None) -> int
             lines.append(f"  {label} accuracy {sum(values) / len(values):.3f} [{low:.3f}, {high:.3f}]")
         difference, low, high = paired_difference([a[key] for key in keys], [b[key] for key in keys])
         lines.append(f"  B - A {difference:+.3f}, paired 95% interval [{low:+.3f}, {high:+.3f}]")
+        same = sum(rows[key].get("messages") == rows_b[key].get("messages") for key in keys)
+        lines.append(f"  the same transcript in A and B: {same} of {len(keys)} items")
         console.print("\n".join(lines))
     return 0

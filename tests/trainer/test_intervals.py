@@ -88,6 +88,16 @@ def test_posttrain_compare_prints_both_accuracies_and_the_paired_difference(tmp_
     assert "hops=1 (20 items)" in out and "hops=2 (20 items)" in out
     hops_one = out[out.index("hops=1"):out.index("hops=2")]
     assert "B - A +0.000, paired 95% interval [+0.000, +0.000]" in hops_one  # nothing changed there
+    assert "the same transcript in A and B: 40 of 40 items" in out  # write_episodes gives every item one reply
+
+
+def test_posttrain_compare_counts_the_items_whose_transcripts_are_the_same(tmp_path, capsys):
+    a = write_episodes(tmp_path / "a.jsonl", [True] * 4, [1] * 4)
+    rows = [json.loads(line) for line in a.read_text().splitlines()]
+    rows[1]["messages"][-1]["content"] = "another answer"
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert compare_evaluations(a, tmp_path / "b.jsonl") == 0
+    assert "the same transcript in A and B: 3 of 4 items" in capsys.readouterr().out
 
 
 def test_posttrain_compare_refuses_files_without_common_items_or_rows(tmp_path, capsys):
