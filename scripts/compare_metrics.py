@@ -6,7 +6,10 @@ runs and are skipped, as is ``run/restarts`` (how
 often a run was restarted after a dead worker: a restarted run must otherwise equal an uninterrupted one). Exit 0 when everything else is
 equal, 1 otherwise (the differences printed).
 
-    python scripts/compare_metrics.py runs/a/metrics.jsonl runs/b/metrics.jsonl
+    python scripts/compare_metrics.py runs/a/metrics.jsonl runs/b/metrics.jsonl [--shared]
+
+``--shared`` compares only the metrics both records of a step hold (two runs of different rollouts, e.g.
+a program and the built-in tool agent, each log counters of their own).
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ PER_PROCESS = ("memory/",)
 SKIPPED = WALL_CLOCK + PER_PROCESS + ("run/restarts",)
 
 
-def differences(first: list[dict], second: list[dict]) -> tuple[int, list[str]]:
-    """(values compared, one line per difference)."""
+def differences(first: list[dict], second: list[dict], shared: bool = False) -> tuple[int, list[str]]:
+    """(values compared, one line per difference); ``shared``: only the names both records of a step hold."""
     if [r["step"] for r in first] != [r["step"] for r in second]:
         return 0, [f"steps differ: {[r['step'] for r in first]} vs {[r['step'] for r in second]}"]
     compared, found = 0, []
     for a, b in zip(first, second):
-        names = {n for n in a["metrics"].keys() | b["metrics"].keys() if not n.startswith(SKIPPED)}
+        held = a["metrics"].keys() & b["metrics"].keys() if shared else a["metrics"].keys() | b["metrics"].keys()
+        names = {n for n in held if not n.startswith(SKIPPED)}
         for name in sorted(names):
             compared += 1
             if a["metrics"].get(name, "missing") != b["metrics"].get(name, "missing"):
@@ -34,11 +38,13 @@ def differences(first: list[dict], second: list[dict]) -> tuple[int, list[str]]:
 
 
 def main(argv: list[str]) -> int:
+    shared = "--shared" in argv
+    argv = [a for a in argv if a != "--shared"]
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
     first, second = ([json.loads(line) for line in open(path, encoding="utf-8")] for path in argv)
-    compared, found = differences(first, second)
+    compared, found = differences(first, second, shared)
     for line in found:
         print(line)
     print(f"{len(first)} records, {compared} values compared (wall-clock metrics skipped), {len(found)} differ")
