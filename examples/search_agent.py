@@ -7,7 +7,8 @@ retriever (started over the dataset's corpus) at ``$POSTTRAIN_RETRIEVER_URL`` (d
 
 The tool's schema and its result's layout are the built-in ``posttrain.tools:search``'s (``posttrain tools
 posttrain.tools:search`` prints the schema), and after its last search turn it tells the model to answer, in the
-built-in tool agent's words: the model sees what the built-in tool agent would show it.
+built-in tool agent's words: the model sees what the built-in tool agent would show it (with a tool format
+whose results are a user turn, as the preset's; docs/programs.md).
 """
 
 import json

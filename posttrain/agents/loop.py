@@ -180,15 +180,17 @@ def run_episodes(
     renderer: ObservationRenderer,
     config: AgentLoopConfig,
     episode_keys: Sequence[str] | None = None,
+    sampling_keys: Sequence[str] | None = None,
 ) -> list[Episode]:
     """Play one episode per environment to the end; returns them in input order.
 
-    ``episode_keys`` seed the turn budgets drawn from ``turns_range`` and, with the turn, each request's
-    sampling (default: the positions).
+    ``episode_keys`` seed the turn budgets drawn from ``turns_range`` (default: the positions);
+    ``sampling_keys`` (default: ``episode_keys``), with the turn, name each request, which seeds its sampling.
     """
     if not len(envs) == len(samples) == len(prompt_ids):
         raise ValueError(f"{len(envs)} environments, {len(samples)} samples and {len(prompt_ids)} prompts: give one of each per episode")
     episode_keys = [str(i) for i in range(len(envs))] if episode_keys is None else list(episode_keys)
+    sampling_keys = episode_keys if sampling_keys is None else list(sampling_keys)
     budgets = turn_budgets(episode_keys, config)
     episodes: list[Episode] = []
     closed: set[int] = set()
@@ -199,7 +201,7 @@ def run_episodes(
         turn = 0
         while live := [i for i, episode in enumerate(episodes) if not episode.done]:
             _close_ended(envs, episodes, closed)
-            outputs = generate([episodes[i].context for i in live], config.max_turn_tokens, stop, [f"{episode_keys[i]}:{turn}" for i in live])
+            outputs = generate([episodes[i].context for i in live], config.max_turn_tokens, stop, [f"{sampling_keys[i]}:{turn}" for i in live])
             if len(outputs) != len(live):
                 raise ValueError(f"the rollout engine returned {len(outputs)} turns for {len(live)} live episodes")
             for i, output in zip(live, outputs):

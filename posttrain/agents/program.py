@@ -87,11 +87,11 @@ class ProgramEpisode:
 
     def __init__(self, tokenizer: Any, tool_format: ToolFormat, max_response_length: int, key: str = "") -> None:
         self.tokenizer, self.tool_format, self.max_response_length = tokenizer, tool_format, max_response_length
-        self.key = key  # as the agent loop's episode key: with the number of replies so far, it seeds each request
+        self.key = key  # as the agent loop's sampling key: with the number of replies so far, it seeds each request
         self.samples: list[Episode] = []
         self.prefix_breaks = 0
         self.requests = 0
-        self.malformed_turns = 0  # replies that began a call and had none read: their text comes back as the content
+        self.malformed_turns = 0  # replies with a call begun and not read (none read: the text comes back as the content)
         self.oldest_version: int | None = None  # the oldest weight version any reply came from (async staleness)
         self._seen: list[MessageKey] | None = None  # the last request's messages, then its reply
         self._pending: tuple[list[MessageKey], Episode | None, list[int]] | None = None  # context() given, record() not yet
@@ -149,7 +149,7 @@ class ProgramEpisode:
             message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                                       "function": {"name": call.name, "arguments": call.arguments}} for call in parsed.calls]
             reason = "tool_calls" if reason == "stop" else reason
-        self.malformed_turns += int(parsed is not None and parsed.malformed > 0 and not parsed.calls)
+        self.malformed_turns += int(parsed is not None and parsed.malformed > 0)
         if fresh is not None:
             self.prefix_breaks += int(self._seen is not None)
             self.samples.append(fresh)

@@ -153,7 +153,8 @@ class AgentRollout:
         prompts = prompt_token_lists(batch)
         with timed({} if timings is None else timings, "gen"):
             try:
-                episodes = run_episodes(envs, samples, prompts, generate, self.renderer, self.loop_config, episode_keys(batch[keys.RAW_PROMPT]))
+                episodes = run_episodes(envs, samples, prompts, generate, self.renderer, self.loop_config,
+                                        episode_keys(batch[keys.RAW_PROMPT]), sampling_keys(batch))
             finally:
                 roles.actor.release_rollout()  # the engine stayed awake across turns
         with timed({} if timings is None else timings, "reward"):
@@ -244,3 +245,14 @@ def episode_keys(raw_prompts: Sequence[Any]) -> list[str]:
         seen[digest] = seen.get(digest, -1) + 1
         keys_.append(f"{digest}-{seen[digest]}")
     return keys_
+
+
+def sampling_keys(batch: Batch) -> list[str]:
+    """Each episode's sampling key (its requests are ``"<key>:<turn>"``): its row's UID (the dataset row and the
+    draw that read it) and its :func:`episode_keys` key. Two rows with the same messages in one step (another
+    generator unit, another dynamic-sampling round) sample apart; a program and the built-in agent, given the
+    same batch, sample alike."""
+    episodes = episode_keys(batch[keys.RAW_PROMPT])
+    if keys.UID not in batch.non_tensors:
+        return episodes
+    return [f"{uid}/{key}" for uid, key in zip(batch[keys.UID], episodes)]

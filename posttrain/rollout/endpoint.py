@@ -339,8 +339,8 @@ class ProgramEndpoint:
 
 
 def episode_counts(episodes: Sequence[ProgramEpisode]) -> dict[str, float]:
-    """``program/samples_per_episode``, ``program/prefix_breaks`` and ``program/malformed_turns`` (replies that
-    began a call and had none read, which the built-in tool agent would answer with an error), per episode."""
+    """``program/samples_per_episode``, ``program/prefix_breaks`` and ``program/malformed_turns`` (replies with a
+    call begun and not read, which the built-in tool agent would answer with an error), per episode."""
     if not episodes:
         return {}
     return {"program/samples_per_episode": sum(len(e.samples) for e in episodes) / len(episodes),

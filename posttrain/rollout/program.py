@@ -48,7 +48,7 @@ from posttrain.metrics import Metrics, mean, total
 from posttrain.models.tool_formats import make_tool_format
 from posttrain.protocol import Batch
 from posttrain.rewards.manager import Answer
-from posttrain.rollout.agent import episode_keys, episodes_to_batch, turn_call
+from posttrain.rollout.agent import episodes_to_batch, sampling_keys, turn_call
 from posttrain.rollout.batching import prompt_token_lists
 from posttrain.rollout.endpoint import EndpointSettings, ProgramEndpoint, episode_counts
 from posttrain.rollout.environments import load_env_class, probe_environment
@@ -146,7 +146,7 @@ class ProgramRollout:
         prompts = prompt_token_lists(batch)
         timings = {} if timings is None else timings
         with timed(timings, "gen"):  # each episode sampled under the built-in agent loop's key for its row
-            urls = [self.endpoint.open(name, seed_key) for name, seed_key in zip(names, episode_keys(batch[keys.RAW_PROMPT]))]
+            urls = [self.endpoint.open(name, seed_key) for name, seed_key in zip(names, sampling_keys(batch))]
             closed: dict[int, ProgramEpisode] = {}
 
             def ended(index: int) -> None:  # closed as its program ends: the endpoint stops waiting for its requests

@@ -22,7 +22,8 @@ class Sampler(Protocol):
         ...
 
     def generate_turn(self, batch: Batch) -> Batch:
-        """TURN_CONTEXT_IDS rows → TURN_TOKEN_IDS, TURN_LOGPROBS, FINISH_REASON; meta WEIGHT_VERSION."""
+        """TURN_CONTEXT_IDS rows (each seeded by its TURN_REQUEST_KEYS) → TURN_TOKEN_IDS, TURN_LOGPROBS, FINISH_REASON;
+        meta WEIGHT_VERSION."""
         ...
 
     def release_rollout(self) -> object:

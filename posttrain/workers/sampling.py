@@ -34,10 +34,10 @@ RANK_SEED_STRIDE = 1_000_003  # ranks' sampling seeds far apart: a rank's reques
 VALIDATE_META_KEY = "validate"  # meta flag: sample with rollout.val_kwargs instead of training settings
 
 
-def request_seed(seed: int, step: int, request_key: str) -> int:
-    """The sampling seed of one agent-turn request: ``trainer.seed``, the step and the request's key
-    (``"<episode key>:<turn>"``), hashed to 31 bits."""
-    digest = hashlib.sha256(f"{seed}:{step}:{request_key}".encode()).digest()
+def request_seed(seed: int, step: int, request_key: str, validate: bool = False) -> int:
+    """The sampling seed of one agent-turn request: ``trainer.seed``, the step, training or validation, and the
+    request's key (``"<episode key>:<turn>"``), hashed to 31 bits."""
+    digest = hashlib.sha256(f"{seed}:{step}:{'val' if validate else 'train'}:{request_key}".encode()).digest()
     return int.from_bytes(digest[:4], "little") >> 1
 
 
@@ -96,7 +96,7 @@ class Sampling:
             ),
             stop=tuple(batch.meta.get(keys.TURN_STOP, ())),
         )
-        seeds = [request_seed(self.seed, self._step, str(key)) for key in batch[keys.TURN_REQUEST_KEYS]]
+        seeds = [request_seed(self.seed, self._step, str(key), validate) for key in batch[keys.TURN_REQUEST_KEYS]]
         self.rollout.wake_up()
         generations = self.rollout.generate([list(context) for context in batch[keys.TURN_CONTEXT_IDS]], params, seeds)
         return _sampled(generations, self.rollout.version)

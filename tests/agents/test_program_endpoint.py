@@ -130,6 +130,17 @@ def test_a_reply_whose_only_call_cannot_be_read_comes_back_as_its_text_and_is_co
     assert episode_counts([episode])["program/malformed_turns"] == 1.0
 
 
+def test_a_reply_with_a_call_read_and_one_not_returns_the_read_one_and_is_counted(tokenizer):
+    # a call marker inside an argument: one call begun more than the parser reads (tests/tools/test_env.py)
+    ids = tokenizer.encode('<tool_call>{"name": "add", "arguments": {"a": 2, "b": "3 <tool_call>"}}</tool_call>', add_special_tokens=False)
+    endpoint = endpoint_for(tokenizer, Recorder(None, scripted=[ids + [tokenizer.eos_token_id]]), max_turn_tokens=64)
+    with endpoint.serving():
+        client = openai.OpenAI(base_url=endpoint.open("e0"), api_key="-")
+        reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "Add 2 and 3."}], tools=[ADD])
+        episode = endpoint.close("e0")
+    assert len(reply.choices[0].message.tool_calls) == 1 and episode_counts([episode])["program/malformed_turns"] == 1.0
+
+
 def test_tool_calls_come_back_in_openai_shape_and_results_go_in_as_the_tool_agent_renders_them(tokenizer):
     call = tokenizer.encode('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>', add_special_tokens=False)
     answer = tokenizer.encode("It is 5.", add_special_tokens=False)

@@ -9,8 +9,9 @@ from posttrain import keys
 from posttrain.agents import Episode
 from posttrain.engines.training.inputs import MODEL_INPUT_KEYS, check_batch
 from posttrain.protocol import Batch
-from posttrain.rollout.agent import episode_keys, episodes_to_batch
+from posttrain.rollout.agent import episode_keys, episodes_to_batch, sampling_keys
 from posttrain.rollout.groups import UpdateBatchShape, filter_groups, kept_group_count, normalize_rewards
+from posttrain.workers.sampling import request_seed
 
 PAD = 0
 
@@ -97,6 +98,21 @@ def test_episode_keys_are_stable_and_tell_group_members_apart():
     assert keys_[0] != keys_[1] != keys_[3] and keys_[0].split("-")[0] == keys_[1].split("-")[0]
     assert episode_keys([b, a]) == [keys_[2], keys_[0]]
     assert episode_keys([[{"content": "2+2?", "role": "user"}]]) == [keys_[0]], "the messages decide, not their fields' order"
+
+
+def test_sampling_keys_tell_apart_rows_with_the_same_messages_and_validation_seeds_differ_from_trainings():
+    """Two dataset rows with the same messages, drawn into one step by different generator units (two batches
+    here), must not sample the same tokens; a validation request must not repeat a training request's seed."""
+    a = [{"role": "user", "content": "2+2?"}]
+
+    def batch(uids):
+        return Batch.from_dict(non_tensors={keys.RAW_PROMPT: [a] * len(uids), keys.UID: uids})
+
+    first, second = sampling_keys(batch(["0:3", "0:3"])), sampling_keys(batch(["0:9", "0:9"]))
+    assert len(set(first + second)) == 4 and first[0].endswith(episode_keys([a])[0])
+    assert sampling_keys(batch(["0:3", "0:3"])) == first  # stable: a resumed run samples alike
+    assert request_seed(1, 2, "k:0") == request_seed(1, 2, "k:0") != request_seed(1, 2, "k:0", validate=True)
+    assert request_seed(1, 2, "k:0") != request_seed(1, 2, "k:1") != request_seed(1, 3, "k:1")
 
 
 def test_a_retriever_that_is_down_or_a_missing_corpus_stops_the_run_with_the_fix(tmp_path):
