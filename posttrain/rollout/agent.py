@@ -153,8 +153,8 @@ class AgentRollout:
         prompts = prompt_token_lists(batch)
         with timed({} if timings is None else timings, "gen"):
             try:
-                episodes = run_episodes(envs, samples, prompts, generate, self.renderer, self.loop_config,
-                                        episode_keys(batch[keys.RAW_PROMPT]), sampling_keys(batch))
+                rows = episode_keys(batch[keys.RAW_PROMPT])
+                episodes = run_episodes(envs, samples, prompts, generate, self.renderer, self.loop_config, rows, sampling_keys(batch, rows))
             finally:
                 roles.actor.release_rollout()  # the engine stayed awake across turns
         with timed({} if timings is None else timings, "reward"):
@@ -247,12 +247,12 @@ def episode_keys(raw_prompts: Sequence[Any]) -> list[str]:
     return keys_
 
 
-def sampling_keys(batch: Batch) -> list[str]:
+def sampling_keys(batch: Batch, episodes: Sequence[str] | None = None) -> list[str]:
     """Each episode's sampling key (its requests are ``"<key>:<turn>"``): its row's UID (the dataset row and the
-    draw that read it) and its :func:`episode_keys` key. Two rows with the same messages in one step (another
-    generator unit, another dynamic-sampling round) sample apart; a program and the built-in agent, given the
-    same batch, sample alike."""
-    episodes = episode_keys(batch[keys.RAW_PROMPT])
+    draw that read it) and its :func:`episode_keys` key (``episodes``, when already made). Two rows with the same
+    messages in one step (another generator unit, another dynamic-sampling round) sample apart; a program and the
+    built-in agent, given the same batch, sample alike."""
+    episodes = episode_keys(batch[keys.RAW_PROMPT]) if episodes is None else list(episodes)
     if keys.UID not in batch.non_tensors:
         return episodes
     return [f"{uid}/{key}" for uid, key in zip(batch[keys.UID], episodes)]
