@@ -136,3 +136,20 @@ def test_no_call_share_caps_the_training_rows_whose_answer_is_no_call(tmp_path, 
     assert len(_rows(tmp_path / "test.parquet")) == 60  # held-out rows are never dropped
     with pytest.raises(InputError, match="no_call_share=0"):
         prepare("bfcl", tmp_path / "bad", limit=2, no_call_share=0)
+
+
+def test_sft_validation_questions_are_the_rl_development_candidates_with_or_without_the_no_call_cut(tmp_path):
+    """Rows an SFT transcript teaches are marked ``in_sft`` (data.dev_size never holds them back); the
+    SFT-validation questions are not, and they are the same questions whether no_call_share cuts or not:
+    so an RL preset with the cut validates on questions the SFT preset (without it) never trained on."""
+    prepare("bfcl", tmp_path / "sft", limit=12, sft_val_size=8)
+    prepare("bfcl", tmp_path / "rl", limit=12, sft_val_size=8, no_call_share=0.1)
+    ids = {name: {part: {r["extra_info"]["id"] for r in _rows(tmp_path / name / f"{part}.parquet")} for part in ("sft", "sft_val")}
+           for name in ("sft", "rl")}
+    assert len(ids["sft"]["sft_val"]) == 8 and ids["rl"]["sft_val"] <= ids["sft"]["sft_val"]
+    for name in ("sft", "rl"):
+        train = _rows(tmp_path / name / "train.parquet")
+        taught = {r["extra_info"]["id"] for r in train if r["extra_info"]["in_sft"]}
+        assert taught == ids[name]["sft"] and not taught & ids["sft"]["sft_val"]
+    rl_train = {r["extra_info"]["id"] for r in _rows(tmp_path / "rl" / "train.parquet")}
+    assert ids["rl"]["sft_val"] == ids["sft"]["sft_val"] & rl_train  # a held question the cut kept is still held

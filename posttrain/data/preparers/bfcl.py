@@ -37,8 +37,10 @@ the first acceptable value of each parameter) as a hermes block ``<tool_call>\\n
 {...}}\\n</tool_call>``, newline-separated. Each is checked by BFCL's checker first; the few possible
 answers no call can satisfy are reported and left out. An irrelevance row's answer is
 :data:`NO_FUNCTION_ANSWER`; a ``live_relevance`` row has no answer to write and is left out.
-``sft_val_size`` transcripts, drawn with ``seed``, are held back for SFT validation (those rows stay in
-the RL ``train.parquet``). ``README.md`` records the source and the report, which is also printed.
+``sft_val_size`` transcripts, drawn with ``seed`` before ``no_call_share``'s cut (so a preset with the cut holds
+back the same questions as one without), are held back for SFT validation. Those rows stay in the RL
+``train.parquet`` with ``extra_info.in_sft`` false; every row an SFT transcript teaches has it true, so
+``data.dev_size`` holds back only questions the SFT warm-up never saw (the RL runs' development split). ``README.md`` records the source and the report, which is also printed.
 
 **Multi-turn** (``multi_turn``, default ``multi_turn_base``, 200 questions; ``multi_turn=`` for none):
 ``test_multi_turn.parquet``, one row per question (data_source ``bfcl_multi_turn``), played with
@@ -66,7 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.data.format import make_row, write_rows
+from posttrain.data.format import IN_SFT, make_row, write_rows
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
 from posttrain.models import DEFAULT_MODEL, load_tokenizer, tokenize_prompts
@@ -168,20 +170,23 @@ def prepare_bfcl(
                     {split: {doc["name"] for q in items for doc in q.functions} for split, items in questions.items()})
     if max_prompt_tokens is not None:
         questions["train"] = _drop_long(questions, max_prompt_tokens, tokenizer, report)
+    written = {q.id: t for q in questions["train"] if (t := transcript(q)) is not None}
+    report.unwritten = [q.id for q in questions["train"] if q.id not in written and not bfcl.is_no_call_category(q.category)]
+    if sft_val_size >= len(written):
+        raise InputError(f"sft_val_size={sft_val_size} leaves no SFT training transcript of the {len(written)} written; lower it")
+    # drawn before no_call_share's cut, so that the SFT preset and the RL preset (which cuts) hold back the same questions
+    held = {list(written)[i] for i in random.Random(seed).sample(range(len(written)), sft_val_size)}
     if no_call_share is not None:
         questions["train"] = _cap_no_call(questions["train"], no_call_share, seed, report)
-    rows = {split: [_row(q, split, i) for i, q in enumerate(items)] for split, items in questions.items()}
-    transcripts = [transcript(q) for q in questions["train"]]
-    report.unwritten = [q.id for q, t in zip(questions["train"], transcripts) if t is None and not bfcl.is_no_call_category(q.category)]
-    sft = [{"messages": t, "extra_info": row["extra_info"]} for t, row in zip(transcripts, rows["train"]) if t is not None]
-    if sft_val_size >= len(sft):
-        raise InputError(f"sft_val_size={sft_val_size} leaves no SFT training transcript of the {len(sft)} written; lower it")
-    held = set(random.Random(seed).sample(range(len(sft)), sft_val_size))
-    report.sft_sizes = (len(sft) - len(held), len(held))
+    rows = {split: [_row(q, split, i, written if split == "train" else {}, held) for i, q in enumerate(items)]
+            for split, items in questions.items()}
+    sft = [({"messages": written[q.id], "extra_info": row["extra_info"]}, q.id in held)
+           for q, row in zip(questions["train"], rows["train"]) if q.id in written]
+    report.sft_sizes = (sum(not h for _, h in sft), sum(h for _, h in sft))
     out_dir = Path(out_dir)
     paths = [write_rows(rows[split], out_dir / f"{split}.parquet") for split in ("train", "test")]
-    paths.append(write_rows([row for i, row in enumerate(sft) if i not in held], out_dir / "sft.parquet"))
-    paths.append(write_rows([row for i, row in enumerate(sft) if i in held], out_dir / "sft_val.parquet"))
+    paths.append(write_rows([row for row, h in sft if not h], out_dir / "sft.parquet"))
+    paths.append(write_rows([row for row, h in sft if h], out_dir / "sft_val.parquet"))
     if multi_turn_questions:
         paths.append(write_rows([multi_turn_row(q, i) for i, q in enumerate(multi_turn_questions)], out_dir / "test_multi_turn.parquet"))
     report.multi_turn = Counter(q["category"] for q in multi_turn_questions)
@@ -254,8 +259,9 @@ def _cap_no_call(questions: list[Question], share: float, seed: int, report: Rep
     return [q for i, q in enumerate(questions) if i in kept or not bfcl.is_no_call_category(q.category)]
 
 
-def _row(question: Question, split: str, index: int) -> dict[str, Any]:
+def _row(question: Question, split: str, index: int, written: dict[str, Any], held: set[str]) -> dict[str, Any]:
     extra_info = {"split": split, "index": index, "id": question.id, "category": question.category,
+                  IN_SFT: question.id in written and question.id not in held,
                   "tools": json.dumps(tool_schemas(question.functions), ensure_ascii=False),
                   "bfcl_functions": json.dumps(question.functions, ensure_ascii=False)}
     return make_row(data_source=DATA_SOURCE, messages=question.messages, ground_truth=json.dumps(question.ground_truth, ensure_ascii=False),
