@@ -20,7 +20,7 @@ A recipe is a YAML file (the built-in ones are beside this file; ``posttrain rec
         checkpoint: rl                  # eval: the policy of a train stage's last checkpoint
     table:
       rows: {base: base_eval, SFT: sft_eval, RL: rl_eval}   # label: an eval stage
-      compare: [sft_eval, rl_eval]      # the paired difference of the last two rows
+      compare: [sft_eval, rl_eval]      # the paired difference of two rows (or a list of such pairs)
       by: hops                          # also per value of extra_info[hops] (source: a mixture's sources)
 
 Each stage is a normal run of ``posttrain <command>`` in its own process and directory. A stage's
@@ -87,7 +87,7 @@ class Recipe:
     description: str
     stages: list[Stage]
     rows: dict[str, str] = field(default_factory=dict)  # table label → eval stage
-    compare: list[str] = field(default_factory=list)
+    compare: list[list[str]] = field(default_factory=list)  # pairs of eval stages: (before, after)
     by: str | None = None
     overrides: list[str] = field(default_factory=list)  # for every stage that takes a config, before the stage's own
 
@@ -124,8 +124,10 @@ def load_recipe(name: str) -> Recipe:
             raise RecipeError(f"{path}: stage {number} ({entry.get('name', '?') if isinstance(entry, dict) else entry}): {err}") from err
         stages.append(stage)
     table = raw.get("table") or {}
+    compare = list(table.get("compare") or [])
+    pairs = [compare] if compare and all(isinstance(item, str) for item in compare) else [list(pair) for pair in compare]
     recipe = Recipe(path.stem, str(raw.get("description", "")), stages, dict(table.get("rows") or {}),
-                    list(table.get("compare") or []), table.get("by"), [str(o) for o in raw.get("overrides") or []])
+                    pairs, table.get("by"), [str(o) for o in raw.get("overrides") or []])
     check_recipe(recipe, path)
     return recipe
 
@@ -157,8 +159,9 @@ def check_recipe(recipe: Recipe, path: Path) -> None:
     for label, source in recipe.rows.items():
         if seen.get(source) != "eval":
             problems.append(f"table row {label!r}: {source!r} is not an eval stage")
-    if recipe.compare and (len(recipe.compare) != 2 or any(seen.get(s) != "eval" for s in recipe.compare)):
-        problems.append(f"table compare {recipe.compare}: name two eval stages")
+    for pair in recipe.compare:
+        if len(pair) != 2 or any(seen.get(s) != "eval" for s in pair):
+            problems.append(f"table compare {pair}: name two eval stages (or give a list of such pairs)")
     if problems:
         raise RecipeError(f"{path}: " + "; ".join(problems))
 
@@ -373,8 +376,9 @@ def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float
                 low, high = wilson(sum(values), len(values))
                 cells.append(f"{sum(values) / len(values):.3f} [{low:.3f}, {high:.3f}] (n={len(values)})" if values else "—")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        if recipe.compare:
-            (a, rows), (b, _) = (item_accuracies(dirs[stage] / EPISODES) for stage in recipe.compare)
+        labels = {stage: label for label, stage in recipe.rows.items()}
+        for pair in recipe.compare:
+            (a, rows), (b, _) = (item_accuracies(dirs[stage] / EPISODES) for stage in pair)
             grouped, cells = item_groups([key for key in a if key in b], rows, recipe.by), []
             for group in groups:
                 keys = grouped.get(group, [])
@@ -383,8 +387,7 @@ def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float
                     cells.append(f"{difference:+.3f} [{low:+.3f}, {high:+.3f}] (paired)")
                 else:
                     cells.append("—")
-            labels = {stage: label for label, stage in recipe.rows.items()}
-            lines.append(f"| {labels.get(recipe.compare[1], recipe.compare[1])} − {labels.get(recipe.compare[0], recipe.compare[0])} | "
+            lines.append(f"| {labels.get(pair[1], pair[1])} − {labels.get(pair[0], pair[0])} | "
                          + " | ".join(cells) + " |")
         lines.append("")
     lines += ["| stage | wall time |", "|---|---|"]

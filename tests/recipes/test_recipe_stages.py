@@ -224,3 +224,27 @@ def test_the_table_has_each_row_per_hops_and_the_difference_rl_minus_sft(tmp_pat
         "| RL − SFT | +0.400 [+0.000, +0.800] (paired) | -0.200 [-0.600, +0.000] (paired) | +1.000 [+1.000, +1.000] (paired) |",
     ]
     assert "| RL − SFT | +0.400 [+0.000, +0.800] (paired)" in capsys.readouterr().out
+
+
+def test_a_table_compares_several_pairs_each_on_its_own_line(tmp_path, stand_in):
+    """``compare`` as a list of pairs (a tuning recipe's configurations, each against the same warm-up):
+    one paired line per pair, in order; SFT − base is +1 on the 5 single-hop items and 0 elsewhere."""
+    recipe = tmp_path / "pairs.yaml"
+    recipe.write_text("""
+stages:
+  - {name: base_eval, command: eval}
+  - {name: sft_eval, command: eval}
+  - {name: rl_eval, command: eval}
+table:
+  rows: {base: base_eval, SFT: sft_eval, RL: rl_eval}
+  compare: [[base_eval, sft_eval], [sft_eval, rl_eval]]
+  by: hops
+""")
+    assert run_recipe(str(recipe), [], tmp_path / "runs") == 0
+    lines = [line for line in (tmp_path / "runs" / "report.md").read_text().splitlines() if "(paired)" in line]
+    assert [line.split(" | ")[0] for line in lines] == ["| SFT − base", "| RL − SFT"]
+    assert lines[0].startswith("| SFT − base | +0.500 [") and "| +1.000 [+1.000, +1.000] (paired) | +0.000 [+0.000, +0.000] (paired) |" in lines[0]
+    assert lines[1].startswith("| RL − SFT | +0.400 [+0.000, +0.800] (paired)")
+    recipe.write_text(recipe.read_text().replace("[[base_eval, sft_eval], [sft_eval, rl_eval]]", "[[base_eval, sft_eval], [rl_eval]]"))
+    with pytest.raises(RecipeError, match=r"compare \['rl_eval'\]: name two eval stages"):
+        load_recipe(str(recipe))

@@ -151,3 +151,19 @@ def test_the_mixture_recipe_warms_up_on_the_dataset_its_reasoning_gym_source_tra
     mine, theirs = dict(warm_up.data.builtin_options), dict(source.config.data.builtin_options)
     theirs.setdefault("sft_solution", "answer")
     assert (warm_up.data.builtin, mine) == (source.config.data.builtin, theirs)
+
+
+def test_bfcl_rl_trains_on_the_rows_bfcl_sft_prepared_and_its_development_rows_are_the_ones_sft_never_learnt():
+    """bfcl_grpo's dataset options must be bfcl_sft's: the SFT-validation questions (extra_info.in_sft false,
+    what data.dev_size holds back) are drawn from those options, so other ones would validate RL on questions
+    the warm-up learnt. Every data.dev_size in the two BFCL recipes is the 128 held back plus the 2 no call
+    satisfies, and the sampler's shares name training categories."""
+    from posttrain.data.preparers.bfcl import TRAIN_CATEGORIES
+
+    sft, rl = (load_config([preset_path(name)], checks=None).data for name in ("bfcl_sft", "bfcl_grpo"))
+    assert dict(rl.builtin_options) == dict(sft.builtin_options) and rl.builtin == sft.builtin == "bfcl"
+    assert rl.sampler.stratify_by == "extra_info.category" and set(rl.sampler.shares) <= set(TRAIN_CATEGORIES.split(","))
+    sizes = {f"{name}/{stage.name}": load_config([preset_path(stage.preset)], list(stage.overrides), checks=None).data.dev_size
+             for name in ("bfcl", "bfcl_tune") for stage in load_recipe(name).stages if stage.command in ("train", "eval")}
+    assert sizes["bfcl/rl"] == sft.builtin_options["sft_val_size"] + 2 and sizes["bfcl/rl_eval"] == 0  # held-out rows there
+    assert {size for stage, size in sizes.items() if stage.startswith("bfcl_tune/")} == {sizes["bfcl/rl"]}
