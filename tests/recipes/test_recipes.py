@@ -163,7 +163,9 @@ def test_bfcl_rl_trains_on_the_rows_bfcl_sft_prepared_and_its_development_rows_a
     sft, rl = (load_config([preset_path(name)], checks=None).data for name in ("bfcl_sft", "bfcl_grpo"))
     assert dict(rl.builtin_options) == dict(sft.builtin_options) and rl.builtin == sft.builtin == "bfcl"
     assert rl.sampler.stratify_by == "extra_info.category" and set(rl.sampler.shares) <= set(TRAIN_CATEGORIES.split(","))
-    sizes = {f"{name}/{stage.name}": load_config([preset_path(stage.preset)], list(stage.overrides), checks=None).data.dev_size
-             for name in ("bfcl", "bfcl_tune") for stage in load_recipe(name).stages if stage.command in ("train", "eval")}
+    stages = {f"{name}/{stage.name}": load_config([preset_path(stage.preset)], list(stage.overrides), checks=None).data
+              for name in ("bfcl", "bfcl_tune") for stage in load_recipe(name).stages if stage.command in ("train", "eval")}
+    assert all(set(data.sampler.shares) <= set(TRAIN_CATEGORIES.split(",")) for data in stages.values())
+    sizes = {stage: data.dev_size for stage, data in stages.items()}
     assert sizes["bfcl/rl"] == sft.builtin_options["sft_val_size"] + 2 and sizes["bfcl/rl_eval"] == 0  # held-out rows there
     assert {size for stage, size in sizes.items() if stage.startswith("bfcl_tune/")} == {sizes["bfcl/rl"]}
