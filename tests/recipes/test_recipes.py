@@ -160,8 +160,11 @@ def test_bfcl_rl_trains_on_the_rows_bfcl_sft_prepared_and_its_development_rows_a
     satisfies, and the sampler's shares name training categories."""
     from posttrain.data.preparers.bfcl import TRAIN_CATEGORIES
 
-    sft, rl = (load_config([preset_path(name)], checks=None).data for name in ("bfcl_sft", "bfcl_grpo"))
-    assert dict(rl.builtin_options) == dict(sft.builtin_options) and rl.builtin == sft.builtin == "bfcl"
+    sft, rl, multi_turn = (load_config([preset_path(name)], checks=None).data for name in ("bfcl_sft", "bfcl_grpo", "bfcl_multi_turn"))
+    assert dict(rl.builtin_options) == dict(sft.builtin_options) == dict(multi_turn.builtin_options) and rl.builtin == sft.builtin == "bfcl"
+    # the multi-turn recipe trains its policy (without --use rl=) as the bfcl recipe does
+    rl_stages = [next(s for s in load_recipe(name).stages if s.name == "rl") for name in ("bfcl", "bfcl_multi_turn")]
+    assert rl_stages[0].overrides == rl_stages[1].overrides and rl_stages[0].preset == rl_stages[1].preset
     assert rl.sampler.stratify_by == "extra_info.category" and set(rl.sampler.shares) <= set(TRAIN_CATEGORIES.split(","))
     stages = {f"{name}/{stage.name}": load_config([preset_path(stage.preset)], list(stage.overrides), checks=None).data
               for name in ("bfcl", "bfcl_tune") for stage in load_recipe(name).stages if stage.command in ("train", "eval")}
