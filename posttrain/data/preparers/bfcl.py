@@ -40,7 +40,8 @@ answers no call can satisfy are reported and left out. An irrelevance row's answ
 ``sft_val_size`` transcripts, drawn with ``seed`` before ``no_call_share``'s cut (so a preset with the cut holds
 back the same questions as one without), are held back for SFT validation. Those rows stay in the RL
 ``train.parquet`` with ``extra_info.in_sft`` false; every row an SFT transcript teaches has it true, so
-``data.dev_size`` holds back only questions the SFT warm-up never saw (the RL runs' development split). ``README.md`` records the source and the report, which is also printed.
+``data.dev_size`` holds back only questions the SFT warm-up never saw (the RL runs' development split).
+``README.md`` records the source and the report, which is also printed.
 
 **Multi-turn** (``multi_turn``, default ``multi_turn_base``, 200 questions; ``multi_turn=`` for none):
 ``test_multi_turn.parquet``, one row per question (data_source ``bfcl_multi_turn``), played with
@@ -175,7 +176,7 @@ def prepare_bfcl(
     if sft_val_size >= len(written):
         raise InputError(f"sft_val_size={sft_val_size} leaves no SFT training transcript of the {len(written)} written; lower it")
     # drawn before no_call_share's cut, so that the SFT preset and the RL preset (which cuts) hold back the same questions
-    held = {list(written)[i] for i in random.Random(seed).sample(range(len(written)), sft_val_size)}
+    held = set(random.Random(seed).sample(list(written), sft_val_size))
     if no_call_share is not None:
         questions["train"] = _cap_no_call(questions["train"], no_call_share, seed, report)
     rows = {split: [_row(q, split, i, written if split == "train" else {}, held) for i, q in enumerate(items)]
