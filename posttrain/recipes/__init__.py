@@ -35,8 +35,10 @@ exported model, a run directory, a dataset) in place of running that stage, e.g.
 before: later stages read PATH (their fingerprints hold it and its modification time), and earlier
 stages that only the given ones need are not run either.
 The recipe ends with a table — each row's accuracy with its
-95 % Wilson interval, and the paired bootstrap interval of the compared rows' difference — printed
-and written to ``<recipe dir>/report.md`` with each stage's wall time.
+95 % Wilson interval, and the paired bootstrap interval of the compared rows' difference — and, for
+rows whose data source can say what kind of mistake each answer is (``MISTAKES`` in
+rewards/registry.py: BFCL's mistakes by kind and call rates), those tables; printed and written to
+``<recipe dir>/report.md`` with each stage's wall time.
 """
 
 from __future__ import annotations
@@ -124,6 +126,8 @@ def load_recipe(name: str) -> Recipe:
             raise RecipeError(f"{path}: stage {number} ({entry.get('name', '?') if isinstance(entry, dict) else entry}): {err}") from err
         stages.append(stage)
     table = raw.get("table") or {}
+    if not isinstance(table, dict) or set(table) - {"rows", "compare", "by"}:
+        raise RecipeError(f"{path}: table {table!r}: a table has rows, compare and by, nothing else")
     compare = list(table.get("compare") or [])
     pairs = [compare] if compare and all(isinstance(item, str) for item in compare) else [list(pair) for pair in compare]
     recipe = Recipe(path.stem, str(raw.get("description", "")), stages, dict(table.get("rows") or {}),
@@ -390,11 +394,25 @@ def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float
             lines.append(f"| {labels.get(pair[1], pair[1])} − {labels.get(pair[0], pair[0])} | "
                          + " | ".join(cells) + " |")
         lines.append("")
+        lines += mistakes(recipe, dirs, {row.get("data_source") for row in first_rows.values()})
     lines += ["| stage | wall time |", "|---|---|"]
     lines += [f"| {name} | {value / 60:.1f} min |" for name, value in seconds.items()]
     lines.append(f"| all | {sum(seconds.values()) / 60:.1f} min |")
     lines += [f"| {name} | given: {path} |" for name, path in (given or {}).items()]
     return "\n".join(lines + made_by(dirs))
+
+
+def mistakes(recipe: Recipe, dirs: dict[str, Path], sources: set) -> list[str]:
+    """For each data source of the rows that can say what kind of mistake each answer is (``MISTAKES``:
+    BFCL), its tables for the table's rows side by side, under a heading."""
+    from posttrain.rewards.registry import MISTAKES
+
+    files = {label: dirs[stage] / EPISODES for label, stage in recipe.rows.items()}
+    lines = []
+    for source in sorted(s for s in sources if s in MISTAKES):
+        if text := MISTAKES[source](files):
+            lines += [f"## Mistakes by kind ({source})", "", text, ""]
+    return lines
 
 
 def made_by(dirs: dict[str, Path]) -> list[str]:

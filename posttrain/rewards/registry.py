@@ -24,11 +24,12 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from posttrain.errors import PosttrainError
-from posttrain.rewards import arithmetic, bfcl, gsm8k, math_answer, reasoning_gym, search_answer
+from posttrain.rewards import arithmetic, bfcl, bfcl_mistakes, gsm8k, math_answer, reasoning_gym, search_answer
 
 ScoreFunction = Callable[..., "float | dict[str, Any]"]
 
@@ -57,6 +58,10 @@ DEFAULT_SCORE_FUNCTIONS: Mapping[str, ScoreFunction] = MappingProxyType(
         reasoning_gym.DATA_SOURCE: reasoning_gym.SCORE_FUNCTION,
     }
 )
+
+# What a recipe's report adds for a data source's rows, beside their accuracies: label -> episodes file in,
+# Markdown out (empty for none of that source's rows)
+MISTAKES: Mapping[str, Callable[[Mapping[str, Path]], str]] = MappingProxyType({"bfcl": bfcl_mistakes.mistakes_markdown})
 
 
 class UnknownDataSourceError(PosttrainError, KeyError):

@@ -56,6 +56,8 @@ table: {rows: {x: b}, compare: [c]}
         load_recipe("nope")
     with pytest.raises(RecipeError, match="unknown key"):
         load_recipe(str(write(tmp_path / "extra.yaml", "stages: []\nstep: 3\n")))
+    with pytest.raises(RecipeError, match="a table has rows, compare and by, nothing else"):
+        load_recipe(str(write(tmp_path / "table.yaml", "stages: [{name: a, command: eval}]\ntable: {rows: {x: a}, compare_by: x}\n")))
 
 
 def test_overrides_go_to_every_stage_or_to_the_one_named():

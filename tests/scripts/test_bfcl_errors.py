@@ -11,16 +11,17 @@ from tests.optional import require
 require("bfcl_eval", 'bfcl-eval is installed by scripts/setup.sh (pip install --no-deps "bfcl-eval==2026.3.23")')
 
 from posttrain.data.preparers.bfcl import load_category  # noqa: E402
+from posttrain.recipes import load_recipe, recipe_table  # noqa: E402
 from posttrain.rewards import bfcl  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 NO_CALL = "None of the functions I have can do this."
 
 
-def episode(question, answer: str) -> str:
-    row = {"messages": [{"role": "user", "content": "(the question)"}, {"role": "assistant", "content": answer}],
-           "ground_truth": json.dumps(question.ground_truth),
-           "extra_info": {"category": question.category, "bfcl_functions": json.dumps(question.functions)}}
+def episode(question, answer: str, index: int = 0) -> str:
+    row = {"data_source": "bfcl", "messages": [{"role": "user", "content": f"(question {index})"}, {"role": "assistant", "content": answer}],
+           "ground_truth": json.dumps(question.ground_truth), "success": None,
+           "extra_info": {"index": index, "category": question.category, "bfcl_functions": json.dumps(question.functions)}}
     return json.dumps(row) + "\n"
 
 
@@ -28,20 +29,63 @@ def as_calls(calls: list[dict]) -> str:
     return "".join(f"<tool_call>{json.dumps(call)}</tool_call>" for call in calls)
 
 
-def test_mistakes_by_kind_and_the_call_rate_where_a_call_is_due(tmp_path):
+def two_evaluations(tmp_path) -> tuple[Path, Path]:
+    """``calls``: 3 right calls and one missing on simple_python, no call on either irrelevance row;
+    ``silent``: never a call where one is due, a call on one irrelevance row."""
     simple, irrelevance = load_category("simple_python")[:4], load_category("irrelevance")[:2]
     right = [as_calls(bfcl.answer_calls(q.ground_truth, q.functions)) for q in simple]
     stray = as_calls([{"name": irrelevance[0].functions[0]["name"], "arguments": {}}])
-    calls = tmp_path / "calls.jsonl"  # 3 right calls and one missing; no call on either irrelevance row
-    calls.write_text("".join([*(episode(q, a) for q, a in zip(simple[:3], right)), episode(simple[3], NO_CALL),
-                              *(episode(q, NO_CALL) for q in irrelevance)]))
-    silent = tmp_path / "silent.jsonl"  # never a call where one is due; a call on one irrelevance row
-    silent.write_text("".join([*(episode(q, NO_CALL) for q in simple), episode(irrelevance[0], stray), episode(irrelevance[1], NO_CALL)]))
+    questions = [*simple, *irrelevance]
+    calls, silent = tmp_path / "calls" / "episodes.jsonl", tmp_path / "silent" / "episodes.jsonl"
+    for path, answers, successes in ((calls, [*right[:3], NO_CALL, NO_CALL, NO_CALL], [1, 1, 1, 0, 1, 1]),
+                                     (silent, [NO_CALL] * 4 + [stray, NO_CALL], [0, 0, 0, 0, 0, 1])):
+        path.parent.mkdir()
+        rows = [episode(q, a, i).replace('"success": null', f'"success": {s}') for i, (q, a, s) in enumerate(zip(questions, answers, successes))]
+        path.write_text("".join(rows))
+    return calls, silent
+
+
+def markdown_tables(text: str) -> dict[str, list[list[str]]]:
+    """Each Markdown table's body rows (cells), under the paragraph line before it."""
+    tables, title = {}, None
+    for block in text.strip().split("\n\n"):
+        lines = block.splitlines()
+        if lines[0].startswith("|"):
+            tables[title] = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+        else:
+            title = lines[-1]
+    return tables
+
+
+def test_mistakes_by_kind_and_the_call_rate_where_a_call_is_due(tmp_path):
+    calls, silent = two_evaluations(tmp_path)
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_errors.py"), f"calls={calls}", f"silent={silent}"],
                           capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
     assert done.returncode == 0, done.stderr
-    tables = {block.splitlines()[0]: [line.split() for line in block.splitlines()[2:]] for block in done.stdout.strip().split("\n\n")}
-    assert tables["simple_python (4 rows)"] == [["right", "3", "0"], ["no", "call", "1", "4"],
-                                                ["call", "rate", "where", "one", "is", "due", "0.750", "0.000"]]
-    assert tables["irrelevance (2 rows)"] == [["right", "2", "1"], ["call", "on", "irrelevance", "row", "0", "1"]]
-    assert tables["all (6 rows)"][-1] == ["call", "rate", "where", "one", "is", "due", "0.750", "0.000"]
+    tables = markdown_tables(done.stdout)
+    rates = next(rows for title, rows in tables.items() if title.startswith("Call rate where one is due"))
+    assert rates == [["calls", "0.750", "0.750"], ["silent", "0.000", "0.000"]]  # simple_python, then all
+    assert tables["simple_python (4 rows), mistakes by kind:"] == [["right", "3", "0"], ["no call", "1", "4"],
+                                                                  ["call rate where one is due", "0.750", "0.000"]]
+    assert tables["irrelevance (2 rows), mistakes by kind:"] == [["right", "2", "1"], ["call on irrelevance row", "0", "1"]]
+    assert tables["all (6 rows), mistakes by kind:"][-1] == ["call rate where one is due", "0.750", "0.000"]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"messages": []}\n')
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_errors.py"), f"x={broken}"],
+                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert done.returncode == 1 and "broken.jsonl line 1 is not an episode row with messages and extra_info.category" in done.stderr
+
+
+def test_a_bfcl_recipe_report_carries_the_mistakes_and_call_rates_of_its_rows(tmp_path):
+    calls, silent = two_evaluations(tmp_path)
+    recipe = load_recipe("bfcl")
+    report = recipe_table(recipe, {"base_eval": silent.parent, "sft_eval": silent.parent, "rl_eval": calls.parent}, {})
+    assert "## Mistakes by kind (bfcl)" in report
+    accuracy, _, mistakes = report.partition("## Mistakes by kind (bfcl)")
+    assert "| RL − SFT | +0.667" in accuracy  # 5 of 6 right against 1
+    tables = markdown_tables(mistakes)
+    assert tables["simple_python (4 rows), mistakes by kind:"][-1] == ["call rate where one is due", "0.000", "0.000", "0.750"]
+    for path in (calls, silent):  # the same rows from a data source with no such analysis: no mistakes section
+        path.write_text(path.read_text().replace('"data_source": "bfcl"', '"data_source": "gsm8k"'))
+    report = recipe_table(recipe, {"base_eval": silent.parent, "sft_eval": silent.parent, "rl_eval": calls.parent}, {})
+    assert "| RL − SFT | +0.667" in report and "Mistakes by kind" not in report

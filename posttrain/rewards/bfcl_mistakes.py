@@ -1,0 +1,119 @@
+"""What kind of mistake each BFCL answer is, per category, for several evaluations side by side.
+
+Each evaluation is an episodes file (``posttrain eval`` writes ``episodes.jsonl`` in a recipe's eval
+stage and ``validation/step_N.jsonl`` in a run). Each answer's calls are read again from its text (the
+hermes format, by posttrain's parser) and judged by BFCL's own checker (:func:`bfcl.check_calls`);
+its error type is put in one of a few kinds: wrong function, wrong number of calls, missing
+parameter, unexpected parameter, wrong value or type, no call where one was due, a call on an
+irrelevance row, an unreadable call.
+
+Beside the kinds stands the **call rate**: on the rows that need a call, the share where the answer
+made at least one readable call. Irrelevance's accuracy can be won by never calling; the call rate
+shows how often the policy still calls where it must.
+
+:func:`mistakes_markdown` is what a recipe's report appends for ``data_source: bfcl`` rows
+(``posttrain recipe bfcl``) and what ``scripts/bfcl_errors.py`` prints.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from posttrain.errors import InputError
+from posttrain.rewards import bfcl
+
+DATA_SOURCE = "bfcl"
+RIGHT, NO_CALL = "right", "no call"
+KINDS = {
+    "wrong_func_name": "wrong function", "wrong_count": "wrong number of calls", "missing_required": "missing parameter",
+    "missing_optional": "missing optional param",  # left out, but the possible answer has no "" (omit) for it
+    "unexpected_param": "unexpected parameter", "decoder_success": "call on irrelevance row",
+    "decoder_failed": NO_CALL, "decoder_wrong_output_format": "unreadable call",
+}
+CALL_RATE = "call rate where one is due"
+
+
+def kind(verdict: bfcl.Verdict) -> str:
+    """One of a few readable kinds for BFCL's error type (the parallel checker's hidden one where it hides it)."""
+    if verdict.valid:
+        return RIGHT
+    error = verdict.sub_error_types[0] if verdict.error_type.endswith("cannot_find_match") and verdict.sub_error_types else verdict.error_type
+    prefix, _, name = error.partition(":")
+    if prefix in ("value_error", "type_error") or name.startswith(("value_error", "type_error")):
+        return "wrong value or type"
+    return KINDS.get(name, error)
+
+
+def judge(row: Mapping[str, Any], parser: Any) -> tuple[str, bool]:
+    """The answer's kind of mistake (or "right"), and whether it made at least one readable call."""
+    messages = row["messages"]
+    text = messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else ""
+    turn = parser(text)
+    if turn.malformed:
+        return "unreadable call", bool(turn.calls)
+    calls = [{"name": call.name, "arguments": json.loads(call.arguments or "{}")} for call in turn.calls]
+    if not calls and not bfcl.is_no_call_category(row["extra_info"]["category"]):
+        return NO_CALL, False
+    return kind(bfcl.check_calls(calls, row["ground_truth"], row["extra_info"])), bool(calls)
+
+
+def _rows(path: Path) -> list[dict]:
+    """The BFCL rows of an episodes file; an InputError naming the line of one that is not an episode row."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as error:
+            raise InputError(f"{path} line {number} is not JSON ({error})") from None
+        if not isinstance(row, dict) or "messages" not in row or "category" not in (row.get("extra_info") or {}):
+            raise InputError(f"{path} line {number} is not an episode row with messages and extra_info.category")
+        if row.get("data_source", DATA_SOURCE) == DATA_SOURCE:
+            rows.append(row)
+    return rows
+
+
+def mistakes_markdown(files: Mapping[str, Path]) -> str:
+    """Markdown: the call rates (evaluations × categories, then all), and per category (then all) each
+    kind's count for each evaluation. ``files``: label → episodes file; rows of other data sources
+    (a mixture's) are left out."""
+    from posttrain.models.tool_formats import CallParser
+
+    parser = CallParser("hermes", None, [])
+    kinds: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))  # category -> label -> kind
+    calls: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))  # category -> label -> due, made
+    labels = list(files)
+    for label, path in files.items():
+        for row in _rows(path):
+            found, called = judge(row, parser)
+            due = not bfcl.is_no_call_category(row["extra_info"]["category"])
+            for category in (row["extra_info"]["category"], "all"):
+                kinds[category][label][found] += 1
+                calls[category][label]["due"] += due
+                calls[category][label]["made"] += due and called
+    if not kinds:
+        return ""
+    categories = [*sorted(set(kinds) - {"all"}), "all"]
+    due = [c for c in categories if calls[c][labels[0]]["due"]]
+    header = "| | " + " | ".join(labels) + " |\n" + "|---" * (len(labels) + 1) + "|"
+    lines = [f"{CALL_RATE.capitalize()} (the share of rows that need a call on which the answer made a readable call):", "",
+             "| | " + " | ".join(due) + " |", "|---" * (len(due) + 1) + "|"]
+    lines += [f"| {label} | " + " | ".join(_rate(calls[c][label]) for c in due) + " |" for label in labels]
+    for category in categories:
+        by_label = kinds[category]
+        names = sorted({k for counts in by_label.values() for k in counts}, key=lambda k: (k != RIGHT, k))
+        lines += ["", f"{category} ({sum(by_label[labels[0]].values())} rows), mistakes by kind:", "",
+                  header.replace("| |", "| kind |", 1)]
+        lines += [f"| {name} | " + " | ".join(str(by_label[label][name]) for label in labels) + " |" for name in names]
+        if category in due:
+            lines.append(f"| {CALL_RATE} | " + " | ".join(_rate(calls[category][label]) for label in labels) + " |")
+    return "\n".join(lines)
+
+
+def _rate(counts: Counter) -> str:
+    return f"{counts['made'] / counts['due']:.3f}" if counts["due"] else "—"
