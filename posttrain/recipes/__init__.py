@@ -127,7 +127,8 @@ def load_recipe(name: str) -> Recipe:
         stages.append(stage)
     table = raw.get("table") or {}
     if not isinstance(table, dict) or set(table) - {"rows", "compare", "by"}:
-        raise RecipeError(f"{path}: table {table!r}: a table has rows, compare and by, nothing else")
+        unknown = sorted(set(table) - {"rows", "compare", "by"}) if isinstance(table, dict) else table
+        raise RecipeError(f"{path}: table: unknown key(s) {unknown}; a table has rows, compare and by, nothing else")
     compare = list(table.get("compare") or [])
     pairs = [compare] if compare and all(isinstance(item, str) for item in compare) else [list(pair) for pair in compare]
     recipe = Recipe(path.stem, str(raw.get("description", "")), stages, dict(table.get("rows") or {}),
@@ -363,7 +364,8 @@ def run_stage(argv: list[str], log: Path) -> tuple[int, bool]:
 
 def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float], given: dict[str, Path] | None = None) -> str:
     """The rows' accuracies with 95 % intervals (all items, and per ``by``), the compared rows'
-    paired difference, and each stage's wall time, as Markdown."""
+    paired difference, each stage's wall time, what made the stages, and last the mistakes by kind
+    of data sources that say them (:func:`mistakes`), as Markdown."""
     from posttrain.trainer.validation import item_accuracies, item_groups
     from posttrain.trainer.intervals import paired_difference, wilson
 
@@ -394,12 +396,12 @@ def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float
             lines.append(f"| {labels.get(pair[1], pair[1])} − {labels.get(pair[0], pair[0])} | "
                          + " | ".join(cells) + " |")
         lines.append("")
-        lines += mistakes(recipe, dirs, {row.get("data_source") for row in first_rows.values()})
     lines += ["| stage | wall time |", "|---|---|"]
     lines += [f"| {name} | {value / 60:.1f} min |" for name, value in seconds.items()]
     lines.append(f"| all | {sum(seconds.values()) / 60:.1f} min |")
     lines += [f"| {name} | given: {path} |" for name, path in (given or {}).items()]
-    return "\n".join(lines + made_by(dirs))
+    sources = {row.get("data_source") for row in first_rows.values()} if recipe.rows else set()
+    return "\n".join(lines + made_by(dirs) + mistakes(recipe, dirs, sources))
 
 
 def mistakes(recipe: Recipe, dirs: dict[str, Path], sources: set) -> list[str]:
@@ -411,7 +413,7 @@ def mistakes(recipe: Recipe, dirs: dict[str, Path], sources: set) -> list[str]:
     lines = []
     for source in sorted(s for s in sources if s in MISTAKES):
         if text := MISTAKES[source](files):
-            lines += [f"## Mistakes by kind ({source})", "", text, ""]
+            lines += ["", f"## Mistakes by kind ({source})", "", text]
     return lines
 
 

@@ -58,6 +58,7 @@ from typing import Any
 from posttrain.errors import InputError, import_optional
 from posttrain.install import OUTSIDE, install_line
 
+DATA_SOURCE = "bfcl"  # the rows posttrain prepare bfcl writes
 MODEL_NAME = "posttrain"  # the checker's model_name; no "_" (the checker reads "_" in it as "/")
 BFCL_PIN = OUTSIDE["bfcl-eval"].requirement
 INSTALL_HINT = f"`{install_line('bfcl-eval')}` (`posttrain setup` does this; its pinned dependencies clash with posttrain's)"

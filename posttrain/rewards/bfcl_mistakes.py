@@ -2,7 +2,8 @@
 
 Each evaluation is an episodes file (``posttrain eval`` writes ``episodes.jsonl`` in a recipe's eval
 stage and ``validation/step_N.jsonl`` in a run). Each answer's calls are read again from its text (the
-hermes format, by posttrain's parser) and judged by BFCL's own checker (:func:`bfcl.check_calls`);
+hermes format, by posttrain's parser: the format the BFCL presets' ``auto`` picks for SmolLM2; a model
+told another format would need its parser here) and judged by BFCL's own checker (:func:`bfcl.check_calls`);
 its error type is put in one of a few kinds: wrong function, wrong number of calls, missing
 parameter, unexpected parameter, wrong value or type, no call where one was due, a call on an
 irrelevance row, an unreadable call.
@@ -21,12 +22,13 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from posttrain.errors import InputError
 from posttrain.rewards import bfcl
 
-DATA_SOURCE = "bfcl"
+if TYPE_CHECKING:
+    from posttrain.models.tool_formats import CallParser
 RIGHT, NO_CALL = "right", "no call"
 KINDS = {
     "wrong_func_name": "wrong function", "wrong_count": "wrong number of calls", "missing_required": "missing parameter",
@@ -48,7 +50,7 @@ def kind(verdict: bfcl.Verdict) -> str:
     return KINDS.get(name, error)
 
 
-def judge(row: Mapping[str, Any], parser: Any) -> tuple[str, bool]:
+def judge(row: Mapping, parser: CallParser) -> tuple[str, bool]:
     """The answer's kind of mistake (or "right"), and whether it made at least one readable call."""
     messages = row["messages"]
     text = messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else ""
@@ -71,10 +73,13 @@ def _rows(path: Path) -> list[dict]:
             row = json.loads(line)
         except ValueError as error:
             raise InputError(f"{path} line {number} is not JSON ({error})") from None
-        if not isinstance(row, dict) or "messages" not in row or "category" not in (row.get("extra_info") or {}):
-            raise InputError(f"{path} line {number} is not an episode row with messages and extra_info.category")
-        if row.get("data_source", DATA_SOURCE) == DATA_SOURCE:
-            rows.append(row)
+        if not isinstance(row, dict):
+            raise InputError(f"{path} line {number} is not an episode row (a JSON object)")
+        if row.get("data_source", bfcl.DATA_SOURCE) != bfcl.DATA_SOURCE:
+            continue  # a mixture's rows of other sources
+        if "messages" not in row or "category" not in (row.get("extra_info") or {}):
+            raise InputError(f"{path} line {number} is not a BFCL episode row with messages and extra_info.category")
+        rows.append(row)
     return rows
 
 
@@ -99,20 +104,23 @@ def mistakes_markdown(files: Mapping[str, Path]) -> str:
     if not kinds:
         return ""
     categories = [*sorted(set(kinds) - {"all"}), "all"]
-    due = [c for c in categories if calls[c][labels[0]]["due"]]
-    header = "| | " + " | ".join(labels) + " |\n" + "|---" * (len(labels) + 1) + "|"
-    lines = [f"{CALL_RATE.capitalize()} (the share of rows that need a call on which the answer made a readable call):", "",
-             "| | " + " | ".join(due) + " |", "|---" * (len(due) + 1) + "|"]
-    lines += [f"| {label} | " + " | ".join(_rate(calls[c][label]) for c in due) + " |" for label in labels]
+    due = [c for c in categories if any(calls[c][label]["due"] for label in labels)]
+    lines = []
+    if due:
+        lines += [f"{CALL_RATE.capitalize()} (the share of rows that need a call on which the answer made a readable "
+                  "call):", "", "| | " + " | ".join(due) + " |", "|---" * (len(due) + 1) + "|"]
+        lines += [f"| {label} | " + " | ".join(_rate(calls[c][label]) for c in due) + " |" for label in labels]
     for category in categories:
         by_label = kinds[category]
         names = sorted({k for counts in by_label.values() for k in counts}, key=lambda k: (k != RIGHT, k))
-        lines += ["", f"{category} ({sum(by_label[labels[0]].values())} rows), mistakes by kind:", "",
-                  header.replace("| |", "| kind |", 1)]
+        sizes = [sum(by_label[label].values()) for label in labels]
+        size = f"{sizes[0]} rows" if len(set(sizes)) == 1 else "rows: " + ", ".join(map(str, sizes))
+        lines += ["", f"{category} ({size}), mistakes by kind:", "",
+                  "| kind | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
         lines += [f"| {name} | " + " | ".join(str(by_label[label][name]) for label in labels) + " |" for name in names]
         if category in due:
             lines.append(f"| {CALL_RATE} | " + " | ".join(_rate(calls[category][label]) for label in labels) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines).strip("\n")
 
 
 def _rate(counts: Counter) -> str:

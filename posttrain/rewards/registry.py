@@ -53,7 +53,7 @@ DEFAULT_SCORE_FUNCTIONS: Mapping[str, ScoreFunction] = MappingProxyType(
         # the doctor's diagnosis by exact name (the rule of its judge part: docs/rewards.md)
         "synthetic_doctor": functools.partial(search_answer.compute_score, tag="diagnosis"),
         "doctor": functools.partial(search_answer.compute_score, tag="diagnosis"),  # your cases (posttrain prepare doctor-json)
-        "bfcl": bfcl.compute_score,  # BFCL's own AST checker on the calls (bfcl-eval, imported when first called)
+        bfcl.DATA_SOURCE: bfcl.compute_score,  # BFCL's own AST checker on the calls (bfcl-eval, imported when first called)
         # the task's own score_answer on the item regenerated from the row (reasoning-gym, imported by the scoring process)
         reasoning_gym.DATA_SOURCE: reasoning_gym.SCORE_FUNCTION,
     }
@@ -61,7 +61,7 @@ DEFAULT_SCORE_FUNCTIONS: Mapping[str, ScoreFunction] = MappingProxyType(
 
 # What a recipe's report adds for a data source's rows, beside their accuracies: label -> episodes file in,
 # Markdown out (empty for none of that source's rows)
-MISTAKES: Mapping[str, Callable[[Mapping[str, Path]], str]] = MappingProxyType({"bfcl": bfcl_mistakes.mistakes_markdown})
+MISTAKES: Mapping[str, Callable[[Mapping[str, Path]], str]] = MappingProxyType({bfcl.DATA_SOURCE: bfcl_mistakes.mistakes_markdown})
 
 
 class UnknownDataSourceError(PosttrainError, KeyError):

@@ -56,7 +56,7 @@ table: {rows: {x: b}, compare: [c]}
         load_recipe("nope")
     with pytest.raises(RecipeError, match="unknown key"):
         load_recipe(str(write(tmp_path / "extra.yaml", "stages: []\nstep: 3\n")))
-    with pytest.raises(RecipeError, match="a table has rows, compare and by, nothing else"):
+    with pytest.raises(RecipeError, match=r"table: unknown key\(s\) \['compare_by'\]; a table has rows, compare and by, nothing else"):
         load_recipe(str(write(tmp_path / "table.yaml", "stages: [{name: a, command: eval}]\ntable: {rows: {x: a}, compare_by: x}\n")))
 
 

@@ -69,18 +69,26 @@ def test_mistakes_by_kind_and_the_call_rate_where_a_call_is_due(tmp_path):
                                                                   ["call rate where one is due", "0.750", "0.000"]]
     assert tables["irrelevance (2 rows), mistakes by kind:"] == [["right", "2", "1"], ["call on irrelevance row", "0", "1"]]
     assert tables["all (6 rows), mistakes by kind:"][-1] == ["call rate where one is due", "0.750", "0.000"]
+    mixed = tmp_path / "mixed.jsonl"  # a mixture's file: its other sources' rows are left out; irrelevance alone has no call rate
+    mixed.write_text(json.dumps({"data_source": "gsm8k", "messages": [], "extra_info": {}}) + "\n"
+                     + "".join(line + "\n" for line in silent.read_text().splitlines() if '"irrelevance"' in line))
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_errors.py"), f"mixed={mixed}"],
+                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    assert markdown_tables(done.stdout) == {"irrelevance (2 rows), mistakes by kind:": [["right", "1"], ["call on irrelevance row", "1"]],
+                                            "all (2 rows), mistakes by kind:": [["right", "1"], ["call on irrelevance row", "1"]]}
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"messages": []}\n')
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_errors.py"), f"x={broken}"],
                           capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
-    assert done.returncode == 1 and "broken.jsonl line 1 is not an episode row with messages and extra_info.category" in done.stderr
+    assert done.returncode == 1 and "broken.jsonl line 1 is not a BFCL episode row with messages and extra_info.category" in done.stderr
 
 
 def test_a_bfcl_recipe_report_carries_the_mistakes_and_call_rates_of_its_rows(tmp_path):
     calls, silent = two_evaluations(tmp_path)
     recipe = load_recipe("bfcl")
     report = recipe_table(recipe, {"base_eval": silent.parent, "sft_eval": silent.parent, "rl_eval": calls.parent}, {})
-    assert "## Mistakes by kind (bfcl)" in report
+    assert "## Mistakes by kind (bfcl)" in report and report.rstrip().endswith("| call rate where one is due | 0.000 | 0.000 | 0.750 |")
     accuracy, _, mistakes = report.partition("## Mistakes by kind (bfcl)")
     assert "| RL − SFT | +0.667" in accuracy  # 5 of 6 right against 1
     tables = markdown_tables(mistakes)
