@@ -4,9 +4,10 @@
   posttrain sft [--preset NAME] [key=value ...]      supervised fine-tuning on chat transcripts, exported for train
   posttrain eval [--preset NAME] [--checkpoint DIR] [--dump-episodes F.jsonl] [--by KEY] [key=value ...]
                                                      validation only, from a checkpoint or the base model
-  posttrain recipe NAME|list [--dir DIR] [--use STAGE=PATH] [key=value ...] [STAGE:key=value ...]
+  posttrain recipe NAME|list [--dir DIR] [--use STAGE=PATH] [--report] [key=value ...] [STAGE:key=value ...]
                                                      a multi-stage recipe (prepare, sft, train, eval) as one
                                                      command, ending with base → SFT → RL and 95% intervals
+                                                     (--report: the table of the stages that finished, none run)
   posttrain compare A.jsonl B.jsonl [--by KEY]      two evaluations' accuracies on the same items (95% intervals)
                                                      and B - A with a paired bootstrap interval
   posttrain export CHECKPOINT --out DIR              a checkpoint's policy as a Hugging Face directory
@@ -81,7 +82,7 @@ def _recipe_command(args: argparse.Namespace) -> int:
     if args.name == "list":
         print(list_recipes())
         return 0
-    return run_recipe(args.name, args.overrides, args.dir, args.use)
+    return run_recipe(args.name, args.overrides, args.dir, args.use, report_only=args.report)
 
 
 def _compare_command(args: argparse.Namespace) -> int:
@@ -175,6 +176,8 @@ def _add_recipe_commands(commands) -> None:
     recipe.add_argument("--dir", type=Path, help="where its stages run (default runs/posttrain/<recipe>)")
     recipe.add_argument("--use", action="append", default=[], metavar="STAGE=PATH",
                         help="take PATH (e.g. a patient exported before) as that stage's output instead of running it; repeatable")
+    recipe.add_argument("--report", action="store_true",
+                        help="run no stage: write the table (report.md) of the stages that finished, e.g. of a recipe under way")
     recipe.add_argument("overrides", nargs="*", help="key=value for every stage, STAGE:key=value for one")
     recipe.set_defaults(run=_recipe_command)
 

@@ -29,7 +29,8 @@ names), and for sft the exported policy (``<dir>/export``). A stage that finishe
 the recipe runs again with the same command and the same stages before it (its ``DONE`` file holds
 their fingerprint); a train or sft stage that was interrupted (a crash, or Ctrl-C: the stage stops at
 a clean point and the recipe with it) resumes from its checkpoint; a prepare or eval stage runs
-again; a stage whose command or earlier stages changed starts over (its old directory moved aside). ``key=value`` arguments go to every stage that takes a config, and
+again; a stage whose command or earlier stages changed starts over (its old directory moved aside);
+``--report`` runs no stage and writes the table of those that finished. ``key=value`` arguments go to every stage that takes a config, and
 ``STAGE:key=value`` to that stage only. ``--use STAGE=PATH`` takes an output made elsewhere (an
 exported model, a run directory, a dataset) in place of running that stage, e.g. a patient trained
 before: later stages read PATH (their fingerprints hold it and its modification time), and earlier
@@ -51,7 +52,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -286,7 +287,10 @@ def stage_output(directory: Path) -> Path:
     return directory / "export" if (directory / "export").is_dir() else directory
 
 
-def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: list[str] | None = None) -> int:
+def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: list[str] | None = None,
+               report_only: bool = False) -> int:
+    """Run the recipe's stages that have not finished, then write its table. ``report_only``: run none,
+    and write the table of the stages that finished (a recipe under way, or stopped)."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -317,6 +321,9 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
             seconds[stage.name] = json.loads(done.read_text()).get("seconds", 0.0)
             console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: done before, skipped ({escape(str(directory))})", soft_wrap=True)
             continue
+        if report_only:
+            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: not finished, left out of the table", soft_wrap=True)
+            continue
         if started.is_file() and json.loads(started.read_text()).get("fingerprint") != fingerprint:
             aside = directory.with_name(f"{directory.name}.before-{time.strftime('%Y%m%d-%H%M%S')}")
             directory.rename(aside)  # another command (or an earlier stage changed): start over, keep the old run
@@ -336,6 +343,9 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
             raise RecipeError(f"stage {stage.name!r} failed (exit {code}); its output is in {directory / 'stage.log'}. Fix the cause "
                               f"and run the same recipe command again: finished stages are skipped, a train or sft stage resumes")
         done.write_text(json.dumps({"fingerprint": fingerprint, "command": command, "seconds": seconds[stage.name]}))
+    if report_only:  # the table of the eval stages that finished, and of the pairs of them
+        recipe = replace(recipe, rows={label: stage for label, stage in recipe.rows.items() if stage in seconds},
+                         compare=[pair for pair in recipe.compare if set(pair) <= set(seconds)])
     report = recipe_table(recipe, dirs, seconds, given)
     console.print(report, soft_wrap=True, markup=False)
     (root / "report.md").write_text(f"# Recipe {recipe.name}\n\n{recipe.description}\n\n{report}\n", encoding="utf-8")

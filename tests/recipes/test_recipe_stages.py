@@ -248,3 +248,22 @@ table:
     recipe.write_text(recipe.read_text().replace("[[base_eval, sft_eval], [sft_eval, rl_eval]]", "[[base_eval, sft_eval], [rl_eval]]"))
     with pytest.raises(RecipeError, match=r"compare \['rl_eval'\]: name two eval stages"):
         load_recipe(str(recipe))
+
+
+def test_report_writes_the_table_of_the_finished_stages_and_runs_none(tmp_path, stand_in, monkeypatch, capsys):
+    """A recipe stopped in its rl stage: ``--report`` writes base and SFT, leaves out RL and the one
+    pair that needs it (RL − SFT), and runs nothing; the run after it finishes the recipe."""
+    root = tmp_path / "runs"
+    monkeypatch.setenv("STANDIN_RL", "stop")
+    assert run_recipe("search", [], root) == 0 and not (root / "report.md").exists()
+    stand_in()
+    assert main(["recipe", "search", "--dir", str(root), "--report"]) == 0
+    assert stand_in() == {}  # no stage ran
+    out = capsys.readouterr().out
+    assert "stage 4/5 rl: not finished, left out of the table" in out and "stage 5/5 rl_eval: not finished" in out
+    report = (root / "report.md").read_text()
+    assert "| base | 0.000 [" in report and "| SFT | 0.500 [0.237, 0.763] (n=10)" in report and "| sft_eval | " in report
+    assert "| RL |" not in report and "(paired)" not in report and "| rl |" not in report
+    monkeypatch.delenv("STANDIN_RL")
+    assert run_recipe("search", [], root) == 0 and list(stand_in()) == ["rl", "rl_eval"]
+    assert "| RL − SFT | +0.400 [" in (root / "report.md").read_text()
