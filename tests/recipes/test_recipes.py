@@ -174,3 +174,17 @@ def test_bfcl_rl_trains_on_the_rows_bfcl_sft_prepared_and_its_development_rows_a
     sizes = {stage: data.dev_size for stage, data in stages.items()}
     assert sizes["bfcl/rl"] == sft.builtin_options["sft_val_size"] + 2 and sizes["bfcl/rl_eval"] == 0  # held-out rows there
     assert {size for stage, size in sizes.items() if stage.startswith("bfcl_tune/")} == {sizes["bfcl/rl"]}
+
+
+
+def test_the_bfcl_recipe_trains_the_configuration_bfcl_tune_chose():
+    """The bfcl recipe's rl stage is bfcl_tune's kl_no_call35 stage (the best on the development rows) in
+    every key that stage tuned: the estimator, the KL loss, the learning rate and the sampler's shares."""
+    def tuned(recipe: str, name: str):
+        stage = next(s for s in load_recipe(recipe).stages if s.name == name)
+        config = load_config([preset_path(stage.preset)], list(stage.overrides), checks=None)
+        actor = config.actor_rollout_ref.actor
+        return (config.algorithm.adv_estimator, actor.use_kl_loss, actor.kl_loss_coef, actor.optim.lr,
+                dict(config.data.sampler.shares))
+
+    assert tuned("bfcl", "rl") == tuned("bfcl_tune", "kl_no_call35") != tuned("bfcl_tune", "grpo")
