@@ -30,8 +30,8 @@ the recipe runs again with the same command and the same stages before it (its `
 their fingerprint); a train or sft stage that was interrupted (a crash, or Ctrl-C: the stage stops at
 a clean point and the recipe with it) resumes from its checkpoint; a prepare or eval stage runs
 again; a stage whose command or earlier stages changed starts over (its old directory moved aside);
-``--report`` runs no stage and writes the table of those that finished. ``key=value`` arguments go to every stage that takes a config, and
-``STAGE:key=value`` to that stage only. ``--use STAGE=PATH`` takes an output made elsewhere (an
+``--report`` runs no stage and writes the table of those that finished. ``key=value`` arguments go
+to every stage that takes a config, and ``STAGE:key=value`` to that stage only. ``--use STAGE=PATH`` takes an output made elsewhere (an
 exported model, a run directory, a dataset) in place of running that stage, e.g. a patient trained
 before: later stages read PATH (their fingerprints hold it and its modification time), and earlier
 stages that only the given ones need are not run either.

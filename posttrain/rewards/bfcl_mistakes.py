@@ -2,9 +2,9 @@
 
 Each evaluation is an episodes file (``posttrain eval`` writes ``episodes.jsonl`` in a recipe's eval
 stage and ``validation/step_N.jsonl`` in a run). Each answer's calls are read again from its text (the
-hermes format, by posttrain's parser: the format the BFCL presets' ``auto`` picks for SmolLM2; a model
-told another format would need its parser here) and judged by BFCL's own checker (:func:`bfcl.check_calls`);
-its error type is put in one of a few kinds: wrong function, wrong number of calls, missing
+hermes format, by posttrain's parser: the format the BFCL presets' ``auto`` picks for SmolLM2; a
+model told another format would need its parser here) and judged by BFCL's own checker
+(:func:`bfcl.check_calls`); its error type is put in one of a few kinds: wrong function, wrong number of calls, missing
 parameter, unexpected parameter, wrong value or type, no call where one was due, a call on an
 irrelevance row, an unreadable call.
 
@@ -29,6 +29,7 @@ from posttrain.rewards import bfcl
 
 if TYPE_CHECKING:
     from posttrain.models.tool_formats import CallParser
+
 RIGHT, NO_CALL = "right", "no call"
 KINDS = {
     "wrong_func_name": "wrong function", "wrong_count": "wrong number of calls", "missing_required": "missing parameter",
