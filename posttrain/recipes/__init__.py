@@ -343,14 +343,23 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
             raise RecipeError(f"stage {stage.name!r} failed (exit {code}); its output is in {directory / 'stage.log'}. Fix the cause "
                               f"and run the same recipe command again: finished stages are skipped, a train or sft stage resumes")
         done.write_text(json.dumps({"fingerprint": fingerprint, "command": command, "seconds": seconds[stage.name]}))
-    if report_only:  # the table of the eval stages that finished, and of the pairs of them
+    write_report(recipe, root, dirs, seconds, given, console, report_only)
+    return 0
+
+
+def write_report(recipe: Recipe, root: Path, dirs: dict[str, Path], seconds: dict[str, float], given: dict[str, Path],
+                 console, report_only: bool) -> None:
+    """The recipe's table, shown and written to ``root/report.md``; ``report_only``: of the eval stages
+    that finished, and of the pairs of them."""
+    from rich.markup import escape
+
+    if report_only:
         recipe = replace(recipe, rows={label: stage for label, stage in recipe.rows.items() if stage in seconds},
                          compare=[pair for pair in recipe.compare if set(pair) <= set(seconds)])
     report = recipe_table(recipe, dirs, seconds, given)
     console.print(report, soft_wrap=True, markup=False)
     (root / "report.md").write_text(f"# Recipe {recipe.name}\n\n{recipe.description}\n\n{report}\n", encoding="utf-8")
     console.print(f"report: {escape(str(root / 'report.md'))}", soft_wrap=True)
-    return 0
 
 
 def run_stage(argv: list[str], log: Path) -> tuple[int, bool]:
