@@ -13,6 +13,7 @@ import torch
 
 from posttrain import keys
 from posttrain.algos import explained_variance
+from posttrain.algos.shaping import rows_of_varied_groups
 from posttrain.protocol import Batch
 
 
@@ -27,12 +28,23 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
     return _stats(prefix, values[mask.bool()])
 
 
+def uniform_group_share(scores: torch.Tensor, group_ids: torch.Tensor) -> float:
+    """The share of groups whose samples all scored the same: under group advantages (GRPO, RLOO) they
+    teach nothing, so a high share says the step learnt from few prompts.  # (B,), (B,) -> float"""
+    groups = torch.unique(group_ids)
+    varied = torch.unique(group_ids[rows_of_varied_groups(scores, group_ids)])
+    return (groups.numel() - varied.numel()) / groups.numel() if groups.numel() else 0.0
+
+
 def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
-    """critic/{score,rewards,advantages,returns,values}/*, response_length/*, prompt_length/*."""
+    """critic/{score,rewards,advantages,returns,values}/*, response_length/*, prompt_length/*, and
+    ``critic/score/uniform_groups`` (:func:`uniform_group_share`) where the batch has groups."""
     response_mask = batch[keys.RESPONSE_MASK]
     metrics: dict[str, float] = {}
     if keys.TOKEN_SCORES in batch:
         metrics |= _stats("critic/score", batch[keys.TOKEN_SCORES].sum(-1))
+        if keys.GROUP_IDS in batch:
+            metrics["critic/score/uniform_groups"] = uniform_group_share(batch[keys.TOKEN_SCORES].sum(-1), batch[keys.GROUP_IDS])
     if keys.TOKEN_REWARDS in batch:
         metrics |= _stats("critic/rewards", batch[keys.TOKEN_REWARDS].sum(-1))
     for key, name in ((keys.ADVANTAGES, "advantages"), (keys.RETURNS, "returns"), (keys.VALUES, "values")):

@@ -25,6 +25,17 @@ def test_data_metrics_by_hand():
     assert "critic/values/mean" not in m
 
 
+def test_the_share_of_groups_whose_samples_all_scored_the_same():
+    # three prompts of two samples: (1, 1) all right, (0, 1) varied, (0, 0) all wrong
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    groups = Batch.from_dict({
+        keys.RESPONSE_MASK: torch.ones(6, 1), keys.TOKEN_SCORES: scores[:, None],
+        keys.GROUP_IDS: torch.tensor([0, 0, 1, 1, 2, 2]),
+    })
+    assert data_metrics(groups, max_response_length=1)["critic/score/uniform_groups"] == 2 / 3
+    assert "critic/score/uniform_groups" not in data_metrics(batch(), max_response_length=3)  # no groups: not said
+
+
 def test_timing_metrics_by_hand():
     m = timing_metrics({"gen": 2.0, "update_actor": 5.0, "step": 10.0}, batch())
     # 4 response tokens, 6 prompt tokens -> 10 tokens
