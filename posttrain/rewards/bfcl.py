@@ -38,7 +38,8 @@ parameter may be left out; ``"[]"`` for irrelevance rows), ``extra_info["categor
 checker reads).
 
 :func:`check_calls` gives BFCL's whole verdict (its ``error_type`` for per-error-kind analysis);
-:func:`compute_score` is the score function; :func:`answer_calls` writes a possible answer as calls
+:func:`compute_score` is the score function (:func:`argument_credit`, a training reward of its own, gives
+part credit for a call's parameters); :func:`answer_calls` writes a possible answer as calls
 (the first acceptable value of each parameter), as the SFT transcripts and the tests do.
 """
 
@@ -161,12 +162,52 @@ def compute_score(
     ``calls`` come from the tool environment (``env.name=tools``, ``answer: calls``), which parsed the
     turn ``solution_str`` with the run's tool parser; this function never parses text itself.
     """
+    calls = _given_calls(calls)
+    right = float(check_calls(calls, ground_truth, extra_info or {}).valid)
+    return {"score": right, "acc": right, "num_calls": float(len(calls))}
+
+
+def argument_credit(
+    solution_str: str,
+    ground_truth: str | list,
+    extra_info: dict[str, Any] | None = None,
+    calls: Sequence[dict[str, Any]] | None = None,
+    **_: Any,
+) -> dict[str, float]:
+    """A training reward of its own, not BFCL's (the rubric rule ``bfcl_arguments``): the share of the
+    answer's parameters that BFCL's checker accepts one at a time, for an answer of one call to the
+    right function; 1.0 where the checker accepts the whole answer; 0.0 for every other answer (no
+    call, a wrong function, a call on an irrelevance row, rows of several calls).
+
+    A parameter is judged by asking the checker about the possible answer's own call
+    (:func:`answer_calls`) with that one parameter as the model wrote it (or left out, as it left it
+    out), so the checker's rules for each type hold and nothing of them is written here. Parameters the
+    answer does not name are not judged. Its ``score`` has no ``acc``: beside ``rule: bfcl`` in a
+    rubric, the run's accuracy stays BFCL's verdict (rewards/rubric.py)."""
+    calls = _given_calls(calls)
+    info = extra_info or {}
+    if check_calls(calls, ground_truth, info).valid:
+        return {"score": 1.0}
+    if is_no_call_category(_row_field(info, "category")):
+        return {"score": 0.0}
+    reference = answer_calls(ground_truth, _row_field(info, "bfcl_functions"))
+    if len(reference) != 1 or len(calls) != 1 or calls[0]["name"] != reference[0]["name"] or not isinstance(calls[0]["arguments"], dict):
+        return {"score": 0.0}
+    name, written = reference[0]["name"], calls[0]["arguments"]
+    possible = _json_value(ground_truth, "reward_model.ground_truth")[0][name]
+    right = 0
+    for key in possible:
+        trial = {k: v for k, v in reference[0]["arguments"].items() if k != key} | ({key: written[key]} if key in written else {})
+        right += check_calls([{"name": name, "arguments": trial}], ground_truth, info).valid
+    return {"score": right / len(possible) if possible else 0.0}
+
+
+def _given_calls(calls: Sequence[dict[str, Any]] | None) -> Sequence[dict[str, Any]]:
     if calls is None:
         raise InputError(
             "data_source 'bfcl' is scored from the calls of the model's first turn, and none were given: score BFCL rows "
             "with the tool environment (env.name=tools with answer: calls), which parses the calls and passes them")
-    right = float(check_calls(calls, ground_truth, extra_info or {}).valid)
-    return {"score": right, "acc": right, "num_calls": float(len(calls))}
+    return calls
 
 
 def answer_calls(ground_truth: str | list, bfcl_functions: str | list) -> list[dict[str, Any]]:
@@ -222,5 +263,5 @@ def _json_value(value: Any, field: str) -> Any:
         raise InputError(f"a bfcl row's {field} is not JSON ({str(error)[:200]}); write the rows with `posttrain prepare bfcl --out DIR`") from None
 
 
-__all__ = ["BFCL_PIN", "INSTALL_HINT", "MODEL_NAME", "CheckerModelConfig", "Verdict", "answer_calls", "ast_checker", "bfcl_module",
+__all__ = ["BFCL_PIN", "INSTALL_HINT", "MODEL_NAME", "CheckerModelConfig", "Verdict", "answer_calls", "argument_credit", "ast_checker", "bfcl_module",
            "check_calls", "compute_score", "data_dir", "installed_version", "is_no_call_category", "model_output"]

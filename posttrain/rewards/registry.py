@@ -59,6 +59,12 @@ DEFAULT_SCORE_FUNCTIONS: Mapping[str, ScoreFunction] = MappingProxyType(
     }
 )
 
+# Rules a rubric part may name (reward.rubric's rule) that are no data source's score function: training
+# rewards of their own, beside the data source's judge (rewards/rubric.py)
+RULES: Mapping[str, ScoreFunction] = MappingProxyType({
+    "bfcl_arguments": bfcl.argument_credit,  # part credit for the right function's parameters, judged one by one by BFCL's checker
+})
+
 # What a recipe's report adds for a data source's rows, beside their accuracies: label -> episodes file in,
 # Markdown out (empty for none of that source's rows)
 MISTAKES: Mapping[str, Callable[[Mapping[str, Path]], str]] = MappingProxyType({bfcl.DATA_SOURCE: bfcl_mistakes.mistakes_markdown})

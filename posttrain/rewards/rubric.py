@@ -1,5 +1,5 @@
 """A reward made of named parts with weights (``reward.rubric``), each part a rule: a data source's score
-function by name, or your own ``FILE.py:FUNCTION``::
+function by name, a training rule of posttrain's (``registry.RULES``), or your own ``FILE.py:FUNCTION``::
 
     reward:
       rubric:
@@ -42,7 +42,7 @@ import numpy as np
 from posttrain.errors import InputError, PosttrainError
 from posttrain.rewards.custom import FileScoreFunction
 from posttrain.rewards.judge import JudgeQuestion, accepted, build_question
-from posttrain.rewards.registry import DEFAULT_SCORE_FUNCTIONS, ScoreFunction, context_keywords
+from posttrain.rewards.registry import DEFAULT_SCORE_FUNCTIONS, RULES, ScoreFunction, context_keywords
 
 PREFIX = "rubric/"  # the extras a rubric returns; the manager logs them as reward/<name>
 RESERVED_NAMES = frozenset({"samples", "errors", "timeouts", "empty_responses", "overlong_fraction"})  # reward/<name> counts of their own
@@ -57,9 +57,10 @@ class RubricPart:
 
 
 def rule_function(rule: str, where: str) -> ScoreFunction:
-    """The score function ``rule`` names: a data source (posttrain's registry) or ``FILE.py:FUNCTION``."""
-    if rule in DEFAULT_SCORE_FUNCTIONS:
-        return DEFAULT_SCORE_FUNCTIONS[rule]
+    """The score function ``rule`` names: a data source (posttrain's registry), a rule of posttrain's
+    (``registry.RULES``: ``bfcl_arguments``) or ``FILE.py:FUNCTION``."""
+    if rule in DEFAULT_SCORE_FUNCTIONS or rule in RULES:
+        return DEFAULT_SCORE_FUNCTIONS.get(rule) or RULES[rule]
     path, colon, name = str(rule).rpartition(":")
     if colon and path.endswith(".py") and name:
         try:
@@ -67,7 +68,8 @@ def rule_function(rule: str, where: str) -> ScoreFunction:
         except (PosttrainError, TypeError) as error:  # no such file or function, or it cannot be called as a rule
             raise InputError(f"{where}: {error}") from None
     raise InputError(f"{where}: rule={rule!r} is neither a data source with a score function "
-                     f"({', '.join(sorted(DEFAULT_SCORE_FUNCTIONS))}) nor FILE.py:FUNCTION")
+                     f"({', '.join(sorted(DEFAULT_SCORE_FUNCTIONS))}), a rule of posttrain's ({', '.join(sorted(RULES))}) "
+                     f"nor FILE.py:FUNCTION")
 
 
 def build_rubric(parts: Sequence[Mapping[str, Any]]) -> Rubric:

@@ -128,6 +128,44 @@ def test_score_dict_and_refusals():
         bfcl.compute_score("", ground_truth, {"category": "parallel"}, calls=calls)
 
 
+def test_argument_credit_is_the_share_of_parameters_the_checker_accepts_one_by_one():
+    simple = load_category("simple_python", limit=1)[0]  # calculate_triangle_area(base=10, height=5, unit="units" or left out)
+    ground_truth, extra_info = _row(simple)
+
+    def credit(arguments: dict, name: str = "calculate_triangle_area", row: tuple = (ground_truth, extra_info)) -> float:
+        return bfcl.argument_credit("", *row, calls=[{"name": name, "arguments": arguments}])["score"]
+
+    assert credit({"base": 10, "height": 5}) == 1.0  # the checker accepts the whole answer
+    assert credit({"base": 11, "height": 5}) == 2 / 3  # base wrong; height right, unit rightly left out
+    assert credit({"base": "10", "height": 5, "unit": "cm"}) == 1 / 3  # a string for an integer, and a unit BFCL does not accept
+    assert credit({"height": 6}) == 1 / 3  # base missing, height wrong: only unit's absence is right
+    assert credit({"base": 10, "height": 5}, name="area") == 0.0  # a wrong function earns nothing
+    assert bfcl.argument_credit("", ground_truth, extra_info, calls=[])["score"] == 0.0  # neither does no call
+    assert "acc" not in bfcl.argument_credit("", ground_truth, extra_info, calls=[])  # accuracy stays the checker's (the rubric's rule)
+    irrelevance = load_category("live_irrelevance", limit=1)[0]
+    call = [{"name": irrelevance.functions[0]["name"], "arguments": {}}]
+    assert bfcl.argument_credit("", *_row(irrelevance), calls=call)["score"] == 0.0
+    assert bfcl.argument_credit("", *_row(irrelevance), calls=[])["score"] == 1.0
+    parallel = load_category("parallel", limit=1)[0]  # several calls: the checker's verdict only
+    calls = bfcl.answer_calls(parallel.ground_truth, parallel.functions)
+    assert bfcl.argument_credit("", *_row(parallel), calls=calls)["score"] == 1.0
+    assert bfcl.argument_credit("", *_row(parallel), calls=calls[:1])["score"] == 0.0
+    with pytest.raises(InputError, match="env.name=tools"):
+        bfcl.argument_credit("<tool_call>...</tool_call>", ground_truth, extra_info)
+
+
+def test_a_rubric_of_the_checker_and_argument_credit_keeps_bfcls_verdict_as_the_accuracy():
+    from posttrain.rewards.rubric import build_rubric
+
+    rubric = build_rubric([{"name": "checker", "weight": 1.0, "rule": "bfcl"}, {"name": "arguments", "weight": 0.5, "rule": "bfcl_arguments"}])
+    simple = load_category("simple_python", limit=1)[0]
+    ground_truth, extra_info = _row(simple)
+    half = rubric(solution_str="", ground_truth=ground_truth, extra_info=extra_info, calls=[{"name": "calculate_triangle_area", "arguments": {"base": 11, "height": 5}}])
+    assert half["acc"] == 0.0 and half["score"] == pytest.approx(0.5 * (2 / 3) / 1.5)
+    right = rubric(solution_str="", ground_truth=ground_truth, extra_info=extra_info, calls=bfcl.answer_calls(ground_truth, simple.functions))
+    assert right["acc"] == 1.0 and right["score"] == 1.0
+
+
 def test_a_missing_package_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "bfcl_eval", None)  # what an absent package looks like to import
     with pytest.raises(MissingLibraryError, match=r'`pip install --no-deps bfcl-eval==2026\.3\.23` \(`posttrain setup` does this'):
