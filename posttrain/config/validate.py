@@ -379,7 +379,7 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", lambda v: v >= 1, "must be >= 1"),
     ("actor_rollout_ref.rollout.val_kwargs.n", lambda v: v >= 1, "must be >= 1"),
     ("custom_reward_function.timeout_s", lambda v: v > 0, "must be > 0 (seconds one score call may take; past it the sample scores 0)"),
-    ("data.val_batch_size", lambda v: v is None or v >= 1, "must be >= 1, or null for the whole validation set at once"),
+    ("data.val_batch_size", lambda v: v is None or v >= 1, "must be >= 1, or null (at most 256 prompts a batch)"),
     ("trainer.total_training_steps", lambda v: v is None or v >= 1, "must be >= 1, or null for trainer.total_epochs"),
     ("trainer.max_ckpt_to_keep", lambda v: v is None or v >= 1, "must be >= 1, or null to keep every checkpoint"),
     ("trainer.test_freq", lambda v: v == -1 or v >= 1, "must be -1 (validate before and after training only) or >= 1 (every N steps)"),

@@ -370,10 +370,11 @@ def run_stage(argv: list[str], log: Path) -> tuple[int, bool]:
     # a handler, not SIG_IGN: an ignored SIGINT is inherited across exec, and the stage would never get Ctrl-C
     previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
     try:
-        with open(log, "a", encoding="utf-8") as out:
+        with open(log, "a", encoding="utf-8", buffering=1) as out:  # line by line: a log followed while the stage runs
             process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
             for line in process.stdout:
                 sys.stdout.write(line)
+                sys.stdout.flush()
                 out.write(line)
                 stopped = stopped or line.startswith("posttrain: stopped")
             return process.wait(), stopped

@@ -25,6 +25,8 @@ from posttrain.rollout.batching import sample_accuracy
 from posttrain.rollout.toolbox import tool_schemas
 
 logger = logging.getLogger(__name__)
+# validation's batch when data.val_batch_size is null: the progress line comes after each (trainer/validation.py)
+VALIDATION_CHUNK = 256
 
 
 @dataclass
@@ -188,7 +190,9 @@ def curriculum_tracker(loader: PromptDataLoader | None) -> CurriculumTracker | N
 
 
 def _validation(data: DataConfig, val_set: RLDataset | None, tokenizer: Any) -> tuple[PromptDataLoader | None, RLDataset | None]:
-    """The validation loader (one batch unless ``data.val_batch_size`` says) and its dataset; (None, None) without one."""
+    """The validation loader and its dataset; (None, None) without one. Its batches are ``data.val_batch_size``
+    prompts, or (null) at most :data:`VALIDATION_CHUNK`, so a long validation says how far it is after each."""
     if val_set is None:
         return None, None
-    return PromptDataLoader(val_set, data.val_batch_size or len(val_set), tokenizer.pad_token_id, shuffle=False, drop_last=False), val_set
+    size = data.val_batch_size or min(len(val_set), VALIDATION_CHUNK)
+    return PromptDataLoader(val_set, size, tokenizer.pad_token_id, shuffle=False, drop_last=False), val_set

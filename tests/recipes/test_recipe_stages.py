@@ -267,3 +267,29 @@ def test_report_writes_the_table_of_the_finished_stages_and_runs_none(tmp_path, 
     monkeypatch.delenv("STANDIN_RL")
     assert run_recipe("search", [], root) == 0 and list(stand_in()) == ["rl", "rl_eval"]
     assert "| RL − SFT | +0.400 [" in (root / "report.md").read_text()
+
+
+def test_a_stage_log_holds_each_line_while_the_stage_still_runs(tmp_path):
+    import threading
+
+    from posttrain.recipes import run_stage
+
+    log, go_on = tmp_path / "stage.log", tmp_path / "go_on"
+    # the stage prints a progress line, then waits (10 s at most) for the line to be read from its log
+    argv = [PYTHON, "-c", f"import os, time\nprint('validation: 256/1240 prompts', flush=True)\nstart = time.monotonic()\n"
+                          f"while not os.path.exists({str(go_on)!r}) and time.monotonic() - start < 10: time.sleep(0.05)\nprint('done')"]
+
+    def watch() -> None:  # beside the stage: the line is read from the log while the stage waits for it
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not go_on.exists():
+            if log.exists() and "256/1240" in log.read_text():
+                go_on.touch()
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    start = time.monotonic()
+    code = run_stage(argv, log)  # in the main thread: it sets the SIGINT handler
+    watcher.join(30)
+    assert code == (0, False) and log.read_text().endswith("done\n")
+    assert go_on.exists() and time.monotonic() - start < 9, "the stage's first line reached its log only when the stage ended"

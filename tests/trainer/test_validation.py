@@ -46,7 +46,7 @@ def test_agent_rows_carry_the_transcript_and_single_turn_rows_the_decoded_respon
     assert [r["success"] for r in rows] == [False, True]  # reward_extra/acc decides, not the reward
 
 
-def test_a_held_out_set_of_several_batches_whose_prompts_differ_in_length_is_validated_whole(tmp_path, tokenizer):
+def test_a_held_out_set_of_several_batches_whose_prompts_differ_in_length_is_validated_whole(tmp_path, tokenizer, capsys):
     """Each batch's prompts are padded to its own longest; the validation joins batches of different widths."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -74,3 +74,18 @@ def test_a_held_out_set_of_several_batches_whose_prompts_differ_in_length_is_val
 
     metrics = Validator(rollout, loader, 1, tokenizer, samples_in_report=1)(Roles())
     assert metrics["val/s/acc/mean@1"] == 1 / 3
+    progress = [line.split(" in ")[0] for line in capsys.readouterr().err.splitlines() if line.startswith("validation: ")]
+    assert progress == ["validation: 1/3 prompts", "validation: 2/3 prompts", "validation: 3/3 prompts"]
+
+
+def test_a_long_validation_set_comes_in_batches_of_at_most_256_unless_the_config_says():
+    from posttrain.config.schema import DataConfig
+    from posttrain.trainer.data_setup import _validation
+
+    def batches(size: int, **data) -> list[int]:
+        loader, _ = _validation(DataConfig(**data), list(range(size)), type("Tokenizer", (), {"pad_token_id": 0})())
+        return [len(indices) for indices in loader.sampler]
+
+    assert batches(600) == [256, 256, 88]  # a progress line after each
+    assert batches(100) == [100]
+    assert batches(600, val_batch_size=600) == [600]
