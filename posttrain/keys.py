@@ -58,4 +58,5 @@ WEIGHT_VERSION = "weight_version"           # int, version of the weights that g
 GROUP_COUNT = "group_count"                 # int, groups in a batch whose groups vary in samples (EPISODE_IDS): the update makes
                                             # (groups / ppo_mini_batch_size) optimizer steps per epoch, whatever the samples
 TURN_MAX_NEW_TOKENS = "turn_max_new_tokens" # int, token budget of one agent turn
+ROW_OFFSET = "row_offset"                   # int, the first row's place in a whole sampled in pieces (validation's batches): added to the seed
 TURN_STOP = "turn_stop"                     # tuple[str, ...], stop strings that end an agent turn

@@ -12,7 +12,7 @@ Building loaders from the config (``DataConfig``) is the trainer's job::
                       filter_overlong_prompts=cfg.filter_overlong_prompts)
     loader = PromptDataLoader(train, cfg.train_batch_size, tokenizer.pad_token_id,
                               shuffle=cfg.shuffle, seed=cfg.seed)
-    val_loader = PromptDataLoader(val, cfg.val_batch_size or len(val), tokenizer.pad_token_id,
+    val_loader = PromptDataLoader(val, cfg.val_batch_size or min(len(val), 256), tokenizer.pad_token_id,
                                   shuffle=False, drop_last=False)
 """
 

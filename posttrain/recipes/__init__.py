@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 import signal
@@ -371,7 +372,9 @@ def run_stage(argv: list[str], log: Path) -> tuple[int, bool]:
     previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
     try:
         with open(log, "a", encoding="utf-8", buffering=1) as out:  # line by line: a log followed while the stage runs
-            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+            # unbuffered: a stage's plain prints reach the log when made, not when a pipe's buffer fills
+            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                       env=os.environ | {"PYTHONUNBUFFERED": "1"})
             for line in process.stdout:
                 sys.stdout.write(line)
                 sys.stdout.flush()

@@ -174,16 +174,19 @@ def argument_credit(
     calls: Sequence[dict[str, Any]] | None = None,
     **_: Any,
 ) -> dict[str, float]:
-    """A training reward of its own, not BFCL's (the rubric rule ``bfcl_arguments``): the share of the
-    answer's parameters that BFCL's checker accepts one at a time, for an answer of one call to the
-    right function; 1.0 where the checker accepts the whole answer; 0.0 for every other answer (no
-    call, a wrong function, a call on an irrelevance row, rows of several calls).
+    """A training reward of its own, not BFCL's (the rubric rule ``bfcl_arguments``): for an answer of
+    one call to the right function that BFCL's checker refuses, the share of its judged parameters the
+    checker accepts one at a time; 1.0 only where the checker accepts the whole answer; 0.0 for every
+    other answer (no call, a wrong function, a call on an irrelevance row, rows of several calls).
 
-    A parameter is judged by asking the checker about the possible answer's own call
-    (:func:`answer_calls`) with that one parameter as the model wrote it (or left out, as it left it
-    out), so the checker's rules for each type hold and nothing of them is written here. Parameters the
-    answer does not name are not judged. Its ``score`` has no ``acc``: beside ``rule: bfcl`` in a
-    rubric, the run's accuracy stays BFCL's verdict (rewards/rubric.py)."""
+    Judged: each parameter the possible answer needs (``""`` not among its values) and each one the
+    model wrote; a parameter the answer may leave out and the model left out earns nothing either way,
+    so writing less is not paid. A parameter is judged by asking the checker about the possible
+    answer's own call (:func:`answer_calls`) with that one parameter as the model wrote it (or left out,
+    as it left it out), so the checker's rules for each type hold and nothing of them is written here;
+    a parameter the possible answer does not name counts as wrong (the checker refuses it). Its
+    ``score`` has no ``acc``: beside ``rule: bfcl`` in a rubric, the run's accuracy stays BFCL's verdict
+    (rewards/rubric.py)."""
     calls = _given_calls(calls)
     info = extra_info or {}
     if check_calls(calls, ground_truth, info).valid:
@@ -195,11 +198,16 @@ def argument_credit(
         return {"score": 0.0}
     name, written = reference[0]["name"], calls[0]["arguments"]
     possible = _json_value(ground_truth, "reward_model.ground_truth")[0][name]
+    # judged: the parameters the answer needs ("" not acceptable) and those the model wrote; one the answer
+    # does not name is wrong (the checker refuses it), one it may leave out and did is not judged
+    judged = [key for key in possible if "" not in possible[key] or key in written]
+    unexpected = [key for key in written if key not in possible]
     right = 0
-    for key in possible:
+    for key in judged:
         trial = {k: v for k, v in reference[0]["arguments"].items() if k != key} | ({key: written[key]} if key in written else {})
         right += check_calls([{"name": name, "arguments": trial}], ground_truth, info).valid
-    return {"score": right / len(possible) if possible else 0.0}
+    total = len(judged) + len(unexpected)
+    return {"score": right / total if total else 0.0}
 
 
 def _given_calls(calls: Sequence[dict[str, Any]] | None) -> Sequence[dict[str, Any]]:

@@ -92,7 +92,7 @@ def build_rubric(parts: Sequence[Mapping[str, Any]]) -> Rubric:
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) or weight <= 0:
             raise InputError(f"{where} ({name}): weight={weight!r} must be a positive number")
         if bool(rule) == (judge is not None):
-            raise InputError(f"{where} ({name}): give it a rule (a data source, e.g. arithmetic, or FILE.py:FUNCTION) "
+            raise InputError(f"{where} ({name}): give it a rule (a data source, e.g. arithmetic, a rule of posttrain's, or FILE.py:FUNCTION) "
                              "or a judge ({prompt, parser}), one of the two")
         if judge is not None:
             built.append(RubricPart(name, float(weight), None, build_question(judge, f"{where} ({name})", rule_function)))

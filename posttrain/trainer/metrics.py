@@ -30,7 +30,9 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
 
 def uniform_group_share(scores: torch.Tensor, group_ids: torch.Tensor) -> float:
     """The share of groups whose samples all scored the same: under group advantages (GRPO, RLOO) they
-    teach nothing, so a high share says the step learnt from few prompts.  # (B,), (B,) -> float"""
+    teach nothing, so a high share says the step learnt from few prompts. Of the batch trained on: after
+    dynamic sampling (``algorithm.filter_groups``) or ``env.filter_groups_quantile`` dropped groups, it
+    counts the ones kept.  # (B,), (B,) -> float"""
     groups = torch.unique(group_ids)
     varied = torch.unique(group_ids[rows_of_varied_groups(scores, group_ids)])
     return (groups.numel() - varied.numel()) / groups.numel() if groups.numel() else 0.0
@@ -43,7 +45,7 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if keys.TOKEN_SCORES in batch:
         metrics |= _stats("critic/score", batch[keys.TOKEN_SCORES].sum(-1))
-        if keys.GROUP_IDS in batch:
+        if keys.GROUP_IDS in batch and torch.unique(batch[keys.GROUP_IDS]).numel() < len(batch):  # groups of one: not said
             metrics["critic/score/uniform_groups"] = uniform_group_share(batch[keys.TOKEN_SCORES].sum(-1), batch[keys.GROUP_IDS])
     if keys.TOKEN_REWARDS in batch:
         metrics |= _stats("critic/rewards", batch[keys.TOKEN_REWARDS].sum(-1))

@@ -53,8 +53,11 @@ class Validator:
     def __call__(self, roles: Roles, step: int | None = None) -> dict[str, float]:
         pieces, rollout_metrics = [], []
         total, done, start = len(self.loader.dataset), 0, time.monotonic()
+        self.loader.load_state_dict({**self.loader.state_dict(), "epoch": 0, "index": 0})  # from the first row, whatever stopped before
         for prompts in self.loader:
-            piece, piece_metrics = self.rollout(roles.for_rollout(), prompts.repeat(self.n, interleave=True), validate=True)
+            repeated = prompts.repeat(self.n, interleave=True)
+            repeated.meta[keys.ROW_OFFSET] = done * self.n  # seeded as one batch of the whole set would be
+            piece, piece_metrics = self.rollout(roles.for_rollout(), repeated, validate=True)
             pieces.append(piece)
             rollout_metrics.append(piece_metrics)
             done += len(prompts)
@@ -254,8 +257,8 @@ def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
             majority = [acc[r] for r, vote in zip(rows, votes) if answered and vote == winner]
             per_source[source]["maj"].append(float(np.mean(majority)) if majority else 0.0)
     metrics = {}
-    for source, values in per_source.items():
-        for name, numbers in values.items():
+    for source, by_name in per_source.items():
+        for name, numbers in by_name.items():
             label = f"val/{source}/reward/mean@{n}" if name == "reward" else f"val/{source}/acc/{name}@{n}"
             metrics[label] = float(np.mean(numbers))
             if name != "reward":  # its 95 % Wilson interval (trainer/intervals.py): mean@n over samples, the others over prompts

@@ -11,8 +11,9 @@ row_offset``; the engine gives the i-th row base + i. ``step`` is the weight ver
 where batch ``b`` is always sampled by version ``b``; a generator sets ``seed_step`` to its unit's
 batch instead (versions do not number batches when it runs ahead), and ``row_offset`` to the unit's
 first row in the batch, so a batch split over generator calls is seeded exactly as one call over the
-whole batch would be. An agent turn's context is seeded by its own request key (its episode's key
-and turn, :func:`request_seed`), not by its place in the call: the agent loop and a program's
+whole batch would be; validation, sampled a batch at a time, puts each batch's first row in its
+meta (``keys.ROW_OFFSET``) for the same reason. An agent turn's context is seeded by its own request
+key (its episode's key and turn, :func:`request_seed`), not by its place in the call: the agent loop and a program's
 endpoint, which gather the same requests into different calls, sample alike.
 """
 
@@ -62,8 +63,9 @@ class Sampling:
     def _step(self) -> int:
         return self.rollout.version if self.seed_step is None else self.seed_step
 
-    def _seed(self) -> int:
-        return self.seed + 1000 * self._step + RANK_SEED_STRIDE * self.rank + self.row_offset
+    def _seed(self, batch: Batch | None = None) -> int:
+        offset = self.row_offset + (int(batch.meta.get(keys.ROW_OFFSET, 0)) if batch is not None else 0)
+        return self.seed + 1000 * self._step + RANK_SEED_STRIDE * self.rank + offset
 
     @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
     def generate(self, batch: Batch) -> Batch:
@@ -72,7 +74,7 @@ class Sampling:
         # Seeded by the weight version (restored with a checkpoint), so a resumed run samples as
         # the uninterrupted one would have.
         budget = int(batch.meta.get(keys.TURN_MAX_NEW_TOKENS, self.data.max_response_length))  # a mixture's source may set less
-        params = generation_params(self.rollout_config, budget, validation=validate, seed=self._seed())
+        params = generation_params(self.rollout_config, budget, validation=validate, seed=self._seed(batch))
         self.rollout.wake_up()
         ids, mask = batch[keys.PROMPT_IDS], batch[keys.PROMPT_MASK].bool()
         generations = self.rollout.generate([row[row_mask].tolist() for row, row_mask in zip(ids, mask)], params)

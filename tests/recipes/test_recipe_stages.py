@@ -269,14 +269,15 @@ def test_report_writes_the_table_of_the_finished_stages_and_runs_none(tmp_path, 
     assert "| RL − SFT | +0.400 [" in (root / "report.md").read_text()
 
 
-def test_a_stage_log_holds_each_line_while_the_stage_still_runs(tmp_path):
+def test_a_stage_log_holds_each_line_while_the_stage_still_runs(tmp_path, monkeypatch):
     import threading
 
     from posttrain.recipes import run_stage
 
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # as in a plain shell: the recipe itself makes its stages unbuffered
     log, go_on = tmp_path / "stage.log", tmp_path / "go_on"
-    # the stage prints a progress line, then waits (10 s at most) for the line to be read from its log
-    argv = [PYTHON, "-c", f"import os, time\nprint('validation: 256/1240 prompts', flush=True)\nstart = time.monotonic()\n"
+    # the stage prints a progress line (a plain print, into a pipe), then waits (10 s at most) for it to be read from its log
+    argv = [PYTHON, "-c", f"import os, time\nprint('validation: 256/1240 prompts')\nstart = time.monotonic()\n"
                           f"while not os.path.exists({str(go_on)!r}) and time.monotonic() - start < 10: time.sleep(0.05)\nprint('done')"]
 
     def watch() -> None:  # beside the stage: the line is read from the log while the stage waits for it

@@ -136,9 +136,12 @@ def test_argument_credit_is_the_share_of_parameters_the_checker_accepts_one_by_o
         return bfcl.argument_credit("", *row, calls=[{"name": name, "arguments": arguments}])["score"]
 
     assert credit({"base": 10, "height": 5}) == 1.0  # the checker accepts the whole answer
-    assert credit({"base": 11, "height": 5}) == 2 / 3  # base wrong; height right, unit rightly left out
+    assert credit({"base": 11, "height": 5}) == 1 / 2  # base wrong, height right; unit may be left out and was: not judged
     assert credit({"base": "10", "height": 5, "unit": "cm"}) == 1 / 3  # a string for an integer, and a unit BFCL does not accept
-    assert credit({"height": 6}) == 1 / 3  # base missing, height wrong: only unit's absence is right
+    assert credit({"base": 10, "height": 5, "unit": "units"}) == 1.0
+    assert credit({"height": 6}) == 0.0  # base missing, height wrong
+    assert credit({}) == 0.0  # writing nothing earns nothing
+    assert credit({"base": 10, "height": 5, "colour": "red"}) == 2 / 3  # a parameter BFCL does not expect: refused, so below 1
     assert credit({"base": 10, "height": 5}, name="area") == 0.0  # a wrong function earns nothing
     assert bfcl.argument_credit("", ground_truth, extra_info, calls=[])["score"] == 0.0  # neither does no call
     assert "acc" not in bfcl.argument_credit("", ground_truth, extra_info, calls=[])  # accuracy stays the checker's (the rubric's rule)
@@ -161,7 +164,7 @@ def test_a_rubric_of_the_checker_and_argument_credit_keeps_bfcls_verdict_as_the_
     simple = load_category("simple_python", limit=1)[0]
     ground_truth, extra_info = _row(simple)
     half = rubric(solution_str="", ground_truth=ground_truth, extra_info=extra_info, calls=[{"name": "calculate_triangle_area", "arguments": {"base": 11, "height": 5}}])
-    assert half["acc"] == 0.0 and half["score"] == pytest.approx(0.5 * (2 / 3) / 1.5)
+    assert half["acc"] == 0.0 and half["score"] == pytest.approx(0.5 * (1 / 2) / 1.5)
     right = rubric(solution_str="", ground_truth=ground_truth, extra_info=extra_info, calls=bfcl.answer_calls(ground_truth, simple.functions))
     assert right["acc"] == 1.0 and right["score"] == 1.0
 

@@ -34,6 +34,9 @@ def test_the_share_of_groups_whose_samples_all_scored_the_same():
     })
     assert data_metrics(groups, max_response_length=1)["critic/score/uniform_groups"] == 2 / 3
     assert "critic/score/uniform_groups" not in data_metrics(batch(), max_response_length=3)  # no groups: not said
+    ones = Batch.from_dict({keys.RESPONSE_MASK: torch.ones(2, 1), keys.TOKEN_SCORES: torch.tensor([[0.0], [1.0]]),
+                            keys.GROUP_IDS: torch.tensor([0, 1])})
+    assert "critic/score/uniform_groups" not in data_metrics(ones, max_response_length=1)  # groups of one sample (PPO): not said
 
 
 def test_timing_metrics_by_hand():

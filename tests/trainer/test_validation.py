@@ -61,7 +61,10 @@ def test_a_held_out_set_of_several_batches_whose_prompts_differ_in_length_is_val
     loader = PromptDataLoader(RLDataset([tmp_path / "val.parquet"], tokenizer, max_prompt_length=1024), 1, tokenizer.pad_token_id,
                               shuffle=False, drop_last=False)
 
+    offsets = []
+
     def rollout(roles, prompts, validate):  # one token answered, right for the longest question only
+        offsets.append(prompts.meta[keys.ROW_OFFSET])
         ids = [row[mask.bool()].tolist() for row, mask in zip(prompts[keys.PROMPT_IDS], prompts[keys.PROMPT_MASK])]
         batch = sequences_to_batch(ids, [[7]] * len(ids), pad_token_id=tokenizer.pad_token_id, response_width=4)
         scores = torch.zeros(len(ids), 4)
@@ -74,6 +77,7 @@ def test_a_held_out_set_of_several_batches_whose_prompts_differ_in_length_is_val
 
     metrics = Validator(rollout, loader, 1, tokenizer, samples_in_report=1)(Roles())
     assert metrics["val/s/acc/mean@1"] == 1 / 3
+    assert offsets == [0, 1, 2]  # each batch seeded from its first row's place, as one batch of all would be
     progress = [line.split(" in ")[0] for line in capsys.readouterr().err.splitlines() if line.startswith("validation: ")]
     assert progress == ["validation: 1/3 prompts", "validation: 2/3 prompts", "validation: 3/3 prompts"]
 
@@ -89,3 +93,13 @@ def test_a_long_validation_set_comes_in_batches_of_at_most_256_unless_the_config
     assert batches(600) == [256, 256, 88]  # a progress line after each
     assert batches(100) == [100]
     assert batches(600, val_batch_size=600) == [600]
+
+
+def test_a_generate_calls_seed_adds_the_row_offset_its_batch_carries():
+    from posttrain.workers.sampling import Sampling
+
+    worker = Sampling()
+    worker.seed, worker.seed_step, worker.rank = 7, 2, 0
+    plain = Batch.from_dict({keys.PROMPT_IDS: torch.ones(2, 1)})
+    offset = Batch.from_dict({keys.PROMPT_IDS: torch.ones(2, 1)}, meta={keys.ROW_OFFSET: 512})
+    assert worker._seed(offset) == worker._seed(plain) + 512 == 7 + 2000 + 512
