@@ -153,3 +153,30 @@ def test_sft_validation_questions_are_the_rl_development_candidates_with_or_with
         assert taught == ids[name]["sft"] and not taught & ids["sft"]["sft_val"]
     rl_train = {r["extra_info"]["id"] for r in _rows(tmp_path / "rl" / "train.parquet")}
     assert ids["rl"]["sft_val"] == ids["sft"]["sft_val"] & rl_train  # a held question the cut kept is still held
+
+
+def test_parallel_pairs_ask_two_taught_questions_with_the_same_functions_at_once(tmp_path, capsys):
+    """parallel_pairs=N: N rows of two live_simple questions asked in one message, answered by both calls,
+    which BFCL's parallel rule accepts together and refuses apart; built only from questions SFT teaches."""
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=60", "sft_val_size=8", "parallel_pairs=6", "multi_turn="]) == 0
+    assert "synthetic_parallel rows (parallel_pairs=6): 6" in capsys.readouterr().out
+    train = _rows(tmp_path / "train.parquet")
+    simple = {r["extra_info"]["id"]: r for r in train if r["extra_info"]["category"] == "live_simple"}
+    pairs = [r for r in train if r["extra_info"]["category"] == "synthetic_parallel"]
+    assert len(pairs) == 6 and len({r["extra_info"]["id"] for r in pairs}) == 6
+    transcripts = {r["extra_info"]["id"]: r["messages"] for r in _rows(tmp_path / "sft.parquet")}
+    for row in pairs:
+        first, second = (simple[part] for part in row["extra_info"]["id"].removeprefix("pair_").split("+"))
+        assert first["extra_info"]["in_sft"] and second["extra_info"]["in_sft"] and row["extra_info"]["in_sft"]
+        assert row["prompt"] == [{"role": "user", "content": first["prompt"][0]["content"] + "\n\n" + second["prompt"][0]["content"]}]
+        assert row["extra_info"]["bfcl_functions"] == first["extra_info"]["bfcl_functions"] == second["extra_info"]["bfcl_functions"]
+        truth = json.loads(row["reward_model"]["ground_truth"])
+        assert truth == json.loads(first["reward_model"]["ground_truth"]) + json.loads(second["reward_model"]["ground_truth"])
+        calls = [json.loads(block) for block in re.findall(r"<tool_call>\n(.*?)\n</tool_call>", transcripts[row["extra_info"]["id"]][-1]["content"])]
+        assert len(calls) == 2 and bfcl.check_calls(calls, truth, row["extra_info"]).valid
+        assert not bfcl.check_calls(calls[:1], truth, row["extra_info"]).valid  # one call where two are asked: refused
+    without = _rows(prepare("bfcl", tmp_path / "plain", limit=60, sft_val_size=8, multi_turn="")[0])
+    untaught = {r["extra_info"]["id"] for r in without if not r["extra_info"]["in_sft"]}
+    assert untaught == {r["extra_info"]["id"] for r in train if not r["extra_info"]["in_sft"]}  # the development candidates stay
+    with pytest.raises(InputError, match="parallel_pairs"):
+        prepare("bfcl", tmp_path / "bad", limit=2, parallel_pairs=-1)

@@ -27,7 +27,12 @@ it (``tokenize_prompts``), is longer, with ``tokenizer`` (default: the default m
 are never dropped (their longest is reported). ``limit`` keeps the first N questions of each category.
 ``no_call_share`` keeps at most that share of training rows whose answer is no call (live_irrelevance is
 46 % of the capped training rows; GRPO on them all learnt to call nothing within two steps), a seeded draw,
-the rest dropped and counted; the SFT transcripts come from the rows kept.
+the rest dropped and counted; the SFT transcripts come from the rows kept. ``parallel_pairs=N`` adds N
+training rows of category ``synthetic_parallel`` (the capped training split keeps 27 rows that ask for
+several calls): each is two live_simple questions with the same functions, both taught by SFT, asked in
+one user message; its answer is both possible answers, judged by BFCL's parallel rule, and it has its
+SFT transcript (both calls). A seeded draw of distinct pairs; prompts over ``max_prompt_tokens`` are
+left out. The development candidates (``in_sft`` false) are unchanged.
 
 SFT transcripts (``sft.parquet``, ``sft_val.parquet``: the names ``posttrain sft`` looks for beside the
 RL data; columns ``messages`` and the row's ``extra_info``, so a transcript carries its tools) come
@@ -86,6 +91,9 @@ MULTI_TURN_CATEGORIES = ("multi_turn_base",)
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple", "live_multiple",
               "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance")
 NO_FUNCTION_ANSWER = "None of the functions I have can do this."
+# parallel_pairs: two questions of this training category asked together make a row of this category, judged by
+# BFCL's parallel rule (the checker picks it by "parallel" in the name); no BFCL category of its own
+PAIRED_CATEGORY, PAIRS_CATEGORY = "live_simple", "synthetic_parallel"
 _DROPPED_KEYS = ("optional",)  # BFCL's own flag, not JSON Schema
 
 
@@ -157,6 +165,7 @@ def prepare_bfcl(
     seed: int = 0,
     multi_turn: str = "multi_turn_base",
     no_call_share: float | None = None,
+    parallel_pairs: int = 0,
 ) -> list[Path]:
     """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet``
     (unless ``multi_turn`` is empty) and ``README.md`` into ``out_dir`` (module docstring); prints the
@@ -164,6 +173,7 @@ def prepare_bfcl(
     multi_turn_questions = [q for c in _categories(multi_turn, "multi_turn", MULTI_TURN_CATEGORIES, empty=True) for q in load_multi_turn(c, limit)]
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
     _check_options(splits, max_prompt_tokens, limit, sft_val_size)
+    check_counts(0, parallel_pairs=parallel_pairs)
     if no_call_share is not None and not 0 < no_call_share <= 1:
         raise InputError(f"no_call_share={no_call_share}: give the largest share of training rows whose answer is no call, in (0, 1]")
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
@@ -179,6 +189,10 @@ def prepare_bfcl(
     held = set(random.Random(seed).sample(list(written), sft_val_size))
     if no_call_share is not None:
         questions["train"] = _cap_no_call(questions["train"], no_call_share, seed, report)
+    pairs = _parallel_pairs(questions["train"], written, held, parallel_pairs, seed, max_prompt_tokens and (max_prompt_tokens, tokenizer))
+    questions["train"] += [pair for pair, _ in pairs]
+    written |= {pair.id: conversation for pair, conversation in pairs}
+    report.pairs = (len(pairs), parallel_pairs)
     rows = {split: [_row(q, split, i, written if split == "train" else {}, held) for i, q in enumerate(items)]
             for split, items in questions.items()}
     sft = [({"messages": written[q.id], "extra_info": row["extra_info"]}, q.id in held)
@@ -260,6 +274,35 @@ def _cap_no_call(questions: list[Question], share: float, seed: int, report: Rep
     return [q for i, q in enumerate(questions) if i in kept or not bfcl.is_no_call_category(q.category)]
 
 
+def _parallel_pairs(questions: list[Question], written: dict[str, Any], held: set[str], count: int, seed: int,
+                    cap: tuple[int, str] | None) -> list[tuple[Question, list[dict[str, str]]]]:
+    """Up to ``count`` two-call questions, each two taught single-call questions of :data:`PAIRED_CATEGORY` with
+    the same functions (a seeded draw of distinct pairs), asked in one user message; their answer is both
+    possible answers, judged by BFCL's parallel rule (category :data:`PAIRS_CATEGORY`). ``cap``: (max
+    prompt tokens, tokenizer), over which a pair is left out. Returns each with its SFT transcript."""
+    if count == 0:
+        return []
+    alike: dict[str, list[Question]] = {}
+    for q in questions:
+        if q.category == PAIRED_CATEGORY and q.id in written and q.id not in held and len(q.ground_truth) == 1 and \
+                [m["role"] for m in q.messages] == ["user"]:
+            alike.setdefault(json.dumps(q.functions, sort_keys=True), []).append(q)
+    candidates = [(a, b) for group in alike.values() for i, a in enumerate(group) for b in group[i + 1:] if a.ground_truth != b.ground_truth]
+    random.Random(seed).shuffle(candidates)
+    tokenizer = load_tokenizer(cap[1]) if cap else None
+    pairs: list[tuple[Question, list[dict[str, str]]]] = []
+    for a, b in candidates:
+        if len(pairs) == count:
+            break
+        pair = Question(f"pair_{a.id}+{b.id}", PAIRS_CATEGORY, [{"role": "user", "content": f"{a.messages[0]['content']}\n\n{b.messages[0]['content']}"}],
+                        a.functions, [*a.ground_truth, *b.ground_truth])
+        if cap and len(tokenize_prompts([pair.messages], tokenizer, tool_schemas(pair.functions))[0]) > cap[0]:
+            continue
+        if (conversation := transcript(pair)) is not None:
+            pairs.append((pair, conversation))
+    return pairs
+
+
 def _row(question: Question, split: str, index: int, written: dict[str, Any], held: set[str]) -> dict[str, Any]:
     extra_info = {"split": split, "index": index, "id": question.id, "category": question.category,
                   IN_SFT: question.id in written and question.id not in held,
@@ -285,12 +328,16 @@ class Report:
     multi_turn: Counter[str] = field(default_factory=Counter)  # test_multi_turn.parquet's rows per category
     cut: Counter[str] = field(default_factory=Counter)  # training rows dropped for no_call_share, per category
     no_call_share: float | None = None
+    pairs: tuple[int, int] = (0, 0)  # parallel_pairs: written, asked for
 
     def text(self) -> str:
         lines = []
         for split, categories in self.splits.items():
             kept = {c: self.counts[split][c] - self.dropped[c] - self.cut[c] for c in categories}
             lines.append(f"{split}: {sum(kept.values())} rows: " + ", ".join(f"{c} {n}" for c, n in kept.items()))
+        if self.pairs[1]:
+            lines.append(f"{PAIRS_CATEGORY} rows (parallel_pairs={self.pairs[1]}): {self.pairs[0]}, two {PAIRED_CATEGORY} questions "
+                         "with the same functions asked together, in train and SFT")
         if self.no_call_share is not None:
             lines.append(f"dropped from train for no_call_share={self.no_call_share}: {sum(self.cut.values())} "
                          f"({', '.join(f'{c} {n}' for c, n in self.cut.items()) or 'none'})")
