@@ -140,9 +140,10 @@ class StratifiedSampler:
     def __iter__(self) -> Iterator[np.ndarray]:
         """Index arrays for the rest of the current epoch, each drawn when asked for (so a level that
         stepped up after a step already shapes the next batch)."""
-        epoch = self.epoch
-        while self.epoch == epoch:
-            yield self._next_batch()
+        batch, epoch = self._next_batch(None)  # the first batch's epoch, read with it: another thread may end one between
+        while batch is not None:
+            yield batch
+            batch, _ = self._next_batch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         with self._lock:
@@ -229,8 +230,12 @@ class StratifiedSampler:
             seats[name] += 1
         return {name: count for name, count in seats.items() if count}
 
-    def _next_batch(self) -> np.ndarray:
+    def _next_batch(self, epoch: int | None) -> tuple[np.ndarray | None, int]:
+        """The next batch and the epoch it belongs to; (None, epoch) when ``epoch`` (None: any) has ended."""
         with self._lock:  # the level, the cursors and the counts move together
+            current = self.epoch
+            if epoch is not None and current != epoch:
+                return None, current
             level, seats = self._level, self._allocate()
             batch: list[int] = []
             for name, count in seats.items():
@@ -238,7 +243,7 @@ class StratifiedSampler:
                 self._given[name] = self._given.get(name, 0) + count
             self._batches += 1
             self._level_batches += 1
-            return np.array(batch, dtype=np.int64)
+            return np.array(batch, dtype=np.int64), current
 
     def _draw(self, key: tuple[int, str], count: int) -> list[int]:
         """``count`` distinct rows of one stratum, continuing its shuffled order (module docstring)."""
