@@ -44,9 +44,10 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     response_mask = batch[keys.RESPONSE_MASK]
     metrics: dict[str, float] = {}
     if keys.TOKEN_SCORES in batch:
-        metrics |= _stats("critic/score", batch[keys.TOKEN_SCORES].sum(-1))
+        scores = batch[keys.TOKEN_SCORES].sum(-1)
+        metrics |= _stats("critic/score", scores)
         if keys.GROUP_IDS in batch and torch.unique(batch[keys.GROUP_IDS]).numel() < len(batch):  # groups of one: not said
-            metrics["critic/score/uniform_groups"] = uniform_group_share(batch[keys.TOKEN_SCORES].sum(-1), batch[keys.GROUP_IDS])
+            metrics["critic/score/uniform_groups"] = uniform_group_share(scores, batch[keys.GROUP_IDS])
     if keys.TOKEN_REWARDS in batch:
         metrics |= _stats("critic/rewards", batch[keys.TOKEN_REWARDS].sum(-1))
     for key, name in ((keys.ADVANTAGES, "advantages"), (keys.RETURNS, "returns"), (keys.VALUES, "values")):
