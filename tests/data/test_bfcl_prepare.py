@@ -180,3 +180,32 @@ def test_parallel_pairs_ask_two_taught_questions_with_the_same_functions_at_once
     assert untaught == {r["extra_info"]["id"] for r in train if not r["extra_info"]["in_sft"]}  # the development candidates stay
     with pytest.raises(InputError, match="parallel_pairs"):
         prepare("bfcl", tmp_path / "bad", limit=2, parallel_pairs=-1)
+
+
+def test_swapped_irrelevance_asks_a_taught_question_with_functions_about_something_else(tmp_path, capsys):
+    """swapped_irrelevance=N: N irrelevance rows whose question is a taught live_simple/live_multiple one and whose
+    functions are another taught question's, about something else; no call is right, and SFT says so."""
+    from posttrain.data.preparers.bfcl import _subject_words
+
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=60", "sft_val_size=8", "swapped_irrelevance=10", "multi_turn="]) == 0
+    assert "swapped_irrelevance rows (swapped_irrelevance=10): 10" in capsys.readouterr().out
+    train = _rows(tmp_path / "train.parquet")
+    taught = {r["extra_info"]["id"]: r for r in train if r["extra_info"]["in_sft"] and r["extra_info"]["category"] != "swapped_irrelevance"}
+    swapped = [r for r in train if r["extra_info"]["category"] == "swapped_irrelevance"]
+    assert len(swapped) == 10 and len({r["extra_info"]["id"].split("+")[0] for r in swapped}) == 10  # distinct questions
+    transcripts = {r["extra_info"]["id"]: r["messages"] for r in _rows(tmp_path / "sft.parquet")}
+    for row in swapped:
+        asked, donor = (taught[part] for part in row["extra_info"]["id"].removeprefix("swap_").split("+"))
+        assert asked["extra_info"]["category"] in ("live_simple", "live_multiple") and row["extra_info"]["in_sft"]
+        assert row["prompt"] == asked["prompt"] and row["extra_info"]["tools"] == donor["extra_info"]["tools"]
+        assert not _subject_words(json.loads(asked["extra_info"]["bfcl_functions"])) & _subject_words(json.loads(donor["extra_info"]["bfcl_functions"]))
+        assert row["reward_model"]["ground_truth"] == "[]" and transcripts[row["extra_info"]["id"]][-1]["content"] == NO_FUNCTION_ANSWER
+        assert bfcl.check_calls([], [], row["extra_info"]).valid  # judged as an irrelevance row: no call is right
+        stray = [{"name": json.loads(donor["extra_info"]["bfcl_functions"])[0]["name"], "arguments": {}}]
+        assert not bfcl.check_calls(stray, [], row["extra_info"]).valid
+    assert _subject_words([{"name": "get_weather", "description": "Today's forecast"}]) == {"get", "weather", "today", "forecast"}
+    without = _rows(prepare("bfcl", tmp_path / "plain", limit=60, sft_val_size=8, multi_turn="")[0])
+    assert {r["extra_info"]["id"] for r in without if not r["extra_info"]["in_sft"]} == \
+        {r["extra_info"]["id"] for r in train if not r["extra_info"]["in_sft"]}  # the development candidates stay
+    with pytest.raises(InputError, match="swapped_irrelevance"):
+        prepare("bfcl", tmp_path / "bad", limit=2, swapped_irrelevance=-1)

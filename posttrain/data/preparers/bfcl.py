@@ -32,7 +32,15 @@ training rows of category ``synthetic_parallel`` (the capped training split keep
 several calls): each is two live_simple questions with the same functions, both taught by SFT, asked in
 one user message; its answer is both possible answers, judged by BFCL's parallel rule, and it has its
 SFT transcript (both calls). A seeded draw of distinct pairs; prompts over ``max_prompt_tokens`` are
-left out. The development candidates (``in_sft`` false) are unchanged.
+left out. ``swapped_irrelevance=N`` adds N training rows of category ``swapped_irrelevance``, irrelevance
+rows that look like the rows that need a call: a taught live_simple or live_multiple question (one user
+message) asked with another taught question's functions that share no subject word with its own functions
+or its question (the words of the functions' names, the longer words of their descriptions and of the
+question, common ones left out: ``get_weather`` and ``weather.forecast`` share "weather"). No call is right (BFCL's
+irrelevance rule, chosen by "irrelevance" in the category name) and its SFT transcript says no function
+fits, so the call decision has to read the functions, not only the question. A seeded draw of distinct
+questions; prompts over ``max_prompt_tokens`` are left out. The development candidates (``in_sft`` false)
+are unchanged by both.
 
 SFT transcripts (``sft.parquet``, ``sft_val.parquet``: the names ``posttrain sft`` looks for beside the
 RL data; columns ``messages`` and the row's ``extra_info``, so a transcript carries its tools) come
@@ -69,6 +77,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +103,8 @@ NO_FUNCTION_ANSWER = "None of the functions I have can do this."
 # parallel_pairs: two questions of this training category asked together make a row of this category, judged by
 # BFCL's parallel rule (the checker picks it by "parallel" in the name); no BFCL category of its own
 PAIRED_CATEGORY, PAIRS_CATEGORY = "live_simple", "synthetic_parallel"
+# swapped_irrelevance: questions of these categories asked with another question's functions
+SWAPPED_FROM, SWAPPED_CATEGORY = ("live_simple", "live_multiple"), "swapped_irrelevance"
 _DROPPED_KEYS = ("optional",)  # BFCL's own flag, not JSON Schema
 
 
@@ -166,6 +177,7 @@ def prepare_bfcl(
     multi_turn: str = "multi_turn_base",
     no_call_share: float | None = None,
     parallel_pairs: int = 0,
+    swapped_irrelevance: int = 0,
 ) -> list[Path]:
     """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet``
     (unless ``multi_turn`` is empty) and ``README.md`` into ``out_dir`` (module docstring); prints the
@@ -173,7 +185,7 @@ def prepare_bfcl(
     multi_turn_questions = [q for c in _categories(multi_turn, "multi_turn", MULTI_TURN_CATEGORIES, empty=True) for q in load_multi_turn(c, limit)]
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
     _check_options(splits, max_prompt_tokens, limit, sft_val_size)
-    check_counts(0, parallel_pairs=parallel_pairs)
+    check_counts(0, parallel_pairs=parallel_pairs, swapped_irrelevance=swapped_irrelevance)
     if no_call_share is not None and not 0 < no_call_share <= 1:
         raise InputError(f"no_call_share={no_call_share}: give the largest share of training rows whose answer is no call, in (0, 1]")
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
@@ -189,10 +201,13 @@ def prepare_bfcl(
     held = set(random.Random(seed).sample(list(written), sft_val_size))
     if no_call_share is not None:
         questions["train"] = _cap_no_call(questions["train"], no_call_share, seed, report)
-    pairs = _parallel_pairs(questions["train"], written, held, parallel_pairs, seed, max_prompt_tokens and (max_prompt_tokens, tokenizer))
-    questions["train"] += [pair for pair, _ in pairs]
-    written |= {pair.id: conversation for pair, conversation in pairs}
-    report.pairs = (len(pairs), parallel_pairs)
+    cap = max_prompt_tokens and (max_prompt_tokens, tokenizer)
+    pairs = _parallel_pairs(questions["train"], written, held, parallel_pairs, seed, cap)
+    swapped = _swapped(questions["train"], written, held, swapped_irrelevance, seed, cap)
+    for added in (pairs, swapped):
+        questions["train"] += [q for q, _ in added]
+        written |= {q.id: conversation for q, conversation in added}
+    report.pairs, report.swapped = (len(pairs), parallel_pairs), (len(swapped), swapped_irrelevance)
     rows = {split: [_row(q, split, i, written if split == "train" else {}, held) for i, q in enumerate(items)]
             for split, items in questions.items()}
     sft = [({"messages": written[q.id], "extra_info": row["extra_info"]}, q.id in held)
@@ -303,6 +318,51 @@ def _parallel_pairs(questions: list[Question], written: dict[str, Any], held: se
     return pairs
 
 
+# words too common in BFCL's function docs to tell two functions' subjects apart
+_COMMON_WORDS = frozenset("""about based default specified given information optional parameters provided required retrieve
+returns string number value values which their there these using within format should other function""".split())
+
+
+def _subject_words(functions: list[dict[str, Any]]) -> set[str]:
+    """The words that say what the functions are about: their names' words (split at ``.``, ``_``, ``-`` and
+    lower-to-upper case) and their descriptions' words of five letters or more, lower-case, common ones left out."""
+    words = set()
+    for doc in functions:
+        spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", doc["name"])
+        words |= {w.lower() for w in re.split(r"[\s._\-]+", spaced) if w}
+        words |= {w.lower() for w in re.findall(r"[A-Za-z]{5,}", str(doc.get("description", "")))}
+    return words - _COMMON_WORDS
+
+
+def _swapped(questions: list[Question], written: dict[str, Any], held: set[str], count: int, seed: int,
+             cap: tuple[int, str] | None) -> list[tuple[Question, list[dict[str, str]]]]:
+    """Up to ``count`` irrelevance rows of category :data:`SWAPPED_CATEGORY` (module docstring): a taught question
+    of :data:`SWAPPED_FROM` with the functions of another taught question (a seeded draw) whose function names
+    share no word with its own. ``cap``: (max prompt tokens, tokenizer), over which a row is left out. Returns
+    each with its SFT transcript."""
+    if count == 0:
+        return []
+    taught = [q for q in questions if q.id in written and q.id not in held and not bfcl.is_no_call_category(q.category)]
+    asked = [q for q in taught if q.category in SWAPPED_FROM and [m["role"] for m in q.messages] == ["user"]]
+    rng = random.Random(seed)
+    rng.shuffle(asked)
+    tokenizer = load_tokenizer(cap[1]) if cap else None
+    swapped: list[tuple[Question, list[dict[str, str]]]] = []
+    for question in asked:
+        if len(swapped) == count:
+            break
+        own = _subject_words(question.functions) | {w.lower() for w in re.findall(r"[A-Za-z]{5,}", question.messages[0]["content"])}
+        donors = [d for d in taught if d.id != question.id and not own & _subject_words(d.functions)]
+        if not donors:
+            continue
+        donor = rng.choice(donors)
+        row = Question(f"swap_{question.id}+{donor.id}", SWAPPED_CATEGORY, question.messages, donor.functions, [])
+        if cap and len(tokenize_prompts([row.messages], tokenizer, tool_schemas(row.functions))[0]) > cap[0]:
+            continue
+        swapped.append((row, transcript(row)))
+    return swapped
+
+
 def _row(question: Question, split: str, index: int, written: dict[str, Any], held: set[str]) -> dict[str, Any]:
     extra_info = {"split": split, "index": index, "id": question.id, "category": question.category,
                   IN_SFT: question.id in written and question.id not in held,
@@ -329,6 +389,7 @@ class Report:
     cut: Counter[str] = field(default_factory=Counter)  # training rows dropped for no_call_share, per category
     no_call_share: float | None = None
     pairs: tuple[int, int] = (0, 0)  # parallel_pairs: written, asked for
+    swapped: tuple[int, int] = (0, 0)  # swapped_irrelevance: written, asked for
 
     def text(self) -> str:
         lines = []
@@ -338,6 +399,9 @@ class Report:
         if self.pairs[1]:
             lines.append(f"{PAIRS_CATEGORY} rows (parallel_pairs={self.pairs[1]}): {self.pairs[0]}, two {PAIRED_CATEGORY} questions "
                          "with the same functions asked together, in train and SFT")
+        if self.swapped[1]:
+            lines.append(f"{SWAPPED_CATEGORY} rows (swapped_irrelevance={self.swapped[1]}): {self.swapped[0]}, a taught "
+                         f"{' or '.join(SWAPPED_FROM)} question asked with another's functions, in train and SFT")
         if self.no_call_share is not None:
             lines.append(f"dropped from train for no_call_share={self.no_call_share}: {sum(self.cut.values())} "
                          f"({', '.join(f'{c} {n}' for c, n in self.cut.items()) or 'none'})")
