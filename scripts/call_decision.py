@@ -58,20 +58,22 @@ def margins(model_path: str, rows: list[dict]) -> np.ndarray:
     import torch
     from rich.console import Console
     from rich.progress import Progress
-    from transformers import AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrain.models.loading import load_causal_lm, resolve_model, tokenize_prompts
+    from posttrain.models.loading import check_causal_lm_config, resolve_model, tokenize_prompts
 
     path = resolve_model(model_path)
+    check_causal_lm_config(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = load_causal_lm(path)
+    # float32, as a margin near 0 decides: bf16 moved the log-probabilities here by up to 0.2; sdpa for long prompts
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
     opener = tokenizer.encode(CALL_OPEN, add_special_tokens=False)[0]
     out = np.empty(len(rows))
     with torch.inference_mode(), Progress(transient=True, console=Console(stderr=True)) as progress:
         task = progress.add_task(f"{model_path}", total=len(rows))
         for index, row in enumerate(rows):
             ids = tokenize_prompts([prompt_messages(row)], tokenizer, row_tools=[row_schemas(row["extra_info"].get("tools"))])[0]
-            logits = model(torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
+            logits = model(torch.tensor([ids]), logits_to_keep=1).logits[0, -1].float().log_softmax(-1)
             opening = logits[opener].item()
             logits[opener] = -float("inf")
             out[index] = opening - logits.max().item()
