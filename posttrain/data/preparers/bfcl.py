@@ -337,8 +337,8 @@ def _subject_words(functions: list[dict[str, Any]]) -> set[str]:
 def _swapped(questions: list[Question], written: dict[str, Any], held: set[str], count: int, seed: int,
              cap: tuple[int, str] | None) -> list[tuple[Question, list[dict[str, str]]]]:
     """Up to ``count`` irrelevance rows of category :data:`SWAPPED_CATEGORY` (module docstring): a taught question
-    of :data:`SWAPPED_FROM` with the functions of another taught question (a seeded draw) whose function names
-    share no word with its own. ``cap``: (max prompt tokens, tokenizer), over which a row is left out. Returns
+    of :data:`SWAPPED_FROM` with the functions of another taught question (a seeded draw) that share no subject
+    word (:func:`_subject_words`) with its own functions or the longer words of its question. ``cap``: (max prompt tokens, tokenizer), over which a row is left out. Returns
     each with its SFT transcript."""
     if count == 0:
         return []
