@@ -34,16 +34,20 @@ import numpy as np
 from posttrain.errors import PosttrainError
 from posttrain.models.tool_format import row_schemas
 from posttrain.rewards import bfcl
+from posttrain.rewards.bfcl_mistakes import episode_rows
 
 CALL_OPEN = "<tool_call>"
 
 
 def read_rows(path: Path, limit: int | None = None) -> list[dict]:
     """BFCL episode rows of ``path`` (other data sources left out), the first ``limit``."""
-    from posttrain.rewards.bfcl_mistakes import _rows
-
-    rows = _rows(path)
+    rows = episode_rows(path)
     return rows[:limit] if limit else rows
+
+
+def row_key(row: dict) -> str:
+    """What names a row across evaluations of the same rows: BFCL's id (else its index)."""
+    return json.dumps(row["extra_info"].get("id", row["extra_info"].get("index")))
 
 
 def prompt_messages(row: dict) -> list[dict[str, str]]:
@@ -137,7 +141,8 @@ def report(models: dict[str, np.ndarray], needs_call: np.ndarray, *, resamples: 
             rate = (models[name][due_rows] > 0).mean()
             shifts = shifts_for_rate(base[due_rows], rate)
             fewest, most = calls_within(base[irr_rows], shifts)
-            middle = (shifts[0] + shifts[1]) / 2 if np.isfinite(shifts).all() else (shifts[0] + 1 if np.isfinite(shifts[0]) else shifts[1] - 1)
+            low, high = shifts
+            middle = (low + high) / 2 if np.isfinite([low, high]).all() else (low + 1 if np.isfinite(low) else high - 1)
             lines.append(f"| {name} | {middle:+.2f} | {(base[due_rows] + middle > 0).mean():.3f} | "
                          f"{fewest if fewest == most else f'{fewest} to {most}'} of {len(irr_rows)} | {int((models[name][irr_rows] > 0).sum())} |")
     return "\n".join(lines)
@@ -171,9 +176,8 @@ def main(arguments: list[str]) -> None:
         models = {name: margins(path, rows) for name, path in pairs}
         print(report(models, needs_call))
         for name, path in checks:
-            own = {json.dumps(r["extra_info"].get("id", r["extra_info"].get("index"))): answer_called(r) for r in read_rows(path)}
-            keys = [json.dumps(r["extra_info"].get("id", r["extra_info"].get("index"))) for r in rows]
-            pairs_seen = [(models[name][i] > 0, own[k]) for i, k in enumerate(keys) if k in own]
+            own = {row_key(r): answer_called(r) for r in read_rows(path)}
+            pairs_seen = [(models[name][i] > 0, own[row_key(r)]) for i, r in enumerate(rows) if row_key(r) in own]
             if not pairs_seen:
                 raise SystemExit(f"call_decision: {path} holds none of the rows")
             agree = sum(a == b for a, b in pairs_seen) / len(pairs_seen)

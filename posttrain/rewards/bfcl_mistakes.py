@@ -64,7 +64,7 @@ def judge(row: Mapping, parser: CallParser) -> tuple[str, bool]:
     return kind(bfcl.check_calls(calls, row["ground_truth"], row["extra_info"])), bool(calls)
 
 
-def _rows(path: Path) -> list[dict]:
+def episode_rows(path: Path) -> list[dict]:
     """The BFCL rows of an episodes file; an InputError naming the line of one that is not an episode row."""
     rows = []
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
@@ -95,7 +95,7 @@ def mistakes_markdown(files: Mapping[str, Path]) -> str:
     calls: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))  # category -> label -> due, made
     labels = list(files)
     for label, path in files.items():
-        for row in _rows(path):
+        for row in episode_rows(path):
             found, called = judge(row, parser)
             due = not bfcl.is_no_call_category(row["extra_info"]["category"])
             for category in (row["extra_info"]["category"], "all"):

@@ -264,11 +264,15 @@ def _check_options(splits: dict[str, list[str]], max_prompt_tokens: int | None, 
     check_counts(0, sft_val_size=sft_val_size)
 
 
+def _prompt_length(question: Question, tokenizer: Any) -> int:
+    """The question's prompt length in tokens, rendered with its functions as posttrain renders it."""
+    return len(tokenize_prompts([question.messages], tokenizer, tool_schemas(question.functions))[0])
+
+
 def _drop_long(questions: dict[str, list[Question]], max_prompt_tokens: int, tokenizer_name: str, report: Report) -> list[Question]:
     """The training questions whose prompt fits ``max_prompt_tokens``; counts go into ``report``."""
     tokenizer = load_tokenizer(tokenizer_name)
-    lengths = {split: [len(tokenize_prompts([q.messages], tokenizer, tool_schemas(q.functions))[0]) for q in items]
-               for split, items in questions.items()}
+    lengths = {split: [_prompt_length(q, tokenizer) for q in items] for split, items in questions.items()}
     kept = [q for q, n in zip(questions["train"], lengths["train"]) if n <= max_prompt_tokens]
     report.max_prompt_tokens = max_prompt_tokens
     report.dropped = Counter(q.category for q, n in zip(questions["train"], lengths["train"]) if n > max_prompt_tokens)
@@ -311,7 +315,7 @@ def _parallel_pairs(questions: list[Question], written: dict[str, Any], held: se
             break
         pair = Question(f"pair_{a.id}+{b.id}", PAIRS_CATEGORY, [{"role": "user", "content": f"{a.messages[0]['content']}\n\n{b.messages[0]['content']}"}],
                         a.functions, [*a.ground_truth, *b.ground_truth])
-        if cap and len(tokenize_prompts([pair.messages], tokenizer, tool_schemas(pair.functions))[0]) > cap[0]:
+        if cap and _prompt_length(pair, tokenizer) > cap[0]:
             continue
         if (conversation := transcript(pair)) is not None:
             pairs.append((pair, conversation))
@@ -357,7 +361,7 @@ def _swapped(questions: list[Question], written: dict[str, Any], held: set[str],
             continue
         donor = rng.choice(donors)
         row = Question(f"swap_{question.id}+{donor.id}", SWAPPED_CATEGORY, question.messages, donor.functions, [])
-        if cap and len(tokenize_prompts([row.messages], tokenizer, tool_schemas(row.functions))[0]) > cap[0]:
+        if cap and _prompt_length(row, tokenizer) > cap[0]:
             continue
         swapped.append((row, transcript(row)))
     return swapped
