@@ -1,12 +1,12 @@
 """Whether training taught a BFCL policy *when* to call, or only moved *how often* it calls.
 
-    .venv/bin/python scripts/call_decision.py --episodes RUN/sft_eval/episodes.jsonl \
+    .venv/bin/python scripts/call_decision.py --episodes RUN/sft_eval/episodes.jsonl [--episodes MORE.jsonl] \
         SFT=RUN/sft/export RL=RUN/rl_export [--check SFT=RUN/sft_eval/episodes.jsonl] [--limit N]
 
 Each ``NAME=MODEL`` is a model directory (``posttrain export`` makes one from a checkpoint) or a built-in
 name. The rows are an evaluation's episodes (``posttrain eval --dump-episodes``; a recipe's eval stage
-writes ``episodes.jsonl``): each row's question with its own functions, rendered as the evaluation
-rendered it. For each row and model one forward pass scores the greedy first step: the **margin** of the
+writes ``episodes.jsonl``; ``--episodes`` again adds another's rows, ``--limit`` keeps each file's first N): each
+row's question with its own functions, rendered as the evaluation rendered it. For each row and model one forward pass scores the greedy first step: the **margin** of the
 token that opens a call (the first token of ``<tool_call>``) over the best other first token, in
 log-probability. Greedy decoding starts a call exactly when the margin is above 0.
 
@@ -157,7 +157,8 @@ def answer_called(row: dict) -> bool:
 def main(arguments: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="+", metavar="NAME=MODEL")
-    parser.add_argument("--episodes", required=True, type=Path, help="an evaluation's episodes: the rows")
+    parser.add_argument("--episodes", required=True, type=Path, action="append",
+                        help="an evaluation's episodes: the rows (again for more rows, e.g. another file's irrelevance rows)")
     parser.add_argument("--check", action="append", default=[], metavar="NAME=EPISODES",
                         help="that model's own evaluation episodes, to check its margins against its greedy answers")
     parser.add_argument("--limit", type=int, default=None, help="the first N rows only")
@@ -169,7 +170,7 @@ def main(arguments: list[str]) -> None:
     if unknown := {name for name, _ in checks} - {name for name, _ in pairs}:
         parser.error(f"--check names {sorted(unknown)}, which are not among the models")
     try:
-        rows = read_rows(args.episodes, args.limit)
+        rows = [row for path in args.episodes for row in read_rows(path, args.limit)]
         needs_call = np.array([not bfcl.is_no_call_category(r["extra_info"]["category"]) for r in rows])
         if needs_call.all() or not needs_call.any():
             raise SystemExit("call_decision: the rows need both kinds, rows that need a call and irrelevance rows")

@@ -209,3 +209,26 @@ def test_swapped_irrelevance_asks_a_taught_question_with_functions_about_somethi
         {r["extra_info"]["id"] for r in train if not r["extra_info"]["in_sft"]}  # the development candidates stay
     with pytest.raises(InputError, match="swapped_irrelevance"):
         prepare("bfcl", tmp_path / "bad", limit=2, swapped_irrelevance=-1)
+
+
+def test_dev_swapped_asks_held_back_questions_with_held_back_functions_in_a_file_of_its_own(tmp_path, capsys):
+    """dev_swapped=N: dev_swapped.parquet holds irrelevance rows made from the questions SFT validates on, each asked
+    with another such question's functions (neither taught), in no training file; train.parquet is unchanged."""
+    from posttrain.data.preparers.bfcl import _subject_words
+
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=60", "sft_val_size=40", "dev_swapped=6", "multi_turn="]) == 0
+    assert "dev_swapped.parquet (dev_swapped=6): 6 swapped_irrelevance rows" in capsys.readouterr().out
+    train = _rows(tmp_path / "train.parquet")
+    held = {r["extra_info"]["id"]: r for r in train if not r["extra_info"]["in_sft"]}
+    dev = _rows(tmp_path / "dev_swapped.parquet")
+    assert len(dev) == 6 and len({r["extra_info"]["id"].split("+")[0] for r in dev}) == 6
+    for row in dev:
+        asked, donor = (held[part] for part in row["extra_info"]["id"].removeprefix("swap_").split("+"))
+        assert asked["extra_info"]["category"] in ("live_simple", "live_multiple") and not row["extra_info"]["in_sft"]
+        assert row["extra_info"]["category"] == "swapped_irrelevance" and row["reward_model"]["ground_truth"] == "[]"
+        assert row["prompt"] == asked["prompt"] and row["extra_info"]["tools"] == donor["extra_info"]["tools"]
+        assert not _subject_words(json.loads(asked["extra_info"]["bfcl_functions"])) & _subject_words(json.loads(donor["extra_info"]["bfcl_functions"]))
+    plain = tmp_path / "plain"
+    prepare("bfcl", plain, limit=60, sft_val_size=40, multi_turn="")
+    assert _rows(plain / "train.parquet") == train and not (plain / "dev_swapped.parquet").exists()
+    assert _rows(plain / "sft.parquet") == _rows(tmp_path / "sft.parquet")

@@ -85,6 +85,12 @@ def test_the_script_scores_rows_with_their_own_functions_on_a_model_directory(tm
     greedy_calls = (margins > 0).tolist()
     agree = sum(g == a for g, a in zip(greedy_calls, [True, False, False])) / 3  # the episodes' answers: a call, then none
     assert f"A: its margin agrees with its evaluation's greedy answers (call or not) on {agree:.3f} of 3 rows" in done.stdout
+    lines = episodes.read_text().splitlines(keepends=True)
+    (tmp_path / "due.jsonl").write_text("".join(lines[:2]))
+    (tmp_path / "irrelevant.jsonl").write_text(lines[2])
+    done = subprocess.run([sys.executable, str(SCRIPT), "--episodes", str(tmp_path / "due.jsonl"), "--episodes", str(tmp_path / "irrelevant.jsonl"),
+                           f"A={model}"], capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "", "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0 and done.stdout.startswith("2 rows need a call, 1 are irrelevance rows."), done.stderr  # both files' rows
     done = run(f"A={model}", "--check=C=x.jsonl")
     assert done.returncode == 2 and "--check names ['C'], which are not among the models" in done.stderr
     episodes.write_text(episodes.read_text().replace('"simple_python"', '"irrelevance"'))

@@ -40,7 +40,11 @@ question, common ones left out: ``get_weather`` and ``weather.forecast`` share "
 irrelevance rule, chosen by "irrelevance" in the category name) and its SFT transcript says no function
 fits, so the call decision has to read the functions, not only the question. A seeded draw of distinct
 questions; prompts over ``max_prompt_tokens`` are left out. The development candidates (``in_sft`` false)
-are unchanged by both.
+are unchanged by both. ``dev_swapped=N`` writes ``dev_swapped.parquet``: up to N rows made the same way from
+the questions SFT holds back for validation (``sft_val_size``), each asked with another of those questions'
+functions, so that neither the question nor the functions were taught. They are in no training file: evaluate on
+them with ``data.val_files=[dev_swapped.parquet]``. They test whether the call decision reads the functions, as
+BFCL's held-out ``irrelevance`` rows do (a question asked with an unrelated function), on the training split.
 
 SFT transcripts (``sft.parquet``, ``sft_val.parquet``: the names ``posttrain sft`` looks for beside the
 RL data; columns ``messages`` and the row's ``extra_info``, so a transcript carries its tools) come
@@ -178,6 +182,7 @@ def prepare_bfcl(
     no_call_share: float | None = None,
     parallel_pairs: int = 0,
     swapped_irrelevance: int = 0,
+    dev_swapped: int = 0,
 ) -> list[Path]:
     """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet``
     (unless ``multi_turn`` is empty) and ``README.md`` into ``out_dir`` (module docstring); prints the
@@ -185,7 +190,7 @@ def prepare_bfcl(
     multi_turn_questions = [q for c in _categories(multi_turn, "multi_turn", MULTI_TURN_CATEGORIES, empty=True) for q in load_multi_turn(c, limit)]
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
     _check_options(splits, max_prompt_tokens, limit, sft_val_size)
-    check_counts(0, parallel_pairs=parallel_pairs, swapped_irrelevance=swapped_irrelevance)
+    check_counts(0, parallel_pairs=parallel_pairs, swapped_irrelevance=swapped_irrelevance, dev_swapped=dev_swapped)
     if no_call_share is not None and not 0 < no_call_share <= 1:
         raise InputError(f"no_call_share={no_call_share}: give the largest share of training rows whose answer is no call, in (0, 1]")
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
@@ -203,11 +208,14 @@ def prepare_bfcl(
         questions["train"] = _cap_no_call(questions["train"], no_call_share, seed, report)
     cap = max_prompt_tokens and (max_prompt_tokens, tokenizer)
     pairs = _parallel_pairs(questions["train"], written, held, parallel_pairs, seed, cap)
-    swapped = _swapped(questions["train"], written, held, swapped_irrelevance, seed, cap)
+    with_calls = [q for q in questions["train"] if q.id in written and not bfcl.is_no_call_category(q.category)]
+    swapped = [(q, transcript(q)) for q in _swapped([q for q in with_calls if q.id not in held], swapped_irrelevance, seed, cap)]
+    dev_rows = _swapped([q for q in with_calls if q.id in held], dev_swapped, seed, cap)
     for added in (pairs, swapped):
         questions["train"] += [q for q, _ in added]
         written |= {q.id: conversation for q, conversation in added}
     report.pairs, report.swapped = (len(pairs), parallel_pairs), (len(swapped), swapped_irrelevance)
+    report.dev_swapped = (len(dev_rows), dev_swapped)
     rows = {split: [_row(q, split, i, written if split == "train" else {}, held) for i, q in enumerate(items)]
             for split, items in questions.items()}
     sft = [({"messages": written[q.id], "extra_info": row["extra_info"]}, q.id in held)
@@ -217,6 +225,8 @@ def prepare_bfcl(
     paths = [write_rows(rows[split], out_dir / f"{split}.parquet") for split in ("train", "test")]
     paths.append(write_rows([row for row, h in sft if not h], out_dir / "sft.parquet"))
     paths.append(write_rows([row for row, h in sft if h], out_dir / "sft_val.parquet"))
+    if dev_swapped:
+        paths.append(write_rows([_row(q, "dev", i, {}, held) for i, q in enumerate(dev_rows)], out_dir / "dev_swapped.parquet"))
     if multi_turn_questions:
         paths.append(write_rows([multi_turn_row(q, i) for i, q in enumerate(multi_turn_questions)], out_dir / "test_multi_turn.parquet"))
     report.multi_turn = Counter(q["category"] for q in multi_turn_questions)
@@ -338,32 +348,30 @@ def _subject_words(functions: list[dict[str, Any]]) -> set[str]:
     return words - _COMMON_WORDS
 
 
-def _swapped(questions: list[Question], written: dict[str, Any], held: set[str], count: int, seed: int,
-             cap: tuple[int, str] | None) -> list[tuple[Question, list[dict[str, str]]]]:
-    """Up to ``count`` irrelevance rows of category :data:`SWAPPED_CATEGORY` (module docstring): a taught question
-    of :data:`SWAPPED_FROM` with the functions of another taught question (a seeded draw) that share no subject
-    word (:func:`_subject_words`) with its own functions or the longer words of its question. ``cap``: (max prompt tokens, tokenizer), over which a row is left out. Returns
-    each with its SFT transcript."""
+def _swapped(pool: list[Question], count: int, seed: int, cap: tuple[int, str] | None) -> list[Question]:
+    """Up to ``count`` irrelevance rows of category :data:`SWAPPED_CATEGORY` (module docstring) from ``pool`` (questions
+    with calls): a question of :data:`SWAPPED_FROM` asked with the functions of another question of ``pool`` (a seeded
+    draw) that share no subject word (:func:`_subject_words`) with its own functions or the longer words of its
+    question. ``cap``: (max prompt tokens, tokenizer), over which a row is left out."""
     if count == 0:
         return []
-    taught = [q for q in questions if q.id in written and q.id not in held and not bfcl.is_no_call_category(q.category)]
-    asked = [q for q in taught if q.category in SWAPPED_FROM and [m["role"] for m in q.messages] == ["user"]]
+    asked = [q for q in pool if q.category in SWAPPED_FROM and [m["role"] for m in q.messages] == ["user"]]
     rng = random.Random(seed)
     rng.shuffle(asked)
     tokenizer = load_tokenizer(cap[1]) if cap else None
-    swapped: list[tuple[Question, list[dict[str, str]]]] = []
+    swapped: list[Question] = []
     for question in asked:
         if len(swapped) == count:
             break
         own = _subject_words(question.functions) | {w.lower() for w in re.findall(r"[A-Za-z]{5,}", question.messages[0]["content"])}
-        donors = [d for d in taught if d.id != question.id and not own & _subject_words(d.functions)]
+        donors = [d for d in pool if d.id != question.id and not own & _subject_words(d.functions)]
         if not donors:
             continue
         donor = rng.choice(donors)
         row = Question(f"swap_{question.id}+{donor.id}", SWAPPED_CATEGORY, question.messages, donor.functions, [])
         if cap and _prompt_length(row, tokenizer) > cap[0]:
             continue
-        swapped.append((row, transcript(row)))
+        swapped.append(row)
     return swapped
 
 
@@ -394,6 +402,7 @@ class Report:
     no_call_share: float | None = None
     pairs: tuple[int, int] = (0, 0)  # parallel_pairs: written, asked for
     swapped: tuple[int, int] = (0, 0)  # swapped_irrelevance: written, asked for
+    dev_swapped: tuple[int, int] = (0, 0)  # dev_swapped: written, asked for
 
     def text(self) -> str:
         lines = []
@@ -406,6 +415,9 @@ class Report:
         if self.swapped[1]:
             lines.append(f"{SWAPPED_CATEGORY} rows (swapped_irrelevance={self.swapped[1]}): {self.swapped[0]}, a taught "
                          f"{' or '.join(SWAPPED_FROM)} question asked with another's functions, in train and SFT")
+        if self.dev_swapped[1]:
+            lines.append(f"dev_swapped.parquet (dev_swapped={self.dev_swapped[1]}): {self.dev_swapped[0]} {SWAPPED_CATEGORY} rows, an SFT "
+                         "validation question asked with another's functions, for evaluation only")
         if self.no_call_share is not None:
             lines.append(f"dropped from train for no_call_share={self.no_call_share}: {sum(self.cut.values())} "
                          f"({', '.join(f'{c} {n}' for c, n in self.cut.items()) or 'none'})")
