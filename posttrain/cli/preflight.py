@@ -280,9 +280,10 @@ def check_paths(config: PosttrainConfig) -> list[Problem]:
         if problem:
             problems.append(Problem(key, path, problem))
     problems += share_prompt_problems(config, [path for key, path in models if key != "reward_model.model_path"])
-    # with data.builtin, a bare file name in data.val_files names one of the built-in dataset's splits (found when it is written)
-    val_files = [f for f in config.data.val_files if not (config.data.builtin and not config.data.train_files and Path(f).name == f)]
-    problems += file_problems("data.train_files", config.data.train_files) + file_problems("data.val_files", val_files)
+    # with data.builtin, a bare file name in data.val_files / data.dev_files names one of the built-in dataset's splits (found when it is written)
+    problems += file_problems("data.train_files", config.data.train_files)
+    for key in ("data.val_files", "data.dev_files"):
+        problems += file_problems(key, [f for f in get(config, key) if not (config.data.builtin and not config.data.train_files and Path(f).name == f)])
     if config.custom_reward_function.path:
         problems += file_problems("custom_reward_function.path", [config.custom_reward_function.path])
     problems += rubric_problems(config)

@@ -51,6 +51,9 @@ class DataConfig:
     # rows of the training files held back (a draw seeded by data.seed) as the validation set, in place of
     # val_files: settings are chosen on them, never on the held-out rows; `posttrain eval` evaluates them too
     dev_size: int = 0
+    # files validated on beside the dev_size rows (a bare name: another split of the built-in dataset, e.g. BFCL's
+    # dev_swapped.parquet); development rows of a kind the training files lack
+    dev_files: list[str] = field(default_factory=list)
 
 
 @dataclass

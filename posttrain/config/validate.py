@@ -63,6 +63,9 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Pro
         problems += MODE_RULES.get(config.trainer.mode, _no_rules)(config)  # an unknown mode is _check_choices' problem
     problems += check_loss_scale_factor(config) + check_call_timeout(config) + check_overlong_buffer(config) + check_reward_norm(config)
     problems += check_dynamic_sampling(config)
+    if config.data.dev_files and config.data.dev_size == 0:
+        problems.append(Problem("data.dev_files", list(config.data.dev_files), "are validated on beside data.dev_size's development rows: set "
+                                "data.dev_size, or give the files as data.val_files"))
     if command == "train":
         problems += check_sampler(config)
     problems += check_breakers(config) + check_retriever_token_env(config)

@@ -54,13 +54,21 @@ def resolve_files(data: DataConfig, training: bool = True) -> tuple[list[str], l
     options = dict(data.builtin_options)
     tag = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode() + _dataset_sources(data.builtin, options)).hexdigest()[:10]
     directory = build_atomically(cache_root() / "data" / f"{data.builtin}-{tag}", lambda tmp: _prepare(data.builtin, tmp, options))
-    # a bare file name in data.val_files names another split of the built-in dataset (test_longer.parquet)
-    val_files = [f if Path(f).exists() or Path(f).name != f else str(directory / f) for f in data.val_files]
-    missing = [f for f in val_files if not Path(f).is_file()]
+    return [str(directory / "train.parquet")], split_files(data, "val_files", directory) or [str(directory / "test.parquet")]
+
+
+def split_files(data: DataConfig, key: str, directory: Path | None) -> list[str]:
+    """``data.<key>``'s files; with a built-in dataset written in ``directory``, a bare file name names another of
+    its splits (test_longer.parquet). InputError for one that is neither."""
+    files = list(getattr(data, key))
+    if directory is None:
+        return files
+    files = [f if Path(f).exists() or Path(f).name != f else str(directory / f) for f in files]
+    missing = [f for f in files if not Path(f).is_file()]
     if missing:
         splits = sorted(path.name for path in directory.glob("*.parquet"))
-        raise InputError(f"data.val_files {missing}: no such file, nor a split of the built-in dataset {data.builtin!r} ({', '.join(splits)})")
-    return [str(directory / "train.parquet")], val_files or [str(directory / "test.parquet")]
+        raise InputError(f"data.{key} {missing}: no such file, nor a split of the built-in dataset {data.builtin!r} ({', '.join(splits)})")
+    return files
 
 
 def _dataset_sources(name: str, options: dict[str, Any]) -> bytes:
@@ -82,7 +90,8 @@ def build_run_data(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, A
     """Training and validation prompts; ``tools``: the schemas a tool-calling agent is told about in each
     prompt, in ``tool_format`` (``env.tool_format``). ``training`` False (an evaluation): the validation prompts only, and none of the training
     batch's rules (``data.train_batch_size`` against the training set's size) apply. With ``data.dev_size``
-    the validation prompts are that many rows held back from the training files (``data.val_files`` unread)."""
+    the validation prompts are that many rows held back from the training files (``data.val_files`` unread), and the
+    rows of ``data.dev_files`` beside them."""
     train_set, val_set, data_dir = _datasets(data, tokenizer, tools, training, tool_format)
     if not training:
         return RunData(None, *_validation(data, val_set, tokenizer), data_dir)
@@ -102,6 +111,10 @@ def _datasets(data: DataConfig, tokenizer: Any, tools: Sequence[dict[str, Any]] 
     if held_back:
         train_set, val_set = split_dev(RLDataset(train_files, tokenizer, **common), data.dev_size, data.seed)
         logger.info("validation on %d development rows held back from %s (data.dev_size; data.val_files unread)", len(val_set), train_files)
+        if data.dev_files:
+            extra = RLDataset(split_files(data, "dev_files", Path(train_files[0]).parent if data.builtin and not data.train_files else None), tokenizer, **common)
+            val_set = val_set.with_samples([*val_set.samples, *extra.samples])
+            logger.info("and on the %d rows of data.dev_files %s", len(extra), list(data.dev_files))
     else:
         train_set = RLDataset(train_files, tokenizer, **common) if training else None
         val_set = RLDataset(val_files, tokenizer, **common) if val_files else None

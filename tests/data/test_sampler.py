@@ -267,6 +267,37 @@ def test_development_rows_are_held_back_from_training_and_are_what_validation_an
         build_run_data(config, tokenizer)
 
 
+def test_dev_files_are_validated_on_beside_the_development_rows_and_never_trained_on(tmp_path, tokenizer):
+    """``data.dev_files``: rows of a kind the training files lack (BFCL's dev_swapped.parquet), validated on after
+    the data.dev_size rows, training unchanged; a bare name is a split of the built-in dataset; without
+    data.dev_size the config check refuses them."""
+    from posttrain.config.validate import validate_config
+    from posttrain.trainer.data_setup import build_run_data, split_files
+
+    train = write_parquet(tmp_path / "train.parquet", [verl_row(i, f"question {i}") for i in range(20)])
+    extra = write_parquet(tmp_path / "dev_extra.parquet", [verl_row(100 + i, f"extra {i}", split="dev") for i in range(3)])
+    config = PosttrainConfig().data
+    config.train_files, config.train_batch_size, config.dev_size = [str(train)], 4, 6
+    plain = build_run_data(config, tokenizer)
+    config.dev_files = [str(extra)]
+    run = build_run_data(config, tokenizer)
+    indices = [sample.extra_info["index"] for sample in run.val_dataset]
+    assert indices == [sample.extra_info["index"] for sample in plain.val_dataset] + [100, 101, 102]
+    assert [s.extra_info["index"] for s in run.train.dataset] == [s.extra_info["index"] for s in plain.train.dataset]
+    assert [sample.extra_info["index"] for sample in build_run_data(config, tokenizer, training=False).val_dataset] == indices
+    config.builtin = "bfcl"
+    config.dev_files = ["dev_extra.parquet"]
+    assert split_files(config, "dev_files", tmp_path) == [str(tmp_path / "dev_extra.parquet")]
+    config.dev_files = ["nowhere.parquet"]
+    with pytest.raises(InputError, match=r"data.dev_files \['.*nowhere.parquet'\]: no such file, nor a split of the built-in dataset 'bfcl' \(dev_extra.parquet, train.parquet\)"):
+        split_files(config, "dev_files", tmp_path)
+    whole = PosttrainConfig()
+    whole.data.dev_files = ["dev_swapped.parquet"]
+    assert any(p.key == "data.dev_files" and "set data.dev_size" in p.message for p in validate_config(whole))
+    whole.data.dev_size = 4
+    assert not any(p.key == "data.dev_files" for p in validate_config(whole))
+
+
 def test_development_rows_are_never_rows_an_sft_warm_up_learnt(tmp_path, tokenizer):
     """Rows marked ``extra_info.in_sft`` (a preparer's SFT items) stay in training whatever the draw, so
     the development rows measure questions the policy was not taught; too few others is refused."""
