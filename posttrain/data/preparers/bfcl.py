@@ -207,15 +207,10 @@ def prepare_bfcl(
     if no_call_share is not None:
         questions["train"] = _cap_no_call(questions["train"], no_call_share, seed, report)
     cap = max_prompt_tokens and (max_prompt_tokens, tokenizer)
-    pairs = _parallel_pairs(questions["train"], written, held, parallel_pairs, seed, cap)
-    with_calls = [q for q in questions["train"] if q.id in written and not bfcl.is_no_call_category(q.category)]
-    swapped = [(q, transcript(q)) for q in _swapped([q for q in with_calls if q.id not in held], swapped_irrelevance, seed, cap)]
-    dev_rows = _swapped([q for q in with_calls if q.id in held], dev_swapped, seed, cap)
-    for added in (pairs, swapped):
-        questions["train"] += [q for q, _ in added]
-        written |= {q.id: conversation for q, conversation in added}
-    report.pairs, report.swapped = (len(pairs), parallel_pairs), (len(swapped), swapped_irrelevance)
-    report.dev_swapped = (len(dev_rows), dev_swapped)
+    added, dev_rows = _added(questions["train"], written, held, seed, cap, report,
+                             parallel_pairs=parallel_pairs, swapped_irrelevance=swapped_irrelevance, dev_swapped=dev_swapped)
+    questions["train"] += [q for q, _ in added]
+    written |= {q.id: conversation for q, conversation in added}
     rows = {split: [_row(q, split, i, written if split == "train" else {}, held) for i, q in enumerate(items)]
             for split, items in questions.items()}
     sft = [({"messages": written[q.id], "extra_info": row["extra_info"]}, q.id in held)
@@ -233,6 +228,19 @@ def prepare_bfcl(
     (out_dir / "README.md").write_text(_readme(report.text()), encoding="utf-8")
     print(report.text())
     return paths
+
+
+def _added(train: list[Question], written: dict[str, Any], held: set[str], seed: int, cap: tuple[int, str] | None, report: Report, *,
+           parallel_pairs: int, swapped_irrelevance: int, dev_swapped: int) -> tuple[list[tuple[Question, Any]], list[Question]]:
+    """The rows the options make (module docstring), counted in ``report``: (training rows with their SFT transcripts,
+    from ``parallel_pairs`` and ``swapped_irrelevance``; ``dev_swapped``'s rows, for dev_swapped.parquet)."""
+    pairs = _parallel_pairs(train, written, held, parallel_pairs, seed, cap)
+    with_calls = [q for q in train if q.id in written and not bfcl.is_no_call_category(q.category)]
+    swapped = [(q, transcript(q)) for q in _swapped([q for q in with_calls if q.id not in held], swapped_irrelevance, seed, cap)]
+    dev_rows = _swapped([q for q in with_calls if q.id in held], dev_swapped, seed, cap)
+    report.pairs, report.swapped = (len(pairs), parallel_pairs), (len(swapped), swapped_irrelevance)
+    report.dev_swapped = (len(dev_rows), dev_swapped)
+    return pairs + swapped, dev_rows
 
 
 def load_multi_turn(category: str, limit: int | None = None) -> list[dict[str, Any]]:
