@@ -43,7 +43,8 @@ questions; prompts over ``max_prompt_tokens`` are left out. The development cand
 are unchanged by both. ``dev_swapped=N`` writes ``dev_swapped.parquet``: up to N rows made the same way from
 the questions SFT holds back for validation (``sft_val_size``), each asked with another of those questions'
 functions, so that neither the question nor the functions were taught. They are in no training file: evaluate on
-them with ``data.val_files=[dev_swapped.parquet]``. They test whether the call decision reads the functions, as
+them with ``data.val_files=[dev_swapped.parquet]``, or validate an RL run on them beside its development rows
+with ``data.dev_files=[dev_swapped.parquet]``. They test whether the call decision reads the functions, as
 BFCL's held-out ``irrelevance`` rows do (a question asked with an unrelated function), on the training split.
 
 SFT transcripts (``sft.parquet``, ``sft_val.parquet``: the names ``posttrain sft`` looks for beside the
