@@ -21,6 +21,10 @@ step until the caches are full (the main job: +10-16 MB a step, 0.43 -> 0.86 GB 
 forward and backward (5 weight shapes x 3 products for a llama-like layer, repeated across layers), unless
 the environment already sets them. Both are read at their first use, so this works as long as it comes
 before the process's first bfloat16 matmul. float32 matmuls go through MKL and keep nothing.
+
+What is left is the small blocks the heaps keep free for reuse (``heap_free_gb``, about 1 GB after 16
+TextArena steps): not a leak, as the next step's peak does not add to it, but a step-end RSS that climbs.
+Each worker hands it back at the step's end, when its memory is read (:func:`give_back_free_heap`).
 """
 
 from __future__ import annotations
@@ -72,9 +76,22 @@ def heap_gb() -> tuple[float, float] | None:
     return info.uordblks / 1e9, info.fordblks / 1e9
 
 
-def process_memory_gb() -> dict[str, float]:
+def give_back_free_heap() -> bool:
+    """Hand what glibc's heaps keep free back to the system (``malloc_trim(0)``): freed small blocks that
+    the next step would reuse, but that otherwise climb in the RSS step after step under shapes that vary
+    (docs/performance.md#memory-over-a-long-run). Returns whether any memory went back; False off glibc."""
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return False
+    return bool(libc.malloc_trim(0))
+
+
+def process_memory_gb(give_back: bool = False) -> dict[str, float]:
     """This process's memory, in GB, by metric name: ``rss_gb``, ``peak_rss_gb`` and, on glibc,
-    ``heap_used_gb`` and ``heap_free_gb`` (:func:`heap_gb`)."""
+    ``heap_used_gb`` and ``heap_free_gb`` (:func:`heap_gb`). ``give_back``: first hand the heaps' free
+    memory back (:func:`give_back_free_heap`), as a worker does at each step's end."""
+    if give_back:
+        give_back_free_heap()
     found = {"rss_gb": resident_gb(), "peak_rss_gb": peak_resident_gb()}
     heap = heap_gb()
     if heap is not None:

@@ -63,8 +63,9 @@ class Worker:
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def process_memory_gb(self) -> dict[str, float]:
         """This rank's process's memory in GB (``controller/memory.py: process_memory_gb``: its RSS, the
-        high-water mark so far, glibc's heap in use and free): colocated roles share the numbers."""
-        return process_memory_gb()
+        high-water mark so far, glibc's heap in use and free), read once a step at its end, after the heap's
+        free memory is handed back to the system: colocated roles share the numbers."""
+        return process_memory_gb(give_back=True)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def node_id(self) -> str:

@@ -119,6 +119,36 @@ def test_the_heap_metrics_tell_memory_in_use_from_memory_kept_free():
     assert free2 - free1 == pytest.approx(64 * 4 * 2**20 / 1e9, rel=0.05)  # ... and kept by the heap
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_step_end_reading_hands_the_heap_s_free_memory_back_to_the_system():
+    """256 MiB of small (64 KiB) blocks, freed but for every 64th: the heap keeps them free (the rss holds
+    them); the reading a worker takes at a step's end gives their pages back, and the RSS drops by as much.
+    glibc still counts them as the heap's free space (``heap_free_gb``): free, but no longer resident."""
+    code = textwrap.dedent("""
+        import ctypes
+        from posttrain.controller.memory import process_memory_gb
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+        libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        blocks = [libc.malloc(64 << 10) for _ in range(4096)]
+        for block in blocks:
+            libc.memset(block, 1, 64 << 10)  # touched: resident
+        for i, block in enumerate(blocks):
+            if i % 64:
+                libc.free(block)  # every 64th kept: the heap cannot shrink from its top alone
+        kept = process_memory_gb()
+        given = process_memory_gb(give_back=True)
+        print(*(m[k] for m in (kept, given) for k in ("rss_gb", "heap_free_gb")))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rss_kept, free_kept, rss_given, free_given = map(float, done.stdout.split())
+    freed = 4032 * 64 * 2**10 / 1e9  # 0.264 GB
+    assert free_kept >= 0.9 * freed  # kept by the heap, resident
+    assert rss_kept - rss_given >= 0.8 * freed  # handed back: out of the RSS
+    assert free_given == pytest.approx(free_kept, rel=0.05)  # still the heap's free space, its pages no longer resident
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="getrusage's units differ elsewhere")
 def test_the_peak_keeps_a_step_s_high_water_mark_after_the_memory_is_given_back():
     import subprocess
