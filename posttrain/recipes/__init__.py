@@ -34,7 +34,9 @@ again; a stage whose command or earlier stages changed starts over (its old dire
 to every stage that takes a config, and ``STAGE:key=value`` to that stage only. ``--use STAGE=PATH`` takes an output made elsewhere (an
 exported model, a run directory, a dataset) in place of running that stage, e.g. a patient trained
 before: later stages read PATH (their fingerprints hold it and its modification time), and earlier
-stages that only the given ones need are not run either.
+stages that only the given ones need are not run either. An eval stage is given as a finished
+evaluation's directory, and taken only if it ran the very command this recipe would (e.g. the base
+model's evaluation from an earlier run: ``--use base_eval=runs/old/base_eval``).
 The recipe ends with a table — each row's accuracy with its
 95 % Wilson interval, and the paired bootstrap interval of the compared rows' difference — and, for
 rows whose data source can say what kind of mistake each answer is (``MISTAKES`` in
@@ -202,18 +204,31 @@ def stage_references(stage: Stage) -> set[str]:
 
 
 def check_given(recipe: Recipe, given: dict[str, Path]) -> None:
-    """``--use STAGE=PATH``: the stage exists, has an output (not eval) and PATH exists."""
+    """``--use STAGE=PATH``: the stage exists and PATH exists; for an eval stage, PATH is a finished
+    evaluation (its ``DONE`` and episodes; :func:`check_same_evaluation` checks its command when the recipe runs)."""
     commands = {stage.name: stage.command for stage in recipe.stages}
     problems = []
     for name, path in given.items():
         if name not in commands:
             problems.append(f"--use {name}=...: the recipe {recipe.name} has no stage {name!r} ({', '.join(commands)})")
-        elif commands[name] == "eval":
-            problems.append(f"--use {name}=...: {name!r} is an eval stage, which has no output to take")
+        elif commands[name] == "eval" and not ((path / DONE).is_file() and (path / EPISODES).is_file()):
+            problems.append(f"--use {name}={path}: an eval stage is given as the directory of a finished evaluation "
+                            f"(an earlier recipe run's {name}/, with its {DONE} and {EPISODES}); {path} has not both")
         elif not path.exists():
             problems.append(f"--use {name}={path}: no such file or directory")
     if problems:
         raise RecipeError("; ".join(problems))
+
+
+def check_same_evaluation(stage: Stage, directory: Path, dirs: dict[str, Path], overrides: list[str]) -> None:
+    """A given eval stage is reused only if it ran the command this recipe would run in its directory: the
+    same preset, overrides and inputs (a model or run given by the same path), so its table row is the one
+    the recipe would measure (e.g. a base model's evaluation, whose inputs no other stage changes)."""
+    expected = shlex.join(["posttrain", *stage_argv(stage, directory, dirs, overrides)[3:]])
+    ran = json.loads((directory / DONE).read_text()).get("command")
+    if ran != expected:
+        raise RecipeError(f"--use {stage.name}={directory}: that evaluation ran another command, so its row would not be this "
+                          f"recipe's. It ran:\n  {ran}\nThis recipe would run:\n  {expected}\nLeave --use {stage.name}= out to run it here.")
 
 
 def parse_given(items: list[str]) -> dict[str, Path]:
@@ -307,6 +322,8 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
     upstream = ""  # what the stages before produced: a change there runs every later stage again
     for number, stage in enumerate(recipe.stages, start=1):
         directory = dirs[stage.name]
+        if stage.name in given and stage.command == "eval":
+            check_same_evaluation(stage, directory, dirs, recipe.overrides + common)
         if stage.name in given or stage.name in unneeded:
             what = f"given, not run ({directory})" if stage.name in given else "not run: only given stages read it"
             stamp = given_stamp(directory) if stage.name in given else what

@@ -82,7 +82,8 @@ def test_a_given_stage_is_checked_and_the_stages_only_it_reads_are_not_run(tmp_p
     assert unneeded_stages(doctor, parse_given([f"rl={patient}"])) == set()
     with pytest.raises(RecipeError) as info:
         check_given(doctor, parse_given(["sft_eval=" + str(patient), "nurse=" + str(patient), "sft=" + str(tmp_path / "missing")]))
-    for fragment in ("'sft_eval' is an eval stage", "has no stage 'nurse'", "missing: no such file or directory"):
+    for fragment in (f"--use sft_eval={patient}: an eval stage is given as the directory of a finished evaluation", "has no stage 'nurse'",
+                     "missing: no such file or directory"):
         assert fragment in str(info.value), fragment
     with pytest.raises(RecipeError, match="write STAGE=PATH"):
         parse_given(["patient"])
