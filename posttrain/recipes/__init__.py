@@ -439,9 +439,17 @@ def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float
     lines += ["| stage | wall time |", "|---|---|"]
     lines += [f"| {name} | {value / 60:.1f} min |" for name, value in seconds.items()]
     lines.append(f"| all | {sum(seconds.values()) / 60:.1f} min |")
-    lines += [f"| {name} | given: {path} |" for name, path in (given or {}).items()]
+    lines += [f"| {name} | given: {path}{given_took(path)} |" for name, path in (given or {}).items()]
     sources = {row.get("data_source") for row in first_rows.values()} if recipe.rows else set()
     return "\n".join(lines + made_by(dirs) + mistakes(recipe, dirs, sources))
+
+
+def given_took(path: Path) -> str:
+    """How long a given stage's directory took when a recipe ran it (its ``DONE``: the last run only, where a
+    train stage resumed), as " (ran in N min)"; empty for outputs no recipe stage wrote."""
+    done = path / DONE
+    seconds = json.loads(done.read_text()).get("seconds") if done.is_file() else None
+    return f" (ran in {seconds / 60:.1f} min)" if seconds is not None else ""
 
 
 def mistakes(recipe: Recipe, dirs: dict[str, Path], sources: set) -> list[str]:

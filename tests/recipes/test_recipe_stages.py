@@ -122,7 +122,7 @@ def test_a_given_evaluation_is_reused_only_if_it_ran_the_command_this_recipe_wou
     assert run_recipe("search", [], new, [f"base_eval={old / 'base_eval'}"]) == 0
     assert list(stand_in()) == ["sft", "sft_eval", "rl", "rl_eval"] and not (new / "base_eval").exists()
     report = (new / "report.md").read_text()
-    assert "| base | 0.000 [0.000, 0.278] (n=10) |" in report and f"| base_eval | given: {old / 'base_eval'} |" in report
+    assert "| base | 0.000 [0.000, 0.278] (n=10) |" in report and f"| base_eval | given: {old / 'base_eval'} (ran in " in report
     with pytest.raises(RecipeError) as info:
         run_recipe("search", ["trainer.seed=3"], tmp_path / "other", [f"base_eval={old / 'base_eval'}"])
     assert "that evaluation ran another command" in str(info.value) and "trainer.seed=3" in str(info.value)

@@ -160,8 +160,8 @@ def test_bfcl_rl_trains_on_the_rows_bfcl_sft_prepared_and_its_development_rows_a
     """bfcl_grpo's dataset options must be bfcl_sft's: the SFT-validation questions (extra_info.in_sft false,
     what data.dev_size holds back) are drawn from those options, so other ones would validate RL on questions
     the warm-up learnt. Every data.dev_size in the two BFCL recipes is the 128 held back plus the 2 no call
-    satisfies, and the sampler's shares name training categories."""
-    from posttrain.data.preparers.bfcl import TRAIN_CATEGORIES
+    satisfies, and the sampler's shares name training categories (or the swapped rows a stage adds)."""
+    from posttrain.data.preparers.bfcl import SWAPPED_CATEGORY, TRAIN_CATEGORIES
 
     sft, rl, multi_turn = (load_config([preset_path(name)], checks=None).data for name in ("bfcl_sft", "bfcl_grpo", "bfcl_multi_turn"))
     assert dict(rl.builtin_options) == dict(sft.builtin_options) == dict(multi_turn.builtin_options) and rl.builtin == sft.builtin == "bfcl"
@@ -171,21 +171,31 @@ def test_bfcl_rl_trains_on_the_rows_bfcl_sft_prepared_and_its_development_rows_a
     assert rl.sampler.stratify_by == "extra_info.category" and set(rl.sampler.shares) <= set(TRAIN_CATEGORIES.split(","))
     stages = {f"{name}/{stage.name}": load_config([preset_path(stage.preset)], list(stage.overrides), checks=None).data
               for name in ("bfcl", "bfcl_tune") for stage in load_recipe(name).stages if stage.command in ("train", "eval")}
-    assert all(set(data.sampler.shares) <= set(TRAIN_CATEGORIES.split(",")) for data in stages.values())
+    assert all(set(data.sampler.shares) <= {*TRAIN_CATEGORIES.split(","), SWAPPED_CATEGORY} for data in stages.values())
     sizes = {stage: data.dev_size for stage, data in stages.items()}
     assert sizes["bfcl/rl"] == sft.builtin_options["sft_val_size"] + 2 and sizes["bfcl/rl_eval"] == 0  # held-out rows there
     assert {size for stage, size in sizes.items() if stage.startswith("bfcl_tune/")} == {sizes["bfcl/rl"]}
 
 
 
-def test_the_bfcl_recipe_trains_the_configuration_bfcl_tune_chose():
+def test_the_bfcl_recipe_trains_the_configuration_bfcl_tune_chose_with_its_no_call_share_split():
     """The bfcl recipe's rl stage is bfcl_tune's kl_no_call35 stage (the best on the development rows) in
-    every key that stage tuned: the estimator, the KL loss, the learning rate and the sampler's shares."""
+    the estimator, the KL loss and the learning rate; its no-call share is kl_no_call35's 0.35, split between
+    live_irrelevance and the swapped rows its SFT stage also teaches (which the rl stage's data must hold),
+    and the multi-turn recipe trains its policy with the very same sft and rl stages."""
     def tuned(recipe: str, name: str):
         stage = next(s for s in load_recipe(recipe).stages if s.name == name)
         config = load_config([preset_path(stage.preset)], list(stage.overrides), checks=None)
         actor = config.actor_rollout_ref.actor
-        return (config.algorithm.adv_estimator, actor.use_kl_loss, actor.kl_loss_coef, actor.optim.lr,
-                dict(config.data.sampler.shares))
+        return (config.algorithm.adv_estimator, actor.use_kl_loss, actor.kl_loss_coef, actor.optim.lr), config.data
 
-    assert tuned("bfcl", "rl") == tuned("bfcl_tune", "kl_no_call35") != tuned("bfcl_tune", "grpo")
+    (settings, data), (chosen, chosen_data) = tuned("bfcl", "rl"), tuned("bfcl_tune", "kl_no_call35")
+    assert settings == chosen != tuned("bfcl_tune", "grpo")[0]
+    assert sum(data.sampler.shares.values()) == pytest.approx(sum(chosen_data.sampler.shares.values())) == pytest.approx(0.35)
+    assert set(data.sampler.shares) == {"live_irrelevance", "swapped_irrelevance"}
+    sft_data = tuned("bfcl", "sft")[1]
+    assert data.builtin_options["swapped_irrelevance"] == sft_data.builtin_options["swapped_irrelevance"] > 0
+    assert "dev_swapped.parquet" in data.dev_files and data.builtin_options["dev_swapped"] > 0
+    stages = [{s.name: s for s in load_recipe(name).stages} for name in ("bfcl", "bfcl_multi_turn")]
+    assert all(stages[0][name].overrides == stages[1][name].overrides and stages[0][name].preset == stages[1][name].preset
+               for name in ("sft", "rl"))
