@@ -245,8 +245,10 @@ def parse_given(items: list[str]) -> dict[str, Path]:
 
 def given_stamp(path: Path) -> str:
     """What a given output's fingerprint holds: its path and the latest change to it or to anything
-    directly in it, so that a model exported again to the same path runs the later stages again."""
-    times = [path.stat().st_mtime_ns, *(entry.stat().st_mtime_ns for entry in path.iterdir())] if path.is_dir() else [path.stat().st_mtime_ns]
+    directly in it, so that a model exported again to the same path runs the later stages again. A link is
+    read as itself: a run directory's ``ray_logs`` points at a session that is gone once Ray stops."""
+    entries = path.iterdir() if path.is_dir() else []
+    times = [path.stat().st_mtime_ns, *(entry.lstat().st_mtime_ns for entry in entries)]
     return f"{path} @ {max(times)}"
 
 
