@@ -378,6 +378,7 @@ def write_report(recipe: Recipe, root: Path, dirs: dict[str, Path], seconds: dic
                          compare=[pair for pair in recipe.compare if set(pair) <= set(seconds)])
     report = recipe_table(recipe, dirs, seconds, given)
     console.print(report, soft_wrap=True, markup=False)
+    root.mkdir(parents=True, exist_ok=True)  # every stage given: no stage made it
     (root / "report.md").write_text(f"# Recipe {recipe.name}\n\n{recipe.description}\n\n{report}\n", encoding="utf-8")
     console.print(f"report: {escape(str(root / 'report.md'))}", soft_wrap=True)
 
