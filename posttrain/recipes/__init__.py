@@ -441,7 +441,8 @@ def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float
         lines.append("")
     lines += ["| stage | wall time |", "|---|---|"]
     lines += [f"| {name} | {value / 60:.1f} min |" for name, value in seconds.items()]
-    lines.append(f"| all | {sum(seconds.values()) / 60:.1f} min |")
+    if seconds:
+        lines.append(f"| all | {sum(seconds.values()) / 60:.1f} min |")
     lines += [f"| {name} | given: {path}{given_took(path)} |" for name, path in (given or {}).items()]
     sources = {row.get("data_source") for row in first_rows.values()} if recipe.rows else set()
     return "\n".join(lines + made_by(dirs) + mistakes(recipe, dirs, sources))
