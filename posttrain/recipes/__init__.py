@@ -226,9 +226,23 @@ def check_same_evaluation(stage: Stage, directory: Path, dirs: dict[str, Path], 
     the recipe would measure (e.g. a base model's evaluation, whose inputs no other stage changes)."""
     expected = shlex.join(["posttrain", *stage_argv(stage, directory, dirs, overrides)[3:]])
     ran = json.loads((directory / DONE).read_text()).get("command")
-    if ran != expected:
+    if absolute_paths(ran) != absolute_paths(expected):
         raise RecipeError(f"--use {stage.name}={directory}: that evaluation ran another command, so its row would not be this "
                           f"recipe's. It ran:\n  {ran}\nThis recipe would run:\n  {expected}\nLeave --use {stage.name}= out to run it here.")
+
+
+def absolute_paths(command: str | None) -> list[str] | None:
+    """A stage's command with each relative path that exists here made absolute (``--dir runs/x`` and
+    ``--use ...=/abs/runs/x/...`` name the same directories), to compare two commands."""
+    if command is None:
+        return None
+    words = []
+    for word in shlex.split(command):
+        key, sep, value = word.rpartition("=") if "=" in word else ("", "", word)
+        if "/" in value and not value.startswith("/") and Path(value).exists():
+            value = str(Path(value).resolve())
+        words.append(f"{key}{sep}{value}")
+    return words
 
 
 def parse_given(items: list[str]) -> dict[str, Path]:
@@ -322,10 +336,11 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
     again = shlex.join(["posttrain", "recipe", *sys.argv[2:]]) if sys.argv[1:2] == ["recipe"] else f"posttrain recipe {name}"
     console.print(f"[bold]posttrain recipe {recipe.name}[/]: {len(recipe.stages)} stages → {escape(str(root))}", soft_wrap=True)
     upstream = ""  # what the stages before produced: a change there runs every later stage again
+    for stage in recipe.stages:  # before any stage runs
+        if stage.name in given and stage.command == "eval":
+            check_same_evaluation(stage, dirs[stage.name], dirs, recipe.overrides + common)
     for number, stage in enumerate(recipe.stages, start=1):
         directory = dirs[stage.name]
-        if stage.name in given and stage.command == "eval":
-            check_same_evaluation(stage, directory, dirs, recipe.overrides + common)
         if stage.name in given or stage.name in unneeded:
             what = f"given, not run ({directory})" if stage.name in given else "not run: only given stages read it"
             stamp = given_stamp(directory) if stage.name in given else what
@@ -374,8 +389,9 @@ def write_report(recipe: Recipe, root: Path, dirs: dict[str, Path], seconds: dic
     from rich.markup import escape
 
     if report_only:
-        recipe = replace(recipe, rows={label: stage for label, stage in recipe.rows.items() if stage in seconds},
-                         compare=[pair for pair in recipe.compare if set(pair) <= set(seconds)])
+        finished = set(seconds) | set(given)  # a given evaluation finished elsewhere
+        recipe = replace(recipe, rows={label: stage for label, stage in recipe.rows.items() if stage in finished},
+                         compare=[pair for pair in recipe.compare if set(pair) <= finished])
     report = recipe_table(recipe, dirs, seconds, given)
     console.print(report, soft_wrap=True, markup=False)
     root.mkdir(parents=True, exist_ok=True)  # every stage given: no stage made it

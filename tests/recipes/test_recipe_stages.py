@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -113,16 +114,20 @@ def test_the_rl_stage_trains_the_sft_export_and_a_given_sft_stage_is_not_run(tmp
     assert f"| sft | given: {patient} |" in (other / "report.md").read_text()
 
 
-def test_a_given_evaluation_is_reused_only_if_it_ran_the_command_this_recipe_would(tmp_path, stand_in):
-    """--use base_eval=OLD/base_eval: the base model's evaluation of an earlier run is not run again and is
-    the table's base row; with another override for every stage its command differs, and it is refused."""
+def test_a_given_evaluation_is_reused_only_if_it_ran_the_command_this_recipe_would(tmp_path, stand_in, monkeypatch):
+    """--use base_eval=OLD/base_eval: the base model's evaluation of an earlier run (made under a relative
+    --dir) is not run again and is the table's base row, in --report too; with another override for every
+    stage its command differs, and it is refused."""
+    monkeypatch.chdir(tmp_path)
     old, new = tmp_path / "old", tmp_path / "new"
-    assert run_recipe("search", [], old) == 0
+    assert run_recipe("search", [], Path("old")) == 0
     stand_in()
     assert run_recipe("search", [], new, [f"base_eval={old / 'base_eval'}"]) == 0
     assert list(stand_in()) == ["sft", "sft_eval", "rl", "rl_eval"] and not (new / "base_eval").exists()
     report = (new / "report.md").read_text()
     assert "| base | 0.000 [0.000, 0.278] (n=10) |" in report and f"| base_eval | given: {old / 'base_eval'} (ran in " in report
+    assert run_recipe("search", [], new, [f"base_eval={old / 'base_eval'}"], report_only=True) == 0
+    assert "| base | 0.000 [0.000, 0.278] (n=10) |" in (new / "report.md").read_text()
     with pytest.raises(RecipeError) as info:
         run_recipe("search", ["trainer.seed=3"], tmp_path / "other", [f"base_eval={old / 'base_eval'}"])
     assert "that evaluation ran another command" in str(info.value) and "trainer.seed=3" in str(info.value)
