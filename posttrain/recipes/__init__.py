@@ -231,6 +231,13 @@ def check_same_evaluation(stage: Stage, directory: Path, dirs: dict[str, Path], 
                           f"recipe's. It ran:\n  {ran}\nThis recipe would run:\n  {expected}\nLeave --use {stage.name}= out to run it here.")
 
 
+def check_same_evaluations(recipe: Recipe, given: dict[str, Path], dirs: dict[str, Path], overrides: list[str]) -> None:
+    """:func:`check_same_evaluation` for each given eval stage."""
+    for stage in recipe.stages:
+        if stage.name in given and stage.command == "eval":
+            check_same_evaluation(stage, dirs[stage.name], dirs, overrides)
+
+
 def absolute_paths(command: str | None) -> list[str] | None:
     """A stage's command with each relative path that exists here made absolute (``--dir runs/x`` and
     ``--use ...=/abs/runs/x/...`` name the same directories), to compare two commands."""
@@ -336,9 +343,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
     again = shlex.join(["posttrain", "recipe", *sys.argv[2:]]) if sys.argv[1:2] == ["recipe"] else f"posttrain recipe {name}"
     console.print(f"[bold]posttrain recipe {recipe.name}[/]: {len(recipe.stages)} stages → {escape(str(root))}", soft_wrap=True)
     upstream = ""  # what the stages before produced: a change there runs every later stage again
-    for stage in recipe.stages:  # before any stage runs
-        if stage.name in given and stage.command == "eval":
-            check_same_evaluation(stage, dirs[stage.name], dirs, recipe.overrides + common)
+    check_same_evaluations(recipe, given, dirs, recipe.overrides + common)  # before any stage runs
     for number, stage in enumerate(recipe.stages, start=1):
         directory = dirs[stage.name]
         if stage.name in given or stage.name in unneeded:
@@ -392,6 +397,8 @@ def write_report(recipe: Recipe, root: Path, dirs: dict[str, Path], seconds: dic
         finished = set(seconds) | set(given)  # a given evaluation finished elsewhere
         recipe = replace(recipe, rows={label: stage for label, stage in recipe.rows.items() if stage in finished},
                          compare=[pair for pair in recipe.compare if set(pair) <= finished])
+    from posttrain.recipes.table import recipe_table
+
     report = recipe_table(recipe, dirs, seconds, given)
     console.print(report, soft_wrap=True, markup=False)
     root.mkdir(parents=True, exist_ok=True)  # every stage given: no stage made it
@@ -419,83 +426,6 @@ def run_stage(argv: list[str], log: Path) -> tuple[int, bool]:
             return process.wait(), stopped
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float], given: dict[str, Path] | None = None) -> str:
-    """The rows' accuracies with 95 % intervals (all items, and per ``by``), the compared rows'
-    paired difference, each stage's wall time, what made the stages, and last the mistakes by kind
-    of data sources that say them (:func:`mistakes`), as Markdown."""
-    from posttrain.trainer.validation import item_accuracies, item_groups
-    from posttrain.trainer.intervals import paired_difference, wilson
-
-    lines = []
-    if recipe.rows:
-        loaded = {label: item_accuracies(dirs[stage] / EPISODES) for label, stage in recipe.rows.items()}
-        first, first_rows = next(iter(loaded.values()))
-        groups = ["all", *sorted(set(item_groups(list(first), first_rows, recipe.by)) - {"all"})]
-        lines += ["| | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
-        for label, (accuracies, rows) in loaded.items():
-            grouped, cells = item_groups(list(accuracies), rows, recipe.by), []
-            for group in groups:
-                values = [accuracies[key] for key in grouped.get(group, [])]
-                low, high = wilson(sum(values), len(values))
-                cells.append(f"{sum(values) / len(values):.3f} [{low:.3f}, {high:.3f}] (n={len(values)})" if values else "—")
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        labels = {stage: label for label, stage in recipe.rows.items()}
-        for pair in recipe.compare:
-            (a, rows), (b, _) = (item_accuracies(dirs[stage] / EPISODES) for stage in pair)
-            grouped, cells = item_groups([key for key in a if key in b], rows, recipe.by), []
-            for group in groups:
-                keys = grouped.get(group, [])
-                if keys:
-                    difference, low, high = paired_difference([a[key] for key in keys], [b[key] for key in keys])
-                    cells.append(f"{difference:+.3f} [{low:+.3f}, {high:+.3f}] (paired)")
-                else:
-                    cells.append("—")
-            lines.append(f"| {labels.get(pair[1], pair[1])} − {labels.get(pair[0], pair[0])} | "
-                         + " | ".join(cells) + " |")
-        lines.append("")
-    lines += ["| stage | wall time |", "|---|---|"]
-    lines += [f"| {name} | {value / 60:.1f} min |" for name, value in seconds.items()]
-    if seconds:
-        lines.append(f"| all | {sum(seconds.values()) / 60:.1f} min |")
-    lines += [f"| {name} | given: {path}{given_took(path)} |" for name, path in (given or {}).items()]
-    sources = {row.get("data_source") for row in first_rows.values()} if recipe.rows else set()
-    return "\n".join(lines + made_by(dirs) + mistakes(recipe, dirs, sources))
-
-
-def given_took(path: Path) -> str:
-    """How long a given stage's directory took when a recipe ran it (its ``DONE``: the last run only, where a
-    train stage resumed), as " (ran in N min)"; empty for outputs no recipe stage wrote."""
-    done = path / DONE
-    seconds = json.loads(done.read_text()).get("seconds") if done.is_file() else None
-    return f" (ran in {seconds / 60:.1f} min)" if seconds is not None else ""
-
-
-def mistakes(recipe: Recipe, dirs: dict[str, Path], sources: set) -> list[str]:
-    """For each data source of the rows that can say what kind of mistake each answer is (``MISTAKES``:
-    BFCL), its tables for the table's rows side by side, under a heading."""
-    from posttrain.rewards.registry import MISTAKES
-
-    files = {label: dirs[stage] / EPISODES for label, stage in recipe.rows.items()}
-    lines = []
-    for source in sorted(s for s in sources if s in MISTAKES):
-        if text := MISTAKES[source](files):
-            lines += ["", f"## Mistakes by kind ({source})", "", text]
-    return lines
-
-
-def made_by(dirs: dict[str, Path]) -> list[str]:
-    """What made the stages (their ``provenance.json``): one line when they agree, else one per stage."""
-    from posttrain.trainer import provenance
-
-    found = {name: made for name, directory in dirs.items() if (made := provenance.find(directory / provenance.PROVENANCE)) is not None}
-    if not found:
-        return []
-    first = next(iter(found.values()))
-    if all(not provenance.differences(first, made) for made in found.values()):
-        return ["", f"Made by: {provenance.summary(first)}"]
-    return ["", "Made by (the stages differ):"] + [f"- {name}: {provenance.summary(made)}" for name, made in found.items()]
 
 
 def list_recipes() -> str:

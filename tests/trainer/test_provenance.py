@@ -9,7 +9,7 @@ import pytest
 
 from posttrain.cli.compare import compare_evaluations
 from posttrain.models.loading import cpu_computes_bf16
-from posttrain.recipes import made_by
+from posttrain.recipes.table import made_by
 from posttrain.trainer import provenance
 from posttrain.trainer.report import write_report
 from tests.optional import require
