@@ -205,7 +205,7 @@ def stage_references(stage: Stage) -> set[str]:
 
 def check_given(recipe: Recipe, given: dict[str, Path]) -> None:
     """``--use STAGE=PATH``: the stage exists and PATH exists; for an eval stage, PATH is a finished
-    evaluation (its ``DONE`` and episodes; :func:`check_same_evaluation` checks its command when the recipe runs)."""
+    evaluation (its ``DONE`` and episodes; :func:`check_same_evaluations` checks its command before any stage runs)."""
     commands = {stage.name: stage.command for stage in recipe.stages}
     problems = []
     for name, path in given.items():

@@ -134,7 +134,8 @@ def test_a_given_evaluation_is_reused_only_if_it_ran_the_command_this_recipe_wou
     assert stand_in() == {}  # refused before any stage ran
     # every stage given: the table alone, from the old run's evaluations
     assert run_recipe("search", [], tmp_path / "table", [f"{name}={old / name}" for name in ("base_eval", "sft", "sft_eval", "rl", "rl_eval")]) == 0
-    assert stand_in() == {} and "| RL − SFT | +0.400" in (tmp_path / "table" / "report.md").read_text()
+    table = (tmp_path / "table" / "report.md").read_text()
+    assert stand_in() == {} and "| RL − SFT | +0.400" in table and "| all | 0.0 min |" not in table  # no stage ran: no total
 
 
 def test_a_stage_override_reaches_a_prepare_stage_and_wins_over_an_input(tmp_path):
