@@ -11,7 +11,8 @@ from tests.optional import require
 require("bfcl_eval", 'bfcl-eval is installed by scripts/setup.sh (pip install --no-deps "bfcl-eval==2026.3.23")')
 
 from posttrain.data.preparers.bfcl import load_category  # noqa: E402
-from posttrain.recipes import load_recipe, recipe_table  # noqa: E402
+from posttrain.recipes import load_recipe  # noqa: E402
+from posttrain.recipes.table import recipe_table  # noqa: E402
 from posttrain.rewards import bfcl  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
