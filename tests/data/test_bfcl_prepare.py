@@ -185,7 +185,7 @@ def test_parallel_pairs_ask_two_taught_questions_with_the_same_functions_at_once
 def test_swapped_irrelevance_asks_a_taught_question_with_functions_about_something_else(tmp_path, capsys):
     """swapped_irrelevance=N: N irrelevance rows whose question is a taught live_simple/live_multiple one and whose
     functions are another taught question's, about something else; no call is right, and SFT says so."""
-    from posttrain.data.preparers.bfcl import _subject_words
+    from posttrain.data.preparers.bfcl_added import subject_words as _subject_words
 
     assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=60", "sft_val_size=8", "swapped_irrelevance=10", "multi_turn="]) == 0
     assert "swapped_irrelevance rows (swapped_irrelevance=10): 10" in capsys.readouterr().out
@@ -214,7 +214,7 @@ def test_swapped_irrelevance_asks_a_taught_question_with_functions_about_somethi
 def test_dev_swapped_asks_held_back_questions_with_held_back_functions_in_a_file_of_its_own(tmp_path, capsys):
     """dev_swapped=N: dev_swapped.parquet holds irrelevance rows made from the questions SFT validates on, each asked
     with another such question's functions (neither taught), in no training file; train.parquet is unchanged."""
-    from posttrain.data.preparers.bfcl import _subject_words
+    from posttrain.data.preparers.bfcl_added import subject_words as _subject_words
 
     assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=60", "sft_val_size=40", "dev_swapped=6", "multi_turn="]) == 0
     assert "dev_swapped.parquet (dev_swapped=6): 6 swapped_irrelevance rows" in capsys.readouterr().out
@@ -232,3 +232,49 @@ def test_dev_swapped_asks_held_back_questions_with_held_back_functions_in_a_file
     prepare("bfcl", plain, limit=60, sft_val_size=40, multi_turn="")
     assert _rows(plain / "train.parquet") == train and not (plain / "dev_swapped.parquet").exists()
     assert _rows(plain / "sft.parquet") == _rows(tmp_path / "sft.parquet")
+
+
+def test_masked_irrelevance_asks_a_taught_question_without_the_functions_its_answer_calls(tmp_path, capsys):
+    """masked_irrelevance=N: irrelevance rows whose question is a taught live_multiple one, asked with its own functions
+    less the ones its answer calls and less their namesakes (uber.ride2 beside uber.ride); no call is right, SFT says
+    so. dev_masked=N makes them from the questions SFT holds back, in dev_masked.parquet only."""
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=80", "sft_val_size=30", "masked_irrelevance=8",
+                 "dev_masked=3", "multi_turn="]) == 0
+    printed = capsys.readouterr().out
+    assert "masked_irrelevance rows (masked_irrelevance=8): 8" in printed and "dev_masked.parquet (dev_masked=3): 3" in printed
+    train = _rows(tmp_path / "train.parquet")
+    questions = {q.id: q for q in load_category("live_multiple", 80)}
+    transcripts = {r["extra_info"]["id"]: r["messages"] for r in _rows(tmp_path / "sft.parquet")}
+    in_sft = {r["extra_info"]["id"]: r["extra_info"]["in_sft"] for r in train}
+    masked = [r for r in train if r["extra_info"]["category"] == "masked_irrelevance"]
+    dev = _rows(tmp_path / "dev_masked.parquet")
+    assert len(masked) == 8 and len(dev) == 3
+    for row, taught in [(r, True) for r in masked] + [(r, False) for r in dev]:
+        asked = questions[row["extra_info"]["id"].removeprefix("mask_")]
+        assert in_sft[asked.id] is taught and row["prompt"] == asked.messages  # taught questions train, held-back ones validate
+        needed = {name for call in asked.ground_truth for name in call}
+        kept = [f["name"] for f in json.loads(row["extra_info"]["bfcl_functions"])]
+        assert kept and not needed & set(kept) and set(kept) < {f["name"] for f in asked.functions}
+        assert row["reward_model"]["ground_truth"] == "[]" and bfcl.check_calls([], [], row["extra_info"]).valid
+        assert not bfcl.check_calls([{"name": kept[0], "arguments": {}}], [], row["extra_info"]).valid
+        assert transcripts[row["extra_info"]["id"]][-1]["content"] == NO_FUNCTION_ANSWER if taught else row["extra_info"]["id"] not in transcripts
+    plain = tmp_path / "plain"
+    prepare("bfcl", plain, limit=80, sft_val_size=30, multi_turn="")
+    assert _rows(plain / "train.parquet") == [r for r in train if r["extra_info"]["category"] != "masked_irrelevance"]
+
+
+def test_masked_rows_leave_out_the_namesakes_of_the_functions_the_answer_calls():
+    """A function whose name shares a word (digits and leading verbs aside) with a called one could do the same job:
+    it goes too; a function about something else stays; a question with nothing left is skipped."""
+    from posttrain.data.preparers.bfcl import Question
+    from posttrain.data.preparers.bfcl_added import masked
+
+    def question(qid, names, called):
+        return Question(qid, "live_multiple", [{"role": "user", "content": "Get me a ride"}],
+                        [{"name": n, "description": ""} for n in names], [{called: {}}])
+
+    rows = masked([question("a", ["uber.ride", "uber.ride2", "get_weather"], "uber.ride"),
+                   question("b", ["uber.ride", "uber.ride2"], "uber.ride"),
+                   question("c", ["get_ride", "get_weather"], "get_ride")], 5, 0, lambda q: False)
+    assert {r.id: [f["name"] for f in r.functions] for r in rows} == {"mask_a": ["get_weather"], "mask_c": ["get_weather"]}
+    assert all(r.category == "masked_irrelevance" and r.ground_truth == [] for r in rows)

@@ -46,6 +46,14 @@ functions, so that neither the question nor the functions were taught. They are 
 them with ``data.val_files=[dev_swapped.parquet]``, or validate an RL run on them beside its development rows
 with ``data.dev_files=[dev_swapped.parquet]``. They test whether the call decision reads the functions, as
 BFCL's held-out ``irrelevance`` rows do (a question asked with an unrelated function), on the training split.
+``masked_irrelevance=N`` adds N training rows of category ``masked_irrelevance``: a taught live_multiple question (one
+user message) asked with its own functions less those its possible answer calls and less their namesakes (a name
+sharing a word with theirs, digits and leading verbs aside: ``uber.ride2`` goes with ``uber.ride``); a question with
+none left is skipped. What is left is the same app's other functions, often on the same subject, as in BFCL's held-out
+irrelevance rows (``run_microwave`` for "preheat the oven"), where swapped rows share no subject word. No call is right
+and its SFT transcript says so; a kept function that could do the job under another name makes a wrong label, which
+the name rule does not catch. ``dev_masked=N`` writes ``dev_masked.parquet`` the same way from the questions SFT holds
+back, for validation only, like ``dev_swapped``. The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 
 SFT transcripts (``sft.parquet``, ``sft_val.parquet``: the names ``posttrain sft`` looks for beside the
 RL data; columns ``messages`` and the row's ``extra_info``, so a transcript carries its tools) come
@@ -89,6 +97,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.data.format import IN_SFT, make_row, write_rows
+from posttrain.data.preparers import bfcl_added as added_rows
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
 from posttrain.models import DEFAULT_MODEL, load_tokenizer, tokenize_prompts
@@ -105,12 +114,21 @@ MULTI_TURN_CATEGORIES = ("multi_turn_base",)
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple", "live_multiple",
               "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance")
 NO_FUNCTION_ANSWER = "None of the functions I have can do this."
-# parallel_pairs: two questions of this training category asked together make a row of this category, judged by
-# BFCL's parallel rule (the checker picks it by "parallel" in the name); no BFCL category of its own
-PAIRED_CATEGORY, PAIRS_CATEGORY = "live_simple", "synthetic_parallel"
-# swapped_irrelevance: questions of these categories asked with another question's functions
-SWAPPED_FROM, SWAPPED_CATEGORY = ("live_simple", "live_multiple"), "swapped_irrelevance"
 _DROPPED_KEYS = ("optional",)  # BFCL's own flag, not JSON Schema
+# the options that add training rows (with their SFT transcripts), and each added-rows option's report line
+ADDED_TO_TRAIN = ("parallel_pairs", "swapped_irrelevance", "masked_irrelevance")
+ADDED_LINES = {
+    "parallel_pairs": (f"{added_rows.PAIRS_CATEGORY} rows", f", two {added_rows.PAIRED_CATEGORY} questions with the same functions "
+                       "asked together, in train and SFT"),
+    "swapped_irrelevance": (f"{added_rows.SWAPPED_CATEGORY} rows", f", a taught {' or '.join(added_rows.SWAPPED_FROM)} question "
+                            "asked with another's functions, in train and SFT"),
+    "dev_swapped": ("dev_swapped.parquet", f" {added_rows.SWAPPED_CATEGORY} rows, an SFT validation question asked with "
+                    "another's functions, for evaluation only"),
+    "masked_irrelevance": (f"{added_rows.MASKED_CATEGORY} rows", f", a taught {added_rows.MASKED_FROM} question asked without the "
+                           "functions its answer calls, in train and SFT"),
+    "dev_masked": ("dev_masked.parquet", f" {added_rows.MASKED_CATEGORY} rows, an SFT validation question asked without the "
+                   "functions its answer calls, for evaluation only"),
+}
 
 
 @dataclass(frozen=True)
@@ -184,6 +202,8 @@ def prepare_bfcl(
     parallel_pairs: int = 0,
     swapped_irrelevance: int = 0,
     dev_swapped: int = 0,
+    masked_irrelevance: int = 0,
+    dev_masked: int = 0,
 ) -> list[Path]:
     """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet``
     (unless ``multi_turn`` is empty) and ``README.md`` into ``out_dir`` (module docstring); prints the
@@ -191,7 +211,9 @@ def prepare_bfcl(
     multi_turn_questions = [q for c in _categories(multi_turn, "multi_turn", MULTI_TURN_CATEGORIES, empty=True) for q in load_multi_turn(c, limit)]
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
     _check_options(splits, max_prompt_tokens, limit, sft_val_size)
-    check_counts(0, parallel_pairs=parallel_pairs, swapped_irrelevance=swapped_irrelevance, dev_swapped=dev_swapped)
+    made = {"parallel_pairs": parallel_pairs, "swapped_irrelevance": swapped_irrelevance, "dev_swapped": dev_swapped,
+            "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked}
+    check_counts(0, **made)
     if no_call_share is not None and not 0 < no_call_share <= 1:
         raise InputError(f"no_call_share={no_call_share}: give the largest share of training rows whose answer is no call, in (0, 1]")
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
@@ -208,10 +230,9 @@ def prepare_bfcl(
     if no_call_share is not None:
         questions["train"] = _cap_no_call(questions["train"], no_call_share, seed, report)
     cap = max_prompt_tokens and (max_prompt_tokens, tokenizer)
-    added, dev_rows = _added(questions["train"], written, held, seed, cap, report,
-                             parallel_pairs=parallel_pairs, swapped_irrelevance=swapped_irrelevance, dev_swapped=dev_swapped)
-    questions["train"] += [q for q, _ in added]
-    written |= {q.id: conversation for q, conversation in added}
+    added = _added(questions["train"], written, held, seed, cap, made, report)
+    questions["train"] += [q for option in ADDED_TO_TRAIN for q in added[option]]
+    written |= {q.id: conversation for option in ADDED_TO_TRAIN for q in added[option] if (conversation := transcript(q))}
     rows = {split: [_row(q, split, i, written if split == "train" else {}, held) for i, q in enumerate(items)]
             for split, items in questions.items()}
     sft = [({"messages": written[q.id], "extra_info": row["extra_info"]}, q.id in held)
@@ -221,8 +242,8 @@ def prepare_bfcl(
     paths = [write_rows(rows[split], out_dir / f"{split}.parquet") for split in ("train", "test")]
     paths.append(write_rows([row for row, h in sft if not h], out_dir / "sft.parquet"))
     paths.append(write_rows([row for row, h in sft if h], out_dir / "sft_val.parquet"))
-    if dev_swapped:
-        paths.append(write_rows([_row(q, "dev", i, {}, held) for i, q in enumerate(dev_rows)], out_dir / "dev_swapped.parquet"))
+    for option in (o for o in ("dev_swapped", "dev_masked") if made[o]):
+        paths.append(write_rows([_row(q, "dev", i, {}, held) for i, q in enumerate(added[option])], out_dir / f"{option}.parquet"))
     if multi_turn_questions:
         paths.append(write_rows([multi_turn_row(q, i) for i, q in enumerate(multi_turn_questions)], out_dir / "test_multi_turn.parquet"))
     report.multi_turn = Counter(q["category"] for q in multi_turn_questions)
@@ -231,17 +252,27 @@ def prepare_bfcl(
     return paths
 
 
-def _added(train: list[Question], written: dict[str, Any], held: set[str], seed: int, cap: tuple[int, str] | None, report: Report, *,
-           parallel_pairs: int, swapped_irrelevance: int, dev_swapped: int) -> tuple[list[tuple[Question, Any]], list[Question]]:
-    """The rows the options make (module docstring), counted in ``report``: (training rows with their SFT transcripts,
-    from ``parallel_pairs`` and ``swapped_irrelevance``; ``dev_swapped``'s rows, for dev_swapped.parquet)."""
-    pairs = _parallel_pairs(train, written, held, parallel_pairs, seed, cap)
+def _added(train: list[Question], written: dict[str, Any], held: set[str], seed: int, cap: tuple[int, str] | None,
+           made: dict[str, int], report: Report) -> dict[str, list[Question]]:
+    """The rows the options in ``made`` (option → how many) make (module docstring), per option, counted in ``report``.
+    The training rows come from taught questions, the ``dev_`` rows from those SFT holds back."""
+    tokenizer = load_tokenizer(cap[1]) if cap else None
+
+    def too_long(question: Question) -> bool:
+        return bool(cap) and _prompt_length(question, tokenizer) > cap[0]
+
     with_calls = [q for q in train if q.id in written and not bfcl.is_no_call_category(q.category)]
-    swapped = [(q, transcript(q)) for q in _swapped([q for q in with_calls if q.id not in held], swapped_irrelevance, seed, cap)]
-    dev_rows = _swapped([q for q in with_calls if q.id in held], dev_swapped, seed, cap)
-    report.pairs, report.swapped = (len(pairs), parallel_pairs), (len(swapped), swapped_irrelevance)
-    report.dev_swapped = (len(dev_rows), dev_swapped)
-    return pairs + swapped, dev_rows
+    taught, validated = [q for q in with_calls if q.id not in held], [q for q in with_calls if q.id in held]
+    added = {
+        "parallel_pairs": added_rows.parallel_pairs(train, set(written) - held, made["parallel_pairs"], seed,
+                                                    lambda q: too_long(q) or transcript(q) is None),
+        "swapped_irrelevance": added_rows.swapped(taught, made["swapped_irrelevance"], seed, too_long),
+        "dev_swapped": added_rows.swapped(validated, made["dev_swapped"], seed, too_long),
+        "masked_irrelevance": added_rows.masked(taught, made["masked_irrelevance"], seed, too_long),
+        "dev_masked": added_rows.masked(validated, made["dev_masked"], seed, too_long),
+    }
+    report.made = {option: (len(rows), made[option]) for option, rows in added.items() if made[option]}
+    return added
 
 
 def load_multi_turn(category: str, limit: int | None = None) -> list[dict[str, Any]]:
@@ -312,78 +343,6 @@ def _cap_no_call(questions: list[Question], share: float, seed: int, report: Rep
     return [q for i, q in enumerate(questions) if i in kept or not bfcl.is_no_call_category(q.category)]
 
 
-def _parallel_pairs(questions: list[Question], written: dict[str, Any], held: set[str], count: int, seed: int,
-                    cap: tuple[int, str] | None) -> list[tuple[Question, list[dict[str, str]]]]:
-    """Up to ``count`` two-call questions, each two taught single-call questions of :data:`PAIRED_CATEGORY` with
-    the same functions (a seeded draw of distinct pairs), asked in one user message; their answer is both
-    possible answers, judged by BFCL's parallel rule (category :data:`PAIRS_CATEGORY`). ``cap``: (max
-    prompt tokens, tokenizer), over which a pair is left out. Returns each with its SFT transcript."""
-    if count == 0:
-        return []
-    alike: dict[str, list[Question]] = {}
-    for q in questions:
-        if q.category == PAIRED_CATEGORY and q.id in written and q.id not in held and len(q.ground_truth) == 1 and \
-                [m["role"] for m in q.messages] == ["user"]:
-            alike.setdefault(json.dumps(q.functions, sort_keys=True), []).append(q)
-    candidates = [(a, b) for group in alike.values() for i, a in enumerate(group) for b in group[i + 1:] if a.ground_truth != b.ground_truth]
-    random.Random(seed).shuffle(candidates)
-    tokenizer = load_tokenizer(cap[1]) if cap else None
-    pairs: list[tuple[Question, list[dict[str, str]]]] = []
-    for a, b in candidates:
-        if len(pairs) == count:
-            break
-        pair = Question(f"pair_{a.id}+{b.id}", PAIRS_CATEGORY, [{"role": "user", "content": f"{a.messages[0]['content']}\n\n{b.messages[0]['content']}"}],
-                        a.functions, [*a.ground_truth, *b.ground_truth])
-        if cap and _prompt_length(pair, tokenizer) > cap[0]:
-            continue
-        if (conversation := transcript(pair)) is not None:
-            pairs.append((pair, conversation))
-    return pairs
-
-
-# words too common in BFCL's function docs to tell two functions' subjects apart
-_COMMON_WORDS = frozenset("""about based default specified given information optional parameters provided required retrieve
-returns string number value values which their there these using within format should other function""".split())
-
-
-def _subject_words(functions: list[dict[str, Any]]) -> set[str]:
-    """The words that say what the functions are about: their names' words (split at ``.``, ``_``, ``-`` and
-    lower-to-upper case) and their descriptions' words of five letters or more, lower-case, common ones left out."""
-    words = set()
-    for doc in functions:
-        spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", doc["name"])
-        words |= {w.lower() for w in re.split(r"[\s._\-]+", spaced) if w}
-        words |= {w.lower() for w in re.findall(r"[A-Za-z]{5,}", str(doc.get("description", "")))}
-    return words - _COMMON_WORDS
-
-
-def _swapped(pool: list[Question], count: int, seed: int, cap: tuple[int, str] | None) -> list[Question]:
-    """Up to ``count`` irrelevance rows of category :data:`SWAPPED_CATEGORY` (module docstring) from ``pool`` (questions
-    with calls): a question of :data:`SWAPPED_FROM` asked with the functions of another question of ``pool`` (a seeded
-    draw) that share no subject word (:func:`_subject_words`) with its own functions or the longer words of its
-    question. ``cap``: (max prompt tokens, tokenizer), over which a row is left out."""
-    if count == 0:
-        return []
-    asked = [q for q in pool if q.category in SWAPPED_FROM and [m["role"] for m in q.messages] == ["user"]]
-    rng = random.Random(seed)
-    rng.shuffle(asked)
-    tokenizer = load_tokenizer(cap[1]) if cap else None
-    swapped: list[Question] = []
-    for question in asked:
-        if len(swapped) == count:
-            break
-        own = _subject_words(question.functions) | {w.lower() for w in re.findall(r"[A-Za-z]{5,}", question.messages[0]["content"])}
-        donors = [d for d in pool if d.id != question.id and not own & _subject_words(d.functions)]
-        if not donors:
-            continue
-        donor = rng.choice(donors)
-        row = Question(f"swap_{question.id}+{donor.id}", SWAPPED_CATEGORY, question.messages, donor.functions, [])
-        if cap and _prompt_length(row, tokenizer) > cap[0]:
-            continue
-        swapped.append(row)
-    return swapped
-
-
 def _row(question: Question, split: str, index: int, written: dict[str, Any], held: set[str]) -> dict[str, Any]:
     extra_info = {"split": split, "index": index, "id": question.id, "category": question.category,
                   IN_SFT: question.id in written and question.id not in held,
@@ -409,24 +368,15 @@ class Report:
     multi_turn: Counter[str] = field(default_factory=Counter)  # test_multi_turn.parquet's rows per category
     cut: Counter[str] = field(default_factory=Counter)  # training rows dropped for no_call_share, per category
     no_call_share: float | None = None
-    pairs: tuple[int, int] = (0, 0)  # parallel_pairs: written, asked for
-    swapped: tuple[int, int] = (0, 0)  # swapped_irrelevance: written, asked for
-    dev_swapped: tuple[int, int] = (0, 0)  # dev_swapped: written, asked for
+    made: dict[str, tuple[int, int]] = field(default_factory=dict)  # option -> rows written, asked for
 
     def text(self) -> str:
         lines = []
         for split, categories in self.splits.items():
             kept = {c: self.counts[split][c] - self.dropped[c] - self.cut[c] for c in categories}
             lines.append(f"{split}: {sum(kept.values())} rows: " + ", ".join(f"{c} {n}" for c, n in kept.items()))
-        if self.pairs[1]:
-            lines.append(f"{PAIRS_CATEGORY} rows (parallel_pairs={self.pairs[1]}): {self.pairs[0]}, two {PAIRED_CATEGORY} questions "
-                         "with the same functions asked together, in train and SFT")
-        if self.swapped[1]:
-            lines.append(f"{SWAPPED_CATEGORY} rows (swapped_irrelevance={self.swapped[1]}): {self.swapped[0]}, a taught "
-                         f"{' or '.join(SWAPPED_FROM)} question asked with another's functions, in train and SFT")
-        if self.dev_swapped[1]:
-            lines.append(f"dev_swapped.parquet (dev_swapped={self.dev_swapped[1]}): {self.dev_swapped[0]} {SWAPPED_CATEGORY} rows, an SFT "
-                         "validation question asked with another's functions, for evaluation only")
+        for option, (written, asked) in self.made.items():
+            lines.append(f"{ADDED_LINES[option][0]} ({option}={asked}): {written}{ADDED_LINES[option][1]}")
         if self.no_call_share is not None:
             lines.append(f"dropped from train for no_call_share={self.no_call_share}: {sum(self.cut.values())} "
                          f"({', '.join(f'{c} {n}' for c, n in self.cut.items()) or 'none'})")

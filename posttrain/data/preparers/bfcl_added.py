@@ -1,0 +1,131 @@
+"""The rows ``posttrain prepare bfcl``'s options make from BFCL's own training questions (docs in
+:mod:`posttrain.data.preparers.bfcl`): ``parallel_pairs`` (two questions asked at once), ``swapped_irrelevance``
+(a question asked with another question's functions, about something else) and ``masked_irrelevance`` (a
+question asked with its own functions less the ones its answer calls). Each is a seeded draw; ``too_long(row)``
+says which rows the prompt cap leaves out."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from posttrain.data.preparers.bfcl import Question
+
+# parallel_pairs: two questions of this training category asked together make a row of this category, judged by
+# BFCL's parallel rule (the checker picks it by "parallel" in the name); no BFCL category of its own
+PAIRED_CATEGORY, PAIRS_CATEGORY = "live_simple", "synthetic_parallel"
+# swapped_irrelevance: questions of these categories asked with another question's functions
+SWAPPED_FROM, SWAPPED_CATEGORY = ("live_simple", "live_multiple"), "swapped_irrelevance"
+# masked_irrelevance: questions of this category (several functions each) asked without the functions they need
+MASKED_FROM, MASKED_CATEGORY = "live_multiple", "masked_irrelevance"
+
+# words too common in BFCL's function docs to tell two functions' subjects apart
+_COMMON_WORDS = frozenset("""about based default specified given information optional parameters provided required retrieve
+returns string number value values which their there these using within format should other function""".split())
+# verbs that start many functions' names: two names sharing only one of them do not do the same thing
+_NAME_VERBS = frozenset("get set list create update delete find search add remove fetch check send make show".split())
+
+TooLong = Callable[["Question"], bool]
+
+
+def _single_user_turn(question: Question) -> bool:
+    return [m["role"] for m in question.messages] == ["user"]
+
+
+def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed: int, too_long: TooLong) -> list[Question]:
+    """Up to ``count`` two-call questions, each two taught (ids in ``taught``) single-call questions of
+    :data:`PAIRED_CATEGORY` with the same functions (a seeded draw of distinct pairs), asked in one user message;
+    their answer is both possible answers, judged by BFCL's parallel rule (category :data:`PAIRS_CATEGORY`).
+    ``too_long`` also leaves out a pair whose SFT transcript cannot be written."""
+    if count == 0:
+        return []
+    alike: dict[str, list[Question]] = {}
+    for q in questions:
+        if q.category == PAIRED_CATEGORY and q.id in taught and len(q.ground_truth) == 1 and _single_user_turn(q):
+            alike.setdefault(json.dumps(q.functions, sort_keys=True), []).append(q)
+    candidates = [(a, b) for group in alike.values() for i, a in enumerate(group) for b in group[i + 1:] if a.ground_truth != b.ground_truth]
+    random.Random(seed).shuffle(candidates)
+    pairs: list[Question] = []
+    for a, b in candidates:
+        if len(pairs) == count:
+            break
+        pair = replace(a, id=f"pair_{a.id}+{b.id}", category=PAIRS_CATEGORY, ground_truth=[*a.ground_truth, *b.ground_truth],
+                       messages=[{"role": "user", "content": f"{a.messages[0]['content']}\n\n{b.messages[0]['content']}"}])
+        if not too_long(pair):
+            pairs.append(pair)
+    return pairs
+
+
+def _name_words(name: str) -> set[str]:
+    """A function name's words, split at ``.``, ``_``, ``-`` and lower-to-upper case, lower-case."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return {w.lower() for w in re.split(r"[\s._\-]+", spaced) if w}
+
+
+def subject_words(functions: list[dict[str, Any]]) -> set[str]:
+    """The words that say what the functions are about: their names' words and their descriptions' words of five
+    letters or more, lower-case, common ones left out."""
+    words = set()
+    for doc in functions:
+        words |= _name_words(doc["name"])
+        words |= {w.lower() for w in re.findall(r"[A-Za-z]{5,}", str(doc.get("description", "")))}
+    return words - _COMMON_WORDS
+
+
+def swapped(pool: list[Question], count: int, seed: int, too_long: TooLong) -> list[Question]:
+    """Up to ``count`` irrelevance rows of category :data:`SWAPPED_CATEGORY` from ``pool`` (questions with calls): a
+    question of :data:`SWAPPED_FROM` asked with the functions of another question of ``pool`` (a seeded draw) that
+    share no subject word (:func:`subject_words`) with its own functions or the longer words of its question."""
+    if count == 0:
+        return []
+    asked = [q for q in pool if q.category in SWAPPED_FROM and _single_user_turn(q)]
+    rng = random.Random(seed)
+    rng.shuffle(asked)
+    rows: list[Question] = []
+    for question in asked:
+        if len(rows) == count:
+            break
+        own = subject_words(question.functions) | {w.lower() for w in re.findall(r"[A-Za-z]{5,}", question.messages[0]["content"])}
+        donors = [d for d in pool if d.id != question.id and not own & subject_words(d.functions)]
+        if not donors:
+            continue
+        donor = rng.choice(donors)
+        row = replace(question, id=f"swap_{question.id}+{donor.id}", category=SWAPPED_CATEGORY, functions=donor.functions, ground_truth=[])
+        if not too_long(row):
+            rows.append(row)
+    return rows
+
+
+def _stem_words(name: str) -> set[str]:
+    """A name's words without digits and without :data:`_NAME_VERBS`: ``uber.ride2`` → {uber, ride}."""
+    return {w.rstrip("0123456789") for w in _name_words(name)} - _NAME_VERBS - {""}
+
+
+def masked(pool: list[Question], count: int, seed: int, too_long: TooLong) -> list[Question]:
+    """Up to ``count`` irrelevance rows of category :data:`MASKED_CATEGORY` from ``pool`` (questions with calls): a
+    question of :data:`MASKED_FROM` asked with its own functions less those its possible answer calls and less any
+    whose name shares a word with theirs (:func:`_stem_words`: ``uber.ride2`` goes with ``uber.ride``). What is left
+    is the app's other functions, often about the same subject, as BFCL's held-out irrelevance rows are; a question
+    with none left is skipped. The label is no call, as the masked function was the one the question needs; a kept
+    function that could do it under another name would make a wrong label (left to the name rule)."""
+    if count == 0:
+        return []
+    asked = [q for q in pool if q.category == MASKED_FROM and _single_user_turn(q)]
+    random.Random(seed).shuffle(asked)
+    rows: list[Question] = []
+    for question in asked:
+        if len(rows) == count:
+            break
+        needed = {name for call in question.ground_truth for name in call}
+        needed_words = set().union(*(_stem_words(name) for name in needed))
+        rest = [f for f in question.functions if f["name"] not in needed and not _stem_words(f["name"]) & needed_words]
+        if not rest:
+            continue
+        row = replace(question, id=f"mask_{question.id}", category=MASKED_CATEGORY, functions=rest, ground_truth=[])
+        if not too_long(row):
+            rows.append(row)
+    return rows
