@@ -108,6 +108,7 @@ __all__ = [
     "explained_variance",
     "gae_advantages",
     "get_advantage_estimator",
+    "head_logprobs",
     "get_kl_estimator",
     "get_policy_loss",
     "group_best_gap",

@@ -90,7 +90,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
