@@ -77,6 +77,7 @@ from posttrain.algos.utils import masked_mean, masked_sum, masked_var, masked_wh
 from posttrain.algos.value_loss import ValueLossOutput, explained_variance, value_loss
 
 __all__ = [
+    "head_logprobs",
     "overlong_penalty",
     "rows_of_varied_groups",
     "ADVANTAGE_ESTIMATORS",
@@ -113,7 +114,6 @@ __all__ = [
     "group_best_gap",
     "group_normalize",
     "group_stats",
-    "head_logprobs",
     "grpo_advantages",
     "grpo_passk_advantages",
     "gspo_policy_loss",
