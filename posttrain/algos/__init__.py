@@ -77,7 +77,6 @@ from posttrain.algos.utils import masked_mean, masked_sum, masked_var, masked_wh
 from posttrain.algos.value_loss import ValueLossOutput, explained_variance, value_loss
 
 __all__ = [
-    "head_logprobs",
     "overlong_penalty",
     "rows_of_varied_groups",
     "ADVANTAGE_ESTIMATORS",
@@ -106,6 +105,7 @@ __all__ = [
     "discounted_returns",
     "drgrpo_advantages",
     "entropy_from_logits",
+    "head_logprobs",
     "explained_variance",
     "gae_advantages",
     "get_advantage_estimator",
