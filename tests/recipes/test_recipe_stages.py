@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.cli.main import main
-from posttrain.recipes import RecipeError, load_recipe, run_recipe, stage_argv
+from posttrain.recipes import DONE, RecipeError, load_recipe, run_recipe, stage_argv
 from tests.trainer.test_intervals import write_episodes
 
 PYTHON = sys.executable  # the stand-in takes its place in the tests
@@ -132,6 +132,11 @@ def test_a_given_evaluation_is_reused_only_if_it_ran_the_command_this_recipe_wou
         run_recipe("search", ["trainer.seed=3"], tmp_path / "other", [f"base_eval={old / 'base_eval'}"])
     assert "that evaluation ran another command" in str(info.value) and "trainer.seed=3" in str(info.value)
     assert stand_in() == {}  # refused before any stage ran
+    done = json.loads((old / "base_eval" / DONE).read_text())
+    (old / "base_eval" / DONE).write_text(json.dumps({k: v for k, v in done.items() if k != "command"}))  # an older DONE
+    with pytest.raises(RecipeError, match="records no command"):
+        run_recipe("search", [], tmp_path / "older", [f"base_eval={old / 'base_eval'}"])
+    (old / "base_eval" / DONE).write_text(json.dumps(done))
     # every stage given: the table alone, from the old run's evaluations
     assert run_recipe("search", [], tmp_path / "table", [f"{name}={old / name}" for name in ("base_eval", "sft", "sft_eval", "rl", "rl_eval")]) == 0
     table = (tmp_path / "table" / "report.md").read_text()
