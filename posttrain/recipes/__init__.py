@@ -227,8 +227,8 @@ def check_same_evaluation(stage: Stage, directory: Path, dirs: dict[str, Path], 
     expected = shlex.join(["posttrain", *stage_argv(stage, directory, dirs, overrides)[3:]])
     ran = json.loads((directory / DONE).read_text()).get("command")
     if ran is None:
-        raise RecipeError(f"--use {stage.name}={directory}: its {DONE} records no command (written before posttrain kept "
-                          f"it), so it cannot be told to be this recipe's evaluation. Leave --use {stage.name}= out to run it here.")
+        raise RecipeError(f"--use {stage.name}={directory}: its {DONE} records no command, so posttrain cannot tell whether it "
+                          f"ran this recipe's evaluation. Leave --use {stage.name}= out to run it here.")
     if absolute_paths(ran) != absolute_paths(expected):
         raise RecipeError(f"--use {stage.name}={directory}: that evaluation ran another command, so its row would not be this "
                           f"recipe's. It ran:\n  {ran}\nThis recipe would run:\n  {expected}\nLeave --use {stage.name}= out to run it here.")

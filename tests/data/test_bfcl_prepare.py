@@ -238,6 +238,8 @@ def test_masked_irrelevance_asks_a_taught_question_without_the_functions_its_ans
     """masked_irrelevance=N: irrelevance rows whose question is a taught live_multiple one, asked with its own functions
     less the ones its answer calls and less their namesakes (uber.ride2 beside uber.ride); no call is right, SFT says
     so. dev_masked=N makes them from the questions SFT holds back, in dev_masked.parquet only."""
+    from posttrain.data.preparers.bfcl_added import _stem_words
+
     assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=80", "sft_val_size=30", "masked_irrelevance=8",
                  "dev_masked=3", "multi_turn="]) == 0
     printed = capsys.readouterr().out
@@ -255,12 +257,15 @@ def test_masked_irrelevance_asks_a_taught_question_without_the_functions_its_ans
         needed = {name for call in asked.ground_truth for name in call}
         kept = [f["name"] for f in json.loads(row["extra_info"]["bfcl_functions"])]
         assert kept and not needed & set(kept) and set(kept) < {f["name"] for f in asked.functions}
+        assert not any(_stem_words(k) & _stem_words(n) for k in kept for n in needed)  # no namesake of a needed one kept
         assert row["reward_model"]["ground_truth"] == "[]" and bfcl.check_calls([], [], row["extra_info"]).valid
         assert not bfcl.check_calls([{"name": kept[0], "arguments": {}}], [], row["extra_info"]).valid
         assert transcripts[row["extra_info"]["id"]][-1]["content"] == NO_FUNCTION_ANSWER if taught else row["extra_info"]["id"] not in transcripts
-    plain = tmp_path / "plain"
+    plain = tmp_path / "plain"  # the other rows and transcripts are as without the option
     prepare("bfcl", plain, limit=80, sft_val_size=30, multi_turn="")
     assert _rows(plain / "train.parquet") == [r for r in train if r["extra_info"]["category"] != "masked_irrelevance"]
+    assert _rows(plain / "sft.parquet") == [r for r in _rows(tmp_path / "sft.parquet") if r["extra_info"]["category"] != "masked_irrelevance"]
+    assert _rows(plain / "sft_val.parquet") == _rows(tmp_path / "sft_val.parquet")
 
 
 def test_masked_rows_leave_out_the_namesakes_of_the_functions_the_answer_calls():
@@ -277,4 +282,7 @@ def test_masked_rows_leave_out_the_namesakes_of_the_functions_the_answer_calls()
                    question("b", ["uber.ride", "uber.ride2"], "uber.ride"),
                    question("c", ["get_ride", "get_weather"], "get_ride")], 5, 0, lambda q: False)
     assert {r.id: [f["name"] for f in r.functions] for r in rows} == {"mask_a": ["get_weather"], "mask_c": ["get_weather"]}
+    both = [question("a", ["uber.ride", "get_weather"], "uber.ride"), question("c", ["get_ride", "get_weather"], "get_ride")]
+    assert len(masked(both, 1, 0, lambda q: False)) == 1  # count rows at most
+    assert [r.id for r in masked(both, 5, 0, lambda q: q.id == "mask_a")] == ["mask_c"]  # a row over the cap is left out
     assert all(r.category == "masked_irrelevance" and r.ground_truth == [] for r in rows)

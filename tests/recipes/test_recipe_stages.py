@@ -10,6 +10,7 @@ SFT export, an eval's episodes) and fails or stops where ``STANDIN_<STAGE>`` say
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,7 +118,7 @@ def test_the_rl_stage_trains_the_sft_export_and_a_given_sft_stage_is_not_run(tmp
 def test_a_given_evaluation_is_reused_only_if_it_ran_the_command_this_recipe_would(tmp_path, stand_in, monkeypatch):
     """--use base_eval=OLD/base_eval: the base model's evaluation of an earlier run (made under a relative
     --dir) is not run again and is the table's base row, in --report too; with another override for every
-    stage its command differs, and it is refused."""
+    stage its command differs, and it is refused, as is one whose DONE records no command."""
     monkeypatch.chdir(tmp_path)
     old, new = tmp_path / "old", tmp_path / "new"
     assert run_recipe("search", [], Path("old")) == 0
@@ -132,11 +133,10 @@ def test_a_given_evaluation_is_reused_only_if_it_ran_the_command_this_recipe_wou
         run_recipe("search", ["trainer.seed=3"], tmp_path / "other", [f"base_eval={old / 'base_eval'}"])
     assert "that evaluation ran another command" in str(info.value) and "trainer.seed=3" in str(info.value)
     assert stand_in() == {}  # refused before any stage ran
-    done = json.loads((old / "base_eval" / DONE).read_text())
-    (old / "base_eval" / DONE).write_text(json.dumps({k: v for k, v in done.items() if k != "command"}))  # an older DONE
-    with pytest.raises(RecipeError, match="records no command"):
-        run_recipe("search", [], tmp_path / "older", [f"base_eval={old / 'base_eval'}"])
-    (old / "base_eval" / DONE).write_text(json.dumps(done))
+    unsaid = shutil.copytree(old / "base_eval", tmp_path / "unsaid")  # a DONE that records no command (hand-written, or older)
+    (unsaid / DONE).write_text(json.dumps({k: v for k, v in json.loads((unsaid / DONE).read_text()).items() if k != "command"}))
+    with pytest.raises(RecipeError, match=f"base_eval={unsaid}: its DONE records no command.*Leave --use base_eval= out"):
+        run_recipe("search", [], tmp_path / "older", [f"base_eval={unsaid}"])
     # every stage given: the table alone, from the old run's evaluations
     assert run_recipe("search", [], tmp_path / "table", [f"{name}={old / name}" for name in ("base_eval", "sft", "sft_eval", "rl", "rl_eval")]) == 0
     table = (tmp_path / "table" / "report.md").read_text()

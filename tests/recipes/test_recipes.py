@@ -163,7 +163,8 @@ def test_bfcl_rl_trains_on_the_rows_bfcl_sft_prepared_and_its_development_rows_a
     what data.dev_size holds back) are drawn from those options, so other ones would validate RL on questions
     the warm-up learnt. Every data.dev_size in the two BFCL recipes is the 128 held back plus the 2 no call
     satisfies, and the sampler's shares name training categories (or the swapped rows a stage adds)."""
-    from posttrain.data.preparers.bfcl import SWAPPED_CATEGORY, TRAIN_CATEGORIES
+    from posttrain.data.preparers.bfcl import TRAIN_CATEGORIES
+    from posttrain.data.preparers.bfcl_added import SWAPPED_CATEGORY
 
     sft, rl, multi_turn = (load_config([preset_path(name)], checks=None).data for name in ("bfcl_sft", "bfcl_grpo", "bfcl_multi_turn"))
     assert dict(rl.builtin_options) == dict(sft.builtin_options) == dict(multi_turn.builtin_options) and rl.builtin == sft.builtin == "bfcl"

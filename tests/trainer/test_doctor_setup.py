@@ -50,3 +50,5 @@ def test_the_dataset_cache_key_follows_the_environment_code_and_input_files(tmp_
     assert _dataset_sources("doctor", {"source_file": str(cases)}) != before
     # the environments the experts play are part of it
     assert b"class DoctorEnv" in _dataset_sources("synthetic-doctor", {})
+    # and the preparer's helpers beside it: BFCL's added rows are made in bfcl_added.py
+    assert b"def masked(" in _dataset_sources("bfcl", {})

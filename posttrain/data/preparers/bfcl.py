@@ -48,9 +48,12 @@ with ``data.dev_files=[dev_swapped.parquet]``. They test whether the call decisi
 BFCL's held-out ``irrelevance`` rows do (a question asked with an unrelated function), on the training split.
 ``masked_irrelevance=N`` adds N training rows of category ``masked_irrelevance``: a taught live_multiple question (one
 user message) asked with its own functions less those its possible answer calls and less their namesakes (a name
-sharing a word with theirs, digits and leading verbs aside: ``uber.ride2`` goes with ``uber.ride``); a question with
-none left is skipped. What is left is the same app's other functions, often on the same subject, as in BFCL's held-out
-irrelevance rows (``run_microwave`` for "preheat the oven"), where swapped rows share no subject word. No call is right
+sharing a word with theirs, trailing digits and common verbs such as ``get`` aside: ``uber.ride2`` goes with
+``uber.ride``, and ``Events_3_FindEvents`` takes every ``Events_*`` function with it); a question with none left is
+skipped. What is left is the question's own bundle of functions less the service it needs: for the many
+``Service_N_Action`` names the bundle's other services, for others often the same app's other functions on the same
+subject, as in BFCL's held-out irrelevance rows (``run_microwave`` for "preheat the oven"), where swapped rows share no
+subject word. No call is right
 and its SFT transcript says so; a kept function that could do the job under another name makes a wrong label, which
 the name rule does not catch. ``dev_masked=N`` writes ``dev_masked.parquet`` the same way from the questions SFT holds
 back, for validation only, like ``dev_swapped``. The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
@@ -241,7 +244,7 @@ def prepare_bfcl(
     paths = [write_rows(rows[split], out_dir / f"{split}.parquet") for split in ("train", "test")]
     paths.append(write_rows([row for row, h in sft if not h], out_dir / "sft.parquet"))
     paths.append(write_rows([row for row, h in sft if h], out_dir / "sft_val.parquet"))
-    for option in (o for o in ("dev_swapped", "dev_masked") if made[o]):
+    for option in (o for o in made if o.startswith("dev_") and made[o]):
         paths.append(write_rows([_row(q, "dev", i, {}, held) for i, q in enumerate(added[option])], out_dir / f"{option}.parquet"))
     if multi_turn_questions:
         paths.append(write_rows([multi_turn_row(q, i) for i, q in enumerate(multi_turn_questions)], out_dir / "test_multi_turn.parquet"))
@@ -255,10 +258,13 @@ def _added(train: list[Question], written: dict[str, Any], held: set[str], seed:
            made: dict[str, int], report: Report) -> dict[str, list[Question]]:
     """The rows the options in ``made`` (option → how many) make (module docstring), per option, counted in ``report``.
     The training rows come from taught questions, the ``dev_`` rows from those SFT holds back."""
-    tokenizer = load_tokenizer(cap[1]) if cap else None
+    tokenizers: list[Any] = []  # loaded when a row is first measured
 
     def too_long(question: Question) -> bool:
-        return bool(cap) and _prompt_length(question, tokenizer) > cap[0]
+        if not cap:
+            return False
+        tokenizers[:] = tokenizers or [load_tokenizer(cap[1])]
+        return _prompt_length(question, tokenizers[0]) > cap[0]
 
     with_calls = [q for q in train if q.id in written and not bfcl.is_no_call_category(q.category)]
     taught, validated = [q for q in with_calls if q.id not in held], [q for q in with_calls if q.id in held]

@@ -36,11 +36,11 @@ def _single_user_turn(question: Question) -> bool:
     return [m["role"] for m in question.messages] == ["user"]
 
 
-def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed: int, too_long: TooLong) -> list[Question]:
+def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed: int, left_out: TooLong) -> list[Question]:
     """Up to ``count`` two-call questions, each two taught (ids in ``taught``) single-call questions of
     :data:`PAIRED_CATEGORY` with the same functions (a seeded draw of distinct pairs), asked in one user message;
     their answer is both possible answers, judged by BFCL's parallel rule (category :data:`PAIRS_CATEGORY`).
-    ``too_long`` also leaves out a pair whose SFT transcript cannot be written."""
+    ``left_out`` says which pairs are not kept (over the prompt cap, or with no SFT transcript)."""
     if count == 0:
         return []
     alike: dict[str, list[Question]] = {}
@@ -55,7 +55,7 @@ def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed
             break
         pair = replace(a, id=f"pair_{a.id}+{b.id}", category=PAIRS_CATEGORY, ground_truth=[*a.ground_truth, *b.ground_truth],
                        messages=[{"role": "user", "content": f"{a.messages[0]['content']}\n\n{b.messages[0]['content']}"}])
-        if not too_long(pair):
+        if not left_out(pair):
             pairs.append(pair)
     return pairs
 
@@ -101,16 +101,16 @@ def swapped(pool: list[Question], count: int, seed: int, too_long: TooLong) -> l
 
 
 def _stem_words(name: str) -> set[str]:
-    """A name's words without digits and without :data:`_NAME_VERBS`: ``uber.ride2`` → {uber, ride}."""
+    """A name's words without trailing digits and without :data:`_NAME_VERBS` (wherever they stand): ``uber.ride2`` →
+    {uber, ride}."""
     return {w.rstrip("0123456789") for w in _name_words(name)} - _NAME_VERBS - {""}
 
 
 def masked(pool: list[Question], count: int, seed: int, too_long: TooLong) -> list[Question]:
     """Up to ``count`` irrelevance rows of category :data:`MASKED_CATEGORY` from ``pool`` (questions with calls): a
     question of :data:`MASKED_FROM` asked with its own functions less those its possible answer calls and less any
-    whose name shares a word with theirs (:func:`_stem_words`: ``uber.ride2`` goes with ``uber.ride``). What is left
-    is the app's other functions, often about the same subject, as BFCL's held-out irrelevance rows are; a question
-    with none left is skipped. The label is no call, as the masked function was the one the question needs; a kept
+    whose name shares a word with theirs (:func:`_stem_words`: ``uber.ride2`` goes with ``uber.ride``, and a
+    ``Service_N_Action`` name takes its whole service with it); a question with none left is skipped. The label is no call, as the masked function was the one the question needs; a kept
     function that could do it under another name would make a wrong label (left to the name rule)."""
     if count == 0:
         return []
