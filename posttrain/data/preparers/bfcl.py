@@ -212,12 +212,9 @@ def prepare_bfcl(
     report and returns the Parquet paths."""
     multi_turn_questions = [q for c in _categories(multi_turn, "multi_turn", MULTI_TURN_CATEGORIES, empty=True) for q in load_multi_turn(c, limit)]
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
-    _check_options(splits, max_prompt_tokens, limit, sft_val_size)
     made = {"parallel_pairs": parallel_pairs, "swapped_irrelevance": swapped_irrelevance, "dev_swapped": dev_swapped,
             "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked}
-    check_counts(0, **made)
-    if no_call_share is not None and not 0 < no_call_share <= 1:
-        raise InputError(f"no_call_share={no_call_share}: give the largest share of training rows whose answer is no call, in (0, 1]")
+    _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
     report = Report(splits, {split: Counter(q.category for q in items) for split, items in questions.items()},
                     {split: {doc["name"] for q in items for doc in q.functions} for split, items in questions.items()})
@@ -311,12 +308,15 @@ def _categories(text: str, option: str, offered: tuple[str, ...] = CATEGORIES, *
     return names
 
 
-def _check_options(splits: dict[str, list[str]], max_prompt_tokens: int | None, limit: int | None, sft_val_size: int) -> None:
+def _check_options(splits: dict[str, list[str]], max_prompt_tokens: int | None, limit: int | None, sft_val_size: int,
+                   no_call_share: float | None, made: dict[str, int]) -> None:
     both = sorted(set(splits["train"]) & set(splits["test"]))
     if both:
         raise InputError(f"{both} are in both train_categories and test_categories; a held-out category must not be trained on")
     check_counts(1, **{k: v for k, v in {"max_prompt_tokens": max_prompt_tokens, "limit": limit}.items() if v is not None})
-    check_counts(0, sft_val_size=sft_val_size)
+    check_counts(0, sft_val_size=sft_val_size, **made)
+    if no_call_share is not None and not 0 < no_call_share <= 1:
+        raise InputError(f"no_call_share={no_call_share}: give the largest share of training rows whose answer is no call, in (0, 1]")
 
 
 def _prompt_length(question: Question, tokenizer: Any) -> int:
