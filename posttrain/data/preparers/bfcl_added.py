@@ -10,10 +10,21 @@ import json
 import random
 import re
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from posttrain.data.preparers.bfcl import Question
+
+class Asked(Protocol):
+    """What these functions read of a question (:class:`posttrain.data.preparers.bfcl.Question`, a dataclass: the
+    rows they make are copies of it with :func:`dataclasses.replace`)."""
+
+    id: str
+    category: str
+    messages: list[dict[str, str]]
+    functions: list[dict[str, Any]]
+    ground_truth: list[dict[str, Any]]
+
+
+Question = TypeVar("Question", bound=Asked)
 
 # parallel_pairs: two questions of this training category asked together make a row of this category, judged by
 # BFCL's parallel rule (the checker picks it by "parallel" in the name); no BFCL category of its own
@@ -29,7 +40,7 @@ returns string number value values which their there these using within format s
 # verbs that start many functions' names: two names sharing only one of them do not do the same thing
 _NAME_VERBS = frozenset("get set list create update delete find search add remove fetch check send make show".split())
 
-TooLong = Callable[["Question"], bool]
+TooLong = Callable[[Any], bool]
 
 
 def _single_user_turn(question: Question) -> bool:
