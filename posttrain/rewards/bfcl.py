@@ -49,6 +49,7 @@ import functools
 import importlib
 import importlib.metadata
 import json
+import re
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -254,6 +255,32 @@ def _as_checked(value: Any, schema: dict[str, Any]) -> Any:
     if schema.get("type") in ("array", "tuple") and schema.get("items", {}).get("type") == "dict" and isinstance(value, list):
         return [_first_values(item, None) if isinstance(item, dict) else item for item in value]
     return value
+
+
+# words too common in BFCL's function docs to tell two functions' subjects apart
+_COMMON_WORDS = frozenset("""about based default specified given information optional parameters provided required retrieve
+returns string number value values which their there these using within format should other function""".split())
+
+def name_words(name: str) -> set[str]:
+    """A function name's words, split at ``.``, ``_``, ``-`` and lower-to-upper case, lower-case."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return {w.lower() for w in re.split(r"[\s._\-]+", spaced) if w}
+
+
+def question_words(text: str) -> set[str]:
+    """A question's longer words (five letters or more), lower-case: what it is about, to set beside
+    :func:`subject_words`."""
+    return {w.lower() for w in re.findall(r"[A-Za-z]{5,}", text)}
+
+
+def subject_words(functions: list[dict[str, Any]]) -> set[str]:
+    """The words that say what the functions are about: their names' words and their descriptions' words of five
+    letters or more, lower-case, common ones left out."""
+    words = set()
+    for doc in functions:
+        words |= name_words(doc["name"])
+        words |= {w.lower() for w in re.findall(r"[A-Za-z]{5,}", str(doc.get("description", "")))}
+    return words - _COMMON_WORDS
 
 
 def _row_field(extra_info: dict[str, Any], key: str) -> Any:

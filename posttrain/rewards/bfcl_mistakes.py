@@ -10,7 +10,11 @@ irrelevance row, an unreadable call.
 
 Beside the kinds stands the **call rate**: on the rows that need a call, the share where the answer
 made at least one readable call. Irrelevance's accuracy can be won by never calling; the call rate
-shows how often the policy still calls where it must.
+shows how often the policy still calls where it must. And the **no-call rows by shared subject words**:
+on the rows whose right answer is no call, the share answered with none, apart for the rows whose
+question shares no subject word with the functions (:func:`bfcl.subject_words`, :func:`bfcl.question_words`),
+one, or more: a near miss ("the dominant trait of a lion" with ``genetics.get_variant_frequency``) is
+where a policy that learnt to call calls wrongly.
 
 :func:`mistakes_markdown` is what a recipe's report appends for ``data_source: bfcl`` rows
 (``posttrain recipe bfcl``) and what ``scripts/bfcl_errors.py`` prints.
@@ -38,6 +42,7 @@ KINDS = {
     "decoder_failed": NO_CALL, "decoder_wrong_output_format": "unreadable call",
 }
 CALL_RATE = "call rate where one is due"
+SHARED = ("none", "one", "two or more")  # subject words a no-call row's question shares with its functions
 
 
 def kind(verdict: bfcl.Verdict) -> str:
@@ -93,11 +98,14 @@ def mistakes_markdown(files: Mapping[str, Path]) -> str:
     parser = CallParser("hermes", None, [])
     kinds: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))  # category -> label -> kind
     calls: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))  # category -> label -> due, made
+    shared: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))  # label -> (shared, right) -> rows
     labels = list(files)
     for label, path in files.items():
         for row in episode_rows(path):
             found, called = judge(row, parser)
             due = not bfcl.is_no_call_category(row["extra_info"]["category"])
+            if not due:
+                shared[label][_shared(row)][found == RIGHT] += 1
             for category in (row["extra_info"]["category"], "all"):
                 kinds[category][label][found] += 1
                 calls[category][label]["due"] += due
@@ -111,6 +119,7 @@ def mistakes_markdown(files: Mapping[str, Path]) -> str:
         lines += [f"{CALL_RATE.capitalize()} (the share of rows that need a call on which the answer made a readable "
                   "call):", "", "| | " + " | ".join(due) + " |", "|---" * (len(due) + 1) + "|"]
         lines += [f"| {label} | " + " | ".join(_rate(calls[c][label]) for c in due) + " |" for label in labels]
+    lines += _shared_lines(shared, labels)
     for category in categories:
         by_label = kinds[category]
         names = sorted({k for counts in by_label.values() for k in counts}, key=lambda k: (k != RIGHT, k))
@@ -122,6 +131,27 @@ def mistakes_markdown(files: Mapping[str, Path]) -> str:
         if category in due:
             lines.append(f"| {CALL_RATE} | " + " | ".join(_rate(calls[category][label]) for label in labels) + " |")
     return "\n".join(lines).strip("\n")
+
+
+def _shared(row: Mapping) -> str:
+    """How many subject words the row's question (its user turns) shares with its functions, as one of :data:`SHARED`."""
+    text = " ".join(m["content"] for m in row["messages"] if m["role"] == "user" and isinstance(m.get("content"), str))
+    functions = row["extra_info"].get("bfcl_functions")
+    functions = json.loads(functions) if isinstance(functions, str) else functions or []
+    return SHARED[min(len(bfcl.question_words(text) & bfcl.subject_words(functions)), 2)]
+
+
+def _shared_lines(shared: Mapping[str, Mapping[str, Counter]], labels: list[str]) -> list[str]:
+    """The no-call rows' table (module docstring); none without such rows."""
+    if not shared:
+        return []
+    lines = ["", "No-call rows by the subject words their question shares with the functions (the share answered "
+             "with no call):", "", "| | " + " | ".join(SHARED) + " |", "|---" * (len(SHARED) + 1) + "|"]
+    for label in labels:
+        cells = [shared[label][bucket] for bucket in SHARED]
+        lines.append(f"| {label} | " + " | ".join(f"{c[True] / (c[True] + c[False]):.3f} (n={c[True] + c[False]})"
+                                                  if c[True] + c[False] else "—" for c in cells) + " |")
+    return lines
 
 
 def _rate(counts: Counter) -> str:

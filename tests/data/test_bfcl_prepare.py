@@ -185,7 +185,7 @@ def test_parallel_pairs_ask_two_taught_questions_with_the_same_functions_at_once
 def test_swapped_irrelevance_asks_a_taught_question_with_functions_about_something_else(tmp_path, capsys):
     """swapped_irrelevance=N: N irrelevance rows whose question is a taught live_simple/live_multiple one and whose
     functions are another taught question's, about something else; no call is right, and SFT says so."""
-    from posttrain.data.preparers.bfcl_added import subject_words as _subject_words
+    from posttrain.rewards.bfcl import subject_words as _subject_words
 
     assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=60", "sft_val_size=8", "swapped_irrelevance=10", "multi_turn="]) == 0
     assert "swapped_irrelevance rows (swapped_irrelevance=10): 10" in capsys.readouterr().out
@@ -214,7 +214,7 @@ def test_swapped_irrelevance_asks_a_taught_question_with_functions_about_somethi
 def test_dev_swapped_asks_held_back_questions_with_held_back_functions_in_a_file_of_its_own(tmp_path, capsys):
     """dev_swapped=N: dev_swapped.parquet holds irrelevance rows made from the questions SFT validates on, each asked
     with another such question's functions (neither taught), in no training file; train.parquet is unchanged."""
-    from posttrain.data.preparers.bfcl_added import subject_words as _subject_words
+    from posttrain.rewards.bfcl import subject_words as _subject_words
 
     assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=60", "sft_val_size=40", "dev_swapped=6", "multi_turn="]) == 0
     assert "dev_swapped.parquet (dev_swapped=6): 6 swapped_irrelevance rows" in capsys.readouterr().out

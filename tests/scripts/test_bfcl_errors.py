@@ -76,13 +76,41 @@ def test_mistakes_by_kind_and_the_call_rate_where_a_call_is_due(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_errors.py"), f"mixed={mixed}"],
                           capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
     assert done.returncode == 0, done.stderr
-    assert markdown_tables(done.stdout) == {"irrelevance (2 rows), mistakes by kind:": [["right", "1"], ["call on irrelevance row", "1"]],
-                                            "all (2 rows), mistakes by kind:": [["right", "1"], ["call on irrelevance row", "1"]]}
+    assert markdown_tables(done.stdout) == {
+        "No-call rows by the subject words their question shares with the functions (the share answered with no call):":
+            [["mixed", "0.500 (n=2)", "—", "—"]],  # "(question N)" shares no word with any function
+        "irrelevance (2 rows), mistakes by kind:": [["right", "1"], ["call on irrelevance row", "1"]],
+        "all (2 rows), mistakes by kind:": [["right", "1"], ["call on irrelevance row", "1"]]}
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"messages": []}\n')
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_errors.py"), f"x={broken}"],
                           capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
     assert done.returncode == 1 and "broken.jsonl line 1 is not a BFCL episode row with messages and extra_info.category" in done.stderr
+
+
+def test_no_call_rows_are_told_apart_by_the_subject_words_their_question_shares_with_the_functions(tmp_path):
+    """A question that shares no subject word with its function, one that shares one, one that shares more:
+    each answered once with no call (right) and once with a call, in two evaluations."""
+    from posttrain.rewards.bfcl_mistakes import SHARED
+
+    question = load_category("irrelevance")[0]
+    function = {"name": "get_weather", "description": "Today's forecast for a city"}
+    asked = [("Who wrote Hamlet?", "none"), ("Is there a forecast for tomorrow?", "one"), ("Forecast the weather of Paris", "two or more")]
+    files = {}
+    for label, answers in (("declines", [NO_CALL] * 3), ("calls", [as_calls([{"name": "get_weather", "arguments": {}}])] * 3)):
+        rows = []
+        for index, ((text, _), answer) in enumerate(zip(asked, answers)):
+            row = json.loads(episode(question, answer, index))
+            row["messages"][0]["content"], row["extra_info"]["bfcl_functions"] = text, json.dumps([function])
+            rows.append(json.dumps(row) + "\n")
+        files[label] = tmp_path / f"{label}.jsonl"
+        files[label].write_text("".join(rows))
+    assert [bucket for _, bucket in asked] == list(SHARED)
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_errors.py"), *(f"{k}={v}" for k, v in files.items())],
+                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    table = next(rows for title, rows in markdown_tables(done.stdout).items() if title.startswith("No-call rows by the subject words"))
+    assert table == [["declines", "1.000 (n=1)", "1.000 (n=1)", "1.000 (n=1)"], ["calls", "0.000 (n=1)", "0.000 (n=1)", "0.000 (n=1)"]]
 
 
 def test_a_bfcl_recipe_report_carries_the_mistakes_and_call_rates_of_its_rows(tmp_path):

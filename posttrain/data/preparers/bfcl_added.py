@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from dataclasses import replace
 from typing import Any, Callable, Protocol, TypeVar
+
+from posttrain.rewards.bfcl import name_words, question_words, subject_words
 
 
 class Asked(Protocol):
@@ -34,9 +35,6 @@ SWAPPED_FROM, SWAPPED_CATEGORY = ("live_simple", "live_multiple"), "swapped_irre
 # masked_irrelevance: questions of this category (several functions each) asked without the functions they need
 MASKED_FROM, MASKED_CATEGORY = "live_multiple", "masked_irrelevance"
 
-# words too common in BFCL's function docs to tell two functions' subjects apart
-_COMMON_WORDS = frozenset("""about based default specified given information optional parameters provided required retrieve
-returns string number value values which their there these using within format should other function""".split())
 # verbs that start many functions' names: two names sharing only one of them do not do the same thing
 _NAME_VERBS = frozenset("get set list create update delete find search add remove fetch check send make show".split())
 
@@ -71,26 +69,10 @@ def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed
     return pairs
 
 
-def _name_words(name: str) -> set[str]:
-    """A function name's words, split at ``.``, ``_``, ``-`` and lower-to-upper case, lower-case."""
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
-    return {w.lower() for w in re.split(r"[\s._\-]+", spaced) if w}
-
-
-def subject_words(functions: list[dict[str, Any]]) -> set[str]:
-    """The words that say what the functions are about: their names' words and their descriptions' words of five
-    letters or more, lower-case, common ones left out."""
-    words = set()
-    for doc in functions:
-        words |= _name_words(doc["name"])
-        words |= {w.lower() for w in re.findall(r"[A-Za-z]{5,}", str(doc.get("description", "")))}
-    return words - _COMMON_WORDS
-
-
 def swapped(pool: list[Question], count: int, seed: int, too_long: TooLong) -> list[Question]:
     """Up to ``count`` irrelevance rows of category :data:`SWAPPED_CATEGORY` from ``pool`` (questions with calls): a
     question of :data:`SWAPPED_FROM` asked with the functions of another question of ``pool`` (a seeded draw) that
-    share no subject word (:func:`subject_words`) with its own functions or the longer words of its question."""
+    share no subject word (:func:`~posttrain.rewards.bfcl.subject_words`) with its own functions or the longer words of its question."""
     if count == 0:
         return []
     asked = [q for q in pool if q.category in SWAPPED_FROM and _single_user_turn(q)]
@@ -100,7 +82,7 @@ def swapped(pool: list[Question], count: int, seed: int, too_long: TooLong) -> l
     for question in asked:
         if len(rows) == count:
             break
-        own = subject_words(question.functions) | {w.lower() for w in re.findall(r"[A-Za-z]{5,}", question.messages[0]["content"])}
+        own = subject_words(question.functions) | question_words(question.messages[0]["content"])
         donors = [d for d in pool if d.id != question.id and not own & subject_words(d.functions)]
         if not donors:
             continue
@@ -114,7 +96,7 @@ def swapped(pool: list[Question], count: int, seed: int, too_long: TooLong) -> l
 def _stem_words(name: str) -> set[str]:
     """A name's words without trailing digits and without :data:`_NAME_VERBS` (wherever they stand): ``uber.ride2`` →
     {uber, ride}."""
-    return {w.rstrip("0123456789") for w in _name_words(name)} - _NAME_VERBS - {""}
+    return {w.rstrip("0123456789") for w in name_words(name)} - _NAME_VERBS - {""}
 
 
 def masked(pool: list[Question], count: int, seed: int, too_long: TooLong) -> list[Question]:
