@@ -286,3 +286,24 @@ def test_masked_rows_leave_out_the_namesakes_of_the_functions_the_answer_calls()
     assert len(masked(both, 1, 0, lambda q: False)) == 1  # count rows at most
     assert [r.id for r in masked(both, 5, 0, lambda q: q.id == "mask_a")] == ["mask_c"]  # a row over the cap is left out
     assert all(r.category == "masked_irrelevance" and r.ground_truth == [] for r in rows)
+
+
+def test_near_irrelevance_names_the_live_irrelevance_rows_whose_question_shares_words_with_the_functions(tmp_path, capsys):
+    """near_irrelevance=true: the live_irrelevance training rows whose question shares a subject word with their functions
+    take the category live_irrelevance_near; every row is otherwise the same, in the same order; held-out rows keep theirs."""
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=80", "sft_val_size=8", "near_irrelevance=true", "multi_turn="]) == 0
+    assert re.search(r"train: 280 rows: .*, live_irrelevance \d+, live_irrelevance_near [1-9]", capsys.readouterr().out)
+    plain = tmp_path / "plain"
+    prepare("bfcl", plain, limit=80, sft_val_size=8, multi_turn="")
+    near, before = _rows(tmp_path / "train.parquet"), _rows(plain / "train.parquet")
+    renamed = [(a, b) for a, b in zip(near, before) if a != b]
+    assert len(near) == len(before) and renamed and all(a["extra_info"]["category"] == "live_irrelevance_near" for a, _ in renamed)
+    for a, b in renamed:
+        assert b["extra_info"]["category"] == "live_irrelevance" and a | {"extra_info": b["extra_info"]} == b
+        assert {k: v for k, v in a["extra_info"].items() if k != "category"} == {k: v for k, v in b["extra_info"].items() if k != "category"}
+        assert bfcl.check_calls([], [], a["extra_info"]).valid  # still judged as an irrelevance row
+    for row in near:
+        if row["extra_info"]["category"].startswith("live_irrelevance"):
+            shares = bool(bfcl.question_words(row["prompt"][-1]["content"]) & bfcl.subject_words(json.loads(row["extra_info"]["bfcl_functions"])))
+            assert shares is (row["extra_info"]["category"] == "live_irrelevance_near")
+    assert _rows(tmp_path / "test.parquet") == _rows(plain / "test.parquet")

@@ -57,6 +57,10 @@ subject word. No call is right
 and its SFT transcript says so; a kept function that could do the job under another name makes a wrong label, which
 the name rule does not catch. ``dev_masked=N`` writes ``dev_masked.parquet`` the same way from the questions SFT holds
 back, for validation only, like ``dev_swapped``. The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
+``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
+functions (near misses, where RL learns to call wrongly: docs/tools.md) the category ``live_irrelevance_near``, so a
+batch can hold a share of them (``data.sampler.shares``) and a development split reports them apart; nothing else
+about them changes (BFCL's irrelevance rule still judges them), and the held-out rows keep their categories.
 
 SFT transcripts (``sft.parquet``, ``sft_val.parquet``: the names ``posttrain sft`` looks for beside the
 RL data; columns ``messages`` and the row's ``extra_info``, so a transcript carries its tools) come
@@ -94,7 +98,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +121,8 @@ CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irr
               "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance")
 NO_FUNCTION_ANSWER = "None of the functions I have can do this."
 _DROPPED_KEYS = ("optional",)  # BFCL's own flag, not JSON Schema
+# near_irrelevance: the training rows of this category whose question shares a subject word with its functions
+NEAR_FROM, NEAR_CATEGORY = "live_irrelevance", "live_irrelevance_near"
 # the options that add training rows (with their SFT transcripts), and each added-rows option's report line
 ADDED_TO_TRAIN = ("parallel_pairs", "swapped_irrelevance", "masked_irrelevance")
 ADDED_LINES = {
@@ -206,16 +212,17 @@ def prepare_bfcl(
     dev_swapped: int = 0,
     masked_irrelevance: int = 0,
     dev_masked: int = 0,
+    near_irrelevance: bool = False,
 ) -> list[Path]:
-    """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet``
-    (unless ``multi_turn`` is empty) and ``README.md`` into ``out_dir`` (module docstring); prints the
-    report and returns the Parquet paths."""
+    """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet`` (unless
+    ``multi_turn`` is empty) and ``README.md`` into ``out_dir`` (module docstring); prints the report, returns the paths."""
     multi_turn_questions = [q for c in _categories(multi_turn, "multi_turn", MULTI_TURN_CATEGORIES, empty=True) for q in load_multi_turn(c, limit)]
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
     made = {"parallel_pairs": parallel_pairs, "swapped_irrelevance": swapped_irrelevance, "dev_swapped": dev_swapped,
             "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked}
     _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
+    questions["train"] = _near_misses(questions["train"], splits["train"]) if near_irrelevance else questions["train"]
     report = Report(splits, {split: Counter(q.category for q in items) for split, items in questions.items()},
                     {split: {doc["name"] for q in items for doc in q.functions} for split, items in questions.items()})
     if max_prompt_tokens is not None:
@@ -243,9 +250,7 @@ def prepare_bfcl(
     paths.append(write_rows([row for row, h in sft if h], out_dir / "sft_val.parquet"))
     for option in (o for o in made if o.startswith("dev_") and made[o]):
         paths.append(write_rows([_row(q, "dev", i, {}, held) for i, q in enumerate(added[option])], out_dir / f"{option}.parquet"))
-    if multi_turn_questions:
-        paths.append(write_rows([multi_turn_row(q, i) for i, q in enumerate(multi_turn_questions)], out_dir / "test_multi_turn.parquet"))
-    report.multi_turn = Counter(q["category"] for q in multi_turn_questions)
+    paths += _write_multi_turn(multi_turn_questions, out_dir, report)
     (out_dir / "README.md").write_text(_readme(report.text()), encoding="utf-8")
     print(report.text())
     return paths
@@ -346,6 +351,24 @@ def _cap_no_call(questions: list[Question], share: float, seed: int, report: Rep
     report.cut = Counter(questions[i].category for i in no_call if i not in kept)
     report.no_call_share = share
     return [q for i, q in enumerate(questions) if i in kept or not bfcl.is_no_call_category(q.category)]
+
+
+def _near_misses(train: list[Question], categories: list[str]) -> list[Question]:
+    """``near_irrelevance``: the live_irrelevance questions that share a subject word with their functions
+    (:func:`bfcl.question_words`, :func:`bfcl.subject_words`) take the category :data:`NEAR_CATEGORY`, which is
+    added to ``categories``; the others and their order stay."""
+    categories.append(NEAR_CATEGORY)
+    return [replace(q, category=NEAR_CATEGORY) if q.category == NEAR_FROM and _shares_words(q) else q for q in train]
+
+
+def _shares_words(question: Question) -> bool:
+    text = " ".join(m["content"] for m in question.messages if m["role"] == "user")
+    return bool(bfcl.question_words(text) & bfcl.subject_words(question.functions))
+
+
+def _write_multi_turn(questions: list[dict[str, Any]], out_dir: Path, report: Report) -> list[Path]:
+    report.multi_turn = Counter(q["category"] for q in questions)
+    return [write_rows([multi_turn_row(q, i) for i, q in enumerate(questions)], out_dir / "test_multi_turn.parquet")] if questions else []
 
 
 def _row(question: Question, split: str, index: int, written: dict[str, Any], held: set[str]) -> dict[str, Any]:
