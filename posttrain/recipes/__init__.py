@@ -241,11 +241,9 @@ def check_same_evaluations(recipe: Recipe, given: dict[str, Path], dirs: dict[st
             check_same_evaluation(stage, dirs[stage.name], dirs, overrides)
 
 
-def absolute_paths(command: str | None) -> list[str] | None:
+def absolute_paths(command: str) -> list[str]:
     """A stage's command with each relative path that exists here made absolute (``--dir runs/x`` and
     ``--use ...=/abs/runs/x/...`` name the same directories), to compare two commands."""
-    if command is None:
-        return None
     words = []
     for word in shlex.split(command):
         key, sep, value = word.rpartition("=") if "=" in word else ("", "", word)

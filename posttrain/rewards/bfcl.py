@@ -261,6 +261,7 @@ def _as_checked(value: Any, schema: dict[str, Any]) -> Any:
 _COMMON_WORDS = frozenset("""about based default specified given information optional parameters provided required retrieve
 returns string number value values which their there these using within format should other function""".split())
 
+
 def name_words(name: str) -> set[str]:
     """A function name's words, split at ``.``, ``_``, ``-`` and lower-to-upper case, lower-case."""
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
@@ -278,9 +279,15 @@ def subject_words(functions: list[dict[str, Any]]) -> set[str]:
     letters or more, lower-case, common ones left out."""
     words = set()
     for doc in functions:
-        words |= name_words(doc["name"])
-        words |= {w.lower() for w in re.findall(r"[A-Za-z]{5,}", str(doc.get("description", "")))}
+        words |= name_words(doc["name"]) | question_words(str(doc.get("description", "")))
     return words - _COMMON_WORDS
+
+
+def shared_subject_words(messages: Sequence[dict[str, Any]], functions: list[dict[str, Any]]) -> set[str]:
+    """The subject words (:func:`subject_words`) a question's user turns share with its functions: none for a
+    question about something else, some for a near miss."""
+    text = " ".join(m["content"] for m in messages if m["role"] == "user" and isinstance(m.get("content"), str))
+    return question_words(text) & subject_words(functions)
 
 
 def _row_field(extra_info: dict[str, Any], key: str) -> Any:

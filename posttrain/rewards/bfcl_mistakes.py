@@ -12,7 +12,7 @@ Beside the kinds stands the **call rate**: on the rows that need a call, the sha
 made at least one readable call. Irrelevance's accuracy can be won by never calling; the call rate
 shows how often the policy still calls where it must. And the **no-call rows by shared subject words**:
 on the rows whose right answer is no call, the share answered with none, apart for the rows whose
-question shares no subject word with the functions (:func:`bfcl.subject_words`, :func:`bfcl.question_words`),
+question shares no subject word with the functions (:func:`bfcl.shared_subject_words`),
 one, or more: a near miss ("the dominant trait of a lion" with ``genetics.get_variant_frequency``) is
 where a policy that learnt to call calls wrongly.
 
@@ -135,10 +135,9 @@ def mistakes_markdown(files: Mapping[str, Path]) -> str:
 
 def _shared(row: Mapping) -> str:
     """How many subject words the row's question (its user turns) shares with its functions, as one of :data:`SHARED`."""
-    text = " ".join(m["content"] for m in row["messages"] if m["role"] == "user" and isinstance(m.get("content"), str))
     functions = row["extra_info"].get("bfcl_functions")
     functions = json.loads(functions) if isinstance(functions, str) else functions or []
-    return SHARED[min(len(bfcl.question_words(text) & bfcl.subject_words(functions)), 2)]
+    return SHARED[min(len(bfcl.shared_subject_words(row["messages"], functions)), 2)]
 
 
 def _shared_lines(shared: Mapping[str, Mapping[str, Counter]], labels: list[str]) -> list[str]:

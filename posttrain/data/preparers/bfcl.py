@@ -95,6 +95,7 @@ Only ``multi_turn_base`` is offered: ``miss_func`` adds functions in later turns
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections import Counter
@@ -260,13 +261,10 @@ def _added(train: list[Question], written: dict[str, Any], held: set[str], seed:
            made: dict[str, int], report: Report) -> dict[str, list[Question]]:
     """The rows the options in ``made`` (option → how many) make (module docstring), per option, counted in ``report``.
     The training rows come from taught questions, the ``dev_`` rows from those SFT holds back."""
-    tokenizers: list[Any] = []  # loaded when a row is first measured
+    tokenizer = functools.cache(lambda: load_tokenizer(cap[1]))  # loaded when a row is first measured
 
     def too_long(question: Question) -> bool:
-        if not cap:
-            return False
-        tokenizers[:] = tokenizers or [load_tokenizer(cap[1])]
-        return _prompt_length(question, tokenizers[0]) > cap[0]
+        return bool(cap) and _prompt_length(question, tokenizer()) > cap[0]
 
     with_calls = [q for q in train if q.id in written and not bfcl.is_no_call_category(q.category)]
     taught, validated = [q for q in with_calls if q.id not in held], [q for q in with_calls if q.id in held]
@@ -355,15 +353,11 @@ def _cap_no_call(questions: list[Question], share: float, seed: int, report: Rep
 
 def _near_misses(train: list[Question], categories: list[str]) -> list[Question]:
     """``near_irrelevance``: the live_irrelevance questions that share a subject word with their functions
-    (:func:`bfcl.question_words`, :func:`bfcl.subject_words`) take the category :data:`NEAR_CATEGORY`, which is
+    (:func:`bfcl.shared_subject_words`) take the category :data:`NEAR_CATEGORY`, which is
     added to ``categories``; the others and their order stay."""
     categories.append(NEAR_CATEGORY)
-    return [replace(q, category=NEAR_CATEGORY) if q.category == NEAR_FROM and _shares_words(q) else q for q in train]
-
-
-def _shares_words(question: Question) -> bool:
-    text = " ".join(m["content"] for m in question.messages if m["role"] == "user")
-    return bool(bfcl.question_words(text) & bfcl.subject_words(question.functions))
+    return [replace(q, category=NEAR_CATEGORY) if q.category == NEAR_FROM and bfcl.shared_subject_words(q.messages, q.functions)
+            else q for q in train]
 
 
 def _write_multi_turn(questions: list[dict[str, Any]], out_dir: Path, report: Report) -> list[Path]:
