@@ -211,6 +211,21 @@ def argument_credit(
     return {"score": right / total if total else 0.0}
 
 
+def decline_credit(
+    solution_str: str,
+    ground_truth: str | list,
+    extra_info: dict[str, Any] | None = None,
+    calls: Sequence[dict[str, Any]] | None = None,
+    **_: Any,
+) -> dict[str, float]:
+    """A training reward of its own, not BFCL's (the rubric rule ``bfcl_decline``): 1.0 for an answer that
+    makes no call, on any row, else 0.0. Beside ``rule: bfcl`` at a smaller weight it ranks, on a row that
+    needs a call, declining above a wrong call (BFCL's checker refuses both) and below the right one: a
+    policy unsure of the function learns to decline rather than call a near miss. On a no-call row it only
+    agrees with the checker. Its ``score`` has no ``acc``: the accuracy stays BFCL's verdict."""
+    return {"score": float(not _given_calls(calls))}
+
+
 def _given_calls(calls: Sequence[dict[str, Any]] | None) -> Sequence[dict[str, Any]]:
     if calls is None:
         raise InputError(

@@ -175,3 +175,25 @@ def test_a_missing_package_says_how_to_install_it(monkeypatch):
         bfcl.ast_checker.__wrapped__()
     with pytest.raises(MissingLibraryError, match="--no-deps"):
         bfcl.data_dir()
+
+
+def test_decline_credit_ranks_declining_between_a_wrong_call_and_the_right_one_beside_the_checker():
+    from posttrain.rewards.rubric import build_rubric
+
+    rubric = build_rubric([{"name": "checker", "weight": 1.0, "rule": "bfcl"}, {"name": "decline", "weight": 0.25, "rule": "bfcl_decline"}])
+    simple = load_category("simple_python", limit=1)[0]
+    ground_truth, extra_info = _row(simple)
+    right_calls = bfcl.answer_calls(ground_truth, simple.functions)
+    wrong_calls = [{"name": right_calls[0]["name"], "arguments": {}}]
+
+    def scored(calls, row=(ground_truth, extra_info)):
+        return rubric(solution_str="", ground_truth=row[0], extra_info=row[1], calls=calls)
+
+    right, declined, wrong = scored(right_calls), scored([]), scored(wrong_calls)
+    assert (right["score"], right["acc"]) == (pytest.approx(1.0 / 1.25), 1.0)
+    assert (declined["score"], declined["acc"]) == (pytest.approx(0.25 / 1.25), 0.0)  # the accuracy stays BFCL's verdict
+    assert (wrong["score"], wrong["acc"]) == (0.0, 0.0)
+    irrelevance = _row(load_category("irrelevance", limit=1)[0])
+    assert scored([], irrelevance)["score"] == 1.0 and scored(wrong_calls, irrelevance)["score"] == 0.0
+    with pytest.raises(InputError, match="env.name=tools"):
+        bfcl.decline_credit("<tool_call>...</tool_call>", ground_truth, extra_info)
