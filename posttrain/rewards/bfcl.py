@@ -38,8 +38,8 @@ parameter may be left out; ``"[]"`` for irrelevance rows), ``extra_info["categor
 checker reads).
 
 :func:`check_calls` gives BFCL's whole verdict (its ``error_type`` for per-error-kind analysis);
-:func:`compute_score` is the score function (:func:`argument_credit`, a training reward of its own, gives
-part credit for a call's parameters); :func:`answer_calls` writes a possible answer as calls
+:func:`compute_score` is the score function (:func:`argument_credit` and :func:`decline_credit`, training
+rewards of their own, give part credit for a call's parameters and credit for making no call); :func:`answer_calls` writes a possible answer as calls
 (the first acceptable value of each parameter), as the SFT transcripts and the tests do.
 """
 
@@ -221,8 +221,8 @@ def decline_credit(
     """A training reward of its own, not BFCL's (the rubric rule ``bfcl_decline``): 1.0 for an answer that
     makes no call, on any row, else 0.0. Beside ``rule: bfcl`` at a smaller weight it ranks, on a row that
     needs a call, declining above a wrong call (BFCL's checker refuses both) and below the right one: a
-    policy unsure of the function learns to decline rather than call a near miss. On a no-call row it only
-    agrees with the checker. Its ``score`` has no ``acc``: the accuracy stays BFCL's verdict."""
+    policy unsure of the function learns to decline rather than call a near miss. On an irrelevance row (no
+    call is right) it agrees with the checker; on a live_relevance row (any call is right) it disagrees: not for those. Its ``score`` has no ``acc``: the accuracy stays BFCL's verdict."""
     return {"score": float(not _given_calls(calls))}
 
 
@@ -321,4 +321,4 @@ def _json_value(value: Any, field: str) -> Any:
 
 
 __all__ = ["BFCL_PIN", "INSTALL_HINT", "MODEL_NAME", "CheckerModelConfig", "Verdict", "answer_calls", "argument_credit", "ast_checker", "bfcl_module",
-           "check_calls", "compute_score", "data_dir", "installed_version", "is_no_call_category", "model_output"]
+           "check_calls", "compute_score", "data_dir", "decline_credit", "installed_version", "is_no_call_category", "model_output"]

@@ -189,7 +189,10 @@ def test_decline_credit_ranks_declining_between_a_wrong_call_and_the_right_one_b
     def scored(calls, row=(ground_truth, extra_info)):
         return rubric(solution_str="", ground_truth=row[0], extra_info=row[1], calls=calls)
 
+    assert bfcl.decline_credit("", ground_truth, extra_info, calls=[]) == {"score": 1.0}  # no acc: BFCL's verdict keeps it
+    assert bfcl.decline_credit("", ground_truth, extra_info, calls=right_calls) == {"score": 0.0}
     right, declined, wrong = scored(right_calls), scored([]), scored(wrong_calls)
+    assert (declined["rubric/decline"], wrong["rubric/decline"]) == (1.0, 0.0)
     assert (right["score"], right["acc"]) == (pytest.approx(1.0 / 1.25), 1.0)
     assert (declined["score"], declined["acc"]) == (pytest.approx(0.25 / 1.25), 0.0)  # the accuracy stays BFCL's verdict
     assert (wrong["score"], wrong["acc"]) == (0.0, 0.0)
