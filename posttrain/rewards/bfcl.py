@@ -39,8 +39,9 @@ checker reads).
 
 :func:`check_calls` gives BFCL's whole verdict (its ``error_type`` for per-error-kind analysis);
 :func:`compute_score` is the score function (:func:`argument_credit` and :func:`decline_credit`, training
-rewards of their own, give part credit for a call's parameters and credit for making no call); :func:`answer_calls` writes a possible answer as calls
-(the first acceptable value of each parameter), as the SFT transcripts and the tests do.
+rewards of their own, give part credit for a call's parameters and credit for making no call);
+:func:`answer_calls` writes a possible answer as calls (the first acceptable value of each parameter), as
+the SFT transcripts and the tests do.
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ def decline_credit(
     makes no call, on any row, else 0.0. Beside ``rule: bfcl`` at a smaller weight it ranks, on a row that
     needs a call, declining above a wrong call (BFCL's checker refuses both) and below the right one: a
     policy unsure of the function learns to decline rather than call a near miss. On an irrelevance row (no
-    call is right) it agrees with the checker; on a live_relevance row (any call is right) it disagrees: not for those. Its ``score`` has no ``acc``: the accuracy stays BFCL's verdict."""
+    call is right) it agrees with the checker; on a live_relevance row (any call is right) it disagrees: not
+    for those. Its ``score`` has no ``acc``: the accuracy stays BFCL's verdict."""
     return {"score": float(not _given_calls(calls))}
 
 
