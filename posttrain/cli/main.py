@@ -10,7 +10,9 @@
                                                      (--report: the table of the stages that finished, none run)
   posttrain compare A.jsonl B.jsonl [--by KEY]      two evaluations' accuracies on the same items (95% intervals)
                                                      and B - A with a paired bootstrap interval
-  posttrain export CHECKPOINT --out DIR              a checkpoint's policy as a Hugging Face directory
+  posttrain export CHECKPOINT --out DIR [--toward MODEL --weight W]
+                                                     a checkpoint's policy as a Hugging Face directory (--toward:
+                                                     moved back toward MODEL, MODEL + W * (policy - MODEL))
   posttrain config [--preset NAME] [--for train|sft|eval] [key=value ...]
                                                      print the resolved config, or every problem the command it is
                                                      for would refuse (default: sft when the sft section is set)
@@ -94,7 +96,7 @@ def _compare_command(args: argparse.Namespace) -> int:
 def _export_command(args: argparse.Namespace) -> int:
     from posttrain.cli.export import export_checkpoint
 
-    print(export_checkpoint(args.checkpoint, args.out))
+    print(export_checkpoint(args.checkpoint, args.out, args.toward, args.weight))
     return 0
 
 
@@ -272,6 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write a checkpoint's policy as a Hugging Face directory")
     export.add_argument("checkpoint", help="a global_step_N directory or a run directory (its latest checkpoint)")
     export.add_argument("--out", required=True, type=Path)
+    export.add_argument("--toward", type=Path, metavar="MODEL",
+                        help="write the policy moved back toward MODEL, the local model the run was trained from (an SFT "
+                             "run's directory or its export/): MODEL + W * (policy - MODEL), weight by weight (WiSE-FT)")
+    export.add_argument("--weight", type=float, metavar="W", help="with --toward: 0 is MODEL, 1 the checkpoint's policy")
     export.set_defaults(run=_export_command)
 
     prep = commands.add_parser(

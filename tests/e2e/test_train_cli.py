@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from posttrain.models import cached_tiny_model
 from posttrain.trainer.provenance import package_version
@@ -147,6 +148,14 @@ def test_grpo_two_steps(two_steps, tmp_path):
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf").config.num_hidden_layers == 2
+    # moved a quarter of the way back toward the model it was trained from (WiSE-FT): each weight on that line
+    toward = subprocess.run([sys.executable, "-m", "posttrain.cli", "export", str(run_dir), "--out", str(tmp_path / "toward"),
+                             "--toward", cached_tiny_model("llama"), "--weight", "0.75"], capture_output=True, text=True, timeout=300)
+    assert toward.returncode == 0, toward.stderr[-2000:]
+    start, end, mixed = (AutoModelForCausalLM.from_pretrained(path).state_dict()
+                         for path in (cached_tiny_model("llama"), tmp_path / "hf", tmp_path / "toward"))
+    assert max((end[name] - start[name]).abs().max().item() for name in end) > 1e-4  # two steps moved the policy
+    assert all(torch.allclose(mixed[name], start[name] + 0.75 * (end[name] - start[name]), atol=1e-6, rtol=0) for name in end)
     evaluation = subprocess.run(
         [sys.executable, "-m", "posttrain.cli", "eval", "--checkpoint", str(run_dir),
          f"actor_rollout_ref.model.path={cached_tiny_model('llama')}", f"trainer.default_local_dir={tmp_path / 'eval'}", *TINY_RUN,

@@ -3,6 +3,7 @@ the newest complete step; pruning and resuming never lose the step a run continu
 
 import json
 import logging
+import re
 
 import pytest
 
@@ -197,3 +198,16 @@ def test_export_of_a_run_whose_checkpoints_are_all_damaged_says_what_to_do(tmp_p
     assert main(["export", str(tmp_path), "--out", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
     assert "names step 1, but" in err and "has 3 bytes, the manifest says 6" in err and "trainer.resume_mode" in err
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--weight", "0.5"], "--toward MODEL and --weight W together"),
+    (["--toward", "MODEL", "--weight", "1.5"], "from 0 .the --toward model. to 1"),
+    (["--toward", "{tmp}", "--weight", "0.5"], "not a Hugging Face model directory"),
+])
+def test_export_toward_a_model_refuses_what_it_cannot_use_before_reading_the_checkpoint(tmp_path, capsys, options, message):
+    from posttrain.cli import main
+
+    # tmp_path holds no checkpoint: each refusal comes before the checkpoint is looked for
+    assert main(["export", str(tmp_path), "--out", str(tmp_path / "hf"), *(o.format(tmp=tmp_path) for o in options)]) == 2
+    assert re.search(message, capsys.readouterr().err)

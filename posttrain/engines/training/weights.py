@@ -15,6 +15,11 @@ Tensors may share memory with the live parameters: consumers copy, never write.
 standard index file), the model's config, and every non-weight file of the source directory
 (tokenizer, chat template, generation config), so ``from_pretrained`` and vLLM load it as they
 would the original.
+
+:func:`interpolate_hf` writes such a directory whose every weight lies on the line between two exports
+of the same model: ``base + weight * (tuned - base)``, a tuned policy moved back toward the policy it
+was trained from (weight 1 is the tuned policy, 0 the base): WiSE-FT's weight-space ensemble (Wortsman
+et al., 2022), WARP's interpolation toward the initialisation (Ramé et al., 2024).
 """
 
 from __future__ import annotations
@@ -147,3 +152,57 @@ def export_hf(
     _copy_non_weight_files(source_dir, out_dir)
     barrier()
     return out_dir
+
+
+def interpolate_hf(base_dir: str | Path, tuned_dir: str | Path, weight: float, out_dir: str | Path,
+                   max_shard_bytes: int = 2 * 1024**3) -> Path:
+    """``base + weight * (tuned - base)`` for every weight (module docstring), one tensor at a time, in
+    float32 and then the tuned tensor's dtype; config, tokenizer and chat template from ``tuned_dir``.
+    Both directories hold the same weight names and shapes (two exports of one model), else ValueError."""
+    base_dir, tuned_dir, out_dir = Path(base_dir), Path(tuned_dir), Path(out_dir)
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"weight {weight}: give a number from 0 (the base policy) to 1 (the tuned policy)")
+    if out_dir.resolve() in (base_dir.resolve(), tuned_dir.resolve()):
+        raise ValueError(f"{out_dir}: write the interpolated policy to a directory of its own, not over one it reads")
+    base, tuned = _tensor_files(base_dir), _tensor_files(tuned_dir)
+    if base.keys() != tuned.keys():
+        only = sorted(base.keys() - tuned.keys())[:3], sorted(tuned.keys() - base.keys())[:3]
+        raise ValueError(f"{base_dir} and {tuned_dir} hold different weights (only in the first: {only[0]}; only in the "
+                         f"second: {only[1]}): interpolate two exports of the same model, e.g. an SFT export and its RL run's")
+
+    def mixed() -> Iterator[tuple[str, Tensor]]:
+        for name in tuned:
+            start, end = _read_tensor(base[name], name), _read_tensor(tuned[name], name)
+            if start.shape != end.shape:
+                raise ValueError(f"{name}: shape {tuple(start.shape)} in {base_dir}, {tuple(end.shape)} in {tuned_dir}")
+            yield name, torch.lerp(start.float(), end.float(), weight).to(end.dtype)  # exact at 0 and 1
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob("model*.safetensors*"):
+        stale.unlink()
+    _write_shards(mixed(), out_dir, max_shard_bytes)
+    shutil.copy2(tuned_dir / "config.json", out_dir / "config.json")
+    _copy_non_weight_files(tuned_dir, out_dir)
+    return out_dir
+
+
+def _tensor_files(directory: Path) -> dict[str, Path]:
+    """Weight name → the safetensors file of a Hugging Face directory (one file, or shards and their index)."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        return {name: directory / file for name, file in json.loads(index.read_text())["weight_map"].items()}
+    single = directory / "model.safetensors"
+    if not single.is_file():
+        raise ValueError(f"{directory} holds no model.safetensors (nor an index of shards): give a Hugging Face "
+                         "directory, e.g. `posttrain export`'s or an SFT run's export/")
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as handle:
+        return dict.fromkeys(handle.keys(), single)
+
+
+def _read_tensor(path: Path, name: str) -> Tensor:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        return handle.get_tensor(name)

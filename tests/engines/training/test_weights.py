@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from posttrain import keys
 from posttrain.engines.training import TrainingEngine
-from posttrain.engines.training.weights import export_hf
+from posttrain.engines.training.weights import export_hf, interpolate_hf
 from posttrain.models import cached_tiny_model
 from tests.engines.training.helpers import engine_config, make_batch, max_difference, parameters, ppo_loss, trained
 
@@ -129,3 +129,37 @@ def test_a_large_model_is_exported_in_shards_with_an_index(small_lm, tmp_path):
     assert len(set(index["weight_map"].values())) > 2
     exported = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     assert max_difference(parameters(engine), dict(exported.state_dict())) == 0
+
+
+def test_interpolation_puts_every_weight_on_the_line_from_the_base_to_the_tuned_policy(small_lm, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    engine = TrainingEngine(engine_config(small_lm))
+    engine.export_hf(tmp_path / "base")
+    for _ in range(2):
+        trained(engine, make_batch(4, seed=6), ppo_loss)
+    export_hf(engine.module, tmp_path / "tuned", source_dir=small_lm, write=True, max_shard_bytes=100_000)  # shards
+    base, tuned = (dict(AutoModelForCausalLM.from_pretrained(tmp_path / n, dtype=torch.float32).state_dict()) for n in ("base", "tuned"))
+    assert max_difference(base, tuned) > 1e-4
+    for weight in (0.0, 0.25, 1.0):
+        out = interpolate_hf(tmp_path / "base", tmp_path / "tuned", weight, tmp_path / f"mix{weight}")
+        mixed = dict(AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict())
+        assert mixed.keys() == tuned.keys()
+        for name in tuned:
+            torch.testing.assert_close(mixed[name], base[name] + weight * (tuned[name] - base[name]), atol=1e-6, rtol=0)
+    assert max_difference(mixed, tuned) == 0  # weight 1: the tuned policy itself
+    others = [{path.name for path in (tmp_path / name).iterdir() if not path.name.startswith("model")} for name in ("tuned", "mix0.25")]
+    assert others[0] == others[1] and "config.json" in others[1]  # config and tokenizer files: the tuned policy's
+
+
+def test_interpolation_refuses_two_different_models_and_a_weight_off_the_line(small_lm, small_lm_tied, tmp_path):
+    TrainingEngine(engine_config(small_lm)).export_hf(tmp_path / "a")
+    TrainingEngine(engine_config(small_lm_tied)).export_hf(tmp_path / "b")
+    with pytest.raises(ValueError, match="hold different weights.*lm_head"):
+        interpolate_hf(tmp_path / "a", tmp_path / "b", 0.5, tmp_path / "out")
+    with pytest.raises(ValueError, match="from 0 .* to 1"):
+        interpolate_hf(tmp_path / "a", tmp_path / "a", 1.5, tmp_path / "out")
+    with pytest.raises(ValueError, match="a directory of its own"):
+        interpolate_hf(tmp_path / "a", tmp_path / "a", 0.5, tmp_path / "a")
+    with pytest.raises(ValueError, match="no model.safetensors"):
+        interpolate_hf(tmp_path, tmp_path / "a", 0.5, tmp_path / "out")
