@@ -10,9 +10,9 @@
                                                      (--report: the table of the stages that finished, none run)
   posttrain compare A.jsonl B.jsonl [--by KEY]      two evaluations' accuracies on the same items (95% intervals)
                                                      and B - A with a paired bootstrap interval
-  posttrain export CHECKPOINT --out DIR [--toward MODEL --weight W]
-                                                     a checkpoint's policy as a Hugging Face directory (--toward:
-                                                     moved back toward MODEL, MODEL + W * (policy - MODEL))
+  posttrain export CHECKPOINT --out DIR [--weight W [--toward MODEL]]
+                                                     a checkpoint's policy as a Hugging Face directory (--weight:
+                                                     moved back toward the model it was trained from, or MODEL)
   posttrain config [--preset NAME] [--for train|sft|eval] [key=value ...]
                                                      print the resolved config, or every problem the command it is
                                                      for would refuse (default: sft when the sft section is set)
@@ -274,10 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write a checkpoint's policy as a Hugging Face directory")
     export.add_argument("checkpoint", help="a global_step_N directory or a run directory (its latest checkpoint)")
     export.add_argument("--out", required=True, type=Path)
-    export.add_argument("--toward", type=Path, metavar="MODEL",
-                        help="write the policy moved back toward MODEL, the local model the run was trained from (an SFT "
-                             "run's directory or its export/): MODEL + W * (policy - MODEL), weight by weight (WiSE-FT)")
-    export.add_argument("--weight", type=float, metavar="W", help="with --toward: 0 is MODEL, 1 the checkpoint's policy")
+    export.add_argument("--weight", type=float, metavar="W",
+                        help="write the policy moved back toward the model the run was trained from: MODEL + W * (policy - "
+                             "MODEL), weight by weight (WiSE-FT); 0 is MODEL, 1 the checkpoint's policy")
+    export.add_argument("--toward", metavar="MODEL",
+                        help="with --weight: another MODEL to move toward (a model directory, an SFT run's directory, a Hub id)")
     export.set_defaults(run=_export_command)
 
     prep = commands.add_parser(

@@ -324,9 +324,11 @@ class TrainingEngine:
         """
         return weights.named_weights(self.module, dtype=dtype)
 
-    def export_hf(self, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
-        """A plain Hugging Face directory (safetensors, config, tokenizer); LoRA merged. Collective."""
-        return weights.export_hf(self.module, out_dir, source_dir=self.model_dir, write=self.rank == 0, dtype=dtype)
+    def export_hf(self, out_dir: str | Path, dtype: torch.dtype = torch.float32,
+                  toward: tuple[str | Path, float] | None = None) -> Path:
+        """A plain Hugging Face directory (safetensors, config, tokenizer); LoRA merged; ``toward=(MODEL_DIR, W)``:
+        each weight moved back toward MODEL_DIR's, ``base + W * (weight - base)`` (``weights``). Collective."""
+        return weights.export_hf(self.module, out_dir, source_dir=self.model_dir, write=self.rank == 0, dtype=dtype, toward=toward)
 
     def save_checkpoint(self, directory: str | Path) -> Path:
         """Model, optimizer, scheduler, counters and RNG states (``checkpoint``). Collective."""

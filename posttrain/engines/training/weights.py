@@ -16,10 +16,10 @@ standard index file), the model's config, and every non-weight file of the sourc
 (tokenizer, chat template, generation config), so ``from_pretrained`` and vLLM load it as they
 would the original.
 
-:func:`interpolate_hf` writes such a directory whose every weight lies on the line between two exports
-of the same model: ``base + weight * (tuned - base)``, a tuned policy moved back toward the policy it
-was trained from (weight 1 is the tuned policy, 0 the base): WiSE-FT's weight-space ensemble (Wortsman
-et al., 2022), WARP's interpolation toward the initialisation (Ramé et al., 2024).
+With ``toward=(BASE_DIR, W)`` every exported weight is ``base + W * (weight - base)`` instead: the
+trained policy moved back toward the model it was trained from (W 1 is the policy, 0 the base), as
+WiSE-FT's weight-space ensemble (Wortsman et al., 2022) and WARP's interpolation toward the
+initialisation (Ramé et al., 2024) do.
 """
 
 from __future__ import annotations
@@ -132,6 +132,7 @@ def export_hf(
     write: bool,
     dtype: torch.dtype = torch.float32,
     max_shard_bytes: int = 2 * 1024**3,
+    toward: tuple[str | Path, float] | None = None,
 ) -> Path:
     """Write ``module`` as a plain Hugging Face directory (module docstring); returns ``out_dir``.
 
@@ -139,6 +140,8 @@ def export_hf(
     """
     out_dir = Path(out_dir)
     weights = named_weights(module, dtype=dtype)
+    if toward is not None:  # checked before anything is written or removed
+        weights = _moved_toward(module, weights, Path(toward[0]), toward[1])
     if not write:
         for _ in weights:  # take part in the gathers
             pass
@@ -154,36 +157,27 @@ def export_hf(
     return out_dir
 
 
-def interpolate_hf(base_dir: str | Path, tuned_dir: str | Path, weight: float, out_dir: str | Path,
-                   max_shard_bytes: int = 2 * 1024**3) -> Path:
-    """``base + weight * (tuned - base)`` for every weight (module docstring), one tensor at a time, in
-    float32 and then the tuned tensor's dtype; config, tokenizer and chat template from ``tuned_dir``.
-    Both directories hold the same weight names and shapes (two exports of one model), else ValueError."""
-    base_dir, tuned_dir, out_dir = Path(base_dir), Path(tuned_dir), Path(out_dir)
+
+def _moved_toward(module: nn.Module, weights: Iterator[tuple[str, Tensor]], base_dir: Path,
+                  weight: float) -> Iterator[tuple[str, Tensor]]:
+    """``weights`` each moved to ``base + weight * (w - base)`` (module docstring), ``base`` read one tensor
+    at a time from the Hugging Face directory ``base_dir``; refused (ValueError) unless it holds the same
+    weights in the same shapes, which is checked here, before the first is yielded."""
     if not 0.0 <= weight <= 1.0:
-        raise ValueError(f"weight {weight}: give a number from 0 (the base policy) to 1 (the tuned policy)")
-    if out_dir.resolve() in (base_dir.resolve(), tuned_dir.resolve()):
-        raise ValueError(f"{out_dir}: write the interpolated policy to a directory of its own, not over one it reads")
-    base, tuned = _tensor_files(base_dir), _tensor_files(tuned_dir)
-    if base.keys() != tuned.keys():
-        only = sorted(base.keys() - tuned.keys())[:3], sorted(tuned.keys() - base.keys())[:3]
-        raise ValueError(f"{base_dir} and {tuned_dir} hold different weights (only in the first: {only[0]}; only in the "
-                         f"second: {only[1]}): interpolate two exports of the same model, e.g. an SFT export and its RL run's")
-
-    def mixed() -> Iterator[tuple[str, Tensor]]:
-        for name in tuned:
-            start, end = _read_tensor(base[name], name), _read_tensor(tuned[name], name)
-            if start.shape != end.shape:
-                raise ValueError(f"{name}: shape {tuple(start.shape)} in {base_dir}, {tuple(end.shape)} in {tuned_dir}")
-            yield name, torch.lerp(start.float(), end.float(), weight).to(end.dtype)  # exact at 0 and 1
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob("model*.safetensors*"):
-        stale.unlink()
-    _write_shards(mixed(), out_dir, max_shard_bytes)
-    shutil.copy2(tuned_dir / "config.json", out_dir / "config.json")
-    _copy_non_weight_files(tuned_dir, out_dir)
-    return out_dir
+        raise ValueError(f"weight {weight}: give a number from 0 (the model trained from) to 1 (the trained policy)")
+    files = _tensor_files(base_dir)
+    shapes = {name: tuple(tensor.shape) for name, tensor in named_weights(module)}  # every rank: the same gathers
+    tied = bool(getattr(hf_model(module).config, "tie_word_embeddings", False))  # a base may store the tied head twice
+    missing, extra = sorted(shapes.keys() - files.keys()), sorted(files.keys() - shapes.keys() - ({"lm_head.weight"} if tied else set()))
+    if missing or extra:
+        raise ValueError(f"{base_dir} holds other weights than the policy (not there: {missing[:3]}; only there: {extra[:3]}): "
+                         "give the model the run was trained from")
+    base_shapes = _stored_shapes({name: files[name] for name in shapes})
+    for name, shape in shapes.items():
+        if base_shapes[name] != shape:
+            raise ValueError(f"{name}: shape {base_shapes[name]} in {base_dir}, {shape} in the policy: give the model the run was trained from")
+    return ((name, torch.lerp(_read_tensor(files[name], name).float(), tensor.float(), weight).to(tensor.dtype))  # exact at 0 and 1
+            for name, tensor in weights)
 
 
 def _tensor_files(directory: Path) -> dict[str, Path]:
@@ -193,12 +187,20 @@ def _tensor_files(directory: Path) -> dict[str, Path]:
         return {name: directory / file for name, file in json.loads(index.read_text())["weight_map"].items()}
     single = directory / "model.safetensors"
     if not single.is_file():
-        raise ValueError(f"{directory} holds no model.safetensors (nor an index of shards): give a Hugging Face "
-                         "directory, e.g. `posttrain export`'s or an SFT run's export/")
+        raise ValueError(f"{directory} holds no model.safetensors (nor an index of shards): give a Hugging Face model directory")
+    return dict.fromkeys(_stored_shapes({"": single}, every=True), single)
+
+
+def _stored_shapes(files: dict[str, Path], every: bool = False) -> dict[str, tuple[int, ...]]:
+    """The shapes of the named tensors (``every``: of all tensors in the files), read from the files' headers."""
     from safetensors import safe_open
 
-    with safe_open(str(single), framework="pt") as handle:
-        return dict.fromkeys(handle.keys(), single)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in set(files.values()):
+        with safe_open(str(path), framework="pt") as handle:
+            names = handle.keys() if every else [name for name, file in files.items() if file == path]
+            shapes.update({name: tuple(handle.get_slice(name).get_shape()) for name in names})
+    return shapes
 
 
 def _read_tensor(path: Path, name: str) -> Tensor:

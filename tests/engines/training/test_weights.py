@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from posttrain import keys
 from posttrain.engines.training import TrainingEngine
-from posttrain.engines.training.weights import export_hf, interpolate_hf
+from posttrain.engines.training.weights import export_hf
 from posttrain.models import cached_tiny_model
 from tests.engines.training.helpers import engine_config, make_batch, max_difference, parameters, ppo_loss, trained
 
@@ -131,35 +131,57 @@ def test_a_large_model_is_exported_in_shards_with_an_index(small_lm, tmp_path):
     assert max_difference(parameters(engine), dict(exported.state_dict())) == 0
 
 
-def test_interpolation_puts_every_weight_on_the_line_from_the_base_to_the_tuned_policy(small_lm, tmp_path):
+
+def test_an_export_toward_the_base_puts_every_weight_on_the_line_from_the_base_to_the_policy(small_lm, tmp_path):
     from transformers import AutoModelForCausalLM
 
     engine = TrainingEngine(engine_config(small_lm))
-    engine.export_hf(tmp_path / "base")
+    base = parameters(engine)
+    export_hf(engine.module, tmp_path / "base", source_dir=small_lm, write=True, max_shard_bytes=100_000)  # in shards
     for _ in range(2):
         trained(engine, make_batch(4, seed=6), ppo_loss)
-    export_hf(engine.module, tmp_path / "tuned", source_dir=small_lm, write=True, max_shard_bytes=100_000)  # shards
-    base, tuned = (dict(AutoModelForCausalLM.from_pretrained(tmp_path / n, dtype=torch.float32).state_dict()) for n in ("base", "tuned"))
+    tuned = parameters(engine)
     assert max_difference(base, tuned) > 1e-4
     for weight in (0.0, 0.25, 1.0):
-        out = interpolate_hf(tmp_path / "base", tmp_path / "tuned", weight, tmp_path / f"mix{weight}")
-        mixed = dict(AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict())
+        engine.export_hf(tmp_path / f"mix{weight}", toward=(tmp_path / "base", weight))
+        mixed = dict(AutoModelForCausalLM.from_pretrained(tmp_path / f"mix{weight}", dtype=torch.float32).state_dict())
         assert mixed.keys() == tuned.keys()
         for name in tuned:
             torch.testing.assert_close(mixed[name], base[name] + weight * (tuned[name] - base[name]), atol=1e-6, rtol=0)
-    assert max_difference(mixed, tuned) == 0  # weight 1: the tuned policy itself
-    others = [{path.name for path in (tmp_path / name).iterdir() if not path.name.startswith("model")} for name in ("tuned", "mix0.25")]
-    assert others[0] == others[1] and "config.json" in others[1]  # config and tokenizer files: the tuned policy's
+        assert max_difference(mixed, {0.0: base, 1.0: tuned}.get(weight, mixed)) == 0  # exact at both ends
+    assert _checkpoint_names(tmp_path / "mix0.25") == _checkpoint_names(small_lm)
 
 
-def test_interpolation_refuses_two_different_models_and_a_weight_off_the_line(small_lm, small_lm_tied, tmp_path):
-    TrainingEngine(engine_config(small_lm)).export_hf(tmp_path / "a")
-    TrainingEngine(engine_config(small_lm_tied)).export_hf(tmp_path / "b")
-    with pytest.raises(ValueError, match="hold different weights.*lm_head"):
-        interpolate_hf(tmp_path / "a", tmp_path / "b", 0.5, tmp_path / "out")
+def test_an_export_toward_a_model_of_other_weights_or_shapes_is_refused_and_writes_nothing(small_lm, small_lm_tied, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    engine = TrainingEngine(engine_config(small_lm))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").write_text("an earlier export")
+    with pytest.raises(ValueError, match="holds other weights than the policy.*lm_head"):
+        engine.export_hf(out, toward=(small_lm_tied, 0.5))
+    tensors = load_file(str(small_lm / "model.safetensors"))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"][:3].clone()
+    (tmp_path / "narrow").mkdir()
+    save_file(tensors, str(tmp_path / "narrow" / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"model.norm.weight: shape \(3,\) in"):
+        engine.export_hf(out, toward=(tmp_path / "narrow", 0.5))
     with pytest.raises(ValueError, match="from 0 .* to 1"):
-        interpolate_hf(tmp_path / "a", tmp_path / "a", 1.5, tmp_path / "out")
-    with pytest.raises(ValueError, match="a directory of its own"):
-        interpolate_hf(tmp_path / "a", tmp_path / "a", 0.5, tmp_path / "a")
+        engine.export_hf(out, toward=(small_lm, 1.5))
     with pytest.raises(ValueError, match="no model.safetensors"):
-        interpolate_hf(tmp_path, tmp_path / "a", 0.5, tmp_path / "out")
+        engine.export_hf(out, toward=(tmp_path, 0.5))
+    assert (out / "model.safetensors").read_text() == "an earlier export"  # refused before anything was removed
+
+
+def test_a_tied_policy_moves_toward_a_base_that_stores_its_head_twice(small_lm_tied, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    engine = TrainingEngine(engine_config(small_lm_tied))
+    tensors = load_file(str(small_lm_tied / "model.safetensors"))
+    assert "lm_head.weight" not in tensors
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    (tmp_path / "untied").mkdir()
+    save_file(tensors, str(tmp_path / "untied" / "model.safetensors"))
+    engine.export_hf(tmp_path / "out", toward=(tmp_path / "untied", 0.5))
+    assert _checkpoint_names(tmp_path / "out") == _checkpoint_names(small_lm_tied)
