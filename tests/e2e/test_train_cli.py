@@ -154,8 +154,10 @@ def test_grpo_two_steps(two_steps, tmp_path):
     assert toward.returncode == 0, toward.stderr[-2000:]
     start, end, mixed = (AutoModelForCausalLM.from_pretrained(path).state_dict()
                          for path in (cached_tiny_model("llama"), tmp_path / "hf", tmp_path / "toward"))
-    assert max((end[name] - start[name]).abs().max().item() for name in end) > 1e-4  # two steps moved the policy
-    assert all(torch.allclose(mixed[name], start[name] + 0.75 * (end[name] - start[name]), atol=1e-6, rtol=0) for name in end)
+    moved = max((end[name] - start[name]).abs().max().item() for name in end)  # two small steps: about 5e-7
+    off_line = max((mixed[name] - (start[name] + 0.75 * (end[name] - start[name]))).abs().max().item() for name in end)
+    assert moved > 0 and off_line < 0.1 * moved  # on the line, to a tenth of how far the policy moved
+    assert max((mixed[name] - end[name]).abs().max().item() for name in end) > 0.2 * moved  # a quarter of the way back
     evaluation = subprocess.run(
         [sys.executable, "-m", "posttrain.cli", "eval", "--checkpoint", str(run_dir),
          f"actor_rollout_ref.model.path={cached_tiny_model('llama')}", f"trainer.default_local_dir={tmp_path / 'eval'}", *TINY_RUN,
