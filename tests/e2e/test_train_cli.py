@@ -12,7 +12,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
 
 from posttrain.models import cached_tiny_model
 from posttrain.trainer.provenance import package_version
