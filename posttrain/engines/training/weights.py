@@ -157,7 +157,6 @@ def export_hf(
     return out_dir
 
 
-
 def _moved_toward(module: nn.Module, weights: Iterator[tuple[str, Tensor]], base_dir: Path,
                   weight: float) -> Iterator[tuple[str, Tensor]]:
     """``weights`` each moved to ``base + weight * (w - base)`` (module docstring), ``base`` read one tensor
@@ -188,18 +187,20 @@ def _tensor_files(directory: Path) -> dict[str, Path]:
     single = directory / "model.safetensors"
     if not single.is_file():
         raise ValueError(f"{directory} holds no model.safetensors (nor an index of shards): give a Hugging Face model directory")
-    return dict.fromkeys(_stored_shapes({"": single}, every=True), single)
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as handle:
+        return dict.fromkeys(handle.keys(), single)
 
 
-def _stored_shapes(files: dict[str, Path], every: bool = False) -> dict[str, tuple[int, ...]]:
-    """The shapes of the named tensors (``every``: of all tensors in the files), read from the files' headers."""
+def _stored_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
+    """The shapes of the named tensors, read from their files' headers."""
     from safetensors import safe_open
 
     shapes: dict[str, tuple[int, ...]] = {}
     for path in set(files.values()):
         with safe_open(str(path), framework="pt") as handle:
-            names = handle.keys() if every else [name for name, file in files.items() if file == path]
-            shapes.update({name: tuple(handle.get_slice(name).get_shape()) for name in names})
+            shapes.update({name: tuple(handle.get_slice(name).get_shape()) for name, file in files.items() if file == path})
     return shapes
 
 
