@@ -96,6 +96,10 @@ class ActorConfig:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
+    # the first N tokens of each response take no policy-gradient loss (the KL loss and the entropy bonus still
+    # count them): 1 leaves a tool-calling warm-up's call/no-call decision (the first token) to the warm-up, so RL
+    # trains what is called and how, not whether (docs/tools.md)
+    policy_loss_skip_first: int = 0
     grad_clip: Optional[float] = 1.0  # max gradient norm; null: measured, never clipped
     dtype: str = "auto"  # autocast dtype: auto (bfloat16 where native: CUDA, AVX-512 BF16/AMX CPUs; else float32) | bfloat16 | float32
     attn_implementation: str = "auto"  # auto (sdpa on CUDA, eager on CPU: 1.3x faster update there) | eager | sdpa

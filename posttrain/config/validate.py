@@ -373,6 +373,7 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("actor_rollout_ref.actor.clip_ratio_c", lambda v: v > 1, "must be > 1 (dual-clip's bound for negative advantages; 3 is usual)"),
     ("critic.cliprange_value", lambda v: v >= 0, "must be >= 0 (how far a value may move from the old one)"),
     ("actor_rollout_ref.actor.kl_loss_coef", lambda v: v >= 0, "must be >= 0"),
+    ("actor_rollout_ref.actor.policy_loss_skip_first", lambda v: v >= 0, "must be >= 0"),
     ("algorithm.kl_ctrl.kl_coef", lambda v: v >= 0, "must be >= 0"),
     ("algorithm.kl_ctrl.target_kl", lambda v: v > 0, "must be > 0"),
     ("algorithm.kl_ctrl.horizon", lambda v: v >= 1, "must be >= 1"),

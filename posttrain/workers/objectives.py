@@ -6,6 +6,7 @@ losses add up to the mini-batch loss) and metrics that are means over the micro-
 
 Policy: the configured policy loss (PPO clip / GSPO / CISPO), minus ``entropy_coeff`` × entropy,
 plus ``kl_loss_coef`` × KL(π ‖ π_ref) when the KL is a loss rather than a reward penalty (GRPO).
+``policy_loss_skip_first`` leaves each response's first N tokens out of the policy loss only.
 With ``importance_cap`` set (asynchronous training: samples from older weights μ), each token's loss
 is weighted by min(π_old / μ, cap) from the rollout's BEHAVIOUR_LOGPROBS while the ratio is still
 taken against π_old, the proximal policy: decoupled PPO (:mod:`posttrain.algos.off_policy`). For a
@@ -41,6 +42,7 @@ class PolicyObjective:
     kl_loss_coef: float | None  # None: no KL loss
     kl_loss_type: str
     importance_cap: float | None = None  # None: no behaviour-policy correction
+    skip_first: int = 0  # each response's first N tokens take no policy loss (KL and entropy still count them)
 
     @classmethod
     def from_config(cls, actor: ActorConfig, max_response_length: int, importance_cap: float | None = None) -> PolicyObjective:
@@ -58,7 +60,7 @@ class PolicyObjective:
             get_kl_estimator(actor.kl_loss_type)
         return cls(
             actor.policy_loss, options, actor.loss_agg_mode, max_response_length, actor.loss_scale_factor, actor.entropy_coeff,
-            actor.kl_loss_coef if actor.use_kl_loss else None, actor.kl_loss_type, importance_cap,
+            actor.kl_loss_coef if actor.use_kl_loss else None, actor.kl_loss_type, importance_cap, actor.policy_loss_skip_first,
         )
 
     def rows_without_gradient(self, batch: Batch) -> Tensor | None:
@@ -79,9 +81,10 @@ class PolicyObjective:
         # without OLD_LOGPROBS the update is a single step from the weights that sampled: π_old = π_θ, detached
         old = batch[keys.OLD_LOGPROBS] if keys.OLD_LOGPROBS in batch else outputs.logprobs.detach()
         weighting, metrics = self._behaviour_weights(old, batch)
-        result = policy_loss(outputs.logprobs, old, batch[keys.ADVANTAGES], mask, global_normalizer=normalizer, **weighting)
+        scored = after_first_tokens(mask, self.skip_first)
+        result = policy_loss(outputs.logprobs, old, batch[keys.ADVANTAGES], scored, global_normalizer=normalizer, **weighting)
         loss = result.loss
-        local = policy_loss(outputs.logprobs, old, batch[keys.ADVANTAGES], mask, **weighting).loss.detach()
+        local = policy_loss(outputs.logprobs, old, batch[keys.ADVANTAGES], scored, **weighting).loss.detach()
         metrics |= {
             "pg_loss": local,
             "pg_clipfrac": result.clipfrac,
@@ -113,6 +116,14 @@ class PolicyObjective:
             per_token, mask, self.loss_agg_mode, global_normalizer=normalizer, max_response_length=self.max_response_length,
             loss_scale_factor=self.loss_scale_factor,
         )
+
+
+def after_first_tokens(mask: Tensor, skip: int) -> Tensor:
+    """``mask`` less each row's first ``skip`` response tokens (its first ``skip`` positions where the mask is set; an
+    agent episode's later turns keep theirs)."""
+    if skip == 0:
+        return mask
+    return mask * (mask.cumsum(dim=-1) > skip).to(mask.dtype)
 
 
 @dataclass(frozen=True)

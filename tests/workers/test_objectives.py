@@ -131,3 +131,28 @@ def test_rows_without_gradient_need_the_advantage_zero_at_every_response_token()
     # an entropy bonus or a KL loss gives every row a gradient of its own
     assert PolicyObjective.from_config(ActorConfig(entropy_coeff=0.01), 8).rows_without_gradient(batch) is None
     assert PolicyObjective.from_config(ActorConfig(use_kl_loss=True), 8).rows_without_gradient(batch) is None
+
+
+def test_policy_loss_skip_first_leaves_each_responses_first_tokens_to_the_kl_alone():
+    # Gradient with respect to each token's log-probability: with skip 2 the first two scored tokens of every row
+    # (a row whose mask starts later, as an agent's episode with an observation first, counts from its own first)
+    # get no policy-loss gradient and the others get exactly what they get without the skip; the KL loss still
+    # reaches the skipped ones.
+    batch = make_batch(4, seed=9)
+    mask = batch[keys.RESPONSE_MASK].clone()
+    mask[1] = torch.tensor([0, 0, 0, 1, 1, 1, 1, 0], dtype=mask.dtype)  # row 1's scored tokens start at column 3
+    batch = Batch(batch.tensors | {keys.RESPONSE_MASK: mask, keys.REF_LOGPROBS: batch[keys.OLD_LOGPROBS] - 0.3},
+                  batch.non_tensors, batch.meta)
+
+    def grad(actor: ActorConfig) -> torch.Tensor:
+        logprobs = batch[keys.OLD_LOGPROBS].clone().requires_grad_(True)
+        _objective_loss(PolicyObjective.from_config(actor, 8), batch, logprobs)[0].backward()
+        return logprobs.grad
+
+    full, skipped = grad(ActorConfig()), grad(ActorConfig(policy_loss_skip_first=2))
+    first_two = (mask.cumsum(dim=-1) <= 2) & mask.bool()
+    assert int(first_two.sum()) == 2 * mask.shape[0] and first_two[1, 3:5].all() and not first_two[1, :3].any()
+    assert (full[first_two] != 0).all() and (skipped[first_two] == 0).all()
+    torch.testing.assert_close(skipped[~first_two], full[~first_two])
+    with_kl = grad(ActorConfig(policy_loss_skip_first=2, use_kl_loss=True, kl_loss_coef=0.5))
+    assert (with_kl[first_two] != 0).all()
