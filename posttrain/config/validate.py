@@ -61,7 +61,7 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Pro
         problems += check_env(config)
     if command == "train":
         problems += MODE_RULES.get(config.trainer.mode, _no_rules)(config)  # an unknown mode is _check_choices' problem
-    problems += check_loss_scale_factor(config) + check_call_timeout(config) + check_overlong_buffer(config) + check_reward_norm(config)
+    problems += check_loss_scale_factor(config) + check_skip_first(config) + check_call_timeout(config) + check_overlong_buffer(config) + check_reward_norm(config)
     problems += check_dynamic_sampling(config)
     if config.data.dev_files and config.data.dev_size == 0:
         problems.append(Problem("data.dev_files", list(config.data.dev_files), "are validated on beside data.dev_size's development rows: set "
@@ -187,6 +187,16 @@ def check_loss_scale_factor(config: PosttrainConfig) -> list[Problem]:
     if factor < 1:
         return [Problem(key, factor,
                         "must be >= 1, e.g. data.max_response_length for verl's convention, or null for posttrain's")]
+    return []
+
+
+def check_skip_first(config: PosttrainConfig) -> list[Problem]:
+    """``actor.policy_loss_skip_first`` must leave a response some tokens for the policy loss."""
+    skip, limit = config.actor_rollout_ref.actor.policy_loss_skip_first, config.data.max_response_length
+    if skip >= limit > 0:
+        return [Problem("actor_rollout_ref.actor.policy_loss_skip_first", skip,
+                        f"must be below data.max_response_length={limit}: at {skip} no response token takes the policy loss, "
+                        "only the KL loss would train; use a small count (1: the first token)")]
     return []
 
 

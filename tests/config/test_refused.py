@@ -33,6 +33,8 @@ WRONG = [
     (["actor_rollout_ref.actor.clip_ratio_high=-0.2"], "actor_rollout_ref.actor.clip_ratio_high", "must be >= 0"),
     (["actor_rollout_ref.actor.clip_ratio_c=0.5"], "actor_rollout_ref.actor.clip_ratio_c", "must be > 1"),
     (["actor_rollout_ref.actor.policy_loss_skip_first=-1"], "actor_rollout_ref.actor.policy_loss_skip_first", "must be >= 0"),
+    (["data.max_response_length=64", "actor_rollout_ref.actor.policy_loss_skip_first=64"], "actor_rollout_ref.actor.policy_loss_skip_first",
+     "must be below data.max_response_length=64"),
     (["algorithm.gamma=1.5"], "algorithm.gamma", "must be in [0, 1]"),
     (["algorithm.lam=-0.1"], "algorithm.lam", "must be in [0, 1]"),
     (["actor_rollout_ref.actor.grad_clip=0"], "actor_rollout_ref.actor.grad_clip", "must be > 0"),
