@@ -202,3 +202,34 @@ def test_the_bfcl_recipe_trains_the_configuration_bfcl_tune_chose_with_its_no_ca
     stages = [{s.name: s for s in load_recipe(name).stages} for name in ("bfcl", "bfcl_multi_turn")]
     assert all(stages[0][name].overrides == stages[1][name].overrides and stages[0][name].preset == stages[1][name].preset
                for name in ("sft", "rl"))
+
+
+def test_textarena_tune_configurations_differ_from_grpo_only_where_each_says_and_share_its_games():
+    """Each textarena_tune configuration trains the textarena recipe's preset for the same steps on the same rows,
+    differing from its GRPO stage only in the settings it names; every stage (evaluations too) holds back the same
+    development games (same dev_size and seed) from the training seeds, so the held-out games stay unseen."""
+    import dataclasses
+
+    def flat(value, prefix=""):
+        if dataclasses.is_dataclass(value):
+            value = dataclasses.asdict(value)
+        if isinstance(value, dict):
+            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
+        return {prefix.rstrip("."): value}
+
+    stages = {s.name: s for s in load_recipe("textarena_tune").stages}
+    configs = {name: flat(load_config([preset_path(s.preset)], list(s.overrides), checks=None))
+               for name, s in stages.items() if s.command in ("train", "eval")}
+    named = {"grpo_lr": {"actor_rollout_ref.actor.optim.lr"}, "batch_norm": {"algorithm.adv_estimator"},
+             "ppo": {"algorithm.adv_estimator", "algorithm.lam"}}  # its gamma=1.0 is the default, said for the reader
+    trained = [name for name, s in stages.items() if s.command == "train"]
+    assert set(trained) == {"grpo", *named} and {s.preset for s in stages.values()} == {"textarena_grpo"}
+    for name in named:
+        assert {key for key in configs[name] if configs[name][key] != configs["grpo"][key]} == named[name], name
+    data = {key for key in configs["grpo"] if key.startswith("data.")}
+    for name, config in configs.items():
+        assert config["data.dev_size"] == 64 and {k: config[k] for k in data} == {k: configs["grpo"][k] for k in data}, name
+    assert all(stages[f"{name}_dev"].checkpoint == name for name in trained)
+    held_out = flat(load_config([preset_path(next(s for s in load_recipe("textarena").stages if s.name == "rl_eval").preset)], checks=None))
+    options = {key for key in data if key.startswith("data.builtin_options.")}
+    assert options and {k: held_out[k] for k in options} == {k: configs["grpo"][k] for k in options} and held_out["data.dev_size"] == 0
