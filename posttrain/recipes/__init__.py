@@ -40,7 +40,7 @@ model's evaluation from an earlier run: ``--use base_eval=runs/old/base_eval``).
 The recipe ends with a table — each row's accuracy with its
 95 % Wilson interval, and the paired bootstrap interval of the compared rows' difference — and, for
 rows whose data source can say what kind of mistake each answer is (``MISTAKES`` in
-rewards/registry.py: BFCL's mistakes by kind and call rates), those tables; printed and written to
+rewards/registry.py: BFCL's mistakes by kind and call rates, how TextArena's games ended), those tables; printed and written to
 ``<recipe dir>/report.md`` with each stage's wall time.
 """
 

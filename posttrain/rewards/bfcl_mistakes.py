@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from posttrain.errors import InputError
 from posttrain.rewards import bfcl
+from posttrain.rewards.episodes_file import source_rows
 
 if TYPE_CHECKING:
     from posttrain.models.tool_formats import CallParser
@@ -71,22 +71,7 @@ def judge(row: Mapping, parser: CallParser) -> tuple[str, bool]:
 
 def episode_rows(path: Path) -> list[dict]:
     """The BFCL rows of an episodes file; an InputError naming the line of one that is not an episode row."""
-    rows = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as error:
-            raise InputError(f"{path} line {number} is not JSON ({error})") from None
-        if not isinstance(row, dict):
-            raise InputError(f"{path} line {number} is not an episode row (a JSON object)")
-        if row.get("data_source", bfcl.DATA_SOURCE) != bfcl.DATA_SOURCE:
-            continue  # a mixture's rows of other sources
-        if "messages" not in row or "category" not in (row.get("extra_info") or {}):
-            raise InputError(f"{path} line {number} is not a BFCL episode row with messages and extra_info.category")
-        rows.append(row)
-    return rows
+    return source_rows(path, bfcl.DATA_SOURCE, ("messages", "extra_info.category"), "BFCL")
 
 
 def mistakes_markdown(files: Mapping[str, Path]) -> str:

@@ -29,7 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from posttrain.errors import PosttrainError
-from posttrain.rewards import arithmetic, bfcl, bfcl_mistakes, gsm8k, math_answer, reasoning_gym, search_answer
+from posttrain.rewards import arithmetic, bfcl, bfcl_mistakes, gsm8k, math_answer, reasoning_gym, search_answer, textarena_outcomes
 
 ScoreFunction = Callable[..., "float | dict[str, Any]"]
 
@@ -68,7 +68,10 @@ RULES: Mapping[str, ScoreFunction] = MappingProxyType({
 
 # What a recipe's report adds for a data source's rows, beside their accuracies: label -> episodes file in,
 # Markdown out (empty for none of that source's rows)
-MISTAKES: Mapping[str, Callable[[Mapping[str, Path]], str]] = MappingProxyType({bfcl.DATA_SOURCE: bfcl_mistakes.mistakes_markdown})
+MISTAKES: Mapping[str, Callable[[Mapping[str, Path]], str]] = MappingProxyType({
+    bfcl.DATA_SOURCE: bfcl_mistakes.mistakes_markdown,
+    textarena_outcomes.DATA_SOURCE: textarena_outcomes.outcomes_markdown,  # how the games ended: won, lost with or without invalid moves
+})
 
 
 class UnknownDataSourceError(PosttrainError, KeyError):

@@ -1,0 +1,36 @@
+"""The rows of one data source in an episodes file (``posttrain eval --dump-episodes``, a run's
+``validation/step_N.jsonl``): what the reports of mistakes by kind read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from posttrain.errors import InputError
+
+
+def source_rows(path: Path, data_source: str, needs: Sequence[str], name: str) -> list[dict]:
+    """The rows of ``data_source`` (a mixture's other sources left out; a row without one counts as it), each
+    checked to hold the keys ``needs`` names (``extra_info.category``: a key of a key); an InputError naming
+    the line of one that is not such a row (``name``: the source's name in it)."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as error:
+            raise InputError(f"{path} line {number} is not JSON ({error})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{path} line {number} is not an episode row (a JSON object)")
+        if row.get("data_source", data_source) != data_source:
+            continue
+        if not all(_holds(row, key.split(".")) for key in needs):
+            raise InputError(f"{path} line {number} is not a {name} episode row with {' and '.join(needs)}")
+        rows.append(row)
+    return rows
+
+
+def _holds(row: dict, keys: list[str]) -> bool:
+    return isinstance(row, dict) and keys[0] in row and (len(keys) == 1 or _holds(row[keys[0]], keys[1:]))
