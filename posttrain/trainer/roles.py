@@ -129,7 +129,7 @@ def worker_specs(config: PosttrainConfig, total_steps: int, mode: ModeWorkers = 
         specs["critic"] = WorkerSpec(CriticWorker, (arr.model, config.critic), {
             "rollout_n": arr.rollout.n, "loss_agg_mode": arr.actor.loss_agg_mode,
             "max_response_length": config.data.max_response_length, "dtype": arr.actor.dtype,
-            "total_steps": critic_steps, "seed": seed,
+            "total_steps": critic_steps, "seed": seed, "attn_implementation": arr.actor.attn_implementation,
         })
     if config.reward_model.enable:
         specs["reward_model"] = WorkerSpec(RewardModelWorker, (config.reward_model,))

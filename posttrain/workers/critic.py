@@ -17,13 +17,14 @@ from posttrain.workers.objectives import ValueObjective
 class CriticWorker(Worker):
     def __init__(
         self, ctx: WorkerContext, model: ModelConfig, critic: CriticConfig, *, rollout_n: int, loss_agg_mode: str,
-        max_response_length: int, dtype: str, total_steps: int | None = None, seed: int = 0,
+        max_response_length: int, dtype: str, total_steps: int | None = None, seed: int = 0, attn_implementation: str = "auto",
     ) -> None:
         super().__init__(ctx)
         self.critic, self.rollout_n, self.seed = critic, rollout_n, seed
         self.engine = training_engine(
             str(resolve_model(critic.model_path or model.path)), model, critic.optim, dtype=dtype,
             grad_clip=critic.grad_clip, total_steps=total_steps, value_head=True, metric_prefix="critic", seed=seed,
+            attn_implementation=attn_implementation,  # the actor's: the same episodes, the same memory (sdpa keeps no L x L matrices)
         )
         self.objective = ValueObjective.from_config(critic, loss_agg_mode, max_response_length)
         self.loss_agg_mode = loss_agg_mode
