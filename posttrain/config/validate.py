@@ -61,13 +61,13 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Pro
         problems += check_env(config)
     if command == "train":
         problems += MODE_RULES.get(config.trainer.mode, _no_rules)(config)  # an unknown mode is _check_choices' problem
-    problems += check_loss_scale_factor(config) + check_skip_first(config) + check_call_timeout(config) + check_overlong_buffer(config) + check_reward_norm(config)
+    problems += check_loss_scale_factor(config) + check_call_timeout(config) + check_overlong_buffer(config) + check_reward_norm(config)
     problems += check_dynamic_sampling(config)
     if config.data.dev_files and config.data.dev_size == 0:
         problems.append(Problem("data.dev_files", list(config.data.dev_files), "are validated on beside data.dev_size's development rows: set "
                                 "data.dev_size, or give the files as data.val_files"))
     if command == "train":
-        problems += check_sampler(config)
+        problems += check_sampler(config) + check_skip_first(config)
     problems += check_breakers(config) + check_retriever_token_env(config)
     if command == "sft":
         problems += check_sft(config)
@@ -195,8 +195,8 @@ def check_skip_first(config: PosttrainConfig) -> list[Problem]:
     skip, limit = config.actor_rollout_ref.actor.policy_loss_skip_first, config.data.max_response_length
     if skip >= limit > 0:
         return [Problem("actor_rollout_ref.actor.policy_loss_skip_first", skip,
-                        f"must be below data.max_response_length={limit}: at {skip} no response token takes the policy loss, "
-                        "only the KL loss would train; use a small count (1: the first token)")]
+                        f"must be below data.max_response_length={limit}: at {skip} no response token takes the policy loss "
+                        "(only the KL loss and the entropy bonus, where set, would train); use a small count (1: the first token)")]
     return []
 
 

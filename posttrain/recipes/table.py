@@ -63,14 +63,15 @@ def given_took(path: Path) -> str:
 
 def mistakes(recipe: Recipe, dirs: dict[str, Path], sources: set) -> list[str]:
     """For each data source of the rows that can say what kind of mistake each answer is (``MISTAKES``:
-    BFCL), its tables for the table's rows side by side, under a heading."""
+    BFCL's mistakes, how TextArena's games ended), its tables for the table's rows side by side, under a heading."""
     from posttrain.rewards.registry import MISTAKES
 
     files = {label: dirs[stage] / EPISODES for label, stage in recipe.rows.items()}
     lines = []
     for source in sorted(s for s in sources if s in MISTAKES):
-        if text := MISTAKES[source](files):
-            lines += ["", f"## Mistakes by kind ({source})", "", text]
+        title, markdown = MISTAKES[source]
+        if text := markdown(files):
+            lines += ["", f"## {title} ({source})", "", text]
     return lines
 
 

@@ -66,11 +66,12 @@ RULES: Mapping[str, ScoreFunction] = MappingProxyType({
     "bfcl_decline": bfcl.decline_credit,  # 1 for an answer with no call: beside BFCL's verdict, declining ranks above a wrong call
 })
 
-# What a recipe's report adds for a data source's rows, beside their accuracies: label -> episodes file in,
-# Markdown out (empty for none of that source's rows)
-MISTAKES: Mapping[str, Callable[[Mapping[str, Path]], str]] = MappingProxyType({
-    bfcl.DATA_SOURCE: bfcl_mistakes.mistakes_markdown,
-    textarena_outcomes.DATA_SOURCE: textarena_outcomes.outcomes_markdown,  # how the games ended: won, lost with or without invalid moves
+# What a recipe's report adds for a data source's rows, beside their accuracies: its section's title, and
+# label -> episodes file in, Markdown out (empty for none of that source's rows)
+MISTAKES: Mapping[str, tuple[str, Callable[[Mapping[str, Path]], str]]] = MappingProxyType({
+    bfcl.DATA_SOURCE: ("Mistakes by kind", bfcl_mistakes.mistakes_markdown),
+    # won, lost with every move valid or with invalid moves, unfinished
+    textarena_outcomes.DATA_SOURCE: ("How the games ended", textarena_outcomes.outcomes_markdown),
 })
 
 

@@ -2,6 +2,7 @@
 and a recipe of eval → train → eval on the tiny model ends with its table, skips its finished stages
 when run again and resumes the ones that were not."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -206,10 +207,9 @@ def test_the_bfcl_recipe_trains_the_configuration_bfcl_tune_chose_with_its_no_ca
 
 def test_textarena_tune_configurations_differ_from_grpo_only_where_each_says_and_share_its_games():
     """Each textarena_tune configuration trains the textarena recipe's preset for the same steps on the same rows,
-    differing from its GRPO stage only in the settings it names; every stage (evaluations too) holds back the same
+    differing from its GRPO stage only in the settings it names (PPO's critic-only steps added, so the policy is
+    updated as many times); every stage (evaluations too) holds back the same
     development games (same dev_size and seed) from the training seeds, so the held-out games stay unseen."""
-    import dataclasses
-
     def flat(value, prefix=""):
         if dataclasses.is_dataclass(value):
             value = dataclasses.asdict(value)
@@ -221,11 +221,13 @@ def test_textarena_tune_configurations_differ_from_grpo_only_where_each_says_and
     configs = {name: flat(load_config([preset_path(s.preset)], list(s.overrides), checks=None))
                for name, s in stages.items() if s.command in ("train", "eval")}
     named = {"grpo_lr": {"actor_rollout_ref.actor.optim.lr"}, "batch_norm": {"algorithm.adv_estimator"},
-             "ppo": {"algorithm.adv_estimator", "algorithm.lam"}}  # its gamma=1.0 is the default, said for the reader
+             "ppo": {"algorithm.adv_estimator", "trainer.total_training_steps", "trainer.critic_warmup"}}  # gamma, lam: the defaults, said
     trained = [name for name, s in stages.items() if s.command == "train"]
     assert set(trained) == {"grpo", *named} and {s.preset for s in stages.values()} == {"textarena_grpo"}
     for name in named:
         assert {key for key in configs[name] if configs[name][key] != configs["grpo"][key]} == named[name], name
+        updates = configs[name]["trainer.total_training_steps"] - configs[name]["trainer.critic_warmup"]
+        assert updates == configs["grpo"]["trainer.total_training_steps"] == 10, name  # the same number of policy updates
     data = {key for key in configs["grpo"] if key.startswith("data.")}
     for name, config in configs.items():
         assert config["data.dev_size"] == 64 and {k: config[k] for k in data} == {k: configs["grpo"][k] for k in data}, name

@@ -9,7 +9,7 @@ import pytest
 from posttrain.errors import InputError
 from posttrain.recipes import EPISODES, load_recipe
 from posttrain.recipes.table import recipe_table
-from posttrain.rewards.textarena_outcomes import outcomes_markdown
+from posttrain.rewards.textarena_outcomes import LOST_INVALID, UNFINISHED, outcome, outcomes_markdown
 
 # (wins, invalid moves, unfinished, moves, reward) per game
 BASE = [(1, 0, 0, 3, 1.0), (0, 2, 0, 2, 0.5), (0, 1, 0, 6, 0.75), (0, 0, 0, 6, 0.35)]
@@ -42,6 +42,9 @@ def test_each_game_is_counted_by_how_it_ended_with_the_means_a_game(tmp_path):
     assert body(text) == {"won": ["1", "3"], "lost, every move valid": ["1", "0"], "lost, with invalid moves": ["2", "0"],
                           "unfinished": ["0", "1"], "moves a game": ["4.25", "5.25"], "invalid moves a game": ["0.75", "0.25"],
                           "reward a game": ["0.65", "0.75"]}
+    # a game the token budget cut (the loop ends it without the environment's last move) scored 0: not lost
+    assert outcome({"stats": {"out_of_tokens": 1.0, "invalid_moves": 1.0}}) == UNFINISHED
+    assert outcome({"stats": {"out_of_tokens": 0.0, "invalid_moves": 1.0}}) == LOST_INVALID
     (tmp_path / "none.jsonl").write_text(json.dumps(gsm8k) + "\n")
     assert outcomes_markdown({"other": tmp_path / "none.jsonl"}) == ""
 
@@ -49,7 +52,7 @@ def test_each_game_is_counted_by_how_it_ended_with_the_means_a_game(tmp_path):
 def test_the_textarena_recipe_report_says_how_each_evaluations_games_ended(tmp_path):
     dirs = {"base_eval": write_games(tmp_path / "base", BASE), "rl_eval": write_games(tmp_path / "rl", RL)}
     report = recipe_table(load_recipe("textarena"), dirs, {})
-    accuracy, _, outcomes = report.partition("## Mistakes by kind (textarena)")
+    accuracy, _, outcomes = report.partition("## How the games ended (textarena)")
     assert "| RL − base | +0.500" in accuracy and body(outcomes)["won"] == ["1", "3"]
 
 
