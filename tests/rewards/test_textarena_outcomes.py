@@ -38,7 +38,7 @@ def test_each_game_is_counted_by_how_it_ended_with_the_means_a_game(tmp_path):
     gsm8k = {"data_source": "gsm8k", "ground_truth": "4", "messages": [], "success": True, "reward": 1.0, "stats": {}}
     files = {"base": write_games(tmp_path / "base", BASE, [gsm8k]) / EPISODES, "RL": write_games(tmp_path / "rl", RL) / EPISODES}
     text = outcomes_markdown(files)
-    assert text.startswith("How the games ended (4 games):")  # the gsm8k row is not a game
+    assert text.startswith("4 games, each by how it ended:")  # the gsm8k row is not a game
     assert body(text) == {"won": ["1", "3"], "lost, every move valid": ["1", "0"], "lost, with invalid moves": ["2", "0"],
                           "unfinished": ["0", "1"], "moves a game": ["4.25", "5.25"], "invalid moves a game": ["0.75", "0.25"],
                           "reward a game": ["0.65", "0.75"]}
