@@ -58,7 +58,7 @@ from typing import Any
 
 from posttrain.agents.env import Environment, EpisodeSample, StepInfo, StepResult
 from posttrain.errors import InputError, import_optional
-from posttrain.rewards.textarena_outcomes import DATA_SOURCE  # noqa: F401 - the rows' data source, named where reports read them
+
 PLAYER = 0  # the agent: the only player of a one-player game
 INSTALL_HINT = 'pip install "textarena==0.7.4" (posttrain\'s envs extra: pip install "posttrain[envs]", or -e ".[envs]" from a checkout)'
 # the packages (textarena.envs.<Game>) of the one-player games that start offline (module docstring)

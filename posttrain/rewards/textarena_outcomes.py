@@ -40,9 +40,9 @@ def outcomes_markdown(files: Mapping[str, Path]) -> str:
         return ""
     labels = list(rows)
     counts = {label: Counter(outcome(row) for row in found) for label, found in rows.items()}
-    sizes = {len(found) for found in rows.values()}
-    size = f"{sizes.pop()} games" if len(sizes) == 1 else "games: " + ", ".join(str(len(found)) for found in rows.values())
-    lines = [f"{size[0].upper()}{size[1:]}, each by how it ended:", "", "| | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    sizes = [len(found) for found in rows.values()]
+    size = f"{sizes[0]} games" if len(set(sizes)) == 1 else "Games: " + ", ".join(map(str, sizes))
+    lines = [f"{size}, each by how it ended:", "", "| | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
     lines += [f"| {kind} | " + " | ".join(str(counts[label][kind]) for label in labels) + " |" for kind in KINDS]
     means = {"moves a game": lambda row: _stats(row).get("num_turns", 0), "invalid moves a game": lambda row: _stats(row).get("invalid_moves", 0),
              "reward a game": lambda row: row["reward"]}

@@ -30,10 +30,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from posttrain.agents.textarena_env import DATA_SOURCE, Game, GameRef, check_game, normalise_kwargs, normalise_levels
+from posttrain.agents.textarena_env import Game, GameRef, check_game, normalise_kwargs, normalise_levels
 from posttrain.data.format import make_row, write_rows
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
+from posttrain.rewards.textarena_outcomes import DATA_SOURCE
 
 
 def prepare_textarena(
