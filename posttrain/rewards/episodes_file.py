@@ -4,18 +4,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from posttrain.errors import InputError
 
 
-def source_rows(path: Path, data_source: str, needs: Sequence[str], name: str) -> list[dict]:
-    """The rows of ``data_source`` (a mixture's other sources left out; a row without one counts as it), each
-    checked to hold the keys ``needs`` names (``extra_info.category``: a key of a key); an InputError naming
-    the line of one that is not such a row (``name``: the source's name in it)."""
-    rows = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+def numbered_rows(path: Path) -> Iterator[tuple[int, dict]]:
+    """Each row of an episodes file with its line number (blank lines skipped); an InputError naming the line
+    of one that is not a JSON object, or naming the file if it is not UTF-8 text."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path} is not UTF-8 text ({error}); give an episodes file (JSON lines)") from None
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -24,6 +26,15 @@ def source_rows(path: Path, data_source: str, needs: Sequence[str], name: str) -
             raise InputError(f"{path} line {number} is not JSON ({error})") from None
         if not isinstance(row, dict):
             raise InputError(f"{path} line {number} is not an episode row (a JSON object)")
+        yield number, row
+
+
+def source_rows(path: Path, data_source: str, needs: Sequence[str], name: str) -> list[dict]:
+    """The rows of ``data_source`` (a mixture's other sources left out; a row without one counts as it), each
+    checked to hold the keys ``needs`` names (``extra_info.category``: a key of a key); an InputError naming
+    the line of one that is not such a row (``name``: the source's name in it)."""
+    rows = []
+    for number, row in numbered_rows(path):
         if row.get("data_source", data_source) != data_source:
             continue
         if not all(_holds(row, key.split(".")) for key in needs):

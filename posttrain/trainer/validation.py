@@ -25,11 +25,11 @@ from transformers import PreTrainedTokenizerBase
 from posttrain import keys
 from posttrain.algos import masked_mean
 from posttrain.data import PromptDataLoader
-from posttrain.data.format import read_utf8
 from posttrain.engines.training.inputs import response_attention_mask
 from posttrain.errors import InputError, MissingFileError
 from posttrain.metrics import merge, values
 from posttrain.protocol import Batch
+from posttrain.rewards.episodes_file import numbered_rows
 from posttrain.rollout import Rollout, join_rollouts
 from posttrain.rollout.batching import sample_accuracy
 from posttrain.trainer.intervals import interval_metrics, wilson
@@ -289,13 +289,10 @@ def item_accuracies(path: Path) -> tuple[dict[str, float], dict[str, dict]]:
                                 "a run's validation/step_N.jsonl)")
     successes: dict[str, list[float]] = {}
     rows: dict[str, dict] = {}
-    for number, line in enumerate(read_utf8(path).splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, row in numbered_rows(path):
         try:
-            row = json.loads(line)
             success = float(bool(row["success"]))
-        except (ValueError, KeyError, TypeError) as err:
+        except (KeyError, TypeError) as err:
             raise InputError(f"{path} line {number} is not an episode row with a 'success' field ({err})") from err
         key = item_key(row)
         successes.setdefault(key, []).append(success)
