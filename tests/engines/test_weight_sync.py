@@ -29,11 +29,17 @@ def vllm_engine_to_update(start_vllm, tiny_llama):
 
 
 @pytest.fixture(scope="module")
+def vllm_compiled_engine_to_update(start_vllm, tiny_llama):
+    """Compiled (actor_rollout_ref.rollout.enforce_eager=false): a reload must reach the compiled graphs too."""
+    return start_vllm(tiny_llama, enforce_eager=False)
+
+
+@pytest.fixture(scope="module")
 def hf_engine_to_update(tiny_llama):
     return start_hf(tiny_llama)
 
 
-@pytest.fixture(params=["vllm", "hf"])
+@pytest.fixture(params=["vllm", pytest.param("vllm_compiled", marks=pytest.mark.slow), "hf"])
 def engine_to_update(request):
     return request.getfixturevalue(f"{request.param}_engine_to_update")
 
