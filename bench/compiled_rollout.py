@@ -2,12 +2,12 @@
 
 Same engine class, model (SmolLM2-135M-Instruct), dtype ("auto"), KV cache (1 GiB) and prompts on both sides:
 64 chat prompts, 200 new tokens each, temperature 1, seed 0, so decoding dominates as in BFCL's and TextArena's
-rollouts. Each side runs in a process of its own (vLLM's in-process engine is one a process), the two taking
-turns (eager, compiled, eager, compiled: this machine's speed drifts between minutes): each process's start-up
-(compilation included) and its generated tokens a second over 6 calls, the first a warm-up; a side's figure
-is the median of its calls after warm-up over both of its processes.
-Sampling differs a little between the two (the kernels round differently), so the throughput is
-tokens / seconds, not equal token counts. Headline: compiled / eager tokens a second.
+rollouts. Each side runs in processes of its own (so that each start-up, compilation included, is measured
+whole), the two taking turns (eager, compiled, eager, compiled: this machine's speed drifts between minutes):
+each process's start-up and its generated tokens a second over 6 calls, the first a warm-up; a side's figure
+is the median of its calls after warm-up over both of its processes. Sampling differs a little between the
+two (the kernels round differently) and responses end at eos, so the sides decode about, not exactly, the
+same tokens: the throughput is tokens / seconds. Headline: compiled / eager tokens a second.
 
     python -m bench.compiled_rollout
 """
@@ -15,7 +15,6 @@ tokens / seconds, not equal token counts. Headline: compiled / eager tokens a se
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -25,7 +24,6 @@ PROMPTS, NEW_TOKENS, CALLS, ROUNDS = 64, 200, 6, 2
 
 def one_side(mode: str) -> dict:
     """Start an engine (``mode``: eager or compiled), generate CALLS times; its figures."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from bench.common import chat_prompt_ids
     from posttrain.engines.rollout import GenerationParams, VLLMRolloutEngine
     from posttrain.models import load_tokenizer, resolve_model

@@ -1,5 +1,6 @@
-"""The rows of one data source in an episodes file (``posttrain eval --dump-episodes``, a run's
-``validation/step_N.jsonl``): what the reports of mistakes by kind read."""
+"""Episodes files (``posttrain eval --dump-episodes``, a run's ``validation/step_N.jsonl``) read back: every
+row with its line number (what ``posttrain compare`` and the recipes' tables read) and the rows of one data
+source (what the reports of mistakes by kind read)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def numbered_rows(path: Path) -> Iterator[tuple[int, dict]]:
         try:
             row = json.loads(line)
         except ValueError as error:
-            raise InputError(f"{path} line {number} is not JSON ({error})") from None
+            raise InputError(f"{path} line {number} is not JSON ({error}); give an episodes file (`posttrain eval "
+                             "--dump-episodes FILE.jsonl`, or a run's validation/step_N.jsonl)") from None
         if not isinstance(row, dict):
             raise InputError(f"{path} line {number} is not an episode row (a JSON object)")
         yield number, row

@@ -290,10 +290,11 @@ def item_accuracies(path: Path) -> tuple[dict[str, float], dict[str, dict]]:
     successes: dict[str, list[float]] = {}
     rows: dict[str, dict] = {}
     for number, row in numbered_rows(path):
-        try:
-            success = float(bool(row["success"]))
-        except (KeyError, TypeError) as err:
-            raise InputError(f"{path} line {number} is not an episode row with a 'success' field ({err})") from err
+        if not (isinstance(row.get("success"), (bool, int, float)) and row["success"] in (0, 1)):
+            raise InputError(f"{path} line {number} is not an episode row with a 'success' field of true or false (or 1 or 0)")
+        if not isinstance(row.get("messages", []), list) or not isinstance(row.get("extra_info") or {}, dict):
+            raise InputError(f"{path} line {number} is not an episode row: its messages must be a list and its extra_info an object")
+        success = float(row["success"])
         key = item_key(row)
         successes.setdefault(key, []).append(success)
         rows.setdefault(key, row)

@@ -205,20 +205,18 @@ def test_the_bfcl_recipe_trains_the_configuration_bfcl_tune_chose_with_its_no_ca
                for name in ("sft", "rl"))
 
 
-def flat(value, prefix=""):
-    """A config (dataclasses, dicts) as one level of dotted keys."""
-    if dataclasses.is_dataclass(value):
-        value = dataclasses.asdict(value)
-    if isinstance(value, dict):
-        return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
-    return {prefix.rstrip("."): value}
-
-
 def test_textarena_tune_configurations_differ_from_grpo_only_where_each_says_and_share_its_games():
     """Each textarena_tune configuration trains the textarena recipe's preset for the same steps on the same rows,
     differing from its GRPO stage only in the settings it names (PPO's critic-only steps added, so the policy is
     updated as many times); every stage (evaluations too) holds back the same
     development games (same dev_size and seed) from the training seeds, so the held-out games stay unseen."""
+    def flat(value, prefix=""):
+        if dataclasses.is_dataclass(value):
+            value = dataclasses.asdict(value)
+        if isinstance(value, dict):
+            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
+        return {prefix.rstrip("."): value}
+
     stages = {s.name: s for s in load_recipe("textarena_tune").stages}
     configs = {name: flat(load_config([preset_path(s.preset)], list(s.overrides), checks=None))
                for name, s in stages.items() if s.command in ("train", "eval")}
@@ -237,4 +235,3 @@ def test_textarena_tune_configurations_differ_from_grpo_only_where_each_says_and
     held_out = flat(load_config([preset_path(next(s for s in load_recipe("textarena").stages if s.name == "rl_eval").preset)], checks=None))
     options = {key for key in data if key.startswith("data.builtin_options.")}
     assert options and {k: held_out[k] for k in options} == {k: configs["grpo"][k] for k in options} and held_out["data.dev_size"] == 0
-

@@ -111,6 +111,13 @@ def test_posttrain_compare_refuses_files_without_common_items_or_rows(tmp_path, 
     (tmp_path / "bad.jsonl").write_text('{"no": "success"}\n')
     assert main(["compare", str(a), str(tmp_path / "bad.jsonl")]) == 2
     assert "line 1 is not an episode row" in capsys.readouterr().err
+    (tmp_path / "text.jsonl").write_text("accuracy 0.5\n")
+    assert main(["compare", str(a), str(tmp_path / "text.jsonl")]) == 2
+    assert "text.jsonl line 1 is not JSON" in capsys.readouterr().err
+    for field in ('"success": "false"', '"success": true, "messages": "hi"', '"success": true, "extra_info": "x"'):
+        (tmp_path / "odd.jsonl").write_text("{" + field + "}\n")
+        assert main(["compare", str(a), str(tmp_path / "odd.jsonl")]) == 2, field
+        assert "odd.jsonl line 1 is not an episode row" in capsys.readouterr().err, field
     assert main(["compare", str(a), str(tmp_path / "missing.jsonl")]) == 2
     assert "missing.jsonl: no such file" in capsys.readouterr().err
     (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe\x00")
