@@ -42,6 +42,7 @@ import importlib
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -160,3 +161,11 @@ class ConfigError(InvalidSettings):
 
     def __reduce__(self) -> tuple:
         return type(self), (self.problems,)
+
+
+def read_utf8(path: Path) -> str:
+    """The text of a file a person gave; one that is not UTF-8 text is an :class:`InputError` naming it."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path} is not UTF-8 text ({err}); give a JSON or JSON-lines file") from err

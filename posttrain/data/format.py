@@ -56,14 +56,6 @@ FORMAT_HINT = (
 )
 
 
-def read_utf8(path: Path) -> str:
-    """The text of a file a person gave; one that is not UTF-8 text is an :class:`InputError` naming it."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise InputError(f"{path} is not UTF-8 text ({err}); give a JSON or JSON-lines file") from err
-
-
 class DataFormatError(InputError):
     """A data file is missing, unreadable or not in verl's row format; the message says how to fix it."""
 

@@ -8,17 +8,13 @@ import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from posttrain.errors import InputError
+from posttrain.errors import InputError, read_utf8
 
 
 def numbered_rows(path: Path) -> Iterator[tuple[int, dict]]:
     """Each row of an episodes file with its line number (blank lines skipped); an InputError naming the line
     of one that is not a JSON object, or naming the file if it is not UTF-8 text."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path} is not UTF-8 text ({error}); give an episodes file (JSON lines)") from None
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(read_utf8(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:

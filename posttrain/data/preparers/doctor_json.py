@@ -32,8 +32,8 @@ from typing import Any
 
 from posttrain.agents.doctor.case import QA, Case
 from posttrain.agents.doctor.prompts import doctor_instruction
-from posttrain.data.format import make_row, read_utf8, write_rows
-from posttrain.errors import InputError
+from posttrain.data.format import make_row, write_rows
+from posttrain.errors import InputError, read_utf8
 
 DATA_SOURCE = "doctor"
 ABILITY = "medical-consultation"
