@@ -234,6 +234,36 @@ def test_dev_swapped_asks_held_back_questions_with_held_back_functions_in_a_file
     assert _rows(plain / "sft.parquet") == _rows(tmp_path / "sft.parquet")
 
 
+def test_dev_pairs_ask_two_held_back_questions_at_once_with_both_functions_in_a_file_of_its_own(tmp_path, capsys):
+    """dev_pairs=N: dev_pairs.parquet holds two-call rows made from the questions SFT validates on (neither taught), two
+    asked in one message with both questions' functions, answered by both calls, which BFCL's parallel rule accepts
+    together and refuses apart; the training files are as without the option."""
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=60", "sft_val_size=40", "dev_pairs=6", "multi_turn="]) == 0
+    assert "dev_pairs.parquet (dev_pairs=6): 6 synthetic_parallel_multiple rows" in capsys.readouterr().out
+    held = {r["extra_info"]["id"]: r for r in _rows(tmp_path / "train.parquet") if not r["extra_info"]["in_sft"]}
+    dev = _rows(tmp_path / "dev_pairs.parquet")
+    assert len(dev) == 6 and len({r["extra_info"]["id"] for r in dev}) == 6
+    several = 0
+    for row in dev:
+        first, second = (held[part] for part in row["extra_info"]["id"].removeprefix("pair_").split("+"))
+        assert {first["extra_info"]["category"], second["extra_info"]["category"]} <= {"live_simple", "live_multiple"}
+        assert row["extra_info"]["category"] == "synthetic_parallel_multiple" and not row["extra_info"]["in_sft"]
+        assert row["prompt"] == [{"role": "user", "content": first["prompt"][0]["content"] + "\n\n" + second["prompt"][0]["content"]}]
+        functions = {f["name"]: f for r in (first, second) for f in json.loads(r["extra_info"]["bfcl_functions"])}
+        assert sorted(f["name"] for f in json.loads(row["extra_info"]["bfcl_functions"])) == sorted(functions)
+        several += len(functions) > len(json.loads(first["extra_info"]["bfcl_functions"]))
+        truths = [json.loads(r["reward_model"]["ground_truth"]) for r in (first, second)]
+        assert json.loads(row["reward_model"]["ground_truth"]) == truths[0] + truths[1]
+        calls = [call for r, truth in zip((first, second), truths) for call in bfcl.answer_calls(truth, json.loads(r["extra_info"]["bfcl_functions"]))]
+        assert len(calls) == 2 and bfcl.check_calls(calls, row["reward_model"]["ground_truth"], row["extra_info"]).valid
+        assert not bfcl.check_calls(calls[1:], row["reward_model"]["ground_truth"], row["extra_info"]).valid
+    assert several  # the second question brought functions of its own
+    plain = tmp_path / "plain"
+    prepare("bfcl", plain, limit=60, sft_val_size=40, multi_turn="")
+    assert _rows(plain / "train.parquet") == _rows(tmp_path / "train.parquet") and not (plain / "dev_pairs.parquet").exists()
+    assert _rows(plain / "sft.parquet") == _rows(tmp_path / "sft.parquet")
+
+
 def test_masked_irrelevance_asks_a_taught_question_without_the_functions_its_answer_calls(tmp_path, capsys):
     """masked_irrelevance=N: irrelevance rows whose question is a taught live_multiple one, asked with its own functions
     less the ones its answer calls and less their namesakes (uber.ride2 beside uber.ride); no call is right, SFT says

@@ -56,7 +56,12 @@ subject, as in BFCL's held-out irrelevance rows (``run_microwave`` for "preheat 
 subject word. No call is right
 and its SFT transcript says so; a kept function that could do the job under another name makes a wrong label, which
 the name rule does not catch. ``dev_masked=N`` writes ``dev_masked.parquet`` the same way from the questions SFT holds
-back, for validation only, like ``dev_swapped``. The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
+back, for validation only, like ``dev_swapped``. ``dev_pairs=N`` writes ``dev_pairs.parquet``: up to N two-call rows of
+category ``synthetic_parallel_multiple`` from the questions SFT holds back (the development split holds 2 rows that ask
+for several calls, against the held-out set's 400): two held-back live_simple or live_multiple questions asked in one
+message with both questions' functions, their answer both calls (BFCL's parallel rule), as BFCL's parallel_multiple rows
+are; the held-back questions seldom share their functions, so the pairs do not (as ``parallel_pairs``' do). For
+validation only. The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 ``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
 functions (near misses, where RL learns to call wrongly: docs/tools.md) the category ``live_irrelevance_near``, so a
 batch can hold a share of them (``data.sampler.shares``) and a development split reports them apart; nothing else
@@ -137,6 +142,8 @@ ADDED_LINES = {
                            "functions its answer calls, in train and SFT"),
     "dev_masked": ("dev_masked.parquet", f" {added_rows.MASKED_CATEGORY} rows, an SFT validation question asked without the "
                    "functions its answer calls, for evaluation only"),
+    "dev_pairs": ("dev_pairs.parquet", f" {added_rows.UNION_PAIRS_CATEGORY} rows, two SFT validation questions asked together "
+                  "with both questions' functions, for evaluation only"),
 }
 
 
@@ -213,6 +220,7 @@ def prepare_bfcl(
     dev_swapped: int = 0,
     masked_irrelevance: int = 0,
     dev_masked: int = 0,
+    dev_pairs: int = 0,
     near_irrelevance: bool = False,
 ) -> list[Path]:
     """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet`` (unless
@@ -220,7 +228,7 @@ def prepare_bfcl(
     multi_turn_questions = [q for c in _categories(multi_turn, "multi_turn", MULTI_TURN_CATEGORIES, empty=True) for q in load_multi_turn(c, limit)]
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
     made = {"parallel_pairs": parallel_pairs, "swapped_irrelevance": swapped_irrelevance, "dev_swapped": dev_swapped,
-            "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked}
+            "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked, "dev_pairs": dev_pairs}
     _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
     questions["train"] = _near_misses(questions["train"], splits["train"]) if near_irrelevance else questions["train"]
@@ -275,6 +283,8 @@ def _added(train: list[Question], written: dict[str, Any], held: set[str], seed:
         "dev_swapped": added_rows.swapped(validated, made["dev_swapped"], seed, too_long),
         "masked_irrelevance": added_rows.masked(taught, made["masked_irrelevance"], seed, too_long),
         "dev_masked": added_rows.masked(validated, made["dev_masked"], seed, too_long),
+        "dev_pairs": added_rows.parallel_pairs(validated, {q.id for q in validated}, made["dev_pairs"], seed, too_long,
+                                               same_functions=False),
     }
     report.made = {option: (len(rows), made[option]) for option, rows in added.items() if made[option]}
     return added

@@ -1,5 +1,5 @@
 """The rows ``posttrain prepare bfcl``'s options make from BFCL's own training questions (docs in
-:mod:`posttrain.data.preparers.bfcl`): ``parallel_pairs`` (two questions asked at once), ``swapped_irrelevance``
+:mod:`posttrain.data.preparers.bfcl`): ``parallel_pairs`` and ``dev_pairs`` (two questions asked at once), ``swapped_irrelevance``
 (a question asked with another question's functions, about something else) and ``masked_irrelevance`` (a
 question asked with its own functions less the ones its answer calls). Each is a seeded draw; ``too_long(row)``
 says which rows the prompt cap leaves out."""
@@ -30,6 +30,8 @@ Question = TypeVar("Question", bound=Asked)
 # parallel_pairs: two questions of this training category asked together make a row of this category, judged by
 # BFCL's parallel rule (the checker picks it by "parallel" in the name); no BFCL category of its own
 PAIRED_CATEGORY, PAIRS_CATEGORY = "live_simple", "synthetic_parallel"
+# dev_pairs: two questions with different functions asked together, with both questions' functions (BFCL's parallel rule)
+UNION_PAIRS_CATEGORY = "synthetic_parallel_multiple"
 # swapped_irrelevance: questions of these categories asked with another question's functions
 SWAPPED_FROM, SWAPPED_CATEGORY = ("live_simple", "live_multiple"), "swapped_irrelevance"
 # masked_irrelevance: questions of this category (several functions each) asked without the functions they need
@@ -45,28 +47,46 @@ def _single_user_turn(question: Question) -> bool:
     return [m["role"] for m in question.messages] == ["user"]
 
 
-def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed: int, left_out: TooLong) -> list[Question]:
+def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed: int, left_out: TooLong, *,
+                   same_functions: bool = True) -> list[Question]:
     """Up to ``count`` two-call questions, each two taught (ids in ``taught``) single-call questions of
     :data:`PAIRED_CATEGORY` with the same functions (a seeded draw of distinct pairs), asked in one user message;
     their answer is both possible answers, judged by BFCL's parallel rule (category :data:`PAIRS_CATEGORY`).
-    ``left_out`` says which pairs are not kept (over the prompt cap, or with no SFT transcript)."""
+    ``left_out`` says which pairs are not kept (over the prompt cap, or with no SFT transcript).
+    With ``same_functions`` false (``dev_pairs``: the few questions SFT holds back seldom share their functions) any
+    two such questions of :data:`SWAPPED_FROM` with distinct answers pair, asked with both questions' functions (each
+    name once; a pair whose one name has two docs is skipped), in category :data:`UNION_PAIRS_CATEGORY`, as BFCL's
+    parallel_multiple rows are: several functions, several calls."""
     if count == 0:
         return []
+    kinds = (PAIRED_CATEGORY,) if same_functions else SWAPPED_FROM
     alike: dict[str, list[Question]] = {}
     for q in questions:
-        if q.category == PAIRED_CATEGORY and q.id in taught and len(q.ground_truth) == 1 and _single_user_turn(q):
-            alike.setdefault(json.dumps(q.functions, sort_keys=True), []).append(q)
+        if q.category in kinds and q.id in taught and len(q.ground_truth) == 1 and _single_user_turn(q):
+            alike.setdefault(json.dumps(q.functions, sort_keys=True) if same_functions else "", []).append(q)
     candidates = [(a, b) for group in alike.values() for i, a in enumerate(group) for b in group[i + 1:] if a.ground_truth != b.ground_truth]
     random.Random(seed).shuffle(candidates)
     pairs: list[Question] = []
     for a, b in candidates:
         if len(pairs) == count:
             break
-        pair = replace(a, id=f"pair_{a.id}+{b.id}", category=PAIRS_CATEGORY, ground_truth=[*a.ground_truth, *b.ground_truth],
+        functions = a.functions if same_functions else _union(a.functions, b.functions)
+        if functions is None:
+            continue
+        pair = replace(a, id=f"pair_{a.id}+{b.id}", category=PAIRS_CATEGORY if same_functions else UNION_PAIRS_CATEGORY,
+                       functions=functions, ground_truth=[*a.ground_truth, *b.ground_truth],
                        messages=[{"role": "user", "content": f"{a.messages[0]['content']}\n\n{b.messages[0]['content']}"}])
         if not left_out(pair):
             pairs.append(pair)
     return pairs
+
+
+def _union(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``first``'s functions, then ``second``'s not named in ``first``; None when a name has two different docs."""
+    named = {doc["name"]: doc for doc in first}
+    if any(doc["name"] in named and named[doc["name"]] != doc for doc in second):
+        return None
+    return [*first, *(doc for doc in second if doc["name"] not in named)]
 
 
 def swapped(pool: list[Question], count: int, seed: int, too_long: TooLong) -> list[Question]:
