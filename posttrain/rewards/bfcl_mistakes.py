@@ -10,7 +10,9 @@ irrelevance row, an unreadable call.
 
 Beside the kinds stands the **call rate**: on the rows that need a call, the share where the answer
 made at least one readable call. Irrelevance's accuracy can be won by never calling; the call rate
-shows how often the policy still calls where it must. And the **no-call rows by shared subject words**:
+shows how often the policy still calls where it must. Beside it, the **calls right**: of those rows with a
+readable call, the share BFCL's checker accepts; a policy that only calls more or less often moves the call
+rate, one that learns which call to make moves this. And the **no-call rows by shared subject words**:
 on the rows whose right answer is no call, the share answered with none, apart for the rows whose
 question shares no subject word with the functions (:func:`bfcl.shared_subject_words`),
 one, or more: a near miss ("the dominant trait of a lion" with ``genetics.get_variant_frequency``) is
@@ -42,6 +44,7 @@ KINDS = {
     "decoder_failed": NO_CALL, "decoder_wrong_output_format": "unreadable call",
 }
 CALL_RATE = "call rate where one is due"
+CALLS_RIGHT = "calls right where one is due"
 SHARED = ("none", "one", "two or more")  # subject words a no-call row's question shares with its functions
 
 
@@ -95,6 +98,7 @@ def mistakes_markdown(files: Mapping[str, Path]) -> str:
                 kinds[category][label][found] += 1
                 calls[category][label]["due"] += due
                 calls[category][label]["made"] += due and called
+                calls[category][label]["right"] += due and called and found == RIGHT
     if not kinds:
         return ""
     categories = [*sorted(set(kinds) - {"all"}), "all"]
@@ -104,6 +108,9 @@ def mistakes_markdown(files: Mapping[str, Path]) -> str:
         lines += [f"{CALL_RATE.capitalize()} (the share of rows that need a call on which the answer made a readable "
                   "call):", "", "| | " + " | ".join(due) + " |", "|---" * (len(due) + 1) + "|"]
         lines += [f"| {label} | " + " | ".join(_rate(calls[c][label]) for c in due) + " |" for label in labels]
+        lines += ["", f"{CALLS_RIGHT.capitalize()} (of the rows that need a call on which the answer made a readable call, the "
+                  "share BFCL's checker accepts):", "", "| | " + " | ".join(due) + " |", "|---" * (len(due) + 1) + "|"]
+        lines += [f"| {label} | " + " | ".join(_rate(calls[c][label], "right", "made") for c in due) + " |" for label in labels]
     lines += _shared_lines(shared, labels)
     for category in categories:
         by_label = kinds[category]
@@ -138,5 +145,5 @@ def _shared_lines(shared: Mapping[str, Mapping[str, Counter]], labels: list[str]
     return lines
 
 
-def _rate(counts: Counter) -> str:
-    return f"{counts['made'] / counts['due']:.3f}" if counts["due"] else "—"
+def _rate(counts: Counter, part: str = "made", whole: str = "due") -> str:
+    return f"{counts[part] / counts[whole]:.3f}" if counts[whole] else "—"

@@ -88,6 +88,27 @@ def test_mistakes_by_kind_and_the_call_rate_where_a_call_is_due(tmp_path):
     assert done.returncode == 1 and "broken.jsonl line 1 is not a BFCL episode row with messages and extra_info.category" in done.stderr
 
 
+def test_calls_right_is_the_share_of_the_calls_made_where_one_is_due_that_bfcl_accepts(tmp_path):
+    """Four simple_python rows: ``learnt`` makes two right calls, one wrong and no call once; ``eager`` calls on
+    every row, one right; ``silent`` never calls. The call rate counts the calls made, calls right those accepted."""
+    simple = load_category("simple_python")[:4]
+    right = [as_calls(bfcl.answer_calls(q.ground_truth, q.functions)) for q in simple]
+    wrong = [as_calls([{"name": q.functions[0]["name"] + "_x", "arguments": {}}]) for q in simple]
+    answers = {"learnt": [right[0], right[1], wrong[2], NO_CALL], "eager": [right[0], wrong[1], wrong[2], wrong[3]], "silent": [NO_CALL] * 4}
+    files = {}
+    for label, texts in answers.items():
+        files[label] = tmp_path / f"{label}.jsonl"
+        files[label].write_text("".join(episode(q, text, i) for i, (q, text) in enumerate(zip(simple, texts))))
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_errors.py"), *(f"{k}={v}" for k, v in files.items())],
+                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    tables = markdown_tables(done.stdout)
+    rates = next(rows for title, rows in tables.items() if title.startswith("Call rate where one is due"))
+    assert rates == [["learnt", "0.750", "0.750"], ["eager", "1.000", "1.000"], ["silent", "0.000", "0.000"]]
+    assert next(rows for title, rows in tables.items() if title.startswith("Calls right where one is due")) == [
+        ["learnt", "0.667", "0.667"], ["eager", "0.250", "0.250"], ["silent", "—", "—"]]
+
+
 def test_no_call_rows_are_told_apart_by_the_subject_words_their_question_shares_with_the_functions(tmp_path):
     """A question that shares no subject word with its function, one that shares one, one that shares more:
     each answered once with no call (right) and once with a call, in two evaluations."""
