@@ -12,7 +12,9 @@ Beside the kinds stands the **call rate**: on the rows that need a call, the sha
 made at least one readable call. Irrelevance's accuracy can be won by never calling; the call rate
 shows how often the policy still calls where it must. Beside it, the **calls right**: of those rows with a
 readable call, the share BFCL's checker accepts; a policy that only calls more or less often moves the call
-rate, one that learns which call to make moves this. And the **no-call rows by shared subject words**:
+rate, one that learns which call to make moves this. The **arguments per call**: on those rows, the mean
+number of arguments a readable call wrote; a policy that learns to leave parameters out (one left out is
+no worse than one given wrong under BFCL's verdict, and it may be one the answer can omit) moves this. And the **no-call rows by shared subject words**:
 on the rows whose right answer is no call, the share answered with none, apart for the rows whose
 question shares no subject word with the functions (:func:`bfcl.shared_subject_words`),
 one, or more: a near miss ("the dominant trait of a lion" with ``genetics.get_variant_frequency``) is
@@ -45,6 +47,7 @@ KINDS = {
 }
 CALL_RATE = "call rate where one is due"
 CALLS_RIGHT = "calls right where one is due"
+ARGUMENTS = "arguments per call where one is due"
 SHARED = ("none", "one", "two or more")  # subject words a no-call row's question shares with its functions
 
 
@@ -59,17 +62,18 @@ def kind(verdict: bfcl.Verdict) -> str:
     return KINDS.get(name, error)
 
 
-def judge(row: Mapping, parser: CallParser) -> tuple[str, bool]:
-    """The answer's kind of mistake (or "right"), and whether it made at least one readable call."""
+def judge(row: Mapping, parser: CallParser) -> tuple[str, list[dict]]:
+    """The answer's kind of mistake (or "right"), and its readable calls (``{"name", "arguments"}``;
+    an unreadable answer's readable ones, if any)."""
     messages = row["messages"]
     text = messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else ""
     turn = parser(text)
-    if turn.malformed:
-        return "unreadable call", bool(turn.calls)
     calls = [{"name": call.name, "arguments": json.loads(call.arguments or "{}")} for call in turn.calls]
+    if turn.malformed:
+        return "unreadable call", calls
     if not calls and not bfcl.is_no_call_category(row["extra_info"]["category"]):
-        return NO_CALL, False
-    return kind(bfcl.check_calls(calls, row["ground_truth"], row["extra_info"])), bool(calls)
+        return NO_CALL, calls
+    return kind(bfcl.check_calls(calls, row["ground_truth"], row["extra_info"])), calls
 
 
 def episode_rows(path: Path) -> list[dict]:
@@ -78,40 +82,16 @@ def episode_rows(path: Path) -> list[dict]:
 
 
 def mistakes_markdown(files: Mapping[str, Path]) -> str:
-    """Markdown: the call rates (evaluations × categories, then all), and per category (then all) each
-    kind's count for each evaluation. ``files``: label → episodes file; rows of other data sources
-    (a mixture's) are left out."""
-    from posttrain.models.tool_formats import CallParser
-
-    parser = CallParser("hermes", None, [])
-    kinds: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))  # category -> label -> kind
-    calls: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))  # category -> label -> due, made
-    shared: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))  # label -> (shared, right) -> rows
-    labels = list(files)
-    for label, path in files.items():
-        for row in episode_rows(path):
-            found, called = judge(row, parser)
-            due = not bfcl.is_no_call_category(row["extra_info"]["category"])
-            if not due:
-                shared[label][_shared(row)][found == RIGHT] += 1
-            for category in (row["extra_info"]["category"], "all"):
-                kinds[category][label][found] += 1
-                calls[category][label]["due"] += due
-                calls[category][label]["made"] += due and called
-                calls[category][label]["right"] += due and called and found == RIGHT
+    """Markdown: the call rates, calls right and arguments per call (evaluations × categories, then all),
+    the no-call rows by shared words, and per category (then all) each kind's count for each evaluation.
+    ``files``: label → episodes file; rows of other data sources (a mixture's) are left out."""
+    kinds, calls, shared = _tally(files)
     if not kinds:
         return ""
+    labels = list(files)
     categories = [*sorted(set(kinds) - {"all"}), "all"]
     due = [c for c in categories if any(calls[c][label]["due"] for label in labels)]
-    lines = []
-    if due:
-        lines += [f"{CALL_RATE.capitalize()} (the share of rows that need a call on which the answer made a readable "
-                  "call):", "", "| | " + " | ".join(due) + " |", "|---" * (len(due) + 1) + "|"]
-        lines += [f"| {label} | " + " | ".join(_rate(calls[c][label]) for c in due) + " |" for label in labels]
-        lines += ["", f"{CALLS_RIGHT.capitalize()} (of the rows that need a call on which the answer made a readable call, the "
-                  "share BFCL's checker accepts):", "", "| | " + " | ".join(due) + " |", "|---" * (len(due) + 1) + "|"]
-        lines += [f"| {label} | " + " | ".join(_rate(calls[c][label], "right", "made") for c in due) + " |" for label in labels]
-    lines += _shared_lines(shared, labels)
+    lines = _due_lines(calls, due, labels) + _shared_lines(shared, labels)
     for category in categories:
         by_label = kinds[category]
         names = sorted({k for counts in by_label.values() for k in counts}, key=lambda k: (k != RIGHT, k))
@@ -123,6 +103,48 @@ def mistakes_markdown(files: Mapping[str, Path]) -> str:
         if category in due:
             lines.append(f"| {CALL_RATE} | " + " | ".join(_rate(calls[category][label]) for label in labels) + " |")
     return "\n".join(lines).strip("\n")
+
+
+Tally = dict[str, dict[str, Counter]]
+
+
+def _tally(files: Mapping[str, Path]) -> tuple[Tally, Tally, Tally]:
+    """Each file's rows judged: category → label → kind counts; category → label → due, made, right,
+    calls, arguments (rows that need a call; of them, with a readable call; accepted; their readable calls and
+    those calls' arguments); label → shared-words bucket → {right: rows} for the no-call rows."""
+    from posttrain.models.tool_formats import CallParser
+
+    parser = CallParser("hermes", None, [])
+    kinds: Tally = defaultdict(lambda: defaultdict(Counter))
+    calls: Tally = defaultdict(lambda: defaultdict(Counter))
+    shared: Tally = defaultdict(lambda: defaultdict(Counter))
+    for label, path in files.items():
+        for row in episode_rows(path):
+            found, made = judge(row, parser)
+            due = not bfcl.is_no_call_category(row["extra_info"]["category"])
+            if not due:
+                shared[label][_shared(row)][found == RIGHT] += 1
+            for category in (row["extra_info"]["category"], "all"):
+                kinds[category][label][found] += 1
+                if due:
+                    calls[category][label].update(due=1, made=bool(made), right=bool(made) and found == RIGHT, calls=len(made),
+                                                  arguments=sum(len(c["arguments"]) for c in made if isinstance(c["arguments"], dict)))
+    return kinds, calls, shared
+
+
+def _due_lines(calls: Tally, due: list[str], labels: list[str]) -> list[str]:
+    """The three tables over the rows that need a call (module docstring); none without such rows."""
+    if not due:
+        return []
+    tables = [(CALL_RATE, "the share of rows that need a call on which the answer made a readable call", "made", "due"),
+              (CALLS_RIGHT, "of the rows that need a call on which the answer made a readable call, the share BFCL's "
+               "checker accepts", "right", "made"),
+              (ARGUMENTS, "on the rows that need a call, the mean number of arguments a readable call wrote", "arguments", "calls")]
+    lines: list[str] = []
+    for title, what, part, whole in tables:
+        lines += ["", f"{title.capitalize()} ({what}):", "", "| | " + " | ".join(due) + " |", "|---" * (len(due) + 1) + "|"]
+        lines += [f"| {label} | " + " | ".join(_rate(calls[c][label], part, whole) for c in due) + " |" for label in labels]
+    return lines
 
 
 def _shared(row: Mapping) -> str:

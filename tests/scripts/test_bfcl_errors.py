@@ -58,6 +58,18 @@ def markdown_tables(text: str) -> dict[str, list[list[str]]]:
     return tables
 
 
+def errors_tables(tmp_path: Path, questions: list, answers: dict[str, list[str]]) -> dict[str, list[list[str]]]:
+    """scripts/bfcl_errors.py's tables for evaluations ``label → answers`` (one per question, in order)."""
+    files = {}
+    for label, texts in answers.items():
+        files[label] = tmp_path / f"{label}.jsonl"
+        files[label].write_text("".join(episode(q, text, i) for i, (q, text) in enumerate(zip(questions, texts))))
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_errors.py"), *(f"{k}={v}" for k, v in files.items())],
+                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    return markdown_tables(done.stdout)
+
+
 def test_mistakes_by_kind_and_the_call_rate_where_a_call_is_due(tmp_path):
     calls, silent = two_evaluations(tmp_path)
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_errors.py"), f"calls={calls}", f"silent={silent}"],
@@ -95,18 +107,28 @@ def test_calls_right_is_the_share_of_the_calls_made_where_one_is_due_that_bfcl_a
     right = [as_calls(bfcl.answer_calls(q.ground_truth, q.functions)) for q in simple]
     wrong = [as_calls([{"name": q.functions[0]["name"] + "_x", "arguments": {}}]) for q in simple]
     answers = {"learnt": [right[0], right[1], wrong[2], NO_CALL], "eager": [right[0], wrong[1], wrong[2], wrong[3]], "silent": [NO_CALL] * 4}
-    files = {}
-    for label, texts in answers.items():
-        files[label] = tmp_path / f"{label}.jsonl"
-        files[label].write_text("".join(episode(q, text, i) for i, (q, text) in enumerate(zip(simple, texts))))
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_errors.py"), *(f"{k}={v}" for k, v in files.items())],
-                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
-    assert done.returncode == 0, done.stderr
-    tables = markdown_tables(done.stdout)
+    tables = errors_tables(tmp_path, simple, answers)
     rates = next(rows for title, rows in tables.items() if title.startswith("Call rate where one is due"))
     assert rates == [["learnt", "0.750", "0.750"], ["eager", "1.000", "1.000"], ["silent", "0.000", "0.000"]]
     assert next(rows for title, rows in tables.items() if title.startswith("Calls right where one is due")) == [
         ["learnt", "0.667", "0.667"], ["eager", "0.250", "0.250"], ["silent", "—", "—"]]
+
+
+def test_arguments_per_call_counts_what_the_calls_wrote_where_a_call_is_due(tmp_path):
+    """Four simple_python rows and one irrelevance row: ``full`` writes each possible answer whole, ``short`` the same
+    calls with their last argument left out; both call on the irrelevance row with three arguments and decline one
+    simple_python row. Arguments per call is the mean over the readable calls on the rows that need one: one less for ``short``."""
+    simple, irrelevance = load_category("simple_python")[:4], load_category("irrelevance")[0]
+    answers = [bfcl.answer_calls(q.ground_truth, q.functions) for q in simple[:3]]
+    short = [[{**call, "arguments": dict(list(call["arguments"].items())[:-1])} for call in calls] for calls in answers]
+    stray = as_calls([{"name": irrelevance.functions[0]["name"], "arguments": {"a": 1, "b": 2, "c": 3}}])
+    tables = errors_tables(tmp_path, [*simple, irrelevance], {"full": [*map(as_calls, answers), NO_CALL, stray],
+                                                                "short": [*map(as_calls, short), NO_CALL, stray]})
+    written = [len(call["arguments"]) for calls in answers for call in calls]
+    assert min(written) >= 1 and len(written) == 3
+    mean = sum(written) / len(written)
+    assert next(rows for title, rows in tables.items() if title.startswith("Arguments per call where one is due")) == [
+        ["full", f"{mean:.3f}", f"{mean:.3f}"], ["short", f"{mean - 1:.3f}", f"{mean - 1:.3f}"]]
 
 
 def test_no_call_rows_are_told_apart_by_the_subject_words_their_question_shares_with_the_functions(tmp_path):
