@@ -30,7 +30,8 @@ the recipe runs again with the same command and the same stages before it (its `
 their fingerprint); a train or sft stage that was interrupted (a crash, or Ctrl-C: the stage stops at
 a clean point and the recipe with it) resumes from its checkpoint; a prepare or eval stage runs
 again; a stage whose command or earlier stages changed starts over (its old directory moved aside);
-``--report`` runs no stage and writes the table of those that finished. ``key=value`` arguments go
+``--report`` runs no stage and writes the table of those that finished (a stage that finished with other
+``--use`` arguments, which its ``DONE`` records, is left out and named with them). ``key=value`` arguments go
 to every stage that takes a config, and ``STAGE:key=value`` to that stage only. ``--use STAGE=PATH`` takes an output made elsewhere (an
 exported model, a run directory, a dataset) in place of running that stage, e.g. a patient trained
 before: later stages read PATH (their fingerprints hold it and its modification time), and earlier
@@ -363,7 +364,8 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
             console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: done before, skipped ({escape(str(directory))})", soft_wrap=True)
             continue
         if report_only:
-            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: not finished, left out of the table", soft_wrap=True)
+            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: {escape(unfinished(done, given))}, left out of the table",
+                          soft_wrap=True)
             continue
         if started.is_file() and json.loads(started.read_text()).get("fingerprint") != fingerprint:
             aside = directory.with_name(f"{directory.name}.before-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -383,9 +385,26 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
         if code != 0:
             raise RecipeError(f"stage {stage.name!r} failed (exit {code}); its output is in {directory / 'stage.log'}. Fix the cause "
                               f"and run the same recipe command again: finished stages are skipped, a train or sft stage resumes")
-        done.write_text(json.dumps({"fingerprint": fingerprint, "command": command, "seconds": seconds[stage.name]}))
+        done.write_text(json.dumps({"fingerprint": fingerprint, "command": command, "seconds": seconds[stage.name], "use": uses(given)}))
     write_report(recipe, root, dirs, seconds, given, console, report_only)
     return 0
+
+
+def uses(given: dict[str, Path]) -> list[str]:
+    """The ``--use`` arguments of ``given`` (``STAGE=PATH``), as a stage's DONE records them."""
+    return [f"{name}={path}" for name, path in given.items()]
+
+
+def unfinished(done: Path, given: dict[str, Path]) -> str:
+    """Why ``--report`` leaves out a stage that did not finish with this command: not finished, or
+    finished with other inputs (the ``--use`` arguments its DONE records, when they differ from ``given``)."""
+    if not done.is_file():
+        return "not finished"
+    then = json.loads(done.read_text()).get("use")
+    if then is None or sorted(then) == sorted(uses(given)):
+        return "finished with another command or other earlier stages"
+    return (f"finished with other inputs: it ran with {' '.join('--use ' + u for u in then) or 'no --use'}"
+            f"; give the same to include it")
 
 
 def write_report(recipe: Recipe, root: Path, dirs: dict[str, Path], seconds: dict[str, float], given: dict[str, Path],

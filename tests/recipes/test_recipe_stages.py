@@ -324,3 +324,21 @@ def test_a_stage_log_holds_each_line_while_the_stage_still_runs(tmp_path, monkey
     watcher.join(30)
     assert code == (0, False) and log.read_text().endswith("done\n")
     assert go_on.exists() and time.monotonic() - start < 9, "the stage's first line reached its log only when the stage ended"
+
+
+def test_report_without_the_use_arguments_a_recipe_ran_with_says_which_to_give(tmp_path, stand_in, capsys):
+    """A recipe run with --use sft=PATH: ``--report`` without it leaves out the stages that read the given
+    SFT and names the --use they ran with; with it, the whole table."""
+    given = tmp_path / "sft_made_before"
+    given.mkdir()
+    root = tmp_path / "runs"
+    assert run_recipe("search", [], root, [f"sft={given}"]) == 0
+    stand_in()
+    capsys.readouterr()
+    assert main(["recipe", "search", "--dir", str(root), "--report"]) == 0
+    assert stand_in() == {}
+    out = capsys.readouterr().out
+    assert f"stage 4/5 rl: finished with other inputs: it ran with --use sft={given}; give the same to include it" in out
+    assert "stage 1/5 base_eval: done before, skipped" in out and "| RL |" not in (root / "report.md").read_text()
+    assert main(["recipe", "search", "--dir", str(root), "--use", f"sft={given}", "--report"]) == 0
+    assert stand_in() == {} and "| RL − SFT | +0.400 [" in (root / "report.md").read_text()
