@@ -38,8 +38,9 @@ parameter may be left out; ``"[]"`` for irrelevance rows), ``extra_info["categor
 checker reads).
 
 :func:`check_calls` gives BFCL's whole verdict (its ``error_type`` for per-error-kind analysis);
-:func:`compute_score` is the score function (:func:`argument_credit` and :func:`decline_credit`, training
-rewards of their own, give part credit for a call's parameters and credit for making no call);
+:func:`compute_score` is the score function (:func:`argument_credit`, :func:`parameter_credit` and
+:func:`decline_credit`, training rewards of their own, give part credit for a call's parameters, for naming
+the parameters it needs, and credit for making no call);
 :func:`answer_calls` writes a possible answer as calls (the first acceptable value of each parameter), as
 the SFT transcripts and the tests do.
 """
@@ -189,27 +190,64 @@ def argument_credit(
     a parameter the possible answer does not name counts as wrong (the checker refuses it). Its
     ``score`` has no ``acc``: beside ``rule: bfcl`` in a rubric, the run's accuracy stays BFCL's verdict
     (rewards/rubric.py)."""
-    calls = _given_calls(calls)
     info = extra_info or {}
-    if check_calls(calls, ground_truth, info).valid:
-        return {"score": 1.0}
-    if is_no_call_category(_row_field(info, "category")):
-        return {"score": 0.0}
-    reference = answer_calls(ground_truth, _row_field(info, "bfcl_functions"))
-    if len(reference) != 1 or len(calls) != 1 or calls[0]["name"] != reference[0]["name"] or not isinstance(calls[0]["arguments"], dict):
-        return {"score": 0.0}
-    name, written = reference[0]["name"], calls[0]["arguments"]
-    possible = _json_value(ground_truth, "reward_model.ground_truth")[0][name]
+    one = _one_refused_call(_given_calls(calls), ground_truth, info)
+    if not isinstance(one, tuple):
+        return {"score": one}
+    reference, written, possible = one
+    name = reference["name"]
     # judged: the parameters the answer needs ("" not acceptable) and those the model wrote; one the answer
     # does not name is wrong (the checker refuses it), one it may leave out and did is not judged
     judged = [key for key in possible if "" not in possible[key] or key in written]
     unexpected = [key for key in written if key not in possible]
     right = 0
     for key in judged:
-        trial = {k: v for k, v in reference[0]["arguments"].items() if k != key} | ({key: written[key]} if key in written else {})
+        trial = {k: v for k, v in reference["arguments"].items() if k != key} | ({key: written[key]} if key in written else {})
         right += check_calls([{"name": name, "arguments": trial}], ground_truth, info).valid
     total = len(judged) + len(unexpected)
     return {"score": right / total if total else 0.0}
+
+
+def parameter_credit(
+    solution_str: str,
+    ground_truth: str | list,
+    extra_info: dict[str, Any] | None = None,
+    calls: Sequence[dict[str, Any]] | None = None,
+    **_: Any,
+) -> dict[str, float]:
+    """A training reward of its own, not BFCL's (the rubric rule ``bfcl_parameters``; ToolRL's parameter-name
+    match): for an answer of one call to the right function that BFCL's checker refuses, the parameters the
+    possible answer needs (``""`` not among its values) that the call names, over those needed and those it
+    names that the possible answer does not (1.0 when there are neither); whatever their values. 1.0 where the
+    checker accepts the whole answer; 0.0 for every other answer, as :func:`argument_credit`.
+
+    Under BFCL's verdict alone a needed parameter left out costs no more than one given a wrong value, and an
+    optional one given a wrong value fails the answer where leaving it out would not: writing fewer parameters
+    is never worse. Beside ``rule: bfcl`` this pays naming the needed ones, and leaves the optional ones (the
+    possible answer names them, ``""`` among their values) to the checker. Its ``score`` has no ``acc``."""
+    one = _one_refused_call(_given_calls(calls), ground_truth, extra_info or {})
+    if not isinstance(one, tuple):
+        return {"score": one}
+    _, written, possible = one
+    needed = {key for key, values in possible.items() if "" not in values}
+    unexpected = set(written) - set(possible)
+    total = len(needed) + len(unexpected)
+    return {"score": len(needed & set(written)) / total if total else 1.0}
+
+
+def _one_refused_call(calls: Sequence[dict[str, Any]], ground_truth: str | list,
+                      info: dict[str, Any]) -> float | tuple[dict[str, Any], dict[str, Any], dict[str, list]]:
+    """For the part-credit rules: 1.0 where BFCL's checker accepts ``calls``; 0.0 unless they are one call to
+    the possible answer's one function, with arguments as an object; else (that answer as a call, the
+    arguments written, the possible answer's parameters with their acceptable values)."""
+    if check_calls(calls, ground_truth, info).valid:
+        return 1.0
+    if is_no_call_category(_row_field(info, "category")):
+        return 0.0
+    reference = answer_calls(ground_truth, _row_field(info, "bfcl_functions"))
+    if len(reference) != 1 or len(calls) != 1 or calls[0]["name"] != reference[0]["name"] or not isinstance(calls[0]["arguments"], dict):
+        return 0.0
+    return reference[0], calls[0]["arguments"], _json_value(ground_truth, "reward_model.ground_truth")[0][reference[0]["name"]]
 
 
 def decline_credit(
@@ -323,4 +361,5 @@ def _json_value(value: Any, field: str) -> Any:
 
 
 __all__ = ["BFCL_PIN", "INSTALL_HINT", "MODEL_NAME", "CheckerModelConfig", "Verdict", "answer_calls", "argument_credit", "ast_checker", "bfcl_module",
-           "check_calls", "compute_score", "data_dir", "decline_credit", "installed_version", "is_no_call_category", "model_output"]
+           "check_calls", "compute_score", "data_dir", "decline_credit", "installed_version", "is_no_call_category", "model_output",
+           "parameter_credit"]

@@ -63,6 +63,7 @@ DEFAULT_SCORE_FUNCTIONS: Mapping[str, ScoreFunction] = MappingProxyType(
 # rewards of their own, beside the data source's judge (rewards/rubric.py)
 RULES: Mapping[str, ScoreFunction] = MappingProxyType({
     "bfcl_arguments": bfcl.argument_credit,  # part credit for the right function's parameters, judged one by one by BFCL's checker
+    "bfcl_parameters": bfcl.parameter_credit,  # the needed parameters a call to the right function names, whatever their values
     "bfcl_decline": bfcl.decline_credit,  # 1 for an answer with no call: beside BFCL's verdict, declining ranks above a wrong call
 })
 

@@ -157,6 +157,31 @@ def test_argument_credit_is_the_share_of_parameters_the_checker_accepts_one_by_o
         bfcl.argument_credit("<tool_call>...</tool_call>", ground_truth, extra_info)
 
 
+def test_parameter_credit_pays_naming_the_needed_parameters_whatever_their_values():
+    """calculate_triangle_area(base=10, height=5, unit="units" or left out): a call that leaves a needed
+    parameter out earns less than one that gives it a wrong value; the optional one is not counted either way;
+    a name the possible answer lacks counts against; a right answer 1.0, every other answer as argument_credit."""
+    simple = load_category("simple_python", limit=1)[0]
+    ground_truth, extra_info = _row(simple)
+
+    def credit(arguments: dict, name: str = "calculate_triangle_area") -> float:
+        return bfcl.parameter_credit("", ground_truth, extra_info, calls=[{"name": name, "arguments": arguments}])["score"]
+
+    assert credit({"base": 11, "height": 6}) == 1.0 > credit({"base": 11}) == 1 / 2  # both named, values wrong; one left out
+    assert credit({"base": 10, "height": 5}) == 1.0 and credit({}) == 0.0
+    assert credit({"base": 11, "height": 6, "unit": "cm"}) == credit({"base": 11, "height": 6})  # the optional one: not counted
+    assert credit({"base": 11, "height": 6, "colour": "red"}) == 2 / 3  # a name the possible answer does not have
+    assert credit({"base": 11, "height": 6}, name="area") == 0.0  # a wrong function earns nothing
+    assert bfcl.parameter_credit("", ground_truth, extra_info, calls=[]) == {"score": 0.0}  # nor does no call; no acc
+    irrelevance = load_category("live_irrelevance", limit=1)[0]
+    assert bfcl.parameter_credit("", *_row(irrelevance), calls=[{"name": irrelevance.functions[0]["name"], "arguments": {}}])["score"] == 0.0
+    parallel = load_category("parallel", limit=1)[0]
+    calls = bfcl.answer_calls(parallel.ground_truth, parallel.functions)
+    assert bfcl.parameter_credit("", *_row(parallel), calls=calls[:1])["score"] == 0.0  # several calls: the checker's verdict only
+    from posttrain.rewards.registry import RULES
+    assert RULES["bfcl_parameters"] is bfcl.parameter_credit
+
+
 def test_a_rubric_of_the_checker_and_argument_credit_keeps_bfcls_verdict_as_the_accuracy():
     from posttrain.rewards.rubric import build_rubric
 
