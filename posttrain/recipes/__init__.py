@@ -396,15 +396,16 @@ def uses(given: dict[str, Path]) -> list[str]:
 
 
 def unfinished(done: Path, given: dict[str, Path]) -> str:
-    """Why ``--report`` leaves out a stage that did not finish with this command: not finished, or
-    finished with other inputs (the ``--use`` arguments its DONE records, when they differ from ``given``)."""
+    """Why ``--report`` leaves out a stage that did not finish with this command: not finished; finished
+    with another command or other earlier stages; or that, with other ``--use`` arguments than ``given``
+    (its DONE records them: named, as the likely difference; a DONE from before they were recorded has none)."""
     if not done.is_file():
         return "not finished"
     then = json.loads(done.read_text()).get("use")
     if then is None or sorted(then) == sorted(uses(given)):
         return "finished with another command or other earlier stages"
-    return (f"finished with other inputs: it ran with {' '.join('--use ' + u for u in then) or 'no --use'}"
-            f"; give the same to include it")
+    return (f"finished with another command or other inputs: it ran with {' '.join('--use ' + u for u in then) or 'no --use'}"
+            f"; if that is the difference, give the same to include it")
 
 
 def write_report(recipe: Recipe, root: Path, dirs: dict[str, Path], seconds: dict[str, float], given: dict[str, Path],

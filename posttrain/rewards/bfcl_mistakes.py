@@ -13,7 +13,7 @@ made at least one readable call. Irrelevance's accuracy can be won by never call
 shows how often the policy still calls where it must. Beside it, the **calls right**: of those rows with a
 readable call, the share BFCL's checker accepts; a policy that only calls more or less often moves the call
 rate, one that learns which call to make moves this. The **arguments per call**: on those rows, the mean
-number of arguments a readable call wrote; a policy that learns to leave parameters out (one left out is
+number of arguments a readable call wrote (arguments that are not an object count as none); a policy that learns to leave parameters out (one left out is
 no worse than one given wrong under BFCL's verdict, and it may be one the answer can omit) moves this. And the **no-call rows by shared subject words**:
 on the rows whose right answer is no call, the share answered with none, apart for the rows whose
 question shares no subject word with the functions (:func:`bfcl.shared_subject_words`),

@@ -338,7 +338,7 @@ def test_report_without_the_use_arguments_a_recipe_ran_with_says_which_to_give(t
     assert main(["recipe", "search", "--dir", str(root), "--report"]) == 0
     assert stand_in() == {}
     out = capsys.readouterr().out
-    assert f"stage 4/5 rl: finished with other inputs: it ran with --use sft={given}; give the same to include it" in out
+    assert f"stage 4/5 rl: finished with another command or other inputs: it ran with --use sft={given}; if that is" in out
     assert "stage 1/5 base_eval: done before, skipped" in out and "| RL |" not in (root / "report.md").read_text()
     assert main(["recipe", "search", "--dir", str(root), "--use", f"sft={given}", "--report"]) == 0
     assert stand_in() == {} and "| RL − SFT | +0.400 [" in (root / "report.md").read_text()

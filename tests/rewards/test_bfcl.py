@@ -178,6 +178,10 @@ def test_parameter_credit_pays_naming_the_needed_parameters_whatever_their_value
     parallel = load_category("parallel", limit=1)[0]
     calls = bfcl.answer_calls(parallel.ground_truth, parallel.functions)
     assert bfcl.parameter_credit("", *_row(parallel), calls=calls[:1])["score"] == 0.0  # several calls: the checker's verdict only
+    assert bfcl.parameter_credit("", *_row(parallel), calls=calls)["score"] == 1.0
+    nothing_needed = json.dumps([{"calculate_triangle_area": {"base": ["", 10], "height": ["", 5]}}])
+    assert bfcl.parameter_credit("", nothing_needed, extra_info, calls=[{"name": "calculate_triangle_area", "arguments": {"base": 3}}]) == {
+        "score": 1.0}  # refused for a wrong value, but nothing needed is left out and no name is unexpected
     from posttrain.rewards.registry import RULES
     assert RULES["bfcl_parameters"] is bfcl.parameter_credit
 
