@@ -71,3 +71,15 @@ def test_a_last_step_saved_by_save_freq_is_still_validated_and_saved_once(tmp_pa
     validation, saved, records = run_out_of_data(tmp_path, batches=5, total_steps=8, test_freq=3, save_freq=5)
     assert validation.steps == [3, 5] and saved == [5]
     assert records[-1]["step"] == 5 and records[-1]["metrics"] == {"val/acc": 5.0}
+
+
+def test_the_first_line_says_when_the_epochs_cut_the_steps_asked_short():
+    from posttrain.trainer.sync import train_headline
+
+    config = PosttrainConfig()
+    config.trainer.total_training_steps, config.trainer.total_epochs = 96, 1
+    capped = train_headline(config, 95)
+    assert "95 steps" in capped and "total_training_steps=96" in capped and "raise trainer.total_epochs" in capped
+    assert "total_training_steps" not in train_headline(config, 96)  # as asked: nothing to say
+    config.trainer.total_training_steps = None
+    assert "total_training_steps" not in train_headline(config, 95)  # none asked: the epochs decide
