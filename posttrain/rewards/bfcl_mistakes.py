@@ -14,7 +14,9 @@ shows how often the policy still calls where it must. Beside it, the **calls rig
 readable call, the share BFCL's checker accepts; a policy that only calls more or less often moves the call
 rate, one that learns which call to make moves this. The **arguments per call**: on those rows, the mean
 number of arguments a readable call wrote (arguments that are not an object count as none); a policy that learns to leave parameters out (one left out is
-no worse than one given wrong under BFCL's verdict, and it may be one the answer can omit) moves this. And the **no-call rows by shared subject words**:
+no worse than one given wrong under BFCL's verdict, and it may be one the answer can omit) moves this. The **calls per
+answer**: on the rows that need a call and got a readable one, the mean number of readable calls; where two are due (the
+parallel categories), a policy that learns to stop after its first call moves this. And the **no-call rows by shared subject words**:
 on the rows whose right answer is no call, the share answered with none, apart for the rows whose
 question shares no subject word with the functions (:func:`bfcl.shared_subject_words`),
 one, or more: a near miss ("the dominant trait of a lion" with ``genetics.get_variant_frequency``) is
@@ -48,6 +50,7 @@ KINDS = {
 CALL_RATE = "call rate where one is due"
 CALLS_RIGHT = "calls right where one is due"
 ARGUMENTS = "arguments per call where one is due"
+CALLS_PER_ANSWER = "calls per answer where one is due"
 SHARED = ("none", "one", "two or more")  # subject words a no-call row's question shares with its functions
 
 
@@ -82,7 +85,7 @@ def episode_rows(path: Path) -> list[dict]:
 
 
 def mistakes_markdown(files: Mapping[str, Path]) -> str:
-    """Markdown: the call rates, calls right and arguments per call (evaluations × categories, then all),
+    """Markdown: the call rates, calls right, arguments per call and calls per answer (evaluations × categories, then all),
     the no-call rows by shared words, and per category (then all) each kind's count for each evaluation.
     ``files``: label → episodes file; rows of other data sources (a mixture's) are left out."""
     kinds, calls, shared = _tally(files)
@@ -133,13 +136,15 @@ def _tally(files: Mapping[str, Path]) -> tuple[Tally, Tally, Tally]:
 
 
 def _due_lines(calls: Tally, due: list[str], labels: list[str]) -> list[str]:
-    """The three tables over the rows that need a call (module docstring); none without such rows."""
+    """The four tables over the rows that need a call (module docstring); none without such rows."""
     if not due:
         return []
     tables = [(CALL_RATE, "the share of rows that need a call on which the answer made a readable call", "made", "due"),
               (CALLS_RIGHT, "of the rows that need a call on which the answer made a readable call, the share BFCL's "
                "checker accepts", "right", "made"),
-              (ARGUMENTS, "on the rows that need a call, the mean number of arguments a readable call wrote", "arguments", "calls")]
+              (ARGUMENTS, "on the rows that need a call, the mean number of arguments a readable call wrote", "arguments", "calls"),
+              (CALLS_PER_ANSWER, "on the rows that need a call on which the answer made a readable call, the mean number of "
+               "readable calls", "calls", "made")]
     lines: list[str] = []
     for title, what, part, whole in tables:
         lines += ["", f"{title.capitalize()} ({what}):", "", "| | " + " | ".join(due) + " |", "|---" * (len(due) + 1) + "|"]

@@ -131,6 +131,21 @@ def test_arguments_per_call_counts_what_the_calls_wrote_where_a_call_is_due(tmp_
         ["full", f"{mean:.3f}", f"{mean:.3f}"], ["short", f"{mean - 1:.3f}", f"{mean - 1:.3f}"]]
 
 
+def test_calls_per_answer_counts_the_readable_calls_where_a_call_is_due(tmp_path):
+    """Three parallel rows (each answer two calls or more) and one irrelevance row: ``whole`` writes each possible
+    answer, ``first`` only its first call; both decline the third parallel row and call once on the irrelevance row,
+    which counts nowhere (no call is due there), as the declined row does not (it made no call)."""
+    parallel, irrelevance = load_category("parallel")[:3], load_category("irrelevance")[0]
+    answers = [bfcl.answer_calls(q.ground_truth, q.functions) for q in parallel[:2]]
+    assert all(len(calls) >= 2 for calls in answers)
+    stray = as_calls([{"name": irrelevance.functions[0]["name"], "arguments": {}}])
+    tables = errors_tables(tmp_path, [*parallel, irrelevance], {"whole": [*map(as_calls, answers), NO_CALL, stray],
+                                                                 "first": [*(as_calls(calls[:1]) for calls in answers), NO_CALL, stray]})
+    mean = sum(map(len, answers)) / len(answers)
+    assert next(rows for title, rows in tables.items() if title.startswith("Calls per answer where one is due")) == [
+        ["whole", f"{mean:.3f}", f"{mean:.3f}"], ["first", "1.000", "1.000"]]
+
+
 def test_no_call_rows_are_told_apart_by_the_subject_words_their_question_shares_with_the_functions(tmp_path):
     """A question that shares no subject word with its function, one that shares one, one that shares more:
     each answered once with no call (right) and once with a call, in two evaluations."""
