@@ -13,10 +13,11 @@ made at least one readable call. Irrelevance's accuracy can be won by never call
 shows how often the policy still calls where it must. Beside it, the **calls right**: of those rows with a
 readable call, the share BFCL's checker accepts; a policy that only calls more or less often moves the call
 rate, one that learns which call to make moves this. The **arguments per call**: on those rows, the mean
-number of arguments a readable call wrote (arguments that are not an object count as none); a policy that learns to leave parameters out (one left out is
-no worse than one given wrong under BFCL's verdict, and it may be one the answer can omit) moves this. The **calls per
-answer**: on the rows that need a call and got a readable one, the mean number of readable calls; where two are due (the
-parallel categories), a policy that learns to stop after its first call moves this. And the **no-call rows by shared subject words**:
+number of arguments a readable call wrote (arguments that are not an object count as none); a policy that learns to
+leave parameters out (one left out is no worse than one given wrong under BFCL's verdict, and it may be one the answer can
+omit) moves this. The **calls per answer**: on the rows that need a call and got a readable one, the mean number of
+readable calls; where two or more are due (the parallel categories), a policy that learns to stop after its first call
+moves this. And the **no-call rows by shared subject words**:
 on the rows whose right answer is no call, the share answered with none, apart for the rows whose
 question shares no subject word with the functions (:func:`bfcl.shared_subject_words`),
 one, or more: a near miss ("the dominant trait of a lion" with ``genetics.get_variant_frequency``) is
@@ -58,7 +59,8 @@ def kind(verdict: bfcl.Verdict) -> str:
     """One of a few readable kinds for BFCL's error type (the parallel checker's hidden one where it hides it)."""
     if verdict.valid:
         return RIGHT
-    error = verdict.sub_error_types[0] if verdict.error_type.endswith("cannot_find_match") and verdict.sub_error_types else verdict.error_type
+    hidden = verdict.error_type.endswith("cannot_find_match") and verdict.sub_error_types
+    error = verdict.sub_error_types[0] if hidden else verdict.error_type
     prefix, _, name = error.partition(":")
     if prefix in ("value_error", "type_error") or name.startswith(("value_error", "type_error")):
         return "wrong value or type"

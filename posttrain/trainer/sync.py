@@ -111,7 +111,7 @@ def batch_metrics(batch: Batch, timings: dict[str, float], max_response_length: 
 
 
 def train_headline(config: PosttrainConfig, total_steps: int, mode: str = "") -> str:
-    """The run's first line; says so where the data's epochs cut trainer.total_training_steps short."""
+    """The run's first line, and says when the data's epochs cut trainer.total_training_steps short."""
     asked = config.trainer.total_training_steps
     capped = (f" (trainer.total_training_steps={asked}, but {config.trainer.total_epochs} epoch(s) of the training rows "
               f"are {total_steps} batches: raise trainer.total_epochs for more)") if asked and total_steps < asked else ""

@@ -133,8 +133,8 @@ def test_arguments_per_call_counts_what_the_calls_wrote_where_a_call_is_due(tmp_
 
 def test_calls_per_answer_counts_the_readable_calls_where_a_call_is_due(tmp_path):
     """Three parallel rows (each answer two calls or more) and one irrelevance row: ``whole`` writes each possible
-    answer, ``first`` only its first call; both decline the third parallel row and call once on the irrelevance row,
-    which counts nowhere (no call is due there), as the declined row does not (it made no call)."""
+    answer, ``first`` only its first call; both decline the third parallel row and call once on the irrelevance row.
+    Neither counts in this table: the irrelevance row needs no call, the declined row made none."""
     parallel, irrelevance = load_category("parallel")[:3], load_category("irrelevance")[0]
     answers = [bfcl.answer_calls(q.ground_truth, q.functions) for q in parallel[:2]]
     assert all(len(calls) >= 2 for calls in answers)

@@ -1,5 +1,6 @@
 """A run whose data ends before ``total_steps`` (DAPO's dynamic sampling reads it faster than one batch a
-step): its last step is validated (once) and checkpointed, and metrics.jsonl holds that validation."""
+step): its last step is validated (once) and checkpointed, and metrics.jsonl holds that validation. And a run whose
+epochs are fewer batches than trainer.total_training_steps says so in its first line."""
 
 import json
 from types import SimpleNamespace
@@ -79,7 +80,8 @@ def test_the_first_line_says_when_the_epochs_cut_the_steps_asked_short():
     config = PosttrainConfig()
     config.trainer.total_training_steps, config.trainer.total_epochs = 96, 1
     capped = train_headline(config, 95)
-    assert "95 steps" in capped and "total_training_steps=96" in capped and "raise trainer.total_epochs" in capped
+    assert ("95 steps (trainer.total_training_steps=96, but 1 epoch(s) of the training rows are 95 batches: "
+            "raise trainer.total_epochs for more)") in capped
     assert "total_training_steps" not in train_headline(config, 96)  # as asked: nothing to say
     config.trainer.total_training_steps = None
     assert "total_training_steps" not in train_headline(config, 95)  # none asked: the epochs decide
