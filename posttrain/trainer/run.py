@@ -124,6 +124,14 @@ class RunParts(Generic[Item]):
     more_steps: str = "trainer.total_training_steps (or trainer.total_epochs)"  # the settings that train a finished run further
 
 
+def steps_cut_short(section: str, asked: int | None, epochs: int, total_steps: int) -> str:
+    """What a run's first line adds where ``{section}.total_epochs`` cut the steps asked short ("" otherwise)."""
+    if not asked or total_steps >= asked:
+        return ""
+    return (f" ({section}.total_training_steps={asked}, but {epochs} epoch(s) of the training rows are {total_steps} "
+            f"batches: raise {section}.total_epochs for more)")
+
+
 def epoch_batches(loader: PromptDataLoader, total_epochs: int) -> Iterator[tuple[int, object]]:
     """(epoch, batch) until ``total_epochs`` are read, from the loader's position (a run resumed at
     an epoch's end starts the next one)."""

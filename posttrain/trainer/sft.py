@@ -42,7 +42,7 @@ from posttrain.trainer.data_setup import build_run_data, resolve_files
 from posttrain.trainer.report import Sample
 from posttrain.trainer.roles import Roles
 from posttrain.trainer.setup import RolloutService
-from posttrain.trainer.run import RunParts, epoch_batches
+from posttrain.trainer.run import RunParts, epoch_batches, steps_cut_short
 from posttrain.trainer.validation import Validator
 
 SFT_FILE, SFT_VAL_FILE = "sft.parquet", "sft_val.parquet"
@@ -176,8 +176,9 @@ def sft_parts(config: PosttrainConfig) -> RunParts[Batch]:
     def export(roles: Roles) -> Path:
         return Path(roles.actor.export(str(run_dir / EXPORT_DIR))[0])
 
+    capped = steps_cut_short("sft", sft.total_training_steps, sft.total_epochs, total_steps)
     headline = (f"[bold]posttrain sft[/] on {config.actor_rollout_ref.model.path}: {len(train_set)} transcripts"
-                f" ({train_set.num_dropped} dropped as too long), {total_steps} steps → {run_dir}")
+                f" ({train_set.num_dropped} dropped as too long), {total_steps} steps{capped} → {run_dir}")
     return RunParts(
         headline=headline, config=run_config, total_steps=total_steps, step=SFTStep(), validation=validation,
         batches=lambda: epoch_batches(loader, sft.total_epochs), services=[RolloutService(rollout)] if validator else [],

@@ -30,7 +30,7 @@ from posttrain.trainer.learn import Learner
 from posttrain.trainer.metrics import data_metrics, timing_metrics
 from posttrain.trainer.roles import Roles
 from posttrain.trainer.setup import RolloutSetup, rollout_services
-from posttrain.trainer.run import RunParts, epoch_batches
+from posttrain.trainer.run import RunParts, epoch_batches, steps_cut_short
 from posttrain.trainer.validation import RLValidation
 
 # a phase between the rollout and learning: (roles, the step's prompts, the scored batch, timings) → batch
@@ -112,9 +112,7 @@ def batch_metrics(batch: Batch, timings: dict[str, float], max_response_length: 
 
 def train_headline(config: PosttrainConfig, total_steps: int, mode: str = "") -> str:
     """The run's first line, and says when the data's epochs cut trainer.total_training_steps short."""
-    asked = config.trainer.total_training_steps
-    capped = (f" (trainer.total_training_steps={asked}, but {config.trainer.total_epochs} epoch(s) of the training rows "
-              f"are {total_steps} batches: raise trainer.total_epochs for more)") if asked and total_steps < asked else ""
+    capped = steps_cut_short("trainer", config.trainer.total_training_steps, config.trainer.total_epochs, total_steps)
     return (f"[bold]posttrain[/] {config.algorithm.adv_estimator} on {config.actor_rollout_ref.model.path}: "
             f"{total_steps} steps{mode}{capped} → {config.trainer.default_local_dir}")
 
