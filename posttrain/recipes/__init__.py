@@ -47,6 +47,7 @@ rewards/registry.py: BFCL's mistakes by kind and call rates, how TextArena's gam
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -232,7 +233,8 @@ def check_same_evaluation(stage: Stage, directory: Path, dirs: dict[str, Path], 
                           f"ran this recipe's evaluation. Leave --use {stage.name}= out to run it here.")
     if absolute_paths(ran) != absolute_paths(expected):
         raise RecipeError(f"--use {stage.name}={directory}: that evaluation ran another command, so its row would not be this "
-                          f"recipe's. It ran:\n  {ran}\nThis recipe would run:\n  {expected}\nLeave --use {stage.name}= out to run it here.")
+                          f"recipe's. It ran:\n  {ran}\nThis recipe would run:\n  {expected}\n"
+                          f"Leave --use {stage.name}= out to run it here.")
 
 
 def check_same_evaluations(recipe: Recipe, given: dict[str, Path], dirs: dict[str, Path], overrides: list[str]) -> None:
@@ -336,6 +338,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
     from rich.markup import escape
 
     console = Console(highlight=False)
+    say = functools.partial(console.print, soft_wrap=True)
     recipe = load_recipe(name)
     common, per_stage = split_overrides(recipe, arguments)
     given, unneeded = plan_given(recipe, use or [], per_stage)
@@ -343,7 +346,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
     dirs = {stage.name: given.get(stage.name, root / stage.name) for stage in recipe.stages}
     seconds: dict[str, float] = {}
     again = shlex.join(["posttrain", "recipe", *sys.argv[2:]]) if sys.argv[1:2] == ["recipe"] else f"posttrain recipe {name}"
-    console.print(f"[bold]posttrain recipe {recipe.name}[/]: {len(recipe.stages)} stages → {escape(str(root))}", soft_wrap=True)
+    say(f"[bold]posttrain recipe {recipe.name}[/]: {len(recipe.stages)} stages → {escape(str(root))}")
     upstream = ""  # what the stages before produced: a change there runs every later stage again
     check_same_evaluations(recipe, given, dirs, recipe.overrides + common)  # before any stage runs
     for number, stage in enumerate(recipe.stages, start=1):
@@ -352,7 +355,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
             what = f"given, not run ({directory})" if stage.name in given else "not run: only given stages read it"
             stamp = given_stamp(directory) if stage.name in given else what
             upstream = hashlib.sha256(f"{upstream}\n{stage.name}: {stamp}".encode()).hexdigest()[:16]
-            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: {escape(what)}", soft_wrap=True)
+            say(f"stage {number}/{len(recipe.stages)} {stage.name}: {escape(what)}")
             continue
         takes_config = stage.command != "prepare"
         argv = stage_argv(stage, directory, dirs, recipe.overrides + common if takes_config else [], per_stage[stage.name])
@@ -361,26 +364,24 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
         started, done = directory / STARTED, directory / DONE
         if done.is_file() and json.loads(done.read_text()).get("fingerprint") == fingerprint:
             seconds[stage.name] = json.loads(done.read_text()).get("seconds", 0.0)
-            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: done before, skipped ({escape(str(directory))})", soft_wrap=True)
+            say(f"stage {number}/{len(recipe.stages)} {stage.name}: done before, skipped ({escape(str(directory))})")
             continue
         if report_only:
-            console.print(f"stage {number}/{len(recipe.stages)} {stage.name}: {escape(unfinished(done, given))}, left out of the table",
-                          soft_wrap=True)
+            say(f"stage {number}/{len(recipe.stages)} {stage.name}: {escape(unfinished(done, given))}, left out of the table")
             continue
         if started.is_file() and json.loads(started.read_text()).get("fingerprint") != fingerprint:
             aside = directory.with_name(f"{directory.name}.before-{time.strftime('%Y%m%d-%H%M%S')}")
             directory.rename(aside)  # another command (or an earlier stage changed): start over, keep the old run
-            console.print(f"stage {stage.name}: its command or an earlier stage changed; the previous run moved to {escape(str(aside))}",
-                          soft_wrap=True)
+            say(f"stage {stage.name}: its command or an earlier stage changed; the previous run moved to {escape(str(aside))}")
         # escaped: a command's list overrides ([a,b]) are not rich markup
-        console.print(f"stage {number}/{len(recipe.stages)} [bold]{stage.name}[/]: {escape(command)}", soft_wrap=True)
+        say(f"stage {number}/{len(recipe.stages)} [bold]{stage.name}[/]: {escape(command)}")
         directory.mkdir(parents=True, exist_ok=True)
         started.write_text(json.dumps({"fingerprint": fingerprint, "command": command}))
         start = time.perf_counter()
         code, stopped = run_stage(argv, directory / "stage.log")
         seconds[stage.name] = time.perf_counter() - start
         if stopped or code == 130:
-            console.print(f"posttrain: the recipe stopped in stage {stage.name!r}. To continue: {escape(again)}", soft_wrap=True)
+            say(f"posttrain: the recipe stopped in stage {stage.name!r}. To continue: {escape(again)}")
             return 0 if code == 0 else code
         if code != 0:
             raise RecipeError(f"stage {stage.name!r} failed (exit {code}); its output is in {directory / 'stage.log'}. Fix the cause "
