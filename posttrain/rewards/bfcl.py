@@ -229,10 +229,50 @@ def parameter_credit(
     if not isinstance(one, tuple):
         return {"score": one}
     _, written, possible = one
+    return {"score": _names_share(written, possible)}
+
+
+def calls_parameter_credit(
+    solution_str: str,
+    ground_truth: str | list,
+    extra_info: dict[str, Any] | None = None,
+    calls: Sequence[dict[str, Any]] | None = None,
+    **_: Any,
+) -> dict[str, float]:
+    """A training reward of its own, not BFCL's (the rubric rule ``bfcl_parameters_per_call``): ``bfcl_parameters``
+    on every row that needs a call, of one call or several. Each call of the possible answer is matched to a
+    written call of the same function (the first not yet matched) and earns that call's parameter-name share
+    (:func:`_names_share`); one with no match earns 0. The score is their sum over the larger of the possible
+    answer's calls and the calls written, so that a call left out and a call too many both cost a share: on a
+    row that asks for two calls, stopping after the first earns at most 1/2. 1.0 where BFCL's checker accepts
+    the whole answer; 0.0 on a row where no call is right, or for no call. Its ``score`` has no ``acc``.
+
+    Why: ``bfcl_parameters`` pays a row of several calls only when the checker accepts it, which a small policy
+    rarely does, so those rows' groups score alike and teach nothing, while the one-call rows teach it to stop
+    after its first call; this rule ranks two calls with the right names above one."""
+    given, info = _given_calls(calls), extra_info or {}
+    if check_calls(given, ground_truth, info).valid:
+        return {"score": 1.0}
+    if is_no_call_category(_row_field(info, "category")) or not given:
+        return {"score": 0.0}
+    wanted = [(name, possible) for call in _json_value(ground_truth, "reward_model.ground_truth") for name, possible in call.items()]
+    unmatched = [call for call in given if isinstance(call.get("arguments"), dict)]
+    earned = 0.0
+    for name, possible in wanted:
+        match = next((call for call in unmatched if call["name"] == name), None)
+        if match is not None:
+            unmatched.remove(match)
+            earned += _names_share(match["arguments"], possible)
+    return {"score": earned / max(len(wanted), len(given))}
+
+
+def _names_share(written: dict[str, Any], possible: dict[str, list]) -> float:
+    """The parameters ``possible`` needs ("" not among its values) that ``written`` names, over those needed and
+    the names written that ``possible`` lacks; 1.0 when there are neither (ToolRL's parameter-name match)."""
     needed = {key for key, values in possible.items() if "" not in values}
     unexpected = set(written) - set(possible)
     total = len(needed) + len(unexpected)
-    return {"score": len(needed & set(written)) / total if total else 1.0}
+    return len(needed & set(written)) / total if total else 1.0
 
 
 def _one_refused_call(calls: Sequence[dict[str, Any]], ground_truth: str | list,

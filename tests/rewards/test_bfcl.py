@@ -186,6 +186,36 @@ def test_parameter_credit_pays_naming_the_needed_parameters_whatever_their_value
     assert RULES["bfcl_parameters"] is bfcl.parameter_credit
 
 
+def test_parameter_credit_per_call_ranks_two_calls_with_the_right_names_above_stopping_after_the_first():
+    """A parallel row (two calls of one function): each possible call matched to a written call of its function
+    earns its parameter-name share; the sum is over the larger of the calls wanted and written. On one-call
+    rows it agrees with bfcl_parameters for one call, and a call too many costs a share there too."""
+    parallel = load_category("parallel", limit=1)[0]
+    calls = bfcl.answer_calls(parallel.ground_truth, parallel.functions)
+    assert len(calls) == 2 and calls[0]["name"] == calls[1]["name"]
+
+    def credit(question, written: list[dict]) -> float:
+        return bfcl.calls_parameter_credit("", *_row(question), calls=written)["score"]
+
+    wrong_values = [{"name": call["name"], "arguments": {key: "?" for key in call["arguments"]}} for call in calls]
+    assert not bfcl.check_calls(wrong_values, *_row(parallel)).valid  # refused: the credit is for the names alone
+    assert credit(parallel, calls) == 1.0 and credit(parallel, wrong_values) == 1.0 > credit(parallel, wrong_values[:1]) == 0.5
+    assert credit(parallel, [calls[0], {"name": "elsewhere", "arguments": calls[1]["arguments"]}]) == 0.5  # a wrong function: 0
+    assert credit(parallel, wrong_values + wrong_values[:1]) == 2 / 3  # a third call, of the same function: a share lost
+    assert credit(parallel, []) == 0.0
+    simple = load_category("simple_python", limit=1)[0]
+    for arguments in ({"base": 11, "height": 6}, {"base": 11}, {"base": 11, "height": 6, "colour": "red"}, {}):
+        one = [{"name": "calculate_triangle_area", "arguments": arguments}]
+        assert credit(simple, one) == bfcl.parameter_credit("", *_row(simple), calls=one)["score"]
+    two = [{"name": "calculate_triangle_area", "arguments": {"base": 11, "height": 6}}, {"name": "area", "arguments": {}}]
+    assert credit(simple, two) == 0.5 and bfcl.parameter_credit("", *_row(simple), calls=two)["score"] == 0.0
+    irrelevance = load_category("live_irrelevance", limit=1)[0]
+    assert credit(irrelevance, [{"name": irrelevance.functions[0]["name"], "arguments": {}}]) == 0.0
+    assert credit(irrelevance, []) == 1.0  # no call where none is right: the checker's verdict
+    from posttrain.rewards.registry import RULES
+    assert RULES["bfcl_parameters_per_call"] is bfcl.calls_parameter_credit
+
+
 def test_a_rubric_of_the_checker_and_argument_credit_keeps_bfcls_verdict_as_the_accuracy():
     from posttrain.rewards.rubric import build_rubric
 
