@@ -206,7 +206,7 @@ class JudgeConfig:
 @dataclass
 class RewardConfig:
     # a reward made of named, weighted parts, each a rule or a judge: [{name, weight, rule | judge}], rule a data
-    # source, a rule of posttrain's (bfcl_arguments, bfcl_parameters, bfcl_decline) or FILE.py:FUNCTION, judge
+    # source, a rule of posttrain's (bfcl_arguments, bfcl_parameters[_per_call], bfcl_decline) or FILE.py:FUNCTION, judge
     # {prompt, parser, ...} (posttrain/rewards/rubric.py, judge.py); it scores every sample in place of the data
     # source's function
     rubric: list[Any] = field(default_factory=list)

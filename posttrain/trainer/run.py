@@ -124,11 +124,11 @@ class RunParts(Generic[Item]):
     more_steps: str = "trainer.total_training_steps (or trainer.total_epochs)"  # the settings that train a finished run further
 
 
-def steps_cut_short(section: str, asked: int | None, epochs: int, total_steps: int) -> str:
+def steps_cut_short(section: str, asked: int | None, epochs: int, total_steps: int, rows: str = "training rows") -> str:
     """What a run's first line adds where ``{section}.total_epochs`` cut the steps asked short ("" otherwise)."""
     if not asked or total_steps >= asked:
         return ""
-    return (f" ({section}.total_training_steps={asked}, but {epochs} epoch(s) of the training rows are {total_steps} "
+    return (f" ({section}.total_training_steps={asked}, but {epochs} epoch(s) of the {rows} are {total_steps} "
             f"batches: raise {section}.total_epochs for more)")
 
 

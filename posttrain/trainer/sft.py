@@ -176,7 +176,7 @@ def sft_parts(config: PosttrainConfig) -> RunParts[Batch]:
     def export(roles: Roles) -> Path:
         return Path(roles.actor.export(str(run_dir / EXPORT_DIR))[0])
 
-    capped = steps_cut_short("sft", sft.total_training_steps, sft.total_epochs, total_steps)
+    capped = steps_cut_short("sft", sft.total_training_steps, sft.total_epochs, total_steps, "transcripts")
     headline = (f"[bold]posttrain sft[/] on {config.actor_rollout_ref.model.path}: {len(train_set)} transcripts"
                 f" ({train_set.num_dropped} dropped as too long), {total_steps} steps{capped} → {run_dir}")
     return RunParts(
