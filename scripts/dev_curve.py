@@ -2,12 +2,14 @@
 validation step with its 95 % Wilson interval, to compare configurations on the development rows
 (``data.dev_size``) before any of them is evaluated on the held-out split.
 
-    python scripts/dev_curve.py lr1e-5=runs/rg/rl lr3e-5=runs/rg_lr3e-5 [--by task]
+    python scripts/dev_curve.py lr1e-5=runs/rg/rl lr3e-5=runs/rg_lr3e-5 [--by task] [--first-from lr1e-5]
 
-Each run gives one line per validation: ``step N: acc A [low, high] (n=K), reward R``; then its first and
-last. With ``--by FIELD`` each validation also gives one line per value of the rows' ``extra_info[FIELD]``
-(``task=chain_sum acc A [low, high] (n=K)``), read from the run's ``validation/step_N.jsonl``, and the
-first and last per value. The last line is ``dev_curve_best_last_minus_first: X``, the largest last −
+Each run gives one line per validation: ``step N: acc A [low, high] (n=K), reward R``; then, after all runs,
+each one's last − first. A run validated once has none, unless ``--first-from LABEL`` names a run whose first
+validation stands for the step 0 of those without one (runs from the same warm-up with
+``trainer.val_before_train=false``). With ``--by FIELD`` each validation also gives one line per value of the
+rows' ``extra_info[FIELD]`` (``task=chain_sum acc A [low, high] (n=K)``), read from the run's
+``validation/step_N.jsonl``, and the last − first per value. The last line is ``dev_curve_best_last_minus_first: X``, the largest last −
 first over the runs (all rows).
 """
 
@@ -48,37 +50,58 @@ def by_category(run_dir: Path, step: int, field: str) -> dict[str, dict[str, flo
     return {name: summary for name, summary in summarize_rows(rows, by=field).items() if name != "all"}
 
 
+def option(arguments: list[str], name: str, needs: str) -> tuple[str | None, list[str]]:
+    """``name VALUE`` taken out of ``arguments``: (VALUE or None, the rest)."""
+    if name not in arguments:
+        return None, arguments
+    at = arguments.index(name)
+    if at + 1 >= len(arguments):
+        raise SystemExit(f"{name} needs {needs}")
+    return arguments[at + 1], arguments[:at] + arguments[at + 2:]
+
+
+def show_run(label: str, path: Path, field: str | None) -> tuple[list, dict[int, dict]]:
+    """Print a run's validations (and per ``field``); its points and categories by step."""
+    points = curve(path)
+    if not points:
+        raise SystemExit(f"{path}: no validation in its metrics file (trainer.test_freq, data.dev_size)")
+    print(f"{label}: {path}")
+    categories = {}
+    for step, accuracy, samples, reward in points:
+        low, high = wilson(round(accuracy * samples), samples)
+        print(f"  step {step}: acc {accuracy:.3f} [{low:.3f}, {high:.3f}] (n={samples})" + ("" if reward is None else f", reward {reward:.3f}"))
+        if field is not None:
+            categories[step] = by_category(path, step, field)
+            for name, summary in sorted(categories[step].items()):
+                print(f"    {name} acc {summary['accuracy']:.3f} [{summary['accuracy_low']:.3f}, {summary['accuracy_high']:.3f}] "
+                      f"(n={int(summary['episodes'])})")
+    return points, categories
+
+
 def main(arguments: list[str]) -> None:
-    field = None
-    if "--by" in arguments:
-        at = arguments.index("--by")
-        if at + 1 >= len(arguments):
-            raise SystemExit("--by needs a field of the rows' extra_info, e.g. --by task")
-        field, arguments = arguments[at + 1], arguments[:at] + arguments[at + 2:]
+    field, arguments = option(arguments, "--by", "a field of the rows' extra_info, e.g. --by task")
+    base, arguments = option(arguments, "--first-from", "the label of a run whose first validation the others without a step 0 share")
     if not arguments or not all("=" in argument for argument in arguments):
         raise SystemExit(__doc__)
+    runs = dict(argument.split("=", 1) for argument in arguments)
+    if base is not None and base not in runs:
+        raise SystemExit(f"--first-from {base}: no run of that label among {', '.join(runs)}")
+    shown = {label: show_run(label, Path(path), field) for label, path in runs.items()}
     gains = []
-    for label, path in (argument.split("=", 1) for argument in arguments):
-        points = curve(Path(path))
-        if not points:
-            raise SystemExit(f"{path}: no validation in its metrics file (trainer.test_freq, data.dev_size)")
-        print(f"{label}: {path}")
-        categories = {}
-        for step, accuracy, samples, reward in points:
-            low, high = wilson(round(accuracy * samples), samples)
-            print(f"  step {step}: acc {accuracy:.3f} [{low:.3f}, {high:.3f}] (n={samples})" + ("" if reward is None else f", reward {reward:.3f}"))
-            if field is not None:
-                categories[step] = by_category(Path(path), step, field)
-                for name, summary in sorted(categories[step].items()):
-                    print(f"    {name} acc {summary['accuracy']:.3f} [{summary['accuracy_low']:.3f}, {summary['accuracy_high']:.3f}] "
-                          f"(n={int(summary['episodes'])})")
-        gains.append(points[-1][1] - points[0][1])
-        print(f"  last - first: {gains[-1]:+.3f}")
-        if categories:
-            first, last = categories[points[0][0]], categories[points[-1][0]]
-            for name in sorted(set(first) & set(last)):
-                print(f"    {name}: {last[name]['accuracy'] - first[name]['accuracy']:+.3f}")
-    print(f"dev_curve_best_last_minus_first: {max(gains):+.3f}")
+    for label, (points, categories) in shown.items():
+        first, first_categories, whose = points[0], categories.get(points[0][0], {}), ""
+        if points[0][0] != 0 and base is not None and label != base:  # no step 0 of its own: the base run's first
+            (first, *_), base_categories = shown[base]
+            first_categories, whose = base_categories.get(first[0], {}), f" (first: {base}'s step {first[0]})"
+        if first is points[-1]:
+            print(f"{label}: one validation, no last - first (--first-from LABEL: another run's first validation)")
+            continue
+        gains.append(points[-1][1] - first[1])
+        print(f"{label}: last - first{whose}: {gains[-1]:+.3f}")
+        last = categories.get(points[-1][0], {})
+        for name in sorted(set(first_categories) & set(last)):
+            print(f"    {name}: {last[name]['accuracy'] - first_categories[name]['accuracy']:+.3f}")
+    print(f"dev_curve_best_last_minus_first: {max(gains):+.3f}" if gains else "dev_curve_best_last_minus_first: none")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def test_each_validation_with_its_interval_and_the_best_gain_last(tmp_path):
     assert [line for line in lines if line.startswith("  step")][:3] == [
         "  step 0: acc 0.500 [0.352, 0.648] (n=40), reward 0.250", "  step 5: acc 0.500 [0.352, 0.648] (n=40), reward 0.250",
         "  step 10: acc 0.525 [0.375, 0.671] (n=40), reward 0.263"]
-    assert "  last - first: +0.025" in lines and "  last - first: +0.250" in lines
+    assert "slow: last - first: +0.025" in lines and "fast: last - first: +0.250" in lines
     assert lines[-1] == "dev_curve_best_last_minus_first: +0.250"
 
 
@@ -58,3 +58,26 @@ def test_by_a_field_gives_each_category_its_accuracy_and_change_from_the_validat
                              capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
     assert missing.returncode != 0 and "step_0.jsonl: no such file" in missing.stderr
 
+
+
+def test_a_run_validated_once_has_no_change_unless_another_runs_first_validation_stands_for_its_step_0(tmp_path):
+    warm = write_run(tmp_path / "warm", {0: 0.5, 10: 0.6})
+    once = write_run(tmp_path / "once", {0: 0.5})
+    later = write_run(tmp_path / "later", {10: 0.75})  # trainer.val_before_train=false: its first validation is its last
+
+    def dev_curve(*arguments: str) -> list[str]:
+        done = subprocess.run([sys.executable, str(REPO / "scripts" / "dev_curve.py"), *arguments],
+                              capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    alone = dev_curve(f"once={once}", f"later={later}")
+    assert not any("+0.000" in line for line in alone)  # nothing to compare: no change printed as none
+    assert any(line.startswith("later: one validation, no last - first") for line in alone)
+    assert alone[-1] == "dev_curve_best_last_minus_first: none"
+    shared = dev_curve(f"warm={warm}", f"later={later}", "--first-from", "warm")
+    assert "warm: last - first: +0.100" in shared and "later: last - first (first: warm's step 0): +0.250" in shared
+    assert shared[-1] == "dev_curve_best_last_minus_first: +0.250"
+    refused = subprocess.run([sys.executable, str(REPO / "scripts" / "dev_curve.py"), f"later={later}", "--first-from", "base"],
+                             capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert refused.returncode != 0 and "--first-from base: no run of that label" in refused.stderr
