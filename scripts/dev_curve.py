@@ -9,8 +9,8 @@ each one's last − first. A run validated once has none, unless ``--first-from 
 validation stands for the step 0 of those without one (runs from the same warm-up with
 ``trainer.val_before_train=false``). With ``--by FIELD`` each validation also gives one line per value of the
 rows' ``extra_info[FIELD]`` (``task=chain_sum acc A [low, high] (n=K)``), read from the run's
-``validation/step_N.jsonl``, and the last − first per value. The last line is ``dev_curve_best_last_minus_first: X``, the largest last −
-first over the runs (all rows).
+``validation/step_N.jsonl``, and the last − first per value. The last line is
+``dev_curve_best_last_minus_first: X``, the largest last − first over the runs (all rows), or ``none``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def show_run(label: str, path: Path, field: str | None) -> tuple[list, dict[int,
     categories = {}
     for step, accuracy, samples, reward in points:
         low, high = wilson(round(accuracy * samples), samples)
-        print(f"  step {step}: acc {accuracy:.3f} [{low:.3f}, {high:.3f}] (n={samples})" + ("" if reward is None else f", reward {reward:.3f}"))
+        mean_reward = "" if reward is None else f", reward {reward:.3f}"
+        print(f"  step {step}: acc {accuracy:.3f} [{low:.3f}, {high:.3f}] (n={samples}){mean_reward}")
         if field is not None:
             categories[step] = by_category(path, step, field)
             for name, summary in sorted(categories[step].items()):

@@ -49,7 +49,8 @@ def test_sft_first_line_says_when_its_epochs_cut_the_steps_asked_short(tmp_path)
            "sft.val_rollout=false", "sft.total_epochs=1"]
     capped = sft_parts(doctor_config(*sft, "sft.total_training_steps=5"))  # 8 transcripts of 4: one epoch is 2 steps
     assert capped.total_steps == 2
-    assert "2 steps (sft.total_training_steps=5, but 1 epoch(s) of the transcripts" in capped.headline and "raise sft.total_epochs" in capped.headline
+    assert "2 steps (sft.total_training_steps=5, but 1 epoch(s) of the transcripts" in capped.headline
+    assert "raise sft.total_epochs" in capped.headline
     assert "total_training_steps" not in sft_parts(doctor_config(*sft, "sft.total_training_steps=2")).headline  # as asked
 
 
