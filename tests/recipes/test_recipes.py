@@ -28,6 +28,19 @@ from posttrain.recipes import (
 from tests.e2e.test_train_cli import TINY_RUN
 
 
+# the measured run whose held-out figures docs/tools.md gives as the bfcl recipe's (docs/measured/<name>.txt)
+BFCL_MEASURED = "bfcl_dyn_percall"
+
+
+def flat(value, prefix: str = "") -> dict:
+    """A config (dataclasses, dicts) as one dict of dotted keys."""
+    if dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): value}
+
+
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
@@ -182,23 +195,25 @@ def test_bfcl_rl_trains_on_the_rows_bfcl_sft_prepared_and_its_development_rows_a
 
 
 
-def test_the_bfcl_recipe_trains_the_configuration_bfcl_tune_chose_with_its_no_call_share_split():
-    """The bfcl recipe's rl stage is bfcl_tune's kl_no_call35 stage (the best on the development rows) in
-    the estimator, the KL loss and the learning rate; its no-call share is kl_no_call35's 0.35, split between
-    live_irrelevance and the swapped rows its SFT stage also teaches (which the rl stage's data must hold),
-    and the multi-turn recipe trains its policy with the very same sft and rl stages."""
-    def tuned(recipe: str, name: str):
+def test_the_bfcl_recipe_trains_the_configuration_whose_held_out_rows_docs_tools_reports():
+    """The bfcl recipe's sft and rl stages give the very configurations of the measured run that docs/tools.md
+    reports as the recipe's (its recipe file in docs/measured/recipes), but for validating before the first step
+    (that run's step 0 was its warm-up's); its no-call share is 0.35, split between live_irrelevance and the
+    swapped rows its SFT stage also teaches (which the rl stage's data must hold), and the multi-turn recipe
+    trains its policy with the very same sft and rl stages."""
+    def stage_config(recipe: str, name: str):
         stage = next(s for s in load_recipe(recipe).stages if s.name == name)
-        config = load_config([preset_path(stage.preset)], list(stage.overrides), checks=None)
-        actor = config.actor_rollout_ref.actor
-        return (config.algorithm.adv_estimator, actor.use_kl_loss, actor.kl_loss_coef, actor.optim.lr), config.data
+        return load_config([preset_path(stage.preset)], list(stage.overrides), checks=None)
 
-    (settings, data), (chosen, chosen_data) = tuned("bfcl", "rl"), tuned("bfcl_tune", "kl_no_call35")
-    assert settings == chosen != tuned("bfcl_tune", "grpo")[0]
-    assert sum(data.sampler.shares.values()) == pytest.approx(sum(chosen_data.sampler.shares.values())) == pytest.approx(0.35)
+    measured = str(Path(__file__).parents[2] / "docs/measured/recipes" / f"{BFCL_MEASURED}.yaml")
+    for name in ("sft", "rl"):
+        mine, theirs = flat(stage_config("bfcl", name)), flat(stage_config(measured, name))
+        assert {key for key in mine if mine[key] != theirs[key]} == ({"trainer.val_before_train"} if name == "rl" else set()), name
+    data, sft_data = stage_config("bfcl", "rl").data, stage_config("bfcl", "sft").data
+    assert sum(data.sampler.shares.values()) == pytest.approx(0.35)
     assert set(data.sampler.shares) == {"live_irrelevance", "swapped_irrelevance"}
-    sft_data = tuned("bfcl", "sft")[1]
     assert data.builtin_options["swapped_irrelevance"] == sft_data.builtin_options["swapped_irrelevance"] > 0
+    assert data.builtin_options["parallel_pairs"] == sft_data.builtin_options["parallel_pairs"] > 0
     assert "dev_swapped.parquet" in data.dev_files and data.builtin_options["dev_swapped"] > 0
     stages = [{s.name: s for s in load_recipe(name).stages} for name in ("bfcl", "bfcl_multi_turn")]
     assert all(stages[0][name].overrides == stages[1][name].overrides and stages[0][name].preset == stages[1][name].preset
@@ -210,12 +225,6 @@ def test_textarena_tune_configurations_differ_from_grpo_only_where_each_says_and
     differing from its GRPO stage only in the settings it names (PPO's critic-only steps added, so the policy is
     updated as many times); every stage (evaluations too) holds back the same
     development games (same dev_size and seed) from the training seeds, so the held-out games stay unseen."""
-    def flat(value, prefix=""):
-        if dataclasses.is_dataclass(value):
-            value = dataclasses.asdict(value)
-        if isinstance(value, dict):
-            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
-        return {prefix.rstrip("."): value}
 
     stages = {s.name: s for s in load_recipe("textarena_tune").stages}
     configs = {name: flat(load_config([preset_path(s.preset)], list(s.overrides), checks=None))
