@@ -208,7 +208,8 @@ def test_the_bfcl_recipe_trains_the_configuration_whose_held_out_rows_docs_tools
     measured = str(Path(__file__).parents[2] / "docs/measured/recipes" / f"{BFCL_MEASURED}.yaml")
     for name in ("sft", "rl"):
         mine, theirs = flat(stage_config("bfcl", name)), flat(stage_config(measured, name))
-        assert {key for key in mine if mine[key] != theirs[key]} == ({"trainer.val_before_train"} if name == "rl" else set()), name
+        differ = {key: (mine.get(key), theirs.get(key)) for key in mine.keys() | theirs.keys() if mine.get(key) != theirs.get(key)}
+        assert set(differ) == ({"trainer.val_before_train"} if name == "rl" else set()), (name, differ)
     data, sft_data = stage_config("bfcl", "rl").data, stage_config("bfcl", "sft").data
     assert sum(data.sampler.shares.values()) == pytest.approx(0.35)
     assert set(data.sampler.shares) == {"live_irrelevance", "swapped_irrelevance"}
