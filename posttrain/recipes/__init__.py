@@ -29,7 +29,8 @@ names), and for sft the exported policy (``<dir>/export``). A stage that finishe
 the recipe runs again with the same command and the same stages before it (its ``DONE`` file holds
 their fingerprint); a train or sft stage that was interrupted (a crash, or Ctrl-C: the stage stops at
 a clean point and the recipe with it) resumes from its checkpoint; a prepare or eval stage runs
-again; a stage whose command or earlier stages changed starts over (its old directory moved aside);
+again; a stage whose command or earlier stages changed starts over (its old directory moved aside), but a
+train stage whose only change is more steps or epochs trains further from its checkpoint (recipes/further.py);
 ``--report`` runs no stage and writes the table of those that finished (a stage that finished with other
 ``--use`` arguments, which its ``DONE`` records, is left out and named with them). ``key=value`` arguments go
 to every stage that takes a config, and ``STAGE:key=value`` to that stage only. ``--use STAGE=PATH`` takes an output made elsewhere (an
@@ -48,7 +49,6 @@ rewards/registry.py: BFCL's mistakes by kind and call rates, how TextArena's gam
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import re
@@ -63,6 +63,8 @@ from pathlib import Path
 import yaml
 
 from posttrain.errors import PosttrainError
+from posttrain.recipes.further import fingerprint as stage_fingerprint
+from posttrain.recipes.further import start_over_or_further
 
 BUILTIN_DIR = Path(__file__).parent
 COMMANDS = ("prepare", "sft", "train", "eval")
@@ -354,13 +356,14 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
         if stage.name in given or stage.name in unneeded:
             what = f"given, not run ({directory})" if stage.name in given else "not run: only given stages read it"
             stamp = given_stamp(directory) if stage.name in given else what
-            upstream = hashlib.sha256(f"{upstream}\n{stage.name}: {stamp}".encode()).hexdigest()[:16]
+            upstream = stage_fingerprint(upstream, f"{stage.name}: {stamp}")
             say(f"stage {number}/{len(recipe.stages)} {stage.name}: {escape(what)}")
             continue
         takes_config = stage.command != "prepare"
         argv = stage_argv(stage, directory, dirs, recipe.overrides + common if takes_config else [], per_stage[stage.name])
         command = shlex.join(["posttrain", *argv[3:]])
-        upstream = fingerprint = hashlib.sha256(f"{upstream}\n{command}".encode()).hexdigest()[:16]
+        before, upstream = upstream, stage_fingerprint(upstream, command)
+        fingerprint = upstream
         started, done = directory / STARTED, directory / DONE
         if done.is_file() and json.loads(done.read_text()).get("fingerprint") == fingerprint:
             seconds[stage.name] = json.loads(done.read_text()).get("seconds", 0.0)
@@ -369,10 +372,8 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
         if report_only:
             say(f"stage {number}/{len(recipe.stages)} {stage.name}: {escape(unfinished(done, given))}, left out of the table")
             continue
-        if started.is_file() and json.loads(started.read_text()).get("fingerprint") != fingerprint:
-            aside = directory.with_name(f"{directory.name}.before-{time.strftime('%Y%m%d-%H%M%S')}")
-            directory.rename(aside)  # another command (or an earlier stage changed): start over, keep the old run
-            say(f"stage {stage.name}: its command or an earlier stage changed; the previous run moved to {escape(str(aside))}")
+        if started.is_file() and (record := json.loads(started.read_text())).get("fingerprint") != fingerprint:
+            say(f"stage {stage.name}: {escape(start_over_or_further(stage.command, directory, record, before, command, done))}")
         # escaped: a command's list overrides ([a,b]) are not rich markup
         say(f"stage {number}/{len(recipe.stages)} [bold]{stage.name}[/]: {escape(command)}")
         directory.mkdir(parents=True, exist_ok=True)

@@ -180,6 +180,36 @@ def test_a_recipe_run_again_skips_the_finished_stages_and_runs_the_one_that_fail
     assert "the previous run moved to" in capsys.readouterr().out
 
 
+def test_a_train_stage_given_more_steps_trains_further_in_its_directory_and_any_other_change_starts_it_over(
+        tmp_path, stand_in, capsys):
+    """As with ``posttrain train``: raising the steps of a finished rl stage keeps its directory (its checkpoints:
+    the run resumes from them), where a lower count, another change beside it, or a changed stage before it move
+    the old run aside; the stages after it run again either way."""
+    root = tmp_path / "runs"
+    assert run_recipe("search", [], root) == 0 and len(stand_in()) == 5
+    (root / "rl" / "checkpoint-of-step-60").touch()  # what the stand-in's run would have saved
+    capsys.readouterr()
+
+    assert run_recipe("search", ["rl:trainer.total_training_steps=80"], root) == 0
+    assert list(stand_in()) == ["rl", "rl_eval"]
+    assert (root / "rl" / "checkpoint-of-step-60").exists() and not list(root.glob("rl.before-*"))
+    assert len(list(root.glob("rl_eval.before-*"))) == 1  # the evaluation of the longer run is a new one
+    out = capsys.readouterr().out
+    assert "stage rl: only its length changed (trainer.total_training_steps 60 → 80): it trains further" in out
+    assert "trainer.total_training_steps=80" in json.loads((root / "rl" / "DONE").read_text())["command"]
+
+    for arguments in (["rl:trainer.total_training_steps=70"],  # fewer steps than the run has
+                      ["rl:trainer.total_training_steps=90", "rl:actor_rollout_ref.actor.optim.lr=1e-6"]):  # and another change
+        assert run_recipe("search", arguments, root) == 0 and list(stand_in()) == ["rl", "rl_eval"]
+        assert not (root / "rl" / "checkpoint-of-step-60").exists()
+        assert "the previous run moved to" in capsys.readouterr().out
+        (root / "rl" / "checkpoint-of-step-60").touch()
+    # the stage before changed: start over, however many more steps (the rl stage's own settings as the last run's)
+    assert run_recipe("search", ["sft:sft.total_epochs=2", "rl:trainer.total_training_steps=100",
+                                 "rl:actor_rollout_ref.actor.optim.lr=1e-6"], root) == 0
+    assert list(stand_in()) == ["sft", "sft_eval", "rl", "rl_eval"] and not (root / "rl" / "checkpoint-of-step-60").exists()
+
+
 def test_a_failed_stage_names_itself_its_log_and_how_to_continue_and_exits_2(tmp_path, stand_in, monkeypatch, capsys):
     root = tmp_path / "runs"
     monkeypatch.setenv("STANDIN_SFT", "fail")
