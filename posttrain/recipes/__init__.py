@@ -362,8 +362,8 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
         takes_config = stage.command != "prepare"
         argv = stage_argv(stage, directory, dirs, recipe.overrides + common if takes_config else [], per_stage[stage.name])
         command = shlex.join(["posttrain", *argv[3:]])
-        before, upstream = upstream, stage_fingerprint(upstream, command)
-        fingerprint = upstream
+        before = upstream  # what the stages before produced: to tell whether the stage's only change is its own
+        upstream = fingerprint = stage_fingerprint(upstream, command)
         started, done = directory / STARTED, directory / DONE
         if done.is_file() and json.loads(done.read_text()).get("fingerprint") == fingerprint:
             seconds[stage.name] = json.loads(done.read_text()).get("seconds", 0.0)
