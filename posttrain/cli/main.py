@@ -10,9 +10,10 @@
                                                      (--report: the table of the stages that finished, none run)
   posttrain compare A.jsonl B.jsonl [--by KEY]      two evaluations' accuracies on the same items (95% intervals)
                                                      and B - A with a paired bootstrap interval
-  posttrain export CHECKPOINT --out DIR [--weight W [--toward MODEL]]
-                                                     a checkpoint's policy as a Hugging Face directory (--weight:
-                                                     moved back toward the model it was trained from, or MODEL)
+  posttrain export CHECKPOINT --out DIR [--average K] [--weight W [--toward MODEL]]
+                                                     a checkpoint's policy as a Hugging Face directory (--average:
+                                                     the mean of the run's last K checkpoints; --weight: moved back
+                                                     toward the model it was trained from, or MODEL)
   posttrain config [--preset NAME] [--for train|sft|eval] [key=value ...]
                                                      print the resolved config, or every problem the command it is
                                                      for would refuse (default: sft when the sft section is set)
@@ -96,7 +97,7 @@ def _compare_command(args: argparse.Namespace) -> int:
 def _export_command(args: argparse.Namespace) -> int:
     from posttrain.cli.export import export_checkpoint
 
-    print(export_checkpoint(args.checkpoint, args.out, args.toward, args.weight))
+    print(export_checkpoint(args.checkpoint, args.out, args.toward, args.weight, args.average))
     return 0
 
 
@@ -277,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--weight", type=float, metavar="W",
                         help="write the policy moved back toward the model the run was trained from: MODEL + W * (policy - "
                              "MODEL), weight by weight (WiSE-FT); 0 is MODEL, 1 the checkpoint's policy")
+    export.add_argument("--average", type=int, default=1, metavar="K",
+                        help="write the mean, weight by weight, of the run's last K checkpoints up to CHECKPOINT (before any --weight)")
     export.add_argument("--toward", metavar="MODEL",
                         help="with --weight: another MODEL to move toward (a model directory, an SFT run's directory, a Hub id)")
     export.set_defaults(run=_export_command)

@@ -208,6 +208,17 @@ def test_resume_exactly_at_an_epoch_boundary_continues_into_the_next_epoch(two_s
     resumed = [r for r in records[len(first):]]
     assert [r["step"] for r in resumed] == [3, 4]
     assert [r["metrics"]["training/epoch"] for r in resumed] == [1, 1]
+    # the run's last two checkpoints averaged, weight by weight: the mean of the two steps' own exports
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.cli import main
+
+    checkpoints = tmp_path / "run" / "checkpoints"
+    for source, out in ((checkpoints / "global_step_2", "at2"), (checkpoints / "global_step_4", "at4"), (tmp_path / "run", "mean")):
+        assert main(["export", str(source), "--out", str(tmp_path / out), *(["--average", "2"] if out == "mean" else [])]) == 0
+    at2, at4, mean = (AutoModelForCausalLM.from_pretrained(tmp_path / out).state_dict() for out in ("at2", "at4", "mean"))
+    assert max((at4[name] - at2[name]).abs().max().item() for name in at4) > 0
+    assert max((mean[name] - (at2[name] + at4[name]) / 2).abs().max().item() for name in mean) < 1e-7
 
 
 @pytest.mark.own_ray

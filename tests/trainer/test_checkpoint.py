@@ -204,6 +204,7 @@ def test_export_of_a_run_whose_checkpoints_are_all_damaged_says_what_to_do(tmp_p
     (["--toward", "MODEL"], "--toward MODEL needs --weight W"),
     (["--weight", "1.5"], "from 0 .the model trained from. to 1"),
     (["--toward", "{tmp}/nowhere", "--weight", "0.5"], "--toward .*nowhere: .*neither a built-in model"),
+    (["--average", "0"], "--average 0: give how many"),
 ])
 def test_export_toward_a_model_refuses_what_it_cannot_use_before_reading_the_checkpoint(tmp_path, capsys, options, message):
     from posttrain.cli import main
@@ -211,3 +212,14 @@ def test_export_toward_a_model_refuses_what_it_cannot_use_before_reading_the_che
     # tmp_path holds no checkpoint: each refusal comes before the checkpoint is looked for
     assert main(["export", str(tmp_path), "--out", str(tmp_path / "hf"), *(o.format(tmp=tmp_path) for o in options)]) == 2
     assert re.search(message, capsys.readouterr().err, re.I | re.S)
+
+
+def test_export_of_an_average_of_more_checkpoints_than_the_run_keeps_says_which_it_keeps(tmp_path, capsys):
+    from posttrain.cli import main
+
+    manager = CheckpointManager(tmp_path / "checkpoints", keep=2)
+    for step in (4, 8, 12):
+        save(manager, step)  # the third prunes step 4
+    assert main(["export", str(tmp_path), "--out", str(tmp_path / "hf"), "--average", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--average 3:" in err and "keeps 2 complete checkpoint(s) up to step 12 (steps 8, 12)" in err and "max_ckpt_to_keep" in err

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -325,10 +325,14 @@ class TrainingEngine:
         return weights.named_weights(self.module, dtype=dtype)
 
     def export_hf(self, out_dir: str | Path, dtype: torch.dtype = torch.float32,
-                  toward: tuple[str | Path, float] | None = None) -> Path:
-        """A plain Hugging Face directory (safetensors, config, tokenizer); LoRA merged; ``toward=(MODEL_DIR, W)``:
-        each weight moved back toward MODEL_DIR's, ``base + W * (weight - base)`` (``weights``). Collective."""
-        return weights.export_hf(self.module, out_dir, source_dir=self.model_dir, write=self.rank == 0, dtype=dtype, toward=toward)
+                  toward: tuple[str | Path, float] | None = None, average: Sequence[str | Path] = ()) -> Path:
+        """A plain Hugging Face directory (safetensors, config, tokenizer); LoRA merged; ``average``: the mean of
+        these checkpoints' weights (each loaded in turn; the engine is left at the last) in place of the engine's
+        own; ``toward=(MODEL_DIR, W)``: each weight moved back toward MODEL_DIR's, ``base + W * (weight - base)``
+        (``weights``). Collective."""
+        values = weights.averaged(self.module, [Path(d) for d in average], self.load_checkpoint) if average else None
+        return weights.export_hf(self.module, out_dir, source_dir=self.model_dir, write=self.rank == 0, dtype=dtype,
+                                 toward=toward, values=values)
 
     def save_checkpoint(self, directory: str | Path) -> Path:
         """Model, optimizer, scheduler, counters and RNG states (``checkpoint``). Collective."""

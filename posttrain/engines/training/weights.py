@@ -20,6 +20,10 @@ With ``toward=(BASE_DIR, W)`` every exported weight is ``base + W * (weight - ba
 trained policy moved back toward the model it was trained from (W 1 is the policy, 0 the base), as
 WiSE-FT's weight-space ensemble (Wortsman et al., 2022) and WARP's interpolation toward the
 initialisation (Ramé et al., 2024) do.
+
+:func:`averaged` is the mean, weight by weight, of the module's weights at several checkpoints of one run
+(the latest weights averaged, as Kaddour, 2022, and Sanyal et al., 2024, average the last checkpoints): the
+values ``export_hf(values=...)`` writes in place of the module's own.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -133,13 +137,15 @@ def export_hf(
     dtype: torch.dtype = torch.float32,
     max_shard_bytes: int = 2 * 1024**3,
     toward: tuple[str | Path, float] | None = None,
+    values: Iterable[tuple[str, Tensor]] | None = None,
 ) -> Path:
     """Write ``module`` as a plain Hugging Face directory (module docstring); returns ``out_dir``.
+    ``values``: the weights to write in place of the module's own (its names; :func:`averaged`).
 
     Every rank must call it (gathering shards is collective); only ranks with ``write`` write files.
     """
     out_dir = Path(out_dir)
-    weights = named_weights(module, dtype=dtype)
+    weights = named_weights(module, dtype=dtype) if values is None else ((name, t.to(dtype)) for name, t in values)
     if toward is not None:  # checked before anything is written or removed
         weights = _moved_toward(module, weights, Path(toward[0]), toward[1])
     if not write:
@@ -155,6 +161,20 @@ def export_hf(
     _copy_non_weight_files(source_dir, out_dir)
     barrier()
     return out_dir
+
+
+def averaged(module: nn.Module, checkpoints: list[Path], load: Callable[[Path], None]) -> list[tuple[str, Tensor]]:
+    """The mean of ``module``'s weights (float32, under their Hugging Face names, LoRA merged first) over
+    ``checkpoints``, each put into the module by ``load`` in turn; the module is left at the last one.
+    Every rank must call it (each holds the full mean)."""
+    if not checkpoints:
+        raise ValueError("averaged: no checkpoints given")
+    total: dict[str, Tensor] = {}
+    for directory in checkpoints:
+        load(directory)
+        for name, tensor in named_weights(module, dtype=torch.float32):
+            total[name] = total[name].add_(tensor) if name in total else tensor.clone()
+    return [(name, tensor.div_(len(checkpoints))) for name, tensor in total.items()]
 
 
 def _moved_toward(module: nn.Module, weights: Iterator[tuple[str, Tensor]], base_dir: Path,

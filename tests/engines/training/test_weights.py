@@ -71,6 +71,25 @@ def test_export_loads_in_transformers_with_the_same_logits_and_tokenizer(tmp_pat
     assert _checkpoint_names(tmp_path / "export") == _checkpoint_names(source)
 
 
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_an_export_of_several_checkpoints_writes_the_mean_of_their_weights(small_lm, tmp_path, lora_rank):
+    from transformers import AutoModelForCausalLM
+
+    engine = TrainingEngine(engine_config(small_lm, lora_rank=lora_rank, lora_alpha=8))
+    seen = []
+    for step in range(3):  # three updates, a checkpoint after each
+        trained(engine, make_batch(4, seed=10 + step), ppo_loss)
+        engine.save_checkpoint(tmp_path / f"ckpt{step}")
+        seen.append(parameters(engine))
+    assert min(max_difference(a, b) for a, b in zip(seen, seen[1:])) > 1e-5  # each update moved the weights
+    # the mean of the last two, LoRA merged before the mean (the mean of merged weights, not of A and B)
+    engine.export_hf(tmp_path / "mean", average=[tmp_path / "ckpt1", tmp_path / "ckpt2"])
+    exported = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "mean", dtype=torch.float32).state_dict())
+    mean = {name: (seen[1][name] + seen[2][name]) / 2 for name in seen[2]}
+    assert max_difference({name: exported[name] for name in mean}, mean) < 1e-6
+    assert max_difference(mean, seen[2]) > 1e-5  # not the last checkpoint alone
+
+
 def test_tied_embeddings_are_exported_once_and_stay_tied(small_lm_tied, tmp_path):
     from transformers import AutoModelForCausalLM
 
