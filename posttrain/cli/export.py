@@ -1,17 +1,18 @@
 """``posttrain export``: a run's policy checkpoint as a plain Hugging Face directory (safetensors,
 config, tokenizer; LoRA merged) that transformers and vLLM load. Runs in this process, no Ray.
 ``--weight W`` writes the policy moved back toward the model the run was trained from (or ``--toward
-MODEL``): ``MODEL + W * (policy - MODEL)`` weight by weight (WiSE-FT; engines/training/weights.py). ``--average K`` writes the mean, weight by weight, of the run's last K
-checkpoints up to the one given (a run directory: its latest), before any ``--weight``."""
+MODEL``): ``MODEL + W * (policy - MODEL)`` weight by weight (WiSE-FT; engines/training/weights.py). ``--average K`` writes the mean, weight by weight, of the run's
+last K checkpoints up to the one given (a run directory: its latest), before any ``--weight``."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from posttrain.config import load_config
 from posttrain.errors import InputError, MissingFileError
 from posttrain.models.loading import resolve_model
-from posttrain.trainer.checkpoint import CheckpointManager, checkpoint_dir, step_of
+from posttrain.trainer.checkpoint import CheckpointError, CheckpointManager, checkpoint_dir, step_of
 from posttrain.trainer.sft import EXPORT_DIR
 from posttrain.workers.engines import training_engine
 
@@ -26,7 +27,7 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, toward: str | Path 
         raise InputError(f"--average {average}: give how many of the run's last checkpoints to average (1 is the checkpoint alone)")
     base = _model_dir(toward) if toward is not None else None  # refused before the checkpoint is read
     directory = checkpoint_dir(path)
-    averaged = [d / "actor" for d in _last_checkpoints(directory, average)] if average > 1 else []
+    to_average = [d / "actor" for d in _last_checkpoints(directory, average)] if average > 1 else []
     config = load_config([directory / "config.yaml"], checks=None)
     arr = config.actor_rollout_ref
     engine = training_engine(
@@ -35,14 +36,16 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, toward: str | Path 
         total_steps=config.trainer.total_training_steps, seed=config.trainer.seed, device="cpu",
     )
     if weight is None:
-        engine.load_checkpoint(directory / "actor")
-        return engine.export_hf(Path(out_dir), average=averaged)
+        if not to_average:  # an average loads each checkpoint's weights itself
+            engine.load_checkpoint(directory / "actor")
+        return engine.export_hf(Path(out_dir), average=to_average)
     base = base or engine.model_dir  # the model the run was trained from (its actor_rollout_ref.model.path)
     if Path(out_dir).resolve() == base.resolve():
         raise InputError(f"--out {out_dir} is the model the policy moves toward: write the export to a directory of its own")
-    engine.load_checkpoint(directory / "actor")
+    if not to_average:
+        engine.load_checkpoint(directory / "actor")
     try:
-        return engine.export_hf(Path(out_dir), toward=(base, weight), average=averaged)
+        return engine.export_hf(Path(out_dir), toward=(base, weight), average=to_average)
     except ValueError as err:
         raise InputError(f"posttrain export {path} --weight {weight}: {err}") from err
 
@@ -58,11 +61,19 @@ def _model_dir(toward: str | Path) -> Path:
 
 
 def _last_checkpoints(directory: Path, count: int) -> list[Path]:
-    """``directory`` (a ``global_step_N`` checkpoint) and the complete ones before it in its run, ``count`` in all."""
+    """``directory`` (a ``global_step_N`` checkpoint) and the complete ones before it in its run, ``count`` in
+    all, oldest first; says which steps it took."""
+    try:
+        step = step_of(directory)
+    except CheckpointError as err:
+        raise InputError(f"--average {count}: {err}: the checkpoints averaged are found by their steps in a run's "
+                         "checkpoints directory; give the run directory or one of its global_step_N") from err
     manager = CheckpointManager(directory.parent)
-    steps = [step for step in manager.complete_steps() if step <= step_of(directory)]
-    if len(steps) < count:
-        kept = ", ".join(map(str, steps)) or "none"
-        raise InputError(f"--average {count}: {directory.parent} keeps {len(steps)} complete checkpoint(s) up to step "
-                         f"{step_of(directory)} (steps {kept}); a run keeps its last trainer.max_ckpt_to_keep, one every trainer.save_freq steps")
-    return [manager.step_dir(step) for step in steps[-count:]]
+    earlier = [s for s in manager.complete_steps() if s < step][-(count - 1):]
+    if len(earlier) < count - 1:
+        kept = ", ".join(map(str, [*earlier, step]))
+        raise InputError(f"--average {count}: {directory.parent} keeps {len(earlier) + 1} complete checkpoint(s) up to step "
+                         f"{step} (steps {kept}): average {len(earlier) + 1} or fewer, or train with a larger "
+                         "trainer.max_ckpt_to_keep (a run keeps its last ones, one every trainer.save_freq steps)")
+    print(f"posttrain export: the mean of steps {', '.join(map(str, [*earlier, step]))}", file=sys.stderr)
+    return [manager.step_dir(s) for s in earlier] + [directory]

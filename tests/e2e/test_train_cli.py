@@ -199,26 +199,42 @@ def test_ppo_with_a_critic_and_kl_in_the_reward(tmp_path):
     assert sum(losses[2:]) < sum(losses[:2]), losses
 
 
-def test_resume_exactly_at_an_epoch_boundary_continues_into_the_next_epoch(two_steps, tmp_path):
+@pytest.fixture(scope="module")
+def resumed_to_four(two_steps, tmp_path_factory) -> tuple[Path, list[dict], list[dict]]:
+    """The two-step run continued on a copy (the first run stays as the other tests read it) for a second
+    epoch, a checkpoint every 2 steps: (its directory, the first run's records, the copy's)."""
     run_dir, first, _ = two_steps
+    copy = tmp_path_factory.mktemp("resumed") / "run"
+    shutil.copytree(run_dir, copy, symlinks=True)
+    return copy, first, train(copy, "trainer.save_freq=2", "trainer.total_epochs=2")  # 2 epochs of 2 steps = 4 steps
+
+
+def test_resume_exactly_at_an_epoch_boundary_continues_into_the_next_epoch(resumed_to_four):
+    _, first, records = resumed_to_four
     assert first[-1]["step"] == 2
-    shutil.copytree(run_dir, tmp_path / "run", symlinks=True)  # continued on a copy: the first run stays as the other test reads it
-    records = train(tmp_path / "run", "trainer.save_freq=2", "trainer.total_epochs=2")  # 2 epochs of 2 steps = 4 steps
     assert records[:len(first)] == first  # kept as the first run wrote them (timings too): resumed, not started over
     resumed = [r for r in records[len(first):]]
     assert [r["step"] for r in resumed] == [3, 4]
     assert [r["metrics"]["training/epoch"] for r in resumed] == [1, 1]
-    # the run's last two checkpoints averaged, weight by weight: the mean of the two steps' own exports
+
+
+def test_export_of_the_last_two_checkpoints_is_their_mean_and_moves_toward_the_start_after(resumed_to_four, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
     from posttrain.cli import main
 
-    checkpoints = tmp_path / "run" / "checkpoints"
-    for source, out in ((checkpoints / "global_step_2", "at2"), (checkpoints / "global_step_4", "at4"), (tmp_path / "run", "mean")):
-        assert main(["export", str(source), "--out", str(tmp_path / out), *(["--average", "2"] if out == "mean" else [])]) == 0
-    at2, at4, mean = (AutoModelForCausalLM.from_pretrained(tmp_path / out).state_dict() for out in ("at2", "at4", "mean"))
+    run_dir = resumed_to_four[0]
+    checkpoints = run_dir / "checkpoints"
+    for source, out, options in ((checkpoints / "global_step_2", "at2", []), (checkpoints / "global_step_4", "at4", []),
+                                 (run_dir, "mean", ["--average", "2"]), (run_dir, "toward", ["--average", "2", "--weight", "0.5"])):
+        assert main(["export", str(source), "--out", str(tmp_path / out), *options]) == 0
+    assert capsys.readouterr().err.count("posttrain export: the mean of steps 2, 4") == 2
+    start, at2, at4, mean, toward = (AutoModelForCausalLM.from_pretrained(path).state_dict() for path in
+                                     (cached_tiny_model("llama"), *(tmp_path / out for out in ("at2", "at4", "mean", "toward"))))
     assert max((at4[name] - at2[name]).abs().max().item() for name in at4) > 0
     assert max((mean[name] - (at2[name] + at4[name]) / 2).abs().max().item() for name in mean) < 1e-7
+    # --weight after the mean: halfway from the model the run started from to the mean
+    assert max((toward[name] - (start[name] + mean[name]) / 2).abs().max().item() for name in mean) < 1e-7
 
 
 @pytest.mark.own_ray

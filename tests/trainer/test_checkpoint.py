@@ -222,4 +222,4 @@ def test_export_of_an_average_of_more_checkpoints_than_the_run_keeps_says_which_
         save(manager, step)  # the third prunes step 4
     assert main(["export", str(tmp_path), "--out", str(tmp_path / "hf"), "--average", "3"]) == 2
     err = capsys.readouterr().err
-    assert "--average 3:" in err and "keeps 2 complete checkpoint(s) up to step 12 (steps 8, 12)" in err and "max_ckpt_to_keep" in err
+    assert "--average 3:" in err and "keeps 2 complete checkpoint(s) up to step 12 (steps 8, 12): average 2 or fewer" in err and "max_ckpt_to_keep" in err

@@ -95,6 +95,16 @@ def save_checkpoint(
     return directory
 
 
+def load_weights(directory: str | Path, *, module: nn.Module) -> None:
+    """Only the model's weights of a :func:`save_checkpoint` directory, in place (no optimizer, schedule or RNG)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    path = Path(directory) / _MODEL
+    if not path.is_file():
+        raise MissingFileError(f"{directory} holds no {_MODEL}: pass a directory written by TrainingEngine.save_checkpoint")
+    set_model_state_dict(module, torch.load(path, weights_only=True), options=StateDictOptions(full_state_dict=True))
+
+
 def load_checkpoint(
     directory: str | Path,
     *,
@@ -104,7 +114,7 @@ def load_checkpoint(
     rank: int,
 ) -> dict[str, Any]:
     """Restore what :func:`save_checkpoint` wrote, in place; returns the saved engine state."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     directory = Path(directory)
     missing = [name for name in (_MODEL, _OPTIMIZER, _SCHEDULER, _ENGINE_STATE) if not (directory / name).is_file()]
@@ -114,7 +124,7 @@ def load_checkpoint(
             "pass a directory written by TrainingEngine.save_checkpoint"
         )
     options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(module, torch.load(directory / _MODEL, weights_only=True), options=options)
+    load_weights(directory, module=module)
     set_optimizer_state_dict(module, optimizer, torch.load(directory / _OPTIMIZER, weights_only=True), options=options)
     scheduler.load_state_dict(torch.load(directory / _SCHEDULER, weights_only=True))
     rng_file = _rng_file(directory, rank)

@@ -39,6 +39,7 @@ over one optimizer step, except ``skipped_total``, a running count; each is type
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -327,10 +328,13 @@ class TrainingEngine:
     def export_hf(self, out_dir: str | Path, dtype: torch.dtype = torch.float32,
                   toward: tuple[str | Path, float] | None = None, average: Sequence[str | Path] = ()) -> Path:
         """A plain Hugging Face directory (safetensors, config, tokenizer); LoRA merged; ``average``: the mean of
-        these checkpoints' weights (each loaded in turn; the engine is left at the last) in place of the engine's
-        own; ``toward=(MODEL_DIR, W)``: each weight moved back toward MODEL_DIR's, ``base + W * (weight - base)``
+        these checkpoints' weights (each loaded in turn, the weights alone; the engine's weights are left at the
+        last) in place of the engine's own; ``toward=(MODEL_DIR, W)``: each weight moved back toward MODEL_DIR's, ``base + W * (weight - base)``
         (``weights``). Collective."""
-        values = weights.averaged(self.module, [Path(d) for d in average], self.load_checkpoint) if average else None
+        values = None
+        if average:  # the weights alone are read: no optimizer state
+            load = functools.partial(checkpoint.load_weights, module=self.module)
+            values = weights.averaged(self.module, [Path(d) for d in average], load, keep=self.rank == 0)
         return weights.export_hf(self.module, out_dir, source_dir=self.model_dir, write=self.rank == 0, dtype=dtype,
                                  toward=toward, values=values)
 

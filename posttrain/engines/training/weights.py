@@ -163,18 +163,22 @@ def export_hf(
     return out_dir
 
 
-def averaged(module: nn.Module, checkpoints: list[Path], load: Callable[[Path], None]) -> list[tuple[str, Tensor]]:
-    """The mean of ``module``'s weights (float32, under their Hugging Face names, LoRA merged first) over
-    ``checkpoints``, each put into the module by ``load`` in turn; the module is left at the last one.
-    Every rank must call it (each holds the full mean)."""
+def averaged(module: nn.Module, checkpoints: list[Path], load: Callable[[Path], None],
+             keep: bool = True) -> list[tuple[str, Tensor]] | None:
+    """The mean of ``module``'s weights (float32, on the CPU, under their Hugging Face names, LoRA merged
+    first) over ``checkpoints``, each put into the module by ``load`` in turn; the module is left at the
+    last one. Every rank must call it (the gathers are collective); only with ``keep`` (the rank that
+    writes) are the sums held, and returned; otherwise None."""
     if not checkpoints:
         raise ValueError("averaged: no checkpoints given")
     total: dict[str, Tensor] = {}
     for directory in checkpoints:
         load(directory)
-        for name, tensor in named_weights(module, dtype=torch.float32):
-            total[name] = total[name].add_(tensor) if name in total else tensor.clone()
-    return [(name, tensor.div_(len(checkpoints))) for name, tensor in total.items()]
+        for name, tensor in named_weights(module):
+            if keep:
+                tensor = tensor.to("cpu", torch.float32, copy=True)
+                total[name] = total[name].add_(tensor) if name in total else tensor
+    return [(name, tensor.div_(len(checkpoints))) for name, tensor in total.items()] if keep else None
 
 
 def _moved_toward(module: nn.Module, weights: Iterator[tuple[str, Tensor]], base_dir: Path,
