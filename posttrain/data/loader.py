@@ -86,6 +86,20 @@ class EpochSampler:
         left = self.num_samples - self._index
         return left >= self.batch_size or (left > 0 and not self.drop_last)
 
+    def rows_drawn(self) -> dict[str, tuple[int, int]]:
+        """``{"all": (rows handed out at least once so far, rows)}``: an epoch's rows past its last full batch
+        (``drop_last``) wait for a later epoch's order."""
+        if self._epoch == 0:
+            return {"all": (self._index, self.num_samples)}
+        full = len(self) * self.batch_size if self.drop_last else self.num_samples
+        never = set(self.order(0)[full:].tolist())
+        for epoch in range(1, self._epoch if self.shuffle else 1):  # without shuffle every epoch leaves out the same rows
+            if not never:
+                break
+            never &= set(self.order(epoch)[full:].tolist())
+        never -= set(self.order(self._epoch)[:self._index].tolist())
+        return {"all": (self.num_samples - len(never), self.num_samples)}
+
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self._epoch, "index": self._index, "num_samples": self.num_samples, "seed": self.seed}
 
@@ -153,6 +167,10 @@ class PromptDataLoader:
                 drawn = getattr(self.sampler, "draw_tag", lambda: epoch)()  # a sampler that repeats rows in an epoch: its draw
                 batch.non_tensors[keys.UID] = [prompt_uid(drawn, int(i)) for i in indices]
             yield batch
+
+    def rows_drawn(self) -> dict[str, tuple[int, int]]:
+        """Per stratum (``"all"`` without strata): (rows drawn at least once so far, rows); the sampler's."""
+        return self.sampler.rows_drawn()
 
     def state_dict(self) -> dict[str, int]:
         return self.sampler.state_dict()

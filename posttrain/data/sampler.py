@@ -145,6 +145,17 @@ class StratifiedSampler:
             yield batch
             batch, _ = self._next_batch(epoch)
 
+    def rows_drawn(self) -> dict[str, tuple[int, int]]:
+        """Per stratum, over the levels: (rows handed out at least once so far, rows). A stratum's first pass
+        hands out each row once, in its order: past it, every row was drawn."""
+        counts: dict[str, tuple[int, int]] = {}
+        with self._lock:
+            for key, rows in self.rows.items():
+                pass_, index, _ = self._cursor.get(key, (0, 0, []))
+                drawn, total = counts.get(key[1], (0, 0))
+                counts[key[1]] = (drawn + (len(rows) if pass_ > 0 else index), total + len(rows))
+        return counts
+
     def state_dict(self) -> dict[str, Any]:
         with self._lock:
             return self._identity | {

@@ -120,8 +120,20 @@ class RunParts(Generic[Item]):
     files: Mapping[str, CheckpointFile] = field(default_factory=dict)    # files of their own, by file name
     finish: Callable[[Roles], Path] | None = None  # after the last step, workers still up (SFT: the export)
     trained_prompts: Callable[[], Sequence[str]] | None = None  # the last step's prompt ids, for trained_prompts.jsonl
+    rows_drawn: Callable[[], Mapping[str, tuple[int, int]]] | None = None  # per stratum: (rows drawn so far, rows)
     workers: ModeWorkers = ModeWorkers()         # the actor's importance cap, pools of the mode's own (async: the generators)
     more_steps: str = "trainer.total_training_steps (or trainer.total_epochs)"  # the settings that train a finished run further
+
+
+def rows_drawn_metrics(counts: Mapping[str, tuple[int, int]]) -> dict[str, float]:
+    """``training/rows_drawn``: the share of the training rows drawn at least once so far (the rows of
+    dynamic sampling's extra rounds too: they were generated on); with strata, also each stratum's
+    (``training/rows_drawn/<stratum>``)."""
+    drawn, total = (sum(pair[i] for pair in counts.values()) for i in (0, 1))
+    metrics = {"training/rows_drawn": drawn / total} if total else {}
+    if len(counts) > 1:
+        metrics |= {f"training/rows_drawn/{name}": d / t for name, (d, t) in counts.items() if t}
+    return metrics
 
 
 def steps_cut_short(section: str, asked: int | None, epochs: int, total_steps: int, rows: str = "training rows") -> str:
@@ -269,6 +281,8 @@ class Run(Generic[Item]):
             metrics |= values(roles.resident_memory())  # each worker process's RSS, once a step
             if epoch is not None:
                 metrics["training/epoch"] = float(epoch)
+            if self.parts.rows_drawn is not None:
+                metrics |= rows_drawn_metrics(self.parts.rows_drawn())
             self._record_prompts()
             if validation is not None and validation.due(self.step, self.total_steps):
                 try:

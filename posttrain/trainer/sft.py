@@ -182,7 +182,8 @@ def sft_parts(config: PosttrainConfig) -> RunParts[Batch]:
     return RunParts(
         headline=headline, config=run_config, total_steps=total_steps, step=SFTStep(), validation=validation,
         batches=lambda: epoch_batches(loader, sft.total_epochs), services=[RolloutService(rollout)] if validator else [],
-        state={"dataloader": loader}, finish=export, more_steps="sft.total_training_steps (or sft.total_epochs)",
+        state={"dataloader": loader}, rows_drawn=loader.rows_drawn, finish=export,
+        more_steps="sft.total_training_steps (or sft.total_epochs)",
     )
 
 

@@ -130,5 +130,5 @@ def sync_parts(setup: RolloutSetup) -> RunParts[Batch]:
     return RunParts(
         headline=train_headline(config, setup.total_steps), config=config, total_steps=setup.total_steps, step=step, validation=validation,
         batches=lambda: stream, services=rollout_services(setup), state={"dataloader": loader, "kl_controller": learner},
-        trained_prompts=lambda: step.last_prompts,
+        trained_prompts=lambda: step.last_prompts, rows_drawn=loader.rows_drawn,
     )

@@ -36,6 +36,17 @@ def test_batches_cover_epochs_and_drop_last():
     assert len(keep) == 3 and _run(keep, 1) == [[0, 1, 2], [3, 4, 5], [6]]
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_the_rows_drawn_so_far_are_the_distinct_rows_handed_out_across_epochs(shuffle):
+    sampler = EpochSampler(7, 3, seed=5, shuffle=shuffle)  # each epoch leaves one row out (drop_last)
+    seen: set[int] = set()
+    for epoch in range(4):
+        for batch in sampler:
+            seen.update(batch.tolist())
+            assert sampler.rows_drawn() == {"all": (len(seen), 7)}, (epoch, sorted(seen))
+    assert len(seen) == (7 if shuffle else 6)  # in order, row 6 is never drawn
+
+
 def test_state_counts_the_batch_being_trained_on():
     sampler = EpochSampler(6, 2, shuffle=False)
     iterator = iter(sampler)

@@ -72,6 +72,17 @@ def test_a_stratum_gives_each_of_its_rows_once_before_any_twice():
     assert c_rows[:20] != c_rows[20:40]  # each pass shuffled anew
 
 
+def test_the_rows_drawn_so_far_are_counted_per_stratum_as_the_batches_hand_them_out():
+    sampler = StratifiedSampler(STRATA, 8, seed=2, shares={"c": 0.5})  # c's 20 rows go round every 5 batches, a's 50 in 20
+    seen: dict[str, set[int]] = {"a": set(), "b": set(), "c": set()}
+    assert sampler.rows_drawn() == {"a": (0, 50), "b": (0, 30), "c": (0, 20)}
+    for _ in range(30):
+        for row in batches(sampler, 1)[0]:  # one batch at a time
+            seen[STRATA[row]].add(row)
+        assert sampler.rows_drawn() == {name: (len(rows), STRATA.count(name)) for name, rows in seen.items()}
+    assert sampler.rows_drawn()["a"] == (50, 50)
+
+
 def test_a_small_stratum_wrapping_inside_a_batch_never_repeats_a_row_in_it():
     strata = ["small"] * 5 + ["big"] * 95
     sampler = StratifiedSampler(strata, 8, seed=2, shares={"small": 0.5})  # 4 of its 5 rows a batch: it wraps often

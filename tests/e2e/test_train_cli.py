@@ -118,6 +118,8 @@ def test_grpo_two_steps(two_steps, tmp_path):
         # the policy's resident memory at the step's end is at most its high-water mark so far, which only rises
         assert finite(record, "memory/policy/rss_gb") <= finite(record, "memory/policy/peak_rss_gb")
     assert finite(records[1], "memory/policy/peak_rss_gb") <= finite(records[2], "memory/policy/peak_rss_gb")
+    # the share of the 8 training rows drawn so far: half after the first batch of 4, all after the second
+    assert [record["metrics"]["training/rows_drawn"] for record in records[1:]] == [0.5, 1.0]
     for step in (0, 2):  # each validation's metrics are those of the 4 validation prompts' episodes, as scored
         rows = validation_rows(run_dir / "validation" / f"step_{step}.jsonl")
         assert records[step]["metrics"]["val/arithmetic/acc/mean@1"] == sum(row["success"] for row in rows) / 4

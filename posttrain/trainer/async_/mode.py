@@ -319,5 +319,5 @@ def async_parts(setup: RolloutSetup, stop: StopSignal) -> RunParts[FedBatch]:
         headline=train_headline(config, setup.total_steps, mode), config=config, total_steps=setup.total_steps, step=step, validation=validation,
         batches=lambda: feed.batches(stop), services=[*rollout_services(setup), feed],
         state={"dataloader": setup.data.train, "kl_controller": learner}, files={ASYNC_STATE: feed},
-        trained_prompts=lambda: step.last_prompts, workers=workers,
+        trained_prompts=lambda: step.last_prompts, rows_drawn=setup.data.train.rows_drawn, workers=workers,
     )
