@@ -59,6 +59,10 @@ def test_dynamic_sampling_fills_the_batch_with_groups_whose_rewards_vary(tmp_pat
             assert metrics["response_length/mean"] == 16
         assert metrics["reward/overlong_fraction"] == 1.0 and metrics["reward/overlong_penalty/mean"] == -0.5
     assert max(rounds) >= 2, rounds  # a round was not enough at least once (half the prompts are flat)
+    # every round drew 4 of the 24 training rows (sync: those alone; async: the generators may draw ahead)
+    for k, record in enumerate(steps, start=1):
+        share, drawn = record["metrics"]["training/rows_drawn"], min(1.0, 4 * sum(rounds[:k]) / 24)
+        assert share == pytest.approx(drawn) if mode == "sync" else share >= drawn, (k, share, rounds)
     trained = [json.loads(line) for line in (tmp_path / mode / "trained_prompts.jsonl").read_text().splitlines()]
     assert len(trained) == 2
     # only the varied groups trained: every prompt a step trained has an odd answer (the even ones' groups
