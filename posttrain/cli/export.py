@@ -1,8 +1,9 @@
 """``posttrain export``: a run's policy checkpoint as a plain Hugging Face directory (safetensors,
 config, tokenizer; LoRA merged) that transformers and vLLM load. Runs in this process, no Ray.
 ``--weight W`` writes the policy moved back toward the model the run was trained from (or ``--toward
-MODEL``): ``MODEL + W * (policy - MODEL)`` weight by weight (WiSE-FT; engines/training/weights.py). ``--average K`` writes the mean, weight by weight, of the run's
-last K checkpoints up to the one given (a run directory: its latest), before any ``--weight``."""
+MODEL``): ``MODEL + W * (policy - MODEL)`` weight by weight (WiSE-FT; engines/training/weights.py).
+``--average K`` writes the mean, weight by weight, of the run's last K checkpoints up to the one given
+(a run directory: its latest), before any ``--weight``."""
 
 from __future__ import annotations
 
@@ -35,15 +36,14 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, toward: str | Path 
         arr.model.path, arr.model, arr.actor.optim, dtype=arr.actor.dtype, grad_clip=None,
         total_steps=config.trainer.total_training_steps, seed=config.trainer.seed, device="cpu",
     )
-    if weight is None:
-        if not to_average:  # an average loads each checkpoint's weights itself
-            engine.load_checkpoint(directory / "actor")
-        return engine.export_hf(Path(out_dir), average=to_average)
-    base = base or engine.model_dir  # the model the run was trained from (its actor_rollout_ref.model.path)
-    if Path(out_dir).resolve() == base.resolve():
-        raise InputError(f"--out {out_dir} is the model the policy moves toward: write the export to a directory of its own")
-    if not to_average:
+    if weight is not None:
+        base = base or engine.model_dir  # the model the run was trained from (its actor_rollout_ref.model.path)
+        if Path(out_dir).resolve() == base.resolve():
+            raise InputError(f"--out {out_dir} is the model the policy moves toward: write the export to a directory of its own")
+    if not to_average:  # an average loads each checkpoint's weights itself
         engine.load_checkpoint(directory / "actor")
+    if weight is None:
+        return engine.export_hf(Path(out_dir), average=to_average)
     try:
         return engine.export_hf(Path(out_dir), toward=(base, weight), average=to_average)
     except ValueError as err:

@@ -97,7 +97,9 @@ class EpochSampler:
             if not never:
                 break
             never &= set(self.order(epoch)[full:].tolist())
-        never -= set(self.order(self._epoch)[:self._index].tolist())
+        if never and self._index:  # the few rows left out so far, looked up in this epoch's part (no set of it)
+            left = np.fromiter(never, dtype=np.int64)
+            never = set(left[~np.isin(left, self.order(self._epoch)[:self._index])].tolist())
         return {"all": (self.num_samples - len(never), self.num_samples)}
 
     def state_dict(self) -> dict[str, int]:

@@ -329,8 +329,8 @@ class TrainingEngine:
                   toward: tuple[str | Path, float] | None = None, average: Sequence[str | Path] = ()) -> Path:
         """A plain Hugging Face directory (safetensors, config, tokenizer); LoRA merged; ``average``: the mean of
         these checkpoints' weights (each loaded in turn, the weights alone; the engine's weights are left at the
-        last) in place of the engine's own; ``toward=(MODEL_DIR, W)``: each weight moved back toward MODEL_DIR's, ``base + W * (weight - base)``
-        (``weights``). Collective."""
+        last) in place of the engine's own; ``toward=(MODEL_DIR, W)``: each weight moved back toward MODEL_DIR's,
+        ``base + W * (weight - base)`` (``weights``). Collective."""
         values = None
         if average:  # the weights alone are read: no optimizer state
             load = functools.partial(checkpoint.load_weights, module=self.module)
