@@ -1,7 +1,8 @@
 """``posttrain export``: a run's policy checkpoint as a plain Hugging Face directory (safetensors,
 config, tokenizer; LoRA merged) that transformers and vLLM load. Runs in this process, no Ray.
 ``--weight W`` writes the policy moved back toward the model the run was trained from (or ``--toward
-MODEL``): ``MODEL + W * (policy - MODEL)`` weight by weight (WiSE-FT; engines/training/weights.py).
+MODEL``): ``MODEL + W * (policy - MODEL)`` weight by weight (WiSE-FT; engines/training/weights.py); W above 1
+carries the policy on past itself along that line (ExPO).
 ``--average K`` writes the mean, weight by weight, of the run's last K checkpoints up to the one given
 (a run directory: its latest), before any ``--weight``."""
 
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 from posttrain.config import load_config
+from posttrain.engines.training.weights import check_weight
 from posttrain.errors import InputError, MissingFileError
 from posttrain.models.loading import resolve_model
 from posttrain.trainer.checkpoint import CheckpointError, CheckpointManager, checkpoint_dir, step_of
@@ -22,8 +24,14 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, toward: str | Path 
                       weight: float | None = None, average: int = 1) -> Path:
     if toward is not None and weight is None:
         raise InputError("--toward MODEL needs --weight W: how far the policy stays from MODEL (0 is MODEL itself, 1 the policy)")
-    if weight is not None and not 0.0 <= weight <= 1.0:
-        raise InputError(f"--weight {weight}: give a number from 0 (the model trained from) to 1 (the checkpoint's policy)")
+    if weight is not None:
+        try:
+            check_weight(weight)
+        except ValueError as err:
+            raise InputError(f"--weight {weight}: {err}") from err
+        if weight > 1.0:
+            print(f"posttrain export: --weight {weight} carries the policy past itself, away from the model it moved from "
+                  "(extrapolation: choose W on development rows)", file=sys.stderr)
     if average < 1:
         raise InputError(f"--average {average}: give how many of the run's last checkpoints to average (1 is the checkpoint alone)")
     base = _model_dir(toward) if toward is not None else None  # refused before the checkpoint is read

@@ -13,7 +13,7 @@
   posttrain export CHECKPOINT --out DIR [--average K] [--weight W [--toward MODEL]]
                                                      a checkpoint's policy as a Hugging Face directory (--average:
                                                      the mean of the run's last K checkpoints; --weight: moved back
-                                                     toward the model it was trained from, or MODEL)
+                                                     toward the model it was trained from, or MODEL; past 1: beyond)
   posttrain config [--preset NAME] [--for train|sft|eval] [key=value ...]
                                                      print the resolved config, or every problem the command it is
                                                      for would refuse (default: sft when the sft section is set)
@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, type=Path)
     export.add_argument("--weight", type=float, metavar="W",
                         help="write the policy moved back toward the model the run was trained from: MODEL + W * (policy - "
-                             "MODEL), weight by weight (WiSE-FT); 0 is MODEL, 1 the checkpoint's policy")
+                             "MODEL), weight by weight (WiSE-FT); 0 is MODEL, 1 the checkpoint's policy, above 1 past it (ExPO)")
     export.add_argument("--average", type=int, default=1, metavar="K",
                         help="write the mean, weight by weight, of the run's last K checkpoints up to CHECKPOINT (before any --weight)")
     export.add_argument("--toward", metavar="MODEL",

@@ -202,7 +202,7 @@ def test_export_of_a_run_whose_checkpoints_are_all_damaged_says_what_to_do(tmp_p
 
 @pytest.mark.parametrize(("options", "message"), [
     (["--toward", "MODEL"], "--toward MODEL needs --weight W"),
-    (["--weight", "1.5"], "from 0 .the model trained from. to 1"),
+    (["--weight", "-0.5"], "from 0 .the model trained from. to 1 .*or above 1"),
     (["--toward", "{tmp}/nowhere", "--weight", "0.5"], "--toward .*nowhere: .*neither a built-in model"),
     (["--average", "0"], "--average 0: give how many"),
 ])

@@ -19,7 +19,8 @@ would the original.
 With ``toward=(BASE_DIR, W)`` every exported weight is ``base + W * (weight - base)`` instead: the
 trained policy moved back toward the model it was trained from (W 1 is the policy, 0 the base), as
 WiSE-FT's weight-space ensemble (Wortsman et al., 2022) and WARP's interpolation toward the
-initialisation (Ramé et al., 2024) do.
+initialisation (Ramé et al., 2024) do; W above 1 carries the policy on past itself, along the same
+line (ExPO's extrapolation from the SFT model through the aligned one: Zheng et al., 2024).
 
 :func:`averaged` is the mean, weight by weight, of the module's weights at several checkpoints of one run
 (the latest weights averaged, as Kaddour, 2022, and Sanyal et al., 2024, average the last checkpoints): the
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -181,13 +183,19 @@ def averaged(module: nn.Module, checkpoints: list[Path], load: Callable[[Path], 
     return [(name, tensor.div_(len(checkpoints))) for name, tensor in total.items()] if keep else None
 
 
+def check_weight(weight: float) -> None:
+    """``toward``'s weight: from 0 (the base) through 1 (the policy) on, finite (ValueError otherwise)."""
+    if not (math.isfinite(weight) and weight >= 0.0):
+        raise ValueError(f"weight {weight}: give a number from 0 (the model trained from) to 1 (the trained policy), "
+                         "or above 1 to carry the policy on past itself (ExPO)")
+
+
 def _moved_toward(module: nn.Module, weights: Iterator[tuple[str, Tensor]], base_dir: Path,
                   weight: float) -> Iterator[tuple[str, Tensor]]:
     """``weights`` each moved to ``base + weight * (w - base)`` (module docstring), ``base`` read one tensor
     at a time from the Hugging Face directory ``base_dir``; refused (ValueError) unless it holds the same
     weights in the same shapes, which is checked here, before the first is yielded."""
-    if not 0.0 <= weight <= 1.0:
-        raise ValueError(f"weight {weight}: give a number from 0 (the model trained from) to 1 (the trained policy)")
+    check_weight(weight)
     files = _tensor_files(base_dir)
     shapes = {name: tuple(tensor.shape) for name, tensor in named_weights(module)}  # every rank: the same gathers
     tied = bool(getattr(hf_model(module).config, "tie_word_embeddings", False))  # a base may store the tied head twice
@@ -199,7 +207,7 @@ def _moved_toward(module: nn.Module, weights: Iterator[tuple[str, Tensor]], base
     for name, shape in shapes.items():
         if base_shapes[name] != shape:
             raise ValueError(f"{name}: shape {base_shapes[name]} in {base_dir}, {shape} in the policy: give the model the run was trained from")
-    return ((name, torch.lerp(_read_tensor(files[name], name).float(), tensor.float(), weight).to(tensor.dtype))  # exact at 0 and 1
+    return ((name, torch.lerp(_read_tensor(files[name], name).float(), tensor.float(), weight).to(tensor.dtype))  # exact at 0 and 1; past 1 extrapolates
             for name, tensor in weights)
 
 

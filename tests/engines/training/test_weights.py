@@ -162,7 +162,7 @@ def test_an_export_toward_the_base_puts_every_weight_on_the_line_from_the_base_t
         trained(engine, make_batch(4, seed=6), ppo_loss)
     tuned = parameters(engine)
     assert max_difference(base, tuned) > 1e-4
-    for weight in (0.0, 0.25, 1.0):
+    for weight in (0.0, 0.25, 1.0, 2.5):  # 2.5: past the policy, on the same line (ExPO)
         engine.export_hf(tmp_path / f"mix{weight}", toward=(tmp_path / "base", weight))
         mixed = dict(AutoModelForCausalLM.from_pretrained(tmp_path / f"mix{weight}", dtype=torch.float32).state_dict())
         assert mixed.keys() == tuned.keys()
@@ -188,8 +188,9 @@ def test_an_export_toward_a_model_of_other_weights_or_shapes_is_refused_and_writ
     save_file(tensors, str(tmp_path / "narrow" / "model.safetensors"))
     with pytest.raises(ValueError, match=r"model.norm.weight: shape \(3,\) in"):
         engine.export_hf(out, toward=(tmp_path / "narrow", 0.5))
-    with pytest.raises(ValueError, match="from 0 .* to 1"):
-        engine.export_hf(out, toward=(small_lm, 1.5))
+    for weight in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="from 0 .* to 1 .*or above 1"):
+            engine.export_hf(out, toward=(small_lm, weight))
     with pytest.raises(ValueError, match="no model.safetensors"):
         engine.export_hf(out, toward=(tmp_path, 0.5))
     assert (out / "model.safetensors").read_text() == "an earlier export"  # refused before anything was removed
