@@ -234,20 +234,14 @@ def test_dev_swapped_asks_held_back_questions_with_held_back_functions_in_a_file
     assert _rows(plain / "sft.parquet") == _rows(tmp_path / "sft.parquet")
 
 
-def test_dev_pairs_ask_two_held_back_questions_at_once_with_both_functions_in_a_file_of_its_own(tmp_path, capsys):
-    """dev_pairs=N: dev_pairs.parquet holds two-call rows made from the questions SFT validates on (neither taught), two
-    asked in one message with both questions' functions, answered by both calls, which BFCL's parallel rule accepts
-    together and refuses apart; the training files are as without the option."""
-    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=60", "sft_val_size=40", "dev_pairs=6", "multi_turn="]) == 0
-    assert "dev_pairs.parquet (dev_pairs=6): 6 synthetic_parallel_multiple rows" in capsys.readouterr().out
-    held = {r["extra_info"]["id"]: r for r in _rows(tmp_path / "train.parquet") if not r["extra_info"]["in_sft"]}
-    dev = _rows(tmp_path / "dev_pairs.parquet")
-    assert len(dev) == 6 and len({r["extra_info"]["id"] for r in dev}) == 6
+def _pairs_are_two_questions_with_both_functions(rows, asked, *, taught):
+    """Each row two of ``asked``'s live_simple/live_multiple questions in one message with both questions' functions,
+    answered by both calls, which BFCL's parallel rule accepts together and refuses apart; some bring other functions."""
     several = 0
-    for row in dev:
-        first, second = (held[part] for part in row["extra_info"]["id"].removeprefix("pair_").split("+"))
+    for row in rows:
+        first, second = (asked[part] for part in row["extra_info"]["id"].removeprefix("pair_").split("+"))
         assert {first["extra_info"]["category"], second["extra_info"]["category"]} <= {"live_simple", "live_multiple"}
-        assert row["extra_info"]["category"] == "synthetic_parallel_multiple" and not row["extra_info"]["in_sft"]
+        assert row["extra_info"]["category"] == "synthetic_parallel_multiple" and row["extra_info"]["in_sft"] == taught
         assert row["prompt"] == [{"role": "user", "content": first["prompt"][0]["content"] + "\n\n" + second["prompt"][0]["content"]}]
         functions = {f["name"]: f for r in (first, second) for f in json.loads(r["extra_info"]["bfcl_functions"])}
         assert sorted(f["name"] for f in json.loads(row["extra_info"]["bfcl_functions"])) == sorted(functions)
@@ -258,10 +252,41 @@ def test_dev_pairs_ask_two_held_back_questions_at_once_with_both_functions_in_a_
         assert len(calls) == 2 and bfcl.check_calls(calls, row["reward_model"]["ground_truth"], row["extra_info"]).valid
         assert not bfcl.check_calls(calls[1:], row["reward_model"]["ground_truth"], row["extra_info"]).valid
     assert several  # the second question brought functions of its own
+
+
+def test_dev_pairs_ask_two_held_back_questions_at_once_with_both_functions_in_a_file_of_its_own(tmp_path, capsys):
+    """dev_pairs=N: dev_pairs.parquet holds two-call rows made from the questions SFT validates on (neither taught), two
+    asked in one message with both questions' functions, answered by both calls, which BFCL's parallel rule accepts
+    together and refuses apart; the training files are as without the option."""
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=60", "sft_val_size=40", "dev_pairs=6", "multi_turn="]) == 0
+    assert "dev_pairs.parquet (dev_pairs=6): 6 synthetic_parallel_multiple rows" in capsys.readouterr().out
+    held = {r["extra_info"]["id"]: r for r in _rows(tmp_path / "train.parquet") if not r["extra_info"]["in_sft"]}
+    dev = _rows(tmp_path / "dev_pairs.parquet")
+    assert len(dev) == 6 and len({r["extra_info"]["id"] for r in dev}) == 6
+    _pairs_are_two_questions_with_both_functions(dev, held, taught=False)
     plain = tmp_path / "plain"
     prepare("bfcl", plain, limit=60, sft_val_size=40, multi_turn="")
     assert _rows(plain / "train.parquet") == _rows(tmp_path / "train.parquet") and not (plain / "dev_pairs.parquet").exists()
     assert _rows(plain / "sft.parquet") == _rows(tmp_path / "sft.parquet")
+
+
+def test_union_pairs_ask_two_taught_questions_at_once_with_both_functions_in_train_and_sft(tmp_path, capsys):
+    """union_pairs=N: N training rows made as dev_pairs' are, from taught questions, each with its SFT transcript (both
+    calls); the development candidates and the other rows are as without the option."""
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=60", "sft_val_size=8", "union_pairs=6", "multi_turn="]) == 0
+    assert "synthetic_parallel_multiple rows (union_pairs=6): 6" in capsys.readouterr().out
+    train = _rows(tmp_path / "train.parquet")
+    taught = {r["extra_info"]["id"]: r for r in train if r["extra_info"]["in_sft"]}
+    pairs = [r for r in train if r["extra_info"]["category"] == "synthetic_parallel_multiple"]
+    assert len(pairs) == 6 and len({r["extra_info"]["id"] for r in pairs}) == 6
+    _pairs_are_two_questions_with_both_functions(pairs, taught, taught=True)
+    transcripts = {r["extra_info"]["id"]: r["messages"] for r in _rows(tmp_path / "sft.parquet")}
+    for row in pairs:
+        assert transcripts[row["extra_info"]["id"]][-1]["content"].count("<tool_call>") == 2
+    plain = _rows(prepare("bfcl", tmp_path / "plain", limit=60, sft_val_size=8, multi_turn="")[0])
+    assert plain == [r for r in train if r["extra_info"]["category"] != "synthetic_parallel_multiple"]
+    with pytest.raises(InputError, match="union_pairs"):
+        prepare("bfcl", tmp_path / "bad", limit=2, union_pairs=-1)
 
 
 def test_masked_irrelevance_asks_a_taught_question_without_the_functions_its_answer_calls(tmp_path, capsys):

@@ -61,7 +61,9 @@ category ``synthetic_parallel_multiple`` from the questions SFT holds back (the 
 for several calls, against the held-out set's 400): two held-back live_simple or live_multiple questions asked in one
 message with both questions' functions, their answer both calls (BFCL's parallel rule), as BFCL's parallel_multiple rows
 are; the held-back questions seldom share their functions, so the pairs do not (as ``parallel_pairs``' do). For
-validation only. The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
+validation only. ``union_pairs=N`` adds N training rows made the same way from taught questions (in train and SFT,
+category ``synthetic_parallel_multiple`` too): the training split keeps 2 rows that ask for several functions' calls.
+The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 ``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
 functions (near misses, where RL learns to call wrongly: docs/tools.md) the category ``live_irrelevance_near``, so a
 batch can hold a share of them (``data.sampler.shares``) and a development split reports them apart; nothing else
@@ -130,10 +132,12 @@ _DROPPED_KEYS = ("optional",)  # BFCL's own flag, not JSON Schema
 # near_irrelevance: the training rows of this category whose question shares a subject word with its functions
 NEAR_FROM, NEAR_CATEGORY = "live_irrelevance", "live_irrelevance_near"
 # the options that add training rows (with their SFT transcripts), and each added-rows option's report line
-ADDED_TO_TRAIN = ("parallel_pairs", "swapped_irrelevance", "masked_irrelevance")
+ADDED_TO_TRAIN = ("parallel_pairs", "union_pairs", "swapped_irrelevance", "masked_irrelevance")
 ADDED_LINES = {
     "parallel_pairs": (f"{added_rows.PAIRS_CATEGORY} rows", f", two {added_rows.PAIRED_CATEGORY} questions with the same functions "
                        "asked together, in train and SFT"),
+    "union_pairs": (f"{added_rows.UNION_PAIRS_CATEGORY} rows", ", two taught questions asked together with both questions' "
+                    "functions, in train and SFT"),
     "swapped_irrelevance": (f"{added_rows.SWAPPED_CATEGORY} rows", f", a taught {' or '.join(added_rows.SWAPPED_FROM)} question "
                             "asked with another's functions, in train and SFT"),
     "dev_swapped": ("dev_swapped.parquet", f" {added_rows.SWAPPED_CATEGORY} rows, an SFT validation question asked with "
@@ -216,6 +220,7 @@ def prepare_bfcl(
     multi_turn: str = "multi_turn_base",
     no_call_share: float | None = None,
     parallel_pairs: int = 0,
+    union_pairs: int = 0,
     swapped_irrelevance: int = 0,
     dev_swapped: int = 0,
     masked_irrelevance: int = 0,
@@ -227,7 +232,7 @@ def prepare_bfcl(
     ``multi_turn`` is empty) and ``README.md`` into ``out_dir`` (module docstring); prints the report, returns the paths."""
     multi_turn_questions = [q for c in _categories(multi_turn, "multi_turn", MULTI_TURN_CATEGORIES, empty=True) for q in load_multi_turn(c, limit)]
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
-    made = {"parallel_pairs": parallel_pairs, "swapped_irrelevance": swapped_irrelevance, "dev_swapped": dev_swapped,
+    made = {"parallel_pairs": parallel_pairs, "union_pairs": union_pairs, "swapped_irrelevance": swapped_irrelevance, "dev_swapped": dev_swapped,
             "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked, "dev_pairs": dev_pairs}
     _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
@@ -279,6 +284,8 @@ def _added(train: list[Question], written: dict[str, Any], held: set[str], seed:
     added = {
         "parallel_pairs": added_rows.parallel_pairs(train, set(written) - held, made["parallel_pairs"], seed,
                                                     lambda q: too_long(q) or transcript(q) is None),
+        "union_pairs": added_rows.parallel_pairs(train, set(written) - held, made["union_pairs"], seed,
+                                                 lambda q: too_long(q) or transcript(q) is None, same_functions=False),
         "swapped_irrelevance": added_rows.swapped(taught, made["swapped_irrelevance"], seed, too_long),
         "dev_swapped": added_rows.swapped(validated, made["dev_swapped"], seed, too_long),
         "masked_irrelevance": added_rows.masked(taught, made["masked_irrelevance"], seed, too_long),

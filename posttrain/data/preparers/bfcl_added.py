@@ -1,5 +1,5 @@
 """The rows ``posttrain prepare bfcl``'s options make from BFCL's own training questions (docs in
-:mod:`posttrain.data.preparers.bfcl`): ``parallel_pairs`` and ``dev_pairs`` (two questions asked at once), ``swapped_irrelevance``
+:mod:`posttrain.data.preparers.bfcl`): ``parallel_pairs``, ``union_pairs`` and ``dev_pairs`` (two questions asked at once), ``swapped_irrelevance``
 (a question asked with another question's functions, about something else) and ``masked_irrelevance`` (a
 question asked with its own functions less the ones its answer calls). Each is a seeded draw; ``too_long(row)``
 says which rows the prompt cap leaves out."""
@@ -30,7 +30,7 @@ Question = TypeVar("Question", bound=Asked)
 # parallel_pairs: two questions of this training category asked together make a row of this category, judged by
 # BFCL's parallel rule (the checker picks it by "parallel" in the name); no BFCL category of its own
 PAIRED_CATEGORY, PAIRS_CATEGORY = "live_simple", "synthetic_parallel"
-# dev_pairs: two questions with different functions asked together, with both questions' functions (BFCL's parallel rule)
+# union_pairs, dev_pairs: two questions with different functions asked together, with both questions' functions (BFCL's parallel rule)
 UNION_PAIRS_CATEGORY = "synthetic_parallel_multiple"
 # swapped_irrelevance: questions of these categories asked with another question's functions
 SWAPPED_FROM, SWAPPED_CATEGORY = ("live_simple", "live_multiple"), "swapped_irrelevance"
@@ -53,7 +53,7 @@ def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed
     :data:`PAIRED_CATEGORY` with the same functions (a seeded draw of distinct pairs), asked in one user message;
     their answer is both possible answers, judged by BFCL's parallel rule (category :data:`PAIRS_CATEGORY`).
     ``left_out`` says which pairs are not kept (over the prompt cap, or with no SFT transcript).
-    With ``same_functions`` false (``dev_pairs``: the few questions SFT holds back seldom share their functions) any
+    With ``same_functions`` false (``union_pairs``; ``dev_pairs``: the few questions SFT holds back seldom share their functions) any
     two such questions of :data:`SWAPPED_FROM` with distinct answers pair, asked with both questions' functions (each
     name once; a pair whose one name has two docs is skipped), in category :data:`UNION_PAIRS_CATEGORY`, as BFCL's
     parallel_multiple rows are: several functions, several calls."""
