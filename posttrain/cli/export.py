@@ -26,12 +26,9 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, toward: str | Path 
         raise InputError("--toward MODEL needs --weight W: how far the policy stays from MODEL (0 is MODEL itself, 1 the policy)")
     if weight is not None:
         try:
-            check_weight(weight)
+            check_weight(weight, "--weight")
         except ValueError as err:
-            raise InputError(f"--weight {weight}: {err}") from err
-        if weight > 1.0:
-            print(f"posttrain export: --weight {weight} carries the policy past itself, away from the model it moved from "
-                  "(extrapolation: choose W on development rows)", file=sys.stderr)
+            raise InputError(str(err)) from err
     if average < 1:
         raise InputError(f"--average {average}: give how many of the run's last checkpoints to average (1 is the checkpoint alone)")
     base = _model_dir(toward) if toward is not None else None  # refused before the checkpoint is read
@@ -52,6 +49,9 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, toward: str | Path 
         engine.load_checkpoint(directory / "actor")
     if weight is None:
         return engine.export_hf(Path(out_dir), average=to_average)
+    if weight > 1.0:
+        print(f"posttrain export: --weight {weight} carries the policy on past itself, away from the model it moved from "
+              "(an extrapolation: choose W on development rows)", file=sys.stderr)
     try:
         return engine.export_hf(Path(out_dir), toward=(base, weight), average=to_average)
     except ValueError as err:

@@ -13,7 +13,8 @@
   posttrain export CHECKPOINT --out DIR [--average K] [--weight W [--toward MODEL]]
                                                      a checkpoint's policy as a Hugging Face directory (--average:
                                                      the mean of the run's last K checkpoints; --weight: moved back
-                                                     toward the model it was trained from, or MODEL; past 1: beyond)
+                                                     toward the model it was trained from, or MODEL; above 1: carried
+                                                     on past the policy)
   posttrain config [--preset NAME] [--for train|sft|eval] [key=value ...]
                                                      print the resolved config, or every problem the command it is
                                                      for would refuse (default: sft when the sft section is set)

@@ -236,7 +236,8 @@ def test_dev_swapped_asks_held_back_questions_with_held_back_functions_in_a_file
 
 def _pairs_are_two_questions_with_both_functions(rows, asked, *, taught):
     """Each row two of ``asked``'s live_simple/live_multiple questions in one message with both questions' functions,
-    answered by both calls, which BFCL's parallel rule accepts together and refuses apart; some bring other functions."""
+    answered by both calls, which BFCL's parallel rule accepts together and refuses apart; some (``taught``: all)
+    second questions bring functions of their own."""
     several = 0
     for row in rows:
         first, second = (asked[part] for part in row["extra_info"]["id"].removeprefix("pair_").split("+"))
@@ -251,7 +252,7 @@ def _pairs_are_two_questions_with_both_functions(rows, asked, *, taught):
         calls = [call for r, truth in zip((first, second), truths) for call in bfcl.answer_calls(truth, json.loads(r["extra_info"]["bfcl_functions"]))]
         assert len(calls) == 2 and bfcl.check_calls(calls, row["reward_model"]["ground_truth"], row["extra_info"]).valid
         assert not bfcl.check_calls(calls[1:], row["reward_model"]["ground_truth"], row["extra_info"]).valid
-    assert several  # the second question brought functions of its own
+    assert several == len(rows) if taught else several  # the second question brought functions of its own
 
 
 def test_dev_pairs_ask_two_held_back_questions_at_once_with_both_functions_in_a_file_of_its_own(tmp_path, capsys):
@@ -272,7 +273,8 @@ def test_dev_pairs_ask_two_held_back_questions_at_once_with_both_functions_in_a_
 
 def test_union_pairs_ask_two_taught_questions_at_once_with_both_functions_in_train_and_sft(tmp_path, capsys):
     """union_pairs=N: N training rows made as dev_pairs' are, from taught questions, each with its SFT transcript (both
-    calls); the development candidates and the other rows are as without the option."""
+    calls) and a second question that brings functions of its own, so none is a parallel_pairs row under another
+    category; the development candidates and the other rows are as without the option."""
     assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=60", "sft_val_size=8", "union_pairs=6", "multi_turn="]) == 0
     assert "synthetic_parallel_multiple rows (union_pairs=6): 6" in capsys.readouterr().out
     train = _rows(tmp_path / "train.parquet")
@@ -285,6 +287,10 @@ def test_union_pairs_ask_two_taught_questions_at_once_with_both_functions_in_tra
         assert transcripts[row["extra_info"]["id"]][-1]["content"].count("<tool_call>") == 2
     plain = _rows(prepare("bfcl", tmp_path / "plain", limit=60, sft_val_size=8, multi_turn="")[0])
     assert plain == [r for r in train if r["extra_info"]["category"] != "synthetic_parallel_multiple"]
+    both = prepare("bfcl", tmp_path / "both", limit=60, sft_val_size=8, parallel_pairs=300, union_pairs=300, multi_turn="")
+    for path in both[0], both[2]:  # train.parquet, sft.parquet: every row once
+        ids = [r["extra_info"]["id"] for r in _rows(path)]
+        assert len(ids) == len(set(ids))
     with pytest.raises(InputError, match="union_pairs"):
         prepare("bfcl", tmp_path / "bad", limit=2, union_pairs=-1)
 

@@ -202,7 +202,8 @@ def test_export_of_a_run_whose_checkpoints_are_all_damaged_says_what_to_do(tmp_p
 
 @pytest.mark.parametrize(("options", "message"), [
     (["--toward", "MODEL"], "--toward MODEL needs --weight W"),
-    (["--weight", "-0.5"], "from 0 .the model trained from. to 1 .*or above 1"),
+    (["--weight", "-0.5"], "--weight -0.5: give a finite number, 0 or above: 0 is the model trained from"),
+    (["--weight", "nan"], "--weight nan: give a finite number"),
     (["--toward", "{tmp}/nowhere", "--weight", "0.5"], "--toward .*nowhere: .*neither a built-in model"),
     (["--average", "0"], "--average 0: give how many"),
 ])
@@ -212,6 +213,15 @@ def test_export_toward_a_model_refuses_what_it_cannot_use_before_reading_the_che
     # tmp_path holds no checkpoint: each refusal comes before the checkpoint is looked for
     assert main(["export", str(tmp_path), "--out", str(tmp_path / "hf"), *(o.format(tmp=tmp_path) for o in options)]) == 2
     assert re.search(message, capsys.readouterr().err, re.I | re.S)
+
+
+def test_export_takes_a_weight_above_one_and_goes_on_to_look_for_the_checkpoint(tmp_path, capsys):
+    from posttrain.cli import main
+
+    # W 1.5 carries the policy past itself (ExPO): not refused, so the export looks for the checkpoint tmp_path lacks
+    assert main(["export", str(tmp_path), "--out", str(tmp_path / "hf"), "--weight", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert "finite number" not in err and "global_step_N" in err
 
 
 def test_export_of_an_average_of_more_checkpoints_than_the_run_keeps_says_which_it_keeps(tmp_path, capsys):

@@ -61,8 +61,9 @@ category ``synthetic_parallel_multiple`` from the questions SFT holds back (the 
 for several calls, against the held-out set's 400): two held-back live_simple or live_multiple questions asked in one
 message with both questions' functions, their answer both calls (BFCL's parallel rule), as BFCL's parallel_multiple rows
 are; the held-back questions seldom share their functions, so the pairs do not (as ``parallel_pairs``' do). For
-validation only. ``union_pairs=N`` adds N training rows made the same way from taught questions (in train and SFT,
-category ``synthetic_parallel_multiple`` too): the training split keeps 2 rows that ask for several functions' calls.
+validation only. ``union_pairs=N`` adds up to N training rows made the same way from taught questions, each pair's
+second question bringing functions of its own (in train and SFT, category ``synthetic_parallel_multiple`` too): the
+capped training split keeps 11 live_parallel_multiple rows.
 The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 ``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
 functions (near misses, where RL learns to call wrongly: docs/tools.md) the category ``live_irrelevance_near``, so a
@@ -285,7 +286,8 @@ def _added(train: list[Question], written: dict[str, Any], held: set[str], seed:
         "parallel_pairs": added_rows.parallel_pairs(train, set(written) - held, made["parallel_pairs"], seed,
                                                     lambda q: too_long(q) or transcript(q) is None),
         "union_pairs": added_rows.parallel_pairs(train, set(written) - held, made["union_pairs"], seed,
-                                                 lambda q: too_long(q) or transcript(q) is None, same_functions=False),
+                                                 lambda q: too_long(q) or transcript(q) is None, same_functions=False,
+                                                 both_bring_functions=True),
         "swapped_irrelevance": added_rows.swapped(taught, made["swapped_irrelevance"], seed, too_long),
         "dev_swapped": added_rows.swapped(validated, made["dev_swapped"], seed, too_long),
         "masked_irrelevance": added_rows.masked(taught, made["masked_irrelevance"], seed, too_long),

@@ -48,7 +48,7 @@ def _single_user_turn(question: Question) -> bool:
 
 
 def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed: int, left_out: TooLong, *,
-                   same_functions: bool = True) -> list[Question]:
+                   same_functions: bool = True, both_bring_functions: bool = False) -> list[Question]:
     """Up to ``count`` two-call questions, each two taught (ids in ``taught``) single-call questions of
     :data:`PAIRED_CATEGORY` with the same functions (a seeded draw of distinct pairs), asked in one user message;
     their answer is both possible answers, judged by BFCL's parallel rule (category :data:`PAIRS_CATEGORY`).
@@ -56,7 +56,9 @@ def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed
     With ``same_functions`` false (``union_pairs``; ``dev_pairs``: the few questions SFT holds back seldom share their functions) any
     two such questions of :data:`SWAPPED_FROM` with distinct answers pair, asked with both questions' functions (each
     name once; a pair whose one name has two docs is skipped), in category :data:`UNION_PAIRS_CATEGORY`, as BFCL's
-    parallel_multiple rows are: several functions, several calls."""
+    parallel_multiple rows are: several functions, several calls. With ``both_bring_functions`` (``union_pairs``) a pair
+    whose second question brings no function of its own is skipped: it would be a ``parallel_pairs`` row under another
+    category (the same id, in the same training file)."""
     if count == 0:
         return []
     kinds = (PAIRED_CATEGORY,) if same_functions else SWAPPED_FROM
@@ -71,7 +73,7 @@ def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed
         if len(pairs) == count:
             break
         functions = a.functions if same_functions else _union(a.functions, b.functions)
-        if functions is None:
+        if functions is None or (both_bring_functions and len(functions) == len(a.functions)):
             continue
         pair = replace(a, id=f"pair_{a.id}+{b.id}", category=PAIRS_CATEGORY if same_functions else UNION_PAIRS_CATEGORY,
                        functions=functions, ground_truth=[*a.ground_truth, *b.ground_truth],

@@ -183,11 +183,11 @@ def averaged(module: nn.Module, checkpoints: list[Path], load: Callable[[Path], 
     return [(name, tensor.div_(len(checkpoints))) for name, tensor in total.items()] if keep else None
 
 
-def check_weight(weight: float) -> None:
-    """``toward``'s weight: from 0 (the base) through 1 (the policy) on, finite (ValueError otherwise)."""
+def check_weight(weight: float, name: str = "weight") -> None:
+    """``toward``'s weight (called ``name`` in the message): finite, 0 (the base) or above (ValueError otherwise)."""
     if not (math.isfinite(weight) and weight >= 0.0):
-        raise ValueError(f"weight {weight}: give a number from 0 (the model trained from) to 1 (the trained policy), "
-                         "or above 1 to carry the policy on past itself (ExPO)")
+        raise ValueError(f"{name} {weight}: give a finite number, 0 or above: 0 is the model trained from, 1 the trained "
+                         "policy, above 1 carries the policy on past itself (ExPO)")
 
 
 def _moved_toward(module: nn.Module, weights: Iterator[tuple[str, Tensor]], base_dir: Path,

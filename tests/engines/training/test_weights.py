@@ -189,7 +189,7 @@ def test_an_export_toward_a_model_of_other_weights_or_shapes_is_refused_and_writ
     with pytest.raises(ValueError, match=r"model.norm.weight: shape \(3,\) in"):
         engine.export_hf(out, toward=(tmp_path / "narrow", 0.5))
     for weight in (-0.5, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="from 0 .* to 1 .*or above 1"):
+        with pytest.raises(ValueError, match="finite number, 0 or above: 0 is the model trained from, 1 the trained policy, above 1"):
             engine.export_hf(out, toward=(small_lm, weight))
     with pytest.raises(ValueError, match="no model.safetensors"):
         engine.export_hf(out, toward=(tmp_path, 0.5))
