@@ -1,6 +1,6 @@
 """The rows ``posttrain prepare bfcl``'s options make from BFCL's own training questions (docs in
-:mod:`posttrain.data.preparers.bfcl`): ``parallel_pairs``, ``union_pairs`` and ``dev_pairs`` (two questions asked at once), ``swapped_irrelevance``
-(a question asked with another question's functions, about something else) and ``masked_irrelevance`` (a
+:mod:`posttrain.data.preparers.bfcl`): ``parallel_pairs``, ``union_pairs`` and ``dev_pairs`` (two questions asked at
+once), ``swapped_irrelevance`` (a question asked with another question's functions, about something else) and ``masked_irrelevance`` (a
 question asked with its own functions less the ones its answer calls). Each is a seeded draw; ``too_long(row)``
 says which rows the prompt cap leaves out."""
 

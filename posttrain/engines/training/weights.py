@@ -207,7 +207,7 @@ def _moved_toward(module: nn.Module, weights: Iterator[tuple[str, Tensor]], base
     for name, shape in shapes.items():
         if base_shapes[name] != shape:
             raise ValueError(f"{name}: shape {base_shapes[name]} in {base_dir}, {shape} in the policy: give the model the run was trained from")
-    return ((name, torch.lerp(_read_tensor(files[name], name).float(), tensor.float(), weight).to(tensor.dtype))  # exact at 0 and 1; past 1 extrapolates
+    return ((name, torch.lerp(_read_tensor(files[name], name).float(), tensor.float(), weight).to(tensor.dtype))  # exact at 0 and 1
             for name, tensor in weights)
 
 
