@@ -63,7 +63,11 @@ message with both questions' functions, their answer both calls (BFCL's parallel
 are; the held-back questions seldom share their functions, so the pairs do not (as ``parallel_pairs``' do). For
 validation only. ``union_pairs=N`` adds up to N training rows made the same way from taught questions, each pair's
 second question bringing functions of its own (in train and SFT, category ``synthetic_parallel_multiple`` too): the
-capped training split keeps 11 live_parallel_multiple rows.
+capped training split keeps 11 live_parallel_multiple rows. ``most_calls=K`` (default 2) makes each ``parallel_pairs`` and
+``union_pairs`` row ask 2 to K questions at once (a seeded even draw of the number; the questions past the first two
+drawn as the second was; rows over the prompt cap left out, so long ones are fewer): BFCL's held-out parallel and
+parallel_multiple rows ask for 2 to 4 calls, and a model taught only two-call pairs answers most of them with two.
+``dev_pairs`` always asks two.
 The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 ``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
 functions (near misses, where RL learns to call wrongly: docs/tools.md) the category ``live_irrelevance_near``, so a
@@ -220,7 +224,7 @@ def prepare_bfcl(
     seed: int = 0,
     multi_turn: str = "multi_turn_base",
     no_call_share: float | None = None,
-    parallel_pairs: int = 0, union_pairs: int = 0,
+    parallel_pairs: int = 0, union_pairs: int = 0, most_calls: int = 2,
     swapped_irrelevance: int = 0,
     dev_swapped: int = 0,
     masked_irrelevance: int = 0,
@@ -234,7 +238,7 @@ def prepare_bfcl(
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
     made = {"parallel_pairs": parallel_pairs, "union_pairs": union_pairs, "swapped_irrelevance": swapped_irrelevance,
             "dev_swapped": dev_swapped, "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked, "dev_pairs": dev_pairs}
-    _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made)
+    _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made, most_calls)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
     questions["train"] = _near_misses(questions["train"], splits["train"]) if near_irrelevance else questions["train"]
     report = Report(splits, {split: Counter(q.category for q in items) for split, items in questions.items()},
@@ -250,7 +254,7 @@ def prepare_bfcl(
     if no_call_share is not None:
         questions["train"] = _cap_no_call(questions["train"], no_call_share, seed, report)
     cap = max_prompt_tokens and (max_prompt_tokens, tokenizer)
-    added = _added(questions["train"], written, held, seed, cap, made, report)
+    added = _added(questions["train"], written, held, seed, cap, made, report, most_calls)
     questions["train"] += [q for option in ADDED_TO_TRAIN for q in added[option]]
     written |= {q.id: conversation for option in ADDED_TO_TRAIN for q in added[option] if (conversation := transcript(q))}
     rows = {split: [_row(q, split, i, written if split == "train" else {}, held) for i, q in enumerate(items)]
@@ -271,9 +275,10 @@ def prepare_bfcl(
 
 
 def _added(train: list[Question], written: dict[str, Any], held: set[str], seed: int, cap: tuple[int, str] | None,
-           made: dict[str, int], report: Report) -> dict[str, list[Question]]:
+           made: dict[str, int], report: Report, most_calls: int = 2) -> dict[str, list[Question]]:
     """The rows the options in ``made`` (option → how many) make (module docstring), per option, counted in ``report``.
-    The training rows come from taught questions, the ``dev_`` rows from those SFT holds back."""
+    The training rows come from taught questions, the ``dev_`` rows from those SFT holds back; ``most_calls`` is the
+    most questions a training pair asks (``dev_pairs`` always asks two)."""
     tokenizer = functools.cache(lambda: load_tokenizer(cap[1]))  # loaded when a row is first measured
 
     def too_long(question: Question) -> bool:
@@ -283,10 +288,10 @@ def _added(train: list[Question], written: dict[str, Any], held: set[str], seed:
     taught, validated = [q for q in with_calls if q.id not in held], [q for q in with_calls if q.id in held]
     added = {
         "parallel_pairs": added_rows.parallel_pairs(train, set(written) - held, made["parallel_pairs"], seed,
-                                                    lambda q: too_long(q) or transcript(q) is None),
+                                                    lambda q: too_long(q) or transcript(q) is None, most_calls=most_calls),
         "union_pairs": added_rows.parallel_pairs(train, set(written) - held, made["union_pairs"], seed,
                                                  lambda q: too_long(q) or transcript(q) is None, same_functions=False,
-                                                 both_bring_functions=True),
+                                                 both_bring_functions=True, most_calls=most_calls),
         "swapped_irrelevance": added_rows.swapped(taught, made["swapped_irrelevance"], seed, too_long),
         "dev_swapped": added_rows.swapped(validated, made["dev_swapped"], seed, too_long),
         "masked_irrelevance": added_rows.masked(taught, made["masked_irrelevance"], seed, too_long),
@@ -294,7 +299,7 @@ def _added(train: list[Question], written: dict[str, Any], held: set[str], seed:
         "dev_pairs": added_rows.parallel_pairs(validated, {q.id for q in validated}, made["dev_pairs"], seed, too_long,
                                                same_functions=False),
     }
-    report.made = {option: (len(rows), made[option]) for option, rows in added.items() if made[option]}
+    report.made = {option: (len(rows), made[option], Counter(len(q.ground_truth) for q in rows)) for option, rows in added.items() if made[option]}
     return added
 
 
@@ -330,12 +335,13 @@ def _categories(text: str, option: str, offered: tuple[str, ...] = CATEGORIES, *
 
 
 def _check_options(splits: dict[str, list[str]], max_prompt_tokens: int | None, limit: int | None, sft_val_size: int,
-                   no_call_share: float | None, made: dict[str, int]) -> None:
+                   no_call_share: float | None, made: dict[str, int], most_calls: int = 2) -> None:
     both = sorted(set(splits["train"]) & set(splits["test"]))
     if both:
         raise InputError(f"{both} are in both train_categories and test_categories; a held-out category must not be trained on")
     check_counts(1, **{k: v for k, v in {"max_prompt_tokens": max_prompt_tokens, "limit": limit}.items() if v is not None})
     check_counts(0, sft_val_size=sft_val_size, **made)
+    check_counts(2, most_calls=most_calls)
     if no_call_share is not None and not 0 < no_call_share <= 1:
         raise InputError(f"no_call_share={no_call_share}: give the largest share of training rows whose answer is no call, in (0, 1]")
 
@@ -408,15 +414,16 @@ class Report:
     multi_turn: Counter[str] = field(default_factory=Counter)  # test_multi_turn.parquet's rows per category
     cut: Counter[str] = field(default_factory=Counter)  # training rows dropped for no_call_share, per category
     no_call_share: float | None = None
-    made: dict[str, tuple[int, int]] = field(default_factory=dict)  # option -> rows written, asked for
+    made: dict[str, tuple[int, int, Counter]] = field(default_factory=dict)  # option -> rows written, asked for, by calls asked
 
     def text(self) -> str:
         lines = []
         for split, categories in self.splits.items():
             kept = {c: self.counts[split][c] - self.dropped[c] - self.cut[c] for c in categories}
             lines.append(f"{split}: {sum(kept.values())} rows: " + ", ".join(f"{c} {n}" for c, n in kept.items()))
-        for option, (written, asked) in self.made.items():
-            lines.append(f"{ADDED_LINES[option][0]} ({option}={asked}): {written}{ADDED_LINES[option][1]}")
+        for option, (written, asked, calls) in self.made.items():
+            by_calls = f" (by calls asked: {', '.join(f'{n}: {calls[n]}' for n in sorted(calls))})" if len(calls) > 1 else ""
+            lines.append(f"{ADDED_LINES[option][0]} ({option}={asked}): {written}{ADDED_LINES[option][1]}{by_calls}")
         if self.no_call_share is not None:
             lines.append(f"dropped from train for no_call_share={self.no_call_share}: {sum(self.cut.values())} "
                          f"({', '.join(f'{c} {n}' for c, n in self.cut.items()) or 'none'})")

@@ -1,6 +1,6 @@
 """The rows ``posttrain prepare bfcl``'s options make from BFCL's own training questions (docs in
-:mod:`posttrain.data.preparers.bfcl`): ``parallel_pairs``, ``union_pairs`` and ``dev_pairs`` (two questions asked at
-once), ``swapped_irrelevance`` (a question asked with another question's functions, about something else) and ``masked_irrelevance`` (a
+:mod:`posttrain.data.preparers.bfcl`): ``parallel_pairs``, ``union_pairs`` and ``dev_pairs`` (two or more questions asked
+at once), ``swapped_irrelevance`` (a question asked with another question's functions, about something else) and ``masked_irrelevance`` (a
 question asked with its own functions less the ones its answer calls). Each is a seeded draw; ``too_long(row)``
 says which rows the prompt cap leaves out."""
 
@@ -48,7 +48,7 @@ def _single_user_turn(question: Question) -> bool:
 
 
 def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed: int, left_out: TooLong, *,
-                   same_functions: bool = True, both_bring_functions: bool = False) -> list[Question]:
+                   same_functions: bool = True, both_bring_functions: bool = False, most_calls: int = 2) -> list[Question]:
     """Up to ``count`` two-call questions, each two taught (ids in ``taught``) single-call questions of
     :data:`PAIRED_CATEGORY` with the same functions (a seeded draw of distinct pairs), asked in one user message;
     their answer is both possible answers, judged by BFCL's parallel rule (category :data:`PAIRS_CATEGORY`).
@@ -57,38 +57,67 @@ def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed
     two such questions of :data:`SWAPPED_FROM` with distinct answers pair, asked with both questions' functions (each
     name once; a pair whose one name has two docs is skipped), in category :data:`UNION_PAIRS_CATEGORY`, as BFCL's
     parallel_multiple rows are: several functions, several calls. With ``both_bring_functions`` (``union_pairs``) a pair
-    whose second question brings no function of its own is skipped: it would be a ``parallel_pairs`` row under another
-    category (the same id, in the same training file)."""
+    whose later questions bring no function of their own is skipped: it would be a ``parallel_pairs`` row under another
+    category (the same id, in the same training file). With ``most_calls`` above 2 each pair asks 2 to ``most_calls``
+    questions (a seeded even draw of the number; the questions past the pair drawn from those that could pair with it; a
+    row over the cap asks one fewer, down to the pair): BFCL's parallel rows ask for 2 to 4 calls. At 2 the draw is the one it always was."""
     if count == 0:
         return []
     kinds = (PAIRED_CATEGORY,) if same_functions else SWAPPED_FROM
     alike: dict[str, list[Question]] = {}
     for q in questions:
         if q.category in kinds and q.id in taught and len(q.ground_truth) == 1 and _single_user_turn(q):
-            alike.setdefault(json.dumps(q.functions, sort_keys=True) if same_functions else "", []).append(q)
+            alike.setdefault(_alike_key(q, same_functions), []).append(q)
     candidates = [(a, b) for group in alike.values() for i, a in enumerate(group) for b in group[i + 1:] if a.ground_truth != b.ground_truth]
     random.Random(seed).shuffle(candidates)
+    sizes = random.Random(f"{seed} most_calls")
     pairs: list[Question] = []
     for a, b in candidates:
         if len(pairs) == count:
             break
-        functions = a.functions if same_functions else _union(a.functions, b.functions)
-        if functions is None or (both_bring_functions and len(functions) == len(a.functions)):
-            continue
-        pair = replace(a, id=f"pair_{a.id}+{b.id}", category=PAIRS_CATEGORY if same_functions else UNION_PAIRS_CATEGORY,
-                       functions=functions, ground_truth=[*a.ground_truth, *b.ground_truth],
-                       messages=[{"role": "user", "content": f"{a.messages[0]['content']}\n\n{b.messages[0]['content']}"}])
-        if not left_out(pair):
+        asked = [a, b] if most_calls == 2 else _more(a, b, alike[_alike_key(a, same_functions)], sizes.randint(2, most_calls), sizes)
+        # a row over the cap asks one question fewer, down to the pair
+        rows = (_together(asked[:n], same_functions, both_bring_functions) for n in range(len(asked), 1, -1))
+        pair = next((row for row in rows if row is not None and not left_out(row)), None)
+        if pair is not None:
             pairs.append(pair)
     return pairs
 
 
-def _union(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """``first``'s functions, then ``second``'s not named in ``first``; None when a name has two different docs."""
-    named = {doc["name"]: doc for doc in first}
-    if any(doc["name"] in named and named[doc["name"]] != doc for doc in second):
+def _together(asked: list[Question], same_functions: bool, both_bring_functions: bool) -> Question | None:
+    """``asked`` in one user message, answered by all their calls (:func:`parallel_pairs`); None when their functions
+    clash or, with ``both_bring_functions``, the later questions bring none of their own."""
+    first = asked[0]
+    functions = first.functions if same_functions else _union(*(q.functions for q in asked))
+    if functions is None or (both_bring_functions and len(functions) == len(first.functions)):
         return None
-    return [*first, *(doc for doc in second if doc["name"] not in named)]
+    return replace(first, id="pair_" + "+".join(q.id for q in asked), category=PAIRS_CATEGORY if same_functions else UNION_PAIRS_CATEGORY,
+                   functions=functions, ground_truth=[call for q in asked for call in q.ground_truth],
+                   messages=[{"role": "user", "content": "\n\n".join(q.messages[0]["content"] for q in asked)}])
+
+
+def _alike_key(question: Question, same_functions: bool) -> str:
+    return json.dumps(question.functions, sort_keys=True) if same_functions else ""
+
+
+def _more(a: Question, b: Question, group: list[Question], size: int, rng: random.Random) -> list[Question]:
+    """``a``, ``b`` and up to ``size`` - 2 more of ``group`` (a seeded draw), each with an answer of its own."""
+    asked = [a, b]
+    for q in rng.sample(group, len(group)):
+        if len(asked) == size:
+            break
+        if all(q.id != other.id and q.ground_truth != other.ground_truth for other in asked):
+            asked.append(q)
+    return asked
+
+
+def _union(*functions: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Each list's functions not named in an earlier one, in order; None when a name has two different docs."""
+    named: dict[str, dict[str, Any]] = {}
+    for doc in (doc for docs in functions for doc in docs):
+        if named.setdefault(doc["name"], doc) != doc:
+            return None
+    return list(named.values())
 
 
 def swapped(pool: list[Question], count: int, seed: int, too_long: TooLong) -> list[Question]:
