@@ -295,6 +295,35 @@ def test_union_pairs_ask_two_taught_questions_at_once_with_both_functions_in_tra
         prepare("bfcl", tmp_path / "bad", limit=2, union_pairs=-1)
 
 
+def test_most_calls_makes_pairs_that_ask_two_to_k_questions_each_answered_by_its_own_call(tmp_path, capsys):
+    """most_calls=4: parallel_pairs and union_pairs rows ask 2 to 4 taught questions in one message (some of each size),
+    answered by every question's call, which BFCL's parallel rule accepts together and refuses one call short; the SFT
+    transcript writes them all, the report counts rows by calls asked, dev_pairs still asks two; below 2 is refused."""
+    options = ["limit=150", "sft_val_size=40", "parallel_pairs=30", "union_pairs=30", "dev_pairs=6", "most_calls=4", "multi_turn="]
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), *options]) == 0
+    assert re.search(r"synthetic_parallel rows \(parallel_pairs=30\): 30, .* \(by calls asked: 2: \d+, 3: \d+, 4: \d+\)",
+                     capsys.readouterr().out)
+    train = _rows(tmp_path / "train.parquet")
+    taught = {r["extra_info"]["id"]: r for r in train if r["extra_info"]["in_sft"]}
+    transcripts = {r["extra_info"]["id"]: r["messages"] for r in _rows(tmp_path / "sft.parquet")}
+    for category in ("synthetic_parallel", "synthetic_parallel_multiple"):
+        rows = [r for r in train if r["extra_info"]["category"] == category]
+        sizes = Counter()
+        for row in rows:
+            asked = [taught[part] for part in row["extra_info"]["id"].removeprefix("pair_").split("+")]
+            sizes[len(asked)] += 1
+            assert row["prompt"][0]["content"] == "\n\n".join(q["prompt"][0]["content"] for q in asked)
+            truth = [call for q in asked for call in json.loads(q["reward_model"]["ground_truth"])]
+            assert json.loads(row["reward_model"]["ground_truth"]) == truth and len(truth) == len(asked)
+            calls = [json.loads(b) for b in re.findall(r"<tool_call>\n(.*?)\n</tool_call>", transcripts[row["extra_info"]["id"]][-1]["content"])]
+            assert len(calls) == len(asked) and bfcl.check_calls(calls, truth, row["extra_info"]).valid
+            assert not bfcl.check_calls(calls[:-1], truth, row["extra_info"]).valid
+        assert len(rows) == 30 and set(sizes) <= {2, 3, 4} and len(sizes) > 1, sizes
+    assert all(r["extra_info"]["id"].count("+") == 1 for r in _rows(tmp_path / "dev_pairs.parquet"))
+    with pytest.raises(InputError, match="most_calls"):
+        prepare("bfcl", tmp_path / "bad", limit=2, most_calls=1)
+
+
 def test_masked_irrelevance_asks_a_taught_question_without_the_functions_its_answer_calls(tmp_path, capsys):
     """masked_irrelevance=N: irrelevance rows whose question is a taught live_multiple one, asked with its own functions
     less the ones its answer calls and less their namesakes (uber.ride2 beside uber.ride); no call is right, SFT says
