@@ -139,10 +139,10 @@ NEAR_FROM, NEAR_CATEGORY = "live_irrelevance", "live_irrelevance_near"
 # the options that add training rows (with their SFT transcripts), and each added-rows option's report line
 ADDED_TO_TRAIN = ("parallel_pairs", "union_pairs", "swapped_irrelevance", "masked_irrelevance")
 ADDED_LINES = {
-    "parallel_pairs": (f"{added_rows.PAIRS_CATEGORY} rows", f", two {added_rows.PAIRED_CATEGORY} questions with the same functions "
-                       "asked together, in train and SFT"),
-    "union_pairs": (f"{added_rows.UNION_PAIRS_CATEGORY} rows", ", two taught questions asked together with both questions' "
-                    "functions, in train and SFT"),
+    "parallel_pairs": (f"{added_rows.PAIRS_CATEGORY} rows", f", two (to most_calls) {added_rows.PAIRED_CATEGORY} questions with the "
+                       "same functions asked together, in train and SFT"),
+    "union_pairs": (f"{added_rows.UNION_PAIRS_CATEGORY} rows", ", two (to most_calls) taught questions asked together with all "
+                    "their functions, in train and SFT"),
     "swapped_irrelevance": (f"{added_rows.SWAPPED_CATEGORY} rows", f", a taught {' or '.join(added_rows.SWAPPED_FROM)} question "
                             "asked with another's functions, in train and SFT"),
     "dev_swapped": ("dev_swapped.parquet", f" {added_rows.SWAPPED_CATEGORY} rows, an SFT validation question asked with "
