@@ -17,7 +17,10 @@ number of arguments a readable call wrote (arguments that are not an object coun
 leave parameters out (one left out is no worse than one given wrong under BFCL's verdict, and it may be one the answer can
 omit) moves this. The **calls per answer**: on the rows that need a call and got a readable one, the mean number of
 readable calls; where two or more are due (the parallel categories), a policy that learns to stop after its first call
-moves this. And the **no-call rows by shared subject words**:
+moves this. The **right number of calls by calls wanted**: on the rows that need a call and got a readable one, apart by
+how many calls the possible answer has (1, 2, 3, 4 or more), the share whose answer made exactly that many readable
+calls (right or wrong); a policy taught only two-call rows answers a row that wants three or four with two. And the
+**no-call rows by shared subject words**:
 on the rows whose right answer is no call, the share answered with none, apart for the rows whose
 question shares no subject word with the functions (:func:`bfcl.shared_subject_words`),
 one, or more: a near miss ("the dominant trait of a lion" with ``genetics.get_variant_frequency``) is
@@ -53,6 +56,7 @@ CALLS_RIGHT = "calls right where one is due"
 ARGUMENTS = "arguments per call where one is due"
 CALLS_PER_ANSWER = "calls per answer where one is due"
 SHARED = ("none", "one", "two or more")  # subject words a no-call row's question shares with its functions
+WANTED = ("1", "2", "3", "4 or more")  # calls a possible answer has
 
 
 def kind(verdict: bfcl.Verdict) -> str:
@@ -90,13 +94,13 @@ def mistakes_markdown(files: Mapping[str, Path]) -> str:
     """Markdown: the call rates, calls right, arguments per call and calls per answer (evaluations × categories, then all),
     the no-call rows by shared words, and per category (then all) each kind's count for each evaluation.
     ``files``: label → episodes file; rows of other data sources (a mixture's) are left out."""
-    kinds, calls, shared = _tally(files)
+    kinds, calls, shared, wanted = _tally(files)
     if not kinds:
         return ""
     labels = list(files)
     categories = [*sorted(set(kinds) - {"all"}), "all"]
     due = [c for c in categories if any(calls[c][label]["due"] for label in labels)]
-    lines = _due_lines(calls, due, labels) + _shared_lines(shared, labels)
+    lines = _due_lines(calls, due, labels) + _wanted_lines(wanted, labels) + _shared_lines(shared, labels)
     for category in categories:
         by_label = kinds[category]
         names = sorted({k for counts in by_label.values() for k in counts}, key=lambda k: (k != RIGHT, k))
@@ -113,28 +117,33 @@ def mistakes_markdown(files: Mapping[str, Path]) -> str:
 Tally = dict[str, dict[str, Counter]]
 
 
-def _tally(files: Mapping[str, Path]) -> tuple[Tally, Tally, Tally]:
+def _tally(files: Mapping[str, Path]) -> tuple[Tally, Tally, Tally, Tally]:
     """Each file's rows judged: category → label → kind counts; category → label → due, made, right,
     calls, arguments (rows that need a call; of them, with a readable call; accepted; their readable calls and
-    those calls' arguments); label → shared-words bucket → {right: rows} for the no-call rows."""
+    those calls' arguments); label → shared-words bucket → {right: rows} for the no-call rows; label → calls-wanted
+    bucket → {exact: rows} for the rows that need a call and made a readable one."""
     from posttrain.models.tool_formats import CallParser
 
     parser = CallParser("hermes", None, [])
     kinds: Tally = defaultdict(lambda: defaultdict(Counter))
     calls: Tally = defaultdict(lambda: defaultdict(Counter))
     shared: Tally = defaultdict(lambda: defaultdict(Counter))
+    wanted: Tally = defaultdict(lambda: defaultdict(Counter))
     for label, path in files.items():
         for row in episode_rows(path):
             found, made = judge(row, parser)
             due = not bfcl.is_no_call_category(row["extra_info"]["category"])
             if not due:
                 shared[label][_shared(row)][found == RIGHT] += 1
+            elif made:
+                asked = len(json.loads(row["ground_truth"]))
+                wanted[label][WANTED[min(asked, len(WANTED)) - 1]][len(made) == asked] += 1
             for category in (row["extra_info"]["category"], "all"):
                 kinds[category][label][found] += 1
                 if due:
                     calls[category][label].update(due=1, made=bool(made), right=bool(made) and found == RIGHT, calls=len(made),
                                                   arguments=sum(len(c["arguments"]) for c in made if isinstance(c["arguments"], dict)))
-    return kinds, calls, shared
+    return kinds, calls, shared, wanted
 
 
 def _due_lines(calls: Tally, due: list[str], labels: list[str]) -> list[str]:
@@ -168,10 +177,23 @@ def _shared_lines(shared: Mapping[str, Mapping[str, Counter]], labels: list[str]
     lines = ["", "No-call rows by the subject words their question shares with the functions (the share answered "
              "with no call):", "", "| | " + " | ".join(SHARED) + " |", "|---" * (len(SHARED) + 1) + "|"]
     for label in labels:
-        cells = [shared[label][bucket] for bucket in SHARED]
-        lines.append(f"| {label} | " + " | ".join(f"{c[True] / (c[True] + c[False]):.3f} (n={c[True] + c[False]})"
-                                                  if c[True] + c[False] else "—" for c in cells) + " |")
+        lines.append(f"| {label} | " + " | ".join(_share(shared[label][bucket]) for bucket in SHARED) + " |")
     return lines
+
+
+def _wanted_lines(wanted: Mapping[str, Mapping[str, Counter]], labels: list[str]) -> list[str]:
+    """The right number of calls by calls wanted (module docstring); none without such rows."""
+    if not wanted:
+        return []
+    lines = ["", "Right number of calls by calls wanted (on the rows that need a call on which the answer made a readable "
+             "call, by the calls the possible answer has, the share with exactly that many readable calls):", "",
+             "| | " + " | ".join(WANTED) + " |", "|---" * (len(WANTED) + 1) + "|"]
+    return lines + [f"| {label} | " + " | ".join(_share(wanted[label][bucket]) for bucket in WANTED) + " |" for label in labels]
+
+
+def _share(counts: Counter) -> str:
+    """True's share of a {True: n, False: m} count, with its n; a dash for none."""
+    return f"{counts[True] / (counts[True] + counts[False]):.3f} (n={counts[True] + counts[False]})" if counts[True] + counts[False] else "—"
 
 
 def _rate(counts: Counter, part: str = "made", whole: str = "due") -> str:

@@ -146,6 +146,23 @@ def test_calls_per_answer_counts_the_readable_calls_where_a_call_is_due(tmp_path
         ["whole", f"{mean:.3f}", f"{mean:.3f}"], ["first", "1.000", "1.000"]]
 
 
+def test_the_right_number_of_calls_is_counted_apart_by_the_calls_the_answer_wants(tmp_path):
+    """A simple_python row (one call wanted) and parallel rows wanting 2, 3 and 4 calls: ``whole`` writes each possible
+    answer, ``two`` at most its first two calls (a wrong second call on the simple_python row), and both decline one row
+    wanting 2: the share with exactly the wanted number counts the rows with a readable call, right or wrong."""
+    simple = load_category("simple_python")[0]
+    parallel = {n: [q for q in load_category("parallel") if len(q.ground_truth) == n][:2] for n in (2, 3, 4)}
+    questions = [simple, *parallel[2], parallel[3][0], parallel[4][0]]
+    answers = [bfcl.answer_calls(q.ground_truth, q.functions) for q in questions]
+    extra = {"name": simple.functions[0]["name"], "arguments": {}}
+    tables = errors_tables(tmp_path, questions, {"whole": [*map(as_calls, answers[:2]), NO_CALL, *map(as_calls, answers[3:])],
+                                                 "two": [as_calls([*answers[0], extra]), as_calls(answers[1][:2]), NO_CALL,
+                                                         *(as_calls(calls[:2]) for calls in answers[3:])]})
+    assert next(rows for title, rows in tables.items() if title.startswith("Right number of calls by calls wanted")) == [
+        ["whole", "1.000 (n=1)", "1.000 (n=1)", "1.000 (n=1)", "1.000 (n=1)"],
+        ["two", "0.000 (n=1)", "1.000 (n=1)", "0.000 (n=1)", "0.000 (n=1)"]]
+
+
 def test_no_call_rows_are_told_apart_by_the_subject_words_their_question_shares_with_the_functions(tmp_path):
     """A question that shares no subject word with its function, one that shares one, one that shares more:
     each answered once with no call (right) and once with a call, in two evaluations."""
