@@ -324,6 +324,41 @@ def test_most_calls_makes_pairs_that_ask_two_to_k_questions_each_answered_by_its
         prepare("bfcl", tmp_path / "bad", limit=2, most_calls=1)
 
 
+def test_dev_most_calls_and_dev_prompt_tokens_let_the_development_pairs_ask_three_and_four_questions(tmp_path, capsys):
+    """dev_most_calls=4: dev_pairs rows ask 2 to 4 questions SFT holds back, answered by all their calls; they bring every
+    question's functions, so under the training cap few of three or four fit: dev_prompt_tokens caps the dev rows alone,
+    the training rows keep max_prompt_tokens. dev_most_calls below 2 and dev_prompt_tokens below 1 are refused."""
+    tokenizer_dir = cached_tiny_model("llama")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    options = {"limit": 150, "sft_val_size": 40, "dev_pairs": 12, "dev_most_calls": 4, "max_prompt_tokens": 600,
+               "tokenizer": str(tokenizer_dir), "multi_turn": ""}
+
+    def length(row):
+        return len(tokenize_prompts([row["prompt"]], tokenizer, json.loads(row["extra_info"]["tools"]))[0])
+
+    def asked(row):
+        return row["extra_info"]["id"].removeprefix("pair_").split("+")
+
+    prepare("bfcl", tmp_path / "capped", **options)
+    capped = _rows(tmp_path / "capped" / "dev_pairs.parquet")
+    assert all(length(r) <= 600 for r in capped)
+    prepare("bfcl", tmp_path / "dev", dev_prompt_tokens=1200, **options)
+    assert re.search(r"dev_pairs.parquet \(dev_pairs=12\): 12 .* \(by calls asked: 2: \d+, 3: \d+, 4: \d+\)", capsys.readouterr().out)
+    train = _rows(tmp_path / "dev" / "train.parquet")
+    assert all(length(r) <= 600 for r in train)
+    held = {r["extra_info"]["id"]: r for r in train if not r["extra_info"]["in_sft"]}
+    rows = _rows(tmp_path / "dev" / "dev_pairs.parquet")
+    assert len(rows) == 12 and all(length(r) <= 1200 for r in rows) and any(length(r) > 600 for r in rows)
+    assert set(Counter(len(asked(r)) for r in rows)) == {2, 3, 4}
+    assert sum(len(asked(r)) > 2 for r in rows) > sum(len(asked(r)) > 2 for r in capped)
+    for row in rows:
+        truth = [call for part in asked(row) for call in json.loads(held[part]["reward_model"]["ground_truth"])]
+        assert json.loads(row["reward_model"]["ground_truth"]) == truth and len(truth) == len(asked(row))
+    for bad in ({"dev_most_calls": 1}, {"dev_prompt_tokens": 0}):
+        with pytest.raises(InputError, match=next(iter(bad))):
+            prepare("bfcl", tmp_path / "bad", limit=2, **bad)
+
+
 def test_masked_irrelevance_asks_a_taught_question_without_the_functions_its_answer_calls(tmp_path, capsys):
     """masked_irrelevance=N: irrelevance rows whose question is a taught live_multiple one, asked with its own functions
     less the ones its answer calls and less their namesakes (uber.ride2 beside uber.ride); no call is right, SFT says

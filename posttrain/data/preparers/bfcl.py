@@ -67,7 +67,11 @@ capped training split keeps 11 live_parallel_multiple rows. ``most_calls=K`` (de
 ``union_pairs`` row ask 2 to K questions at once (a seeded even draw of the number; the questions past the first two
 drawn as the second was; rows over the prompt cap left out, so long ones are fewer): BFCL's held-out parallel and
 parallel_multiple rows ask for 2 to 4 calls, and a model taught only two-call pairs answers most of them with two.
-``dev_pairs`` always asks two.
+``dev_most_calls=K`` (default 2) does the same for ``dev_pairs``, so that a development split can tell whether training
+taught the number of calls (the held-out rows' 3- and 4-call answers). The dev rows bring the functions of every
+question they ask, so few of three or four questions fit the training rows' cap: ``dev_prompt_tokens=N`` caps the
+``dev_`` rows (validation, like the held-out rows, which are not capped) at N prompt tokens in place of
+``max_prompt_tokens``; keep it within ``data.max_prompt_length``.
 The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 ``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
 functions (near misses, where RL learns to call wrongly: docs/tools.md) the category ``live_irrelevance_near``, so a
@@ -151,8 +155,8 @@ ADDED_LINES = {
                            "functions its answer calls, in train and SFT"),
     "dev_masked": ("dev_masked.parquet", f" {added_rows.MASKED_CATEGORY} rows, an SFT validation question asked without the "
                    "functions its answer calls, for evaluation only"),
-    "dev_pairs": ("dev_pairs.parquet", f" {added_rows.UNION_PAIRS_CATEGORY} rows, two SFT validation questions asked together "
-                  "with both questions' functions, for evaluation only"),
+    "dev_pairs": ("dev_pairs.parquet", f" {added_rows.UNION_PAIRS_CATEGORY} rows, two (to dev_most_calls) SFT validation "
+                  "questions asked together with both questions' functions, for evaluation only"),
 }
 
 
@@ -229,7 +233,7 @@ def prepare_bfcl(
     dev_swapped: int = 0,
     masked_irrelevance: int = 0,
     dev_masked: int = 0,
-    dev_pairs: int = 0,
+    dev_pairs: int = 0, dev_most_calls: int = 2, dev_prompt_tokens: int | None = None,
     near_irrelevance: bool = False,
 ) -> list[Path]:
     """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet`` (unless
@@ -238,7 +242,7 @@ def prepare_bfcl(
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
     made = {"parallel_pairs": parallel_pairs, "union_pairs": union_pairs, "swapped_irrelevance": swapped_irrelevance,
             "dev_swapped": dev_swapped, "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked, "dev_pairs": dev_pairs}
-    _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made, most_calls)
+    _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made, most_calls, dev_most_calls, dev_prompt_tokens)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
     questions["train"] = _near_misses(questions["train"], splits["train"]) if near_irrelevance else questions["train"]
     report = Report(splits, {split: Counter(q.category for q in items) for split, items in questions.items()},
@@ -254,7 +258,8 @@ def prepare_bfcl(
     if no_call_share is not None:
         questions["train"] = _cap_no_call(questions["train"], no_call_share, seed, report)
     cap = max_prompt_tokens and (max_prompt_tokens, tokenizer)
-    added = _added(questions["train"], written, held, seed, cap, made, report, most_calls)
+    dev_cap = (dev_prompt_tokens, tokenizer) if dev_prompt_tokens is not None else cap
+    added = _added(questions["train"], written, held, seed, (cap, dev_cap), made, report, (most_calls, dev_most_calls))
     questions["train"] += [q for option in ADDED_TO_TRAIN for q in added[option]]
     written |= {q.id: conversation for option in ADDED_TO_TRAIN for q in added[option] if (conversation := transcript(q))}
     rows = {split: [_row(q, split, i, written if split == "train" else {}, held) for i, q in enumerate(items)]
@@ -274,30 +279,34 @@ def prepare_bfcl(
     return paths
 
 
-def _added(train: list[Question], written: dict[str, Any], held: set[str], seed: int, cap: tuple[int, str] | None,
-           made: dict[str, int], report: Report, most_calls: int = 2) -> dict[str, list[Question]]:
+def _added(train: list[Question], written: dict[str, Any], held: set[str], seed: int,
+           caps: tuple[tuple[int, str] | None, tuple[int, str] | None], made: dict[str, int], report: Report,
+           most_calls: tuple[int, int] = (2, 2)) -> dict[str, list[Question]]:
     """The rows the options in ``made`` (option → how many) make (module docstring), per option, counted in ``report``.
-    The training rows come from taught questions, the ``dev_`` rows from those SFT holds back; ``most_calls`` is the
-    most questions a training pair asks (``dev_pairs`` always asks two)."""
-    tokenizer = functools.cache(lambda: load_tokenizer(cap[1]))  # loaded when a row is first measured
+    The training rows come from taught questions, the ``dev_`` rows from those SFT holds back; ``caps`` are the prompt
+    caps (tokens, tokenizer) of the training rows and of the ``dev_`` rows, ``most_calls`` the most questions a
+    training pair and a ``dev_pairs`` row ask."""
+    tokenizer = functools.cache(load_tokenizer)  # loaded when a row is first measured
 
-    def too_long(question: Question) -> bool:
-        return bool(cap) and _prompt_length(question, tokenizer()) > cap[0]
+    def over(cap: tuple[int, str] | None) -> added_rows.TooLong:
+        return lambda question: bool(cap) and _prompt_length(question, tokenizer(cap[1])) > cap[0]
+
+    too_long, dev_too_long = over(caps[0]), over(caps[1])
 
     with_calls = [q for q in train if q.id in written and not bfcl.is_no_call_category(q.category)]
     taught, validated = [q for q in with_calls if q.id not in held], [q for q in with_calls if q.id in held]
     added = {
         "parallel_pairs": added_rows.parallel_pairs(train, set(written) - held, made["parallel_pairs"], seed,
-                                                    lambda q: too_long(q) or transcript(q) is None, most_calls=most_calls),
+                                                    lambda q: too_long(q) or transcript(q) is None, most_calls=most_calls[0]),
         "union_pairs": added_rows.parallel_pairs(train, set(written) - held, made["union_pairs"], seed,
                                                  lambda q: too_long(q) or transcript(q) is None, same_functions=False,
-                                                 both_bring_functions=True, most_calls=most_calls),
+                                                 both_bring_functions=True, most_calls=most_calls[0]),
         "swapped_irrelevance": added_rows.swapped(taught, made["swapped_irrelevance"], seed, too_long),
-        "dev_swapped": added_rows.swapped(validated, made["dev_swapped"], seed, too_long),
+        "dev_swapped": added_rows.swapped(validated, made["dev_swapped"], seed, dev_too_long),
         "masked_irrelevance": added_rows.masked(taught, made["masked_irrelevance"], seed, too_long),
-        "dev_masked": added_rows.masked(validated, made["dev_masked"], seed, too_long),
-        "dev_pairs": added_rows.parallel_pairs(validated, {q.id for q in validated}, made["dev_pairs"], seed, too_long,
-                                               same_functions=False),
+        "dev_masked": added_rows.masked(validated, made["dev_masked"], seed, dev_too_long),
+        "dev_pairs": added_rows.parallel_pairs(validated, {q.id for q in validated}, made["dev_pairs"], seed, dev_too_long,
+                                               same_functions=False, most_calls=most_calls[1]),
     }
     report.made = {option: (len(rows), made[option], Counter(len(q.ground_truth) for q in rows)) for option, rows in added.items() if made[option]}
     return added
@@ -335,13 +344,15 @@ def _categories(text: str, option: str, offered: tuple[str, ...] = CATEGORIES, *
 
 
 def _check_options(splits: dict[str, list[str]], max_prompt_tokens: int | None, limit: int | None, sft_val_size: int,
-                   no_call_share: float | None, made: dict[str, int], most_calls: int = 2) -> None:
+                   no_call_share: float | None, made: dict[str, int], most_calls: int = 2, dev_most_calls: int = 2,
+                   dev_prompt_tokens: int | None = None) -> None:
     both = sorted(set(splits["train"]) & set(splits["test"]))
     if both:
         raise InputError(f"{both} are in both train_categories and test_categories; a held-out category must not be trained on")
-    check_counts(1, **{k: v for k, v in {"max_prompt_tokens": max_prompt_tokens, "limit": limit}.items() if v is not None})
+    optional = {"max_prompt_tokens": max_prompt_tokens, "limit": limit, "dev_prompt_tokens": dev_prompt_tokens}
+    check_counts(1, **{k: v for k, v in optional.items() if v is not None})
     check_counts(0, sft_val_size=sft_val_size, **made)
-    check_counts(2, most_calls=most_calls)
+    check_counts(2, most_calls=most_calls, dev_most_calls=dev_most_calls)
     if no_call_share is not None and not 0 < no_call_share <= 1:
         raise InputError(f"no_call_share={no_call_share}: give the largest share of training rows whose answer is no call, in (0, 1]")
 
