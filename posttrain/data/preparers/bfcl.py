@@ -231,8 +231,7 @@ def prepare_bfcl(
     parallel_pairs: int = 0, union_pairs: int = 0, most_calls: int = 2,
     swapped_irrelevance: int = 0,
     dev_swapped: int = 0,
-    masked_irrelevance: int = 0,
-    dev_masked: int = 0,
+    masked_irrelevance: int = 0, dev_masked: int = 0,
     dev_pairs: int = 0, dev_most_calls: int = 2, dev_prompt_tokens: int | None = None,
     near_irrelevance: bool = False,
 ) -> list[Path]:
