@@ -257,8 +257,8 @@ def prepare_bfcl(
     if no_call_share is not None:
         questions["train"] = _cap_no_call(questions["train"], no_call_share, seed, report)
     cap = max_prompt_tokens and (max_prompt_tokens, tokenizer)
-    dev_cap = (dev_prompt_tokens, tokenizer) if dev_prompt_tokens is not None else cap
-    added = _added(questions["train"], written, held, seed, (cap, dev_cap), made, report, (most_calls, dev_most_calls))
+    added = _added(questions["train"], written, held, seed, made, report, cap=cap, most_calls=most_calls, dev_most_calls=dev_most_calls,
+                   dev_cap=cap if dev_prompt_tokens is None else (dev_prompt_tokens, tokenizer))
     questions["train"] += [q for option in ADDED_TO_TRAIN for q in added[option]]
     written |= {q.id: conversation for option in ADDED_TO_TRAIN for q in added[option] if (conversation := transcript(q))}
     rows = {split: [_row(q, split, i, written if split == "train" else {}, held) for i, q in enumerate(items)]
@@ -278,34 +278,33 @@ def prepare_bfcl(
     return paths
 
 
-def _added(train: list[Question], written: dict[str, Any], held: set[str], seed: int,
-           caps: tuple[tuple[int, str] | None, tuple[int, str] | None], made: dict[str, int], report: Report,
-           most_calls: tuple[int, int] = (2, 2)) -> dict[str, list[Question]]:
+def _added(train: list[Question], written: dict[str, Any], held: set[str], seed: int, made: dict[str, int], report: Report, *,
+           cap: tuple[int, str] | None, dev_cap: tuple[int, str] | None, most_calls: int, dev_most_calls: int) -> dict[str, list[Question]]:
     """The rows the options in ``made`` (option → how many) make (module docstring), per option, counted in ``report``.
-    The training rows come from taught questions, the ``dev_`` rows from those SFT holds back; ``caps`` are the prompt
-    caps (tokens, tokenizer) of the training rows and of the ``dev_`` rows, ``most_calls`` the most questions a
-    training pair and a ``dev_pairs`` row ask."""
+    The training rows come from taught questions, the ``dev_`` rows from those SFT holds back; ``cap`` and ``dev_cap``
+    are their prompt caps (tokens, tokenizer), ``most_calls`` and ``dev_most_calls`` the most questions a training
+    pair and a ``dev_pairs`` row ask."""
     tokenizer = functools.cache(load_tokenizer)  # loaded when a row is first measured
 
-    def over(cap: tuple[int, str] | None) -> added_rows.TooLong:
-        return lambda question: bool(cap) and _prompt_length(question, tokenizer(cap[1])) > cap[0]
+    def over(limit: tuple[int, str] | None) -> added_rows.TooLong:
+        return lambda question: bool(limit) and _prompt_length(question, tokenizer(limit[1])) > limit[0]
 
-    too_long, dev_too_long = over(caps[0]), over(caps[1])
+    too_long, dev_too_long = over(cap), over(dev_cap)
 
     with_calls = [q for q in train if q.id in written and not bfcl.is_no_call_category(q.category)]
     taught, validated = [q for q in with_calls if q.id not in held], [q for q in with_calls if q.id in held]
     added = {
         "parallel_pairs": added_rows.parallel_pairs(train, set(written) - held, made["parallel_pairs"], seed,
-                                                    lambda q: too_long(q) or transcript(q) is None, most_calls=most_calls[0]),
+                                                    lambda q: too_long(q) or transcript(q) is None, most_calls=most_calls),
         "union_pairs": added_rows.parallel_pairs(train, set(written) - held, made["union_pairs"], seed,
                                                  lambda q: too_long(q) or transcript(q) is None, same_functions=False,
-                                                 both_bring_functions=True, most_calls=most_calls[0]),
+                                                 both_bring_functions=True, most_calls=most_calls),
         "swapped_irrelevance": added_rows.swapped(taught, made["swapped_irrelevance"], seed, too_long),
         "dev_swapped": added_rows.swapped(validated, made["dev_swapped"], seed, dev_too_long),
         "masked_irrelevance": added_rows.masked(taught, made["masked_irrelevance"], seed, too_long),
         "dev_masked": added_rows.masked(validated, made["dev_masked"], seed, dev_too_long),
         "dev_pairs": added_rows.parallel_pairs(validated, {q.id for q in validated}, made["dev_pairs"], seed, dev_too_long,
-                                               same_functions=False, most_calls=most_calls[1]),
+                                               same_functions=False, most_calls=dev_most_calls),
     }
     report.made = {option: (len(rows), made[option], Counter(len(q.ground_truth) for q in rows)) for option, rows in added.items() if made[option]}
     return added
