@@ -12,7 +12,7 @@ from torch import Tensor
 from posttrain import keys
 from posttrain.algos import aggregate_loss, ppo_policy_loss, value_loss
 from posttrain.engines.training import ForwardOutputs, TrainingEngine, TrainingEngineConfig, modeling
-from posttrain.engines.training.inputs import random_model_inputs
+from posttrain.engines.training.inputs import build_model_inputs, lengths_to_mask, random_model_inputs
 from posttrain.metrics import values
 from posttrain.protocol import Batch
 
@@ -68,6 +68,33 @@ def make_batch(batch_size: int, *, prompt_length: int = 8, response_length: int 
     tensors[keys.OLD_LOGPROBS] = -torch.rand(batch_size, response_length, generator=generator) * 3 - 3
     tensors[keys.RETURNS] = torch.randn(batch_size, response_length, generator=generator)
     tensors[keys.VALUES] = torch.randn(batch_size, response_length, generator=generator)
+    return Batch.from_dict(tensors)
+
+
+def grouped_batch(groups: int, samples: int, *, prompt_length: int = 10, response_length: int = 12,
+                  seed: int = 0, observation_holes: bool = False) -> Batch:
+    """``groups`` prompts of random lengths, each ``samples`` times with its own random response.
+
+    ``observation_holes``: a multi-turn batch, where a stretch inside each response is an observation
+    (attention 1, RESPONSE_MASK 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    size = groups * samples
+    prompt_lengths = torch.randint(2, prompt_length + 1, (groups,), generator=generator).repeat_interleave(samples)
+    response_lengths = torch.randint(1, response_length + 1, (size,), generator=generator)
+    response_lengths[0] = response_length
+    prompt_mask = lengths_to_mask(prompt_lengths, prompt_length, left_padded=True)
+    attended = lengths_to_mask(response_lengths, response_length, left_padded=False)
+    prompt_ids = torch.randint(3, 256, (groups, prompt_length), generator=generator).repeat_interleave(samples, 0) * prompt_mask
+    response_ids = torch.randint(3, 256, (size, response_length), generator=generator) * attended
+    tensors = build_model_inputs(prompt_ids, prompt_mask, response_ids, attended)
+    loss_mask = attended.float()
+    if observation_holes:
+        loss_mask[:, 3:6] = 0.0
+    tensors[keys.RESPONSE_MASK] = loss_mask
+    tensors[keys.ADVANTAGES] = torch.randn(size, response_length, generator=generator)
+    tensors[keys.OLD_LOGPROBS] = -torch.rand(size, response_length, generator=generator) * 3 - 3
+    tensors[keys.RETURNS] = torch.randn(size, response_length, generator=generator)
+    tensors[keys.VALUES] = torch.randn(size, response_length, generator=generator)
     return Batch.from_dict(tensors)
 
 

@@ -17,10 +17,12 @@ from posttrain.engines.training import TrainingEngine
 from tests.engines.training.helpers import (
     counting_fused_head,
     engine_config,
+    grouped_batch,
     make_batch,
     max_difference,
     packed_and_padded,
     parameters,
+    ppo_entropy_loss,
     ppo_loss,
     trained,
 )
@@ -138,3 +140,32 @@ def test_packed_update_equals_padded_on_the_gpu(small_lm, strategy):
     assert max_difference(weights, weights_pad) < 1e-5
     padding = batch[keys.ATTENTION_MASK][:, -12:] == 0
     assert padding.any() and (lp[padding] == 0).all()
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "none"])
+def test_a_shared_prompt_update_equals_the_packed_one_on_the_gpu(small_lm, strategy, monkeypatch):
+    """A group's prompt computed once on CUDA: sdpa takes the layout's explicit boolean 4D mask (CUDA's
+    kernels, not the CPU's), with FSDP2 and without; log-probs, entropy-bearing update and weights as
+    the packed layout's (each sample with its own copy of the prompt), and nothing NaN."""
+    from posttrain.engines.training import modeling
+
+    layouts = []
+    real_layout = modeling.shared_prompt_layout
+    monkeypatch.setattr(modeling, "shared_prompt_layout", lambda *a, **k: layouts.append(k) or real_layout(*a, **k))
+    batch = grouped_batch(3, 4, seed=3)
+    results = {}
+    for share in (True, False):
+        engine = TrainingEngine(engine_config(small_lm, share_prompt=share, strategy=strategy, **EXACT))
+        assert engine.share_prompt == share and engine.device.type == "cuda"
+        logprobs, _ = engine.compute_logprobs(batch)
+        metrics = trained(engine, batch, ppo_entropy_loss, with_entropy=True, max_tokens=40)
+        results[share] = logprobs, metrics, parameters(engine)
+    assert layouts, "the update did not take the shared-prompt layout"
+    assert all(k.get("mask_dtype") == torch.bool for k in layouts), "the layout's mask is not sdpa's boolean one"
+    (lp, metrics, weights), (lp_packed, metrics_packed, weights_packed) = results[True], results[False]
+    assert torch.isfinite(lp).all() and torch.isfinite(torch.tensor(metrics["actor/loss"]))
+    torch.testing.assert_close(lp, lp_packed, rtol=0, atol=1e-5)
+    assert abs(metrics["actor/loss"] - metrics_packed["actor/loss"]) < 1e-5
+    grad_norm = metrics_packed["actor/grad_norm"]
+    assert abs(metrics["actor/grad_norm"] - grad_norm) < 1e-4 * grad_norm
+    assert max_difference(weights, weights_packed) < 1e-5
