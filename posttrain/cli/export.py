@@ -4,7 +4,9 @@ config, tokenizer; LoRA merged) that transformers and vLLM load. Runs in this pr
 MODEL``): ``MODEL + W * (policy - MODEL)`` weight by weight (WiSE-FT; engines/training/weights.py); W above 1
 carries the policy on past itself along that line (ExPO).
 ``--average K`` writes the mean, weight by weight, of the run's last K checkpoints up to the one given
-(a run directory: its latest), before any ``--weight``."""
+(a run directory: its latest), before any ``--weight``. ``--with RUN`` (repeatable) puts other runs of the
+same model in that mean: their checkpoints (the same last K of each) beside the one given, e.g. the final
+policies of one configuration trained with other seeds (a model soup)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from posttrain.workers.engines import training_engine
 
 
 def export_checkpoint(path: str | Path, out_dir: str | Path, toward: str | Path | None = None,
-                      weight: float | None = None, average: int = 1) -> Path:
+                      weight: float | None = None, average: int = 1, with_runs: tuple = ()) -> Path:
     if toward is not None and weight is None:
         raise InputError("--toward MODEL needs --weight W: how far the policy stays from MODEL (0 is MODEL itself, 1 the policy)")
     if weight is not None:
@@ -33,9 +35,11 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, toward: str | Path 
         raise InputError(f"--average {average}: give how many of the run's last checkpoints to average (1 is the checkpoint alone)")
     base = _model_dir(toward) if toward is not None else None  # refused before the checkpoint is read
     directory = checkpoint_dir(path)
-    to_average = [d / "actor" for d in _last_checkpoints(directory, average)] if average > 1 else []
+    runs = [directory, *(_other_run(run) for run in with_runs)]
+    to_average = [d / "actor" for d in _checkpoints_averaged(runs, average)] if len(runs) > 1 or average > 1 else []
     config = load_config([directory / "config.yaml"], checks=None)
     arr = config.actor_rollout_ref
+    _check_same_model(arr.model.path, dict(zip(with_runs, runs[1:])))
     engine = training_engine(
         # nothing is trained here: no clipping (a run saved before grad_clip had to be > 0 may hold 0)
         arr.model.path, arr.model, arr.actor.optim, dtype=arr.actor.dtype, grad_clip=None,
@@ -68,9 +72,48 @@ def _model_dir(toward: str | Path) -> Path:
         raise InputError(f"--toward {toward}: {err}") from err
 
 
+def _other_run(run: str | Path) -> Path:
+    try:
+        return checkpoint_dir(run)
+    except MissingFileError as err:
+        raise InputError(f"--with {run}: {err}") from err
+
+
+def _check_same_model(model: str, others: dict) -> None:
+    """``--with``: each other run's checkpoint (``others``: by the name given) was trained from ``model`` (a mean
+    of policies that started from different models is no policy); refused naming both, before any weight is read."""
+    for given, checkpoint in others.items():
+        theirs = load_config([checkpoint / "config.yaml"], checks=None).actor_rollout_ref.model.path
+        if _same_path(theirs) != _same_path(model):
+            raise InputError(f"--with {given}: that run was trained from {theirs}, the checkpoint given from {model}: "
+                             "average runs that started from the same model (seeds of one configuration)")
+
+
+def _same_path(model: str) -> str:
+    return str(Path(model).resolve()) if Path(model).exists() else str(model)
+
+
+def _checkpoints_averaged(runs: list[Path], count: int) -> list[Path]:
+    """The last ``count`` checkpoints of each of ``runs`` (``global_step_N`` directories), each taken once;
+    says which steps of which runs."""
+    taken = [_last_checkpoints(run, count) for run in runs]
+    steps = [", ".join(str(step_of(d)) for d in checkpoints) for checkpoints in taken]
+    if len(runs) == 1:
+        print(f"posttrain export: the mean of steps {steps[0]}", file=sys.stderr)
+    else:
+        print("posttrain export: the mean of " + "; ".join(f"steps {s} of {run.parent.parent}" for s, run in zip(steps, runs)),
+              file=sys.stderr)
+    every = [d.resolve() for checkpoints in taken for d in checkpoints]
+    if len(set(every)) < len(every):
+        raise InputError("--with: a checkpoint is named twice (the run given and a --with, or two --with): each run once")
+    return [d for checkpoints in taken for d in checkpoints]
+
+
 def _last_checkpoints(directory: Path, count: int) -> list[Path]:
     """``directory`` (a ``global_step_N`` checkpoint) and the complete ones before it in its run, ``count`` in
-    all, oldest first; says which steps it took."""
+    all, oldest first."""
+    if count == 1:
+        return [directory]
     try:
         step = step_of(directory)
     except CheckpointError as err:
@@ -83,5 +126,4 @@ def _last_checkpoints(directory: Path, count: int) -> list[Path]:
         raise InputError(f"--average {count}: {directory.parent} keeps {len(earlier) + 1} complete checkpoint(s) up to step "
                          f"{step} (steps {kept}): average {len(earlier) + 1} or fewer, or train with a larger "
                          "trainer.max_ckpt_to_keep (a run keeps its last ones, one every trainer.save_freq steps)")
-    print(f"posttrain export: the mean of steps {', '.join(map(str, [*earlier, step]))}", file=sys.stderr)
     return [manager.step_dir(s) for s in earlier] + [directory]

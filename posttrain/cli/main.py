@@ -10,7 +10,7 @@
                                                      (--report: the table of the stages that finished, none run)
   posttrain compare A.jsonl B.jsonl [--by KEY]      two evaluations' accuracies on the same items (95% intervals)
                                                      and B - A with a paired bootstrap interval
-  posttrain export CHECKPOINT --out DIR [--average K] [--weight W [--toward MODEL]]
+  posttrain export CHECKPOINT --out DIR [--average K] [--with RUN] [--weight W [--toward MODEL]]
                                                      a checkpoint's policy as a Hugging Face directory (--average:
                                                      the mean of the run's last K checkpoints; --weight: moved back
                                                      toward the model it was trained from, or MODEL; above 1: carried
@@ -98,7 +98,7 @@ def _compare_command(args: argparse.Namespace) -> int:
 def _export_command(args: argparse.Namespace) -> int:
     from posttrain.cli.export import export_checkpoint
 
-    print(export_checkpoint(args.checkpoint, args.out, args.toward, args.weight, args.average))
+    print(export_checkpoint(args.checkpoint, args.out, args.toward, args.weight, args.average, tuple(args.with_runs)))
     return 0
 
 
@@ -281,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "MODEL), weight by weight (WiSE-FT); 0 is MODEL, 1 the checkpoint's policy, above 1 past it (ExPO)")
     export.add_argument("--average", type=int, default=1, metavar="K",
                         help="write the mean, weight by weight, of the run's last K checkpoints up to CHECKPOINT (before any --weight)")
+    export.add_argument("--with", dest="with_runs", action="append", default=[], metavar="RUN",
+                        help="another run (or its global_step_N) of the same model to put in the mean: its last K checkpoints "
+                             "beside CHECKPOINT's (e.g. the final policies of other seeds); repeatable")
     export.add_argument("--toward", metavar="MODEL",
                         help="with --weight: another MODEL to move toward (a model directory, an SFT run's directory, a Hub id)")
     export.set_defaults(run=_export_command)

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from posttrain.models import cached_tiny_model
 from posttrain.trainer.provenance import package_version
@@ -220,7 +221,8 @@ def test_resume_exactly_at_an_epoch_boundary_continues_into_the_next_epoch(resum
     assert [r["metrics"]["training/epoch"] for r in resumed] == [1, 1]
 
 
-def test_export_of_the_last_two_checkpoints_is_their_mean_and_moves_toward_the_start_after(resumed_to_four, tmp_path, capsys):
+def test_export_of_the_last_two_checkpoints_is_their_mean_and_moves_toward_the_start_after(two_steps, resumed_to_four,
+                                                                                          tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
     from posttrain.cli import main
@@ -228,13 +230,21 @@ def test_export_of_the_last_two_checkpoints_is_their_mean_and_moves_toward_the_s
     run_dir = resumed_to_four[0]
     checkpoints = run_dir / "checkpoints"
     for source, out, options in ((checkpoints / "global_step_2", "at2", []), (checkpoints / "global_step_4", "at4", []),
-                                 (run_dir, "mean", ["--average", "2"]), (run_dir, "toward", ["--average", "2", "--weight", "0.5"])):
+                                 (run_dir, "mean", ["--average", "2"]), (run_dir, "toward", ["--average", "2", "--weight", "0.5"]),
+                                 (two_steps[0], "runs", ["--with", str(run_dir)])):  # another run's last checkpoint
         assert main(["export", str(source), "--out", str(tmp_path / out), *options]) == 0
-    assert capsys.readouterr().err.count("posttrain export: the mean of steps 2, 4") == 2
-    start, at2, at4, mean, toward = (AutoModelForCausalLM.from_pretrained(path).state_dict() for path in
-                                     (cached_tiny_model("llama"), *(tmp_path / out for out in ("at2", "at4", "mean", "toward"))))
+    err = capsys.readouterr().err
+    assert err.count("posttrain export: the mean of steps 2, 4") == 2
+    assert f"posttrain export: the mean of steps 2 of {two_steps[0]}; steps 4 of {run_dir}" in err
+    start, at2, at4, mean, toward, runs = (AutoModelForCausalLM.from_pretrained(path).state_dict() for path in
+                                           (cached_tiny_model("llama"), *(tmp_path / out for out in ("at2", "at4", "mean", "toward", "runs"))))
     assert max((at4[name] - at2[name]).abs().max().item() for name in at4) > 0
     assert max((mean[name] - (at2[name] + at4[name]) / 2).abs().max().item() for name in mean) < 1e-7
+    # --with: the first run's step 2 (the copy's, before it went on) and the copy's step 4: the same sums, bit for bit,
+    # and neither checkpoint alone
+    assert all(torch.equal(runs[name], mean[name]) for name in mean)
+    for alone in (at2, at4):
+        assert not all(torch.equal(runs[name], alone[name]) for name in alone)
     # --weight after the mean: halfway from the model the run started from to the mean
     assert max((toward[name] - (start[name] + mean[name]) / 2).abs().max().item() for name in mean) < 1e-7
 

@@ -233,3 +233,30 @@ def test_export_of_an_average_of_more_checkpoints_than_the_run_keeps_says_which_
     assert main(["export", str(tmp_path), "--out", str(tmp_path / "hf"), "--average", "3"]) == 2
     err = capsys.readouterr().err
     assert "--average 3:" in err and "keeps 2 complete checkpoint(s) up to step 12 (steps 8, 12): average 2 or fewer" in err and "max_ckpt_to_keep" in err
+
+
+def _run_of(directory, model: str, step: int = 2):
+    """A run directory with one complete checkpoint whose config says it was trained from ``model``."""
+    manager = CheckpointManager(directory / "checkpoints")
+    partial = manager.begin(step)
+    (partial / "actor").mkdir()
+    (partial / "actor" / "model.pt").write_bytes(bytes(10))
+    (partial / "config.yaml").write_text(f"actor_rollout_ref:\n  model:\n    path: {model}\n")
+    manager.commit(step)
+    return directory
+
+
+@pytest.mark.parametrize(("others", "message"), [
+    (["{tmp}/b"], "--with .*b: that run was trained from .*other_model, the checkpoint given from .*the_model: average runs "
+                  "that started from the same model"),
+    (["{tmp}/a"], "a checkpoint is named twice"),
+    (["{tmp}/nowhere"], "--with .*nowhere: .*neither a global_step_N checkpoint nor a run directory"),
+])
+def test_export_with_other_runs_refuses_another_model_the_same_run_twice_and_no_run(tmp_path, capsys, others, message):
+    from posttrain.cli import main
+
+    _run_of(tmp_path / "a", str(tmp_path / "the_model"))
+    _run_of(tmp_path / "b", str(tmp_path / "other_model"), step=3)
+    options = [o for other in others for o in ("--with", other.format(tmp=tmp_path))]
+    assert main(["export", str(tmp_path / "a"), "--out", str(tmp_path / "hf"), *options]) == 2
+    assert re.search(message, capsys.readouterr().err, re.S)
