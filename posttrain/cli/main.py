@@ -5,7 +5,7 @@
   posttrain eval [--preset NAME] [--checkpoint DIR] [--dump-episodes F.jsonl] [--by KEY] [key=value ...]
                                                      validation only, from a checkpoint or the base model
   posttrain recipe NAME|list [--dir DIR] [--use STAGE=PATH] [--report] [key=value ...] [STAGE:key=value ...]
-                                                     a multi-stage recipe (prepare, sft, train, eval) as one
+                                                     a multi-stage recipe (prepare, sft, train, eval, export)
                                                      command, ending with base → SFT → RL and 95% intervals
                                                      (--report: the table of the stages that finished, none run)
   posttrain compare A.jsonl B.jsonl [--by KEY]      two evaluations' accuracies on the same items (95% intervals)

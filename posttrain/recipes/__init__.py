@@ -6,7 +6,7 @@ A recipe is a YAML file (the built-in ones are beside this file; ``posttrain rec
     overrides: [data.builtin_options.val_size=100]   # for every stage that takes a config
     stages:
       - name: sft                       # runs/<project>/<recipe>/sft/
-        command: sft                    # prepare | sft | train | eval
+        command: sft                    # prepare | sft | train | eval | export
         preset: search_sft
         overrides: [sft.total_epochs=1]
       - name: rl
@@ -18,6 +18,10 @@ A recipe is a YAML file (the built-in ones are beside this file; ``posttrain rec
         command: eval
         preset: search_grpo
         checkpoint: rl                  # eval: the policy of a train stage's last checkpoint
+      - name: mean                      # export: a train stage's last checkpoint as a model (<dir>/export),
+        command: export                 #   with `posttrain export`'s options, e.g. the mean with another
+        checkpoint: rl                  #   seed's run (a later stage's input, as an SFT export is)
+        options: [--with, "{stage:rl_seed2}"]
     table:
       rows: {base: base_eval, SFT: sft_eval, RL: rl_eval}   # label: an eval stage
       compare: [sft_eval, rl_eval]      # the paired difference of two rows (or a list of such pairs)
@@ -25,7 +29,7 @@ A recipe is a YAML file (the built-in ones are beside this file; ``posttrain rec
 
 Each stage is a normal run of ``posttrain <command>`` in its own process and directory. A stage's
 output is its directory (prepare: the dataset; train: the run, whose latest checkpoint ``checkpoint:``
-names), and for sft the exported policy (``<dir>/export``). A stage that finished is skipped when
+names), and for sft and export the exported policy (``<dir>/export``). A stage that finished is skipped when
 the recipe runs again with the same command and the same stages before it (its ``DONE`` file holds
 their fingerprint); a train or sft stage that was interrupted (a crash, or Ctrl-C: the stage stops at
 a clean point and the recipe with it) resumes from its checkpoint; a prepare or eval stage runs
@@ -67,7 +71,7 @@ from posttrain.recipes.further import fingerprint as stage_fingerprint
 from posttrain.recipes.further import start_over_or_further
 
 BUILTIN_DIR = Path(__file__).parent
-COMMANDS = ("prepare", "sft", "train", "eval")
+COMMANDS = ("prepare", "sft", "train", "eval", "export")
 DONE = "DONE"        # a stage that finished: its fingerprint (its command and every earlier stage's), its wall time
 STARTED = "STARTED"  # a stage that began: its fingerprint, so that a changed stage starts over rather than resume
 EPISODES = "episodes.jsonl"
@@ -86,9 +90,9 @@ class Stage:
     preset: str | None = None
     overrides: list[str] = field(default_factory=list)
     inputs: dict[str, str] = field(default_factory=dict)  # config key → an earlier stage
-    checkpoint: str | None = None  # eval: a train stage whose latest checkpoint is evaluated
+    checkpoint: str | None = None  # eval, export: a train stage whose latest checkpoint is evaluated or exported
     dataset: str | None = None  # prepare: the dataset name
-    options: list[str] = field(default_factory=list)  # prepare: key=value options
+    options: list[str] = field(default_factory=list)  # prepare: key=value options; export: posttrain export's options
 
 
 @dataclass
@@ -158,6 +162,9 @@ def check_recipe(recipe: Recipe, path: Path) -> None:
             problems.append(f"{where}: command {stage.command!r} is not one of {', '.join(COMMANDS)}")
         if stage.command == "prepare" and not stage.dataset:
             problems.append(f"{where}: a prepare stage names its dataset (dataset: synthetic-search)")
+        if stage.command == "export" and (stage.checkpoint is None or stage.preset or stage.overrides or stage.inputs):
+            problems.append(f"{where}: an export stage names the train stage it exports (checkpoint: rl) and takes no preset, "
+                            "overrides or inputs (its options are posttrain export's, e.g. [--with, \"{stage:rl_seed2}\"])")
         for name in _placeholders(stage):
             if name not in seen:
                 problems.append(f"{where}: {{stage:{name}}} is not an earlier stage")
@@ -317,6 +324,8 @@ def stage_argv(stage: Stage, directory: Path, dirs: dict[str, Path], overrides: 
     argv = [sys.executable, "-m", "posttrain.cli", stage.command]
     if stage.command == "prepare":
         return argv + [stage.dataset, "--out", str(directory), *placed(stage.options), *placed(list(own))]
+    if stage.command == "export":
+        return argv + [str(dirs[stage.checkpoint]), "--out", str(directory / "export"), *placed(stage.options), *placed(list(own))]
     if stage.preset:
         argv += ["--preset", stage.preset]
     if stage.command == "eval":
@@ -328,7 +337,7 @@ def stage_argv(stage: Stage, directory: Path, dirs: dict[str, Path], overrides: 
 
 
 def stage_output(directory: Path) -> Path:
-    """What a later stage uses of an earlier one: an SFT stage's exported policy, else its directory."""
+    """What a later stage uses of an earlier one: an SFT or export stage's exported policy, else its directory."""
     return directory / "export" if (directory / "export").is_dir() else directory
 
 
@@ -359,7 +368,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
             upstream = stage_fingerprint(upstream, f"{stage.name}: {stamp}")
             say(f"stage {number}/{len(recipe.stages)} {stage.name}: {escape(what)}")
             continue
-        takes_config = stage.command != "prepare"
+        takes_config = stage.command not in ("prepare", "export")
         argv = stage_argv(stage, directory, dirs, recipe.overrides + common if takes_config else [], per_stage[stage.name])
         command = shlex.join(["posttrain", *argv[3:]])
         before = upstream  # what the stages before produced: to tell whether the stage's only change is its own

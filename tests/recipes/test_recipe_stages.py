@@ -31,7 +31,10 @@ from pathlib import Path
 
 args = sys.argv[3:]  # after "-m posttrain.cli"
 command = args[0]
-directory = Path(next(a for a in args if a.startswith("trainer.default_local_dir=")).split("=", 1)[1])
+if command == "export":  # its stage directory holds the model it writes
+    directory = Path(args[args.index("--out") + 1]).parent
+else:
+    directory = Path(next(a for a in args if a.startswith("trainer.default_local_dir=")).split("=", 1)[1])
 with open(os.environ["STANDIN_CALLS"], "a") as calls:
     calls.write(json.dumps([directory.name, *args]) + "\\n")
 print(f"stand-in posttrain {{command}} in {{directory}}", flush=True)
@@ -54,7 +57,7 @@ if what == "wait-for-ctrl-c":
         sys.exit(0)
     print("no Ctrl-C reached the stage", flush=True)
     sys.exit(1)
-if command == "sft":
+if command in ("sft", "export"):
     (directory / "export").mkdir(exist_ok=True)
 if command == "eval":
     shutil.copy(Path(os.environ["STANDIN_EPISODES"]) / f"{{directory.name}}.jsonl", args[args.index("--dump-episodes") + 1])
@@ -113,6 +116,32 @@ def test_the_rl_stage_trains_the_sft_export_and_a_given_sft_stage_is_not_run(tmp
     assert list(calls) == ["base_eval", "sft_eval", "rl", "rl_eval"] and not (other / "sft").exists()
     assert model_paths("rl")[-1] == model_paths("sft_eval")[-1] == f"actor_rollout_ref.model.path={patient}"
     assert f"| sft | given: {patient} |" in (other / "report.md").read_text()
+
+
+SEEDS = """
+description: two seeds and the mean of their final policies
+stages:
+  - {name: rl, command: train, preset: search_grpo}
+  - {name: rl_seed2, command: train, preset: search_grpo, overrides: [trainer.seed=2]}
+  - {name: mean, command: export, checkpoint: rl, options: [--with, "{stage:rl_seed2}"]}
+  - {name: rl_eval, command: eval, preset: search_grpo, inputs: {actor_rollout_ref.model.path: mean}}
+"""
+
+
+def test_an_export_stage_writes_the_mean_of_two_seeds_that_the_next_stage_evaluates(tmp_path, stand_in):
+    """The export stage runs posttrain export on the train stage it names, with its options (another seed's run
+    in the mean), and no config override; the stage after it takes the model it wrote."""
+    recipe = tmp_path / "seeds.yaml"
+    recipe.write_text(SEEDS)
+    root = tmp_path / "runs"
+    assert run_recipe(str(recipe), ["actor_rollout_ref.model.path=/models/sft"], root) == 0
+    calls = stand_in()
+    assert list(calls) == ["rl", "rl_seed2", "mean", "rl_eval"]
+    assert calls["mean"] == ["export", str(root / "rl"), "--out", str(root / "mean" / "export"), "--with", str(root / "rl_seed2")]
+    assert [a for a in calls["rl_eval"] if a.startswith("actor_rollout_ref.model.path=")][-1] == (
+        f"actor_rollout_ref.model.path={root / 'mean' / 'export'}")
+    assert run_recipe(str(recipe), ["actor_rollout_ref.model.path=/models/sft"], root) == 0
+    assert stand_in() == {}  # finished: skipped
 
 
 def test_a_given_evaluation_is_reused_only_if_it_ran_the_command_this_recipe_would(tmp_path, stand_in, monkeypatch):

@@ -57,6 +57,7 @@ stages:
   - {name: b, command: train, inputs: {actor_rollout_ref.model.path: later}}
   - {name: c, command: eval, checkpoint: a}
   - {name: c, command: prepare}
+  - {name: d, command: export, overrides: [trainer.seed=2]}
 table: {rows: {x: b}, compare: [c]}
 """)
     with pytest.raises(RecipeError) as info:
@@ -64,7 +65,8 @@ table: {rows: {x: b}, compare: [c]}
     message = str(info.value)
     for fragment in ("command 'fly' is not one of prepare, sft, train, eval", "'later', which is not an earlier stage",
                      "checkpoint 'a' must name an earlier train stage", "stage 'c' is named twice", "names its dataset",
-                     "table row 'x': 'b' is not an eval stage", "compare ['c']: name two eval stages"):
+                     "table row 'x': 'b' is not an eval stage", "compare ['c']: name two eval stages",
+                     "stage 'd': an export stage names the train stage it exports (checkpoint: rl) and takes no preset"):
         assert fragment in message, fragment
     with pytest.raises(RecipeError, match="no recipe 'nope'"):
         load_recipe("nope")
