@@ -31,7 +31,12 @@ per-token log-prob difference, so the shared path's rounding is set beside the o
 40 new tokens each, eos ignored) by vLLM with its prefix caching on and off (``vllm.LLM`` built as
 ``VLLMRolloutEngine`` builds it, plus its statistics), wall seconds and the prefix cache's hit rate
 (hit tokens over queried tokens, vLLM's own counters), each in a fresh process.
-Last line: ``shared_prefix_update_speedup: X`` (bfcl@4, update, packed / shared CPU seconds).
+``--device cuda``: both engines on the GPU (bf16 autocast, sdpa with CUDA's kernels), the update and log-prob
+pass timed in wall seconds after a synchronize, and the update's peak GPU memory above what was allocated before it
+(``torch.cuda.max_memory_allocated``, in this process); no bf16-spread line. With ``--model`` a model made here of
+SmolLM2-135M's shapes and random weights (``posttrain.models.make_tiny_model`` with 30 layers of 576) runs where
+the real model's GGUF is not installed.
+Last line: ``shared_prefix_update_speedup: X`` (bfcl@4, update, packed / shared CPU seconds; wall seconds on CUDA).
 """
 
 from __future__ import annotations
@@ -103,8 +108,8 @@ def grouped_batch(prompts: list[list[int]], samples: int, response_lengths: list
     return Batch.from_dict(tensors)
 
 
-def engine(model_dir: Path, shape: Shape, share: bool) -> TrainingEngine:
-    config = TrainingEngineConfig(model_path=str(model_dir), lr=1e-6, device="cpu", share_prompt=share,
+def engine(model_dir: Path, shape: Shape, share: bool, device: str = "cpu") -> TrainingEngine:
+    config = TrainingEngineConfig(model_path=str(model_dir), lr=1e-6, device=device, share_prompt=share,
                                   attn_implementation=shape.attn_implementation)
     built = TrainingEngine(config)
     fresh_memory(built.module)
@@ -155,18 +160,43 @@ def peak_memory(model_dir: Path, shape: Shape, share: bool, batch: Batch) -> flo
     return result / 2**30
 
 
-def measure(model_dir: Path, shape: Shape, batch: Batch, repeats: int, memory: bool) -> float:
-    off, on = engine(model_dir, shape, False), engine(model_dir, shape, True)
+def gpu_peak_above_base(built: TrainingEngine, batch: Batch, shape: Shape) -> float:
+    """GiB of GPU memory one update allocates at its peak above what was allocated before it."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    update(built, batch, shape)
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def timed(fns: list, repeats: int, device: str) -> list[float]:
+    """Median seconds of each function in turns: CPU seconds on the CPU, wall seconds after a synchronize on CUDA."""
+    if device == "cpu":
+        return [cpu for _, cpu in interleaved_medians(fns, repeats)]
+
+    def synchronized(fn):
+        return lambda: (fn(), torch.cuda.synchronize())
+
+    return [wall for wall, _ in interleaved_medians([synchronized(fn) for fn in fns], repeats)]
+
+
+def measure(model_dir: Path, shape: Shape, batch: Batch, repeats: int, memory: bool, device: str = "cpu") -> float:
+    off, on = engine(model_dir, shape, False, device), engine(model_dir, shape, True, device)
     tokens = tokens_computed(off, batch, shape), tokens_computed(on, batch, shape)
-    (_, update_off), (_, update_on) = interleaved_medians([lambda: update(off, batch, shape), lambda: update(on, batch, shape)], repeats)
-    (_, lp_off), (_, lp_on) = interleaved_medians([lambda: logprobs(off, batch, shape), lambda: logprobs(on, batch, shape)], repeats)
-    print(f"{shape.name}: {len(batch)} samples, {shape.attn_implementation}, {shape.micro}")
-    print(f"  tokens computed   packed {tokens[0]:>7,}  shared {tokens[1]:>7,}  ratio {tokens[0] / tokens[1]:.2f}x")
-    print(f"  update CPU s      packed {update_off:7.2f}  shared {update_on:7.2f}  speedup {update_off / update_on:.2f}x")
-    print(f"  logprob pass CPU s packed {lp_off:6.2f}  shared {lp_on:7.2f}  speedup {lp_off / lp_on:.2f}x")
+    update_off, update_on = timed([lambda: update(off, batch, shape), lambda: update(on, batch, shape)], repeats, device)
+    lp_off, lp_on = timed([lambda: logprobs(off, batch, shape), lambda: logprobs(on, batch, shape)], repeats, device)
+    clock = "CPU s" if device == "cpu" else "GPU wall s"
+    print(f"{shape.name}: {len(batch)} samples, {shape.attn_implementation}, {shape.micro}, {device}")
+    print(f"  {'tokens computed':<24} packed {tokens[0]:>7,}  shared {tokens[1]:>7,}  ratio {tokens[0] / tokens[1]:.2f}x")
+    print(f"  {'update ' + clock:<24} packed {update_off:7.3f}  shared {update_on:7.3f}  speedup {update_off / update_on:.2f}x")
+    print(f"  {'logprob pass ' + clock:<24} packed {lp_off:7.3f}  shared {lp_on:7.3f}  speedup {lp_off / lp_on:.2f}x")
     if memory:
-        peaks = peak_memory(model_dir, shape, False, batch), peak_memory(model_dir, shape, True, batch)
-        print(f"  update peak GiB   packed {peaks[0]:7.2f}  shared {peaks[1]:7.2f}  ratio {peaks[0] / max(peaks[1], 1e-9):.2f}x")
+        if device == "cpu":
+            peaks = peak_memory(model_dir, shape, False, batch), peak_memory(model_dir, shape, True, batch)
+        else:
+            peaks = gpu_peak_above_base(off, batch, shape), gpu_peak_above_base(on, batch, shape)
+        print(f"  {'update peak GiB':<24} packed {peaks[0]:7.2f}  shared {peaks[1]:7.2f}  ratio {peaks[0] / max(peaks[1], 1e-9):.2f}x")
     return update_off / update_on
 
 
@@ -232,9 +262,12 @@ def main() -> None:
     parser.add_argument("--memory-shapes", default="bfcl@4", help="shapes whose peak memory is measured (fresh processes)")
     parser.add_argument("--shapes", default="bfcl@4,bfcl@8,main")
     parser.add_argument("--vllm", action="store_true", help="also vLLM's prefix caching on vs off (bfcl@4 prompts)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both engines run (cuda: wall seconds)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model)
+    if args.device == "cuda":
+        print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}; times are GPU wall seconds")
     vocab = 49152
     generator = torch.Generator().manual_seed(0)
     recorded = [int(x) for x in args.response_lengths.read_text().split()] if args.response_lengths else None
@@ -260,11 +293,12 @@ def main() -> None:
                             for n in torch.randint(40, 61, (8,), generator=generator)]
             batch = grouped_batch(main_prompts, 8, torch.randint(8, 49, (64,), generator=generator).tolist(), vocab)
             shape = Shape(name, {"max_tokens": 2048}, 32, "eager")
-        speedup = measure(model_dir, shape, batch, args.repeats, name in args.memory_shapes.split(","))
+        speedup = measure(model_dir, shape, batch, args.repeats, name in args.memory_shapes.split(","), args.device)
         print(f"  ({time.perf_counter() - start:.0f} s)")
         if name == "bfcl@4":
             headline = speedup
-            bf16_spread(model_dir, batch)
+            if args.device == "cpu":
+                bf16_spread(model_dir, batch)
     if headline is not None:
         print(f"shared_prefix_update_speedup: {headline:.2f}")
 

@@ -173,6 +173,23 @@ def _demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_export_command(commands) -> None:
+    export = commands.add_parser("export", help="write a checkpoint's policy as a Hugging Face directory")
+    export.add_argument("checkpoint", help="a global_step_N directory or a run directory (its latest checkpoint)")
+    export.add_argument("--out", required=True, type=Path)
+    export.add_argument("--weight", type=float, metavar="W",
+                        help="write the policy moved back toward the model the run was trained from: MODEL + W * (policy - "
+                             "MODEL), weight by weight (WiSE-FT); 0 is MODEL, 1 the checkpoint's policy, above 1 past it (ExPO)")
+    export.add_argument("--average", type=int, default=1, metavar="K",
+                        help="write the mean, weight by weight, of the run's last K checkpoints up to CHECKPOINT (before any --weight)")
+    export.add_argument("--with", dest="with_runs", action="append", default=[], metavar="RUN",
+                        help="another run (or its global_step_N) of the same model to put in the mean: its last K checkpoints "
+                             "beside CHECKPOINT's (e.g. the final policies of other seeds); repeatable")
+    export.add_argument("--toward", metavar="MODEL",
+                        help="with --weight: another MODEL to move toward (a model directory, an SFT run's directory, a Hub id)")
+    export.set_defaults(run=_export_command)
+
+
 def _add_recipe_commands(commands) -> None:
     """``posttrain recipe`` and ``posttrain compare``: stages run as one command, and two evaluations set side by side."""
     recipe = commands.add_parser("recipe", help="run a multi-stage recipe (e.g. search, doctor) as one command; `list` shows them")
@@ -273,20 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_recipe_commands(commands)
 
-    export = commands.add_parser("export", help="write a checkpoint's policy as a Hugging Face directory")
-    export.add_argument("checkpoint", help="a global_step_N directory or a run directory (its latest checkpoint)")
-    export.add_argument("--out", required=True, type=Path)
-    export.add_argument("--weight", type=float, metavar="W",
-                        help="write the policy moved back toward the model the run was trained from: MODEL + W * (policy - "
-                             "MODEL), weight by weight (WiSE-FT); 0 is MODEL, 1 the checkpoint's policy, above 1 past it (ExPO)")
-    export.add_argument("--average", type=int, default=1, metavar="K",
-                        help="write the mean, weight by weight, of the run's last K checkpoints up to CHECKPOINT (before any --weight)")
-    export.add_argument("--with", dest="with_runs", action="append", default=[], metavar="RUN",
-                        help="another run (or its global_step_N) of the same model to put in the mean: its last K checkpoints "
-                             "beside CHECKPOINT's (e.g. the final policies of other seeds); repeatable")
-    export.add_argument("--toward", metavar="MODEL",
-                        help="with --weight: another MODEL to move toward (a model directory, an SFT run's directory, a Hub id)")
-    export.set_defaults(run=_export_command)
+    _add_export_command(commands)
 
     prep = commands.add_parser(
         "prepare", help="write a dataset (gsm8k, arithmetic, synthetic-search, synthetic-doctor, doctor, tool-arithmetic, bfcl, reasoning-gym) as verl-format Parquet")
