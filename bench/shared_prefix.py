@@ -31,11 +31,11 @@ per-token log-prob difference, so the shared path's rounding is set beside the o
 40 new tokens each, eos ignored) by vLLM with its prefix caching on and off (``vllm.LLM`` built as
 ``VLLMRolloutEngine`` builds it, plus its statistics), wall seconds and the prefix cache's hit rate
 (hit tokens over queried tokens, vLLM's own counters), each in a fresh process.
-``--device cuda``: both engines on the GPU (bf16 autocast, sdpa with CUDA's kernels), the update and log-prob
-pass timed in wall seconds after a synchronize, and the update's peak GPU memory above what was allocated before it
-(``torch.cuda.max_memory_allocated``, in this process); no bf16-spread line. With ``--model`` a model made here of
-SmolLM2-135M's shapes and random weights (``posttrain.models.make_tiny_model`` with 30 layers of 576) runs where
-the real model's GGUF is not installed.
+``--device cuda``: both engines on the GPU (bf16 autocast; each shape's attention as above, run by CUDA's kernels),
+the update and log-prob pass timed in wall seconds after a synchronize, and the update's peak GPU memory above what
+was allocated before it (``torch.cuda.max_memory_allocated``, in this process); no bf16-spread line. Where the real
+model's GGUF is not installed, give ``--model`` a directory made beforehand with SmolLM2-135M's shapes and random
+weights (``posttrain.models.tiny.make_tiny_model``, 30 layers of 576: docs/measured/shared_prefix_cuda.txt).
 Last line: ``shared_prefix_update_speedup: X`` (bfcl@4, update, packed / shared CPU seconds; wall seconds on CUDA).
 """
 

@@ -17,7 +17,7 @@ from posttrain.config import load_config
 from posttrain.engines.training.weights import check_weight
 from posttrain.errors import InputError, MissingFileError
 from posttrain.models.loading import resolve_model
-from posttrain.trainer.checkpoint import CheckpointError, CheckpointManager, checkpoint_dir, step_of
+from posttrain.trainer.checkpoint import STEP_DIR, CheckpointError, CheckpointManager, checkpoint_dir, step_of
 from posttrain.trainer.sft import EXPORT_DIR
 from posttrain.workers.engines import training_engine
 
@@ -36,10 +36,12 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, toward: str | Path 
     base = _model_dir(toward) if toward is not None else None  # refused before the checkpoint is read
     directory = checkpoint_dir(path)
     runs = [directory, *(_other_run(run) for run in with_runs)]
-    to_average = [d / "actor" for d in _checkpoints_averaged(runs, average)] if len(runs) > 1 or average > 1 else []
+    taken = _checkpoints_averaged(runs, average) if len(runs) > 1 or average > 1 else []
     config = load_config([directory / "config.yaml"], checks=None)
     arr = config.actor_rollout_ref
-    _check_same_model(arr.model.path, dict(zip(with_runs, runs[1:])))
+    _check_same_model(arr.model, dict(zip(with_runs, runs[1:])))
+    _say_averaged(runs, taken)
+    to_average = [d / "actor" for checkpoints in taken for d in checkpoints]
     engine = training_engine(
         # nothing is trained here: no clipping (a run saved before grad_clip had to be > 0 may hold 0)
         arr.model.path, arr.model, arr.actor.optim, dtype=arr.actor.dtype, grad_clip=None,
@@ -75,38 +77,52 @@ def _model_dir(toward: str | Path) -> Path:
 def _other_run(run: str | Path) -> Path:
     try:
         return checkpoint_dir(run)
-    except MissingFileError as err:
+    except (MissingFileError, CheckpointError) as err:
         raise InputError(f"--with {run}: {err}") from err
 
 
-def _check_same_model(model: str, others: dict) -> None:
-    """``--with``: each other run's checkpoint (``others``: by the name given) was trained from ``model`` (a mean
-    of policies that started from different models is no policy); refused naming both, before any weight is read."""
+def _check_same_model(model, others: dict) -> None:
+    """``--with``: each other run's checkpoint (``others``: by the name given) was trained from the same model as
+    ``model`` (the checkpoint given's ``actor_rollout_ref.model``), with the same LoRA, if any: a mean of policies
+    that started from different models is no policy. Refused naming both, before any weight is read."""
     for given, checkpoint in others.items():
-        theirs = load_config([checkpoint / "config.yaml"], checks=None).actor_rollout_ref.model.path
-        if _same_path(theirs) != _same_path(model):
-            raise InputError(f"--with {given}: that run was trained from {theirs}, the checkpoint given from {model}: "
+        theirs = load_config([checkpoint / "config.yaml"], checks=None).actor_rollout_ref.model
+        if _same_path(theirs.path) != _same_path(model.path):
+            raise InputError(f"--with {given}: that run was trained from {theirs.path}, the checkpoint given from {model.path}: "
                              "average runs that started from the same model (seeds of one configuration)")
+        if (theirs.lora_rank, theirs.target_modules) != (model.lora_rank, model.target_modules):
+            raise InputError(f"--with {given}: that run trained LoRA rank {theirs.lora_rank} on {theirs.target_modules}, the "
+                             f"checkpoint given rank {model.lora_rank} on {model.target_modules} (rank 0: every weight): "
+                             "average runs that trained the same weights")
 
 
 def _same_path(model: str) -> str:
-    return str(Path(model).resolve()) if Path(model).exists() else str(model)
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else str(model)
 
 
-def _checkpoints_averaged(runs: list[Path], count: int) -> list[Path]:
-    """The last ``count`` checkpoints of each of ``runs`` (``global_step_N`` directories), each taken once;
-    says which steps of which runs."""
+def _checkpoints_averaged(runs: list[Path], count: int) -> list[list[Path]]:
+    """The last ``count`` checkpoints of each of ``runs``; refused if one is in the mean twice."""
     taken = [_last_checkpoints(run, count) for run in runs]
-    steps = [", ".join(str(step_of(d)) for d in checkpoints) for checkpoints in taken]
-    if len(runs) == 1:
-        print(f"posttrain export: the mean of steps {steps[0]}", file=sys.stderr)
-    else:
-        print("posttrain export: the mean of " + "; ".join(f"steps {s} of {run.parent.parent}" for s, run in zip(steps, runs)),
-              file=sys.stderr)
-    every = [d.resolve() for checkpoints in taken for d in checkpoints]
-    if len(set(every)) < len(every):
-        raise InputError("--with: a checkpoint is named twice (the run given and a --with, or two --with): each run once")
-    return [d for checkpoints in taken for d in checkpoints]
+    seen: set[Path] = set()
+    for checkpoint in (d.resolve() for checkpoints in taken for d in checkpoints):
+        if checkpoint in seen:
+            raise InputError(f"--with: the checkpoint {checkpoint} would be in the mean twice (named by the checkpoint given "
+                             "and a --with, or by two --with, or within their last --average checkpoints): name each once")
+        seen.add(checkpoint)
+    return taken
+
+
+def _say_averaged(runs: list[Path], taken: list[list[Path]]) -> None:
+    """Which steps of which runs the mean takes (on stderr)."""
+    def steps(checkpoints: list[Path]) -> str:
+        return ", ".join(str(step_of(d)) if STEP_DIR.match(d.name) else d.name for d in checkpoints)
+
+    if len(taken) == 1:
+        print(f"posttrain export: the mean of steps {steps(taken[0])}", file=sys.stderr)
+    elif taken:
+        where = [run.parent.parent if STEP_DIR.match(run.name) else run for run in runs]
+        print("posttrain export: the mean of " + "; ".join(f"steps {steps(c)} of {w}" for c, w in zip(taken, where)), file=sys.stderr)
 
 
 def _last_checkpoints(directory: Path, count: int) -> list[Path]:

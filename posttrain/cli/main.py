@@ -12,7 +12,8 @@
                                                      and B - A with a paired bootstrap interval
   posttrain export CHECKPOINT --out DIR [--average K] [--with RUN] [--weight W [--toward MODEL]]
                                                      a checkpoint's policy as a Hugging Face directory (--average:
-                                                     the mean of the run's last K checkpoints; --weight: moved back
+                                                     the mean of the run's last K checkpoints; --with: other runs
+                                                     of the same model in that mean; --weight: moved back
                                                      toward the model it was trained from, or MODEL; above 1: carried
                                                      on past the policy)
   posttrain config [--preset NAME] [--for train|sft|eval] [key=value ...]

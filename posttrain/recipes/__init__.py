@@ -20,8 +20,8 @@ A recipe is a YAML file (the built-in ones are beside this file; ``posttrain rec
         checkpoint: rl                  # eval: the policy of a train stage's last checkpoint
       - name: mean                      # export: a train stage's last checkpoint as a model (<dir>/export),
         command: export                 #   with `posttrain export`'s options, e.g. the mean with another
-        checkpoint: rl                  #   seed's run (a later stage's input, as an SFT export is)
-        options: [--with, "{stage:rl_seed2}"]
+        checkpoint: rl                  #   seed's run, a train stage rl_seed2 defined above it (not shown);
+        options: [--with, "{stage:rl_seed2}"]   # a later stage's input, as an SFT export is
     table:
       rows: {base: base_eval, SFT: sft_eval, RL: rl_eval}   # label: an eval stage
       compare: [sft_eval, rl_eval]      # the paired difference of two rows (or a list of such pairs)
@@ -32,7 +32,7 @@ output is its directory (prepare: the dataset; train: the run, whose latest chec
 names), and for sft and export the exported policy (``<dir>/export``). A stage that finished is skipped when
 the recipe runs again with the same command and the same stages before it (its ``DONE`` file holds
 their fingerprint); a train or sft stage that was interrupted (a crash, or Ctrl-C: the stage stops at
-a clean point and the recipe with it) resumes from its checkpoint; a prepare or eval stage runs
+a clean point and the recipe with it) resumes from its checkpoint; a prepare, eval or export stage runs
 again; a stage whose command or earlier stages changed starts over (its old directory moved aside), but a
 train stage whose only change is more steps or epochs trains further from its checkpoint (recipes/further.py);
 ``--report`` runs no stage and writes the table of those that finished (a stage that finished with other
@@ -189,6 +189,7 @@ def check_recipe(recipe: Recipe, path: Path) -> None:
 def split_overrides(recipe: Recipe, arguments: list[str]) -> tuple[list[str], dict[str, list[str]]]:
     """``key=value`` for every stage, ``STAGE:key=value`` for one."""
     names = {stage.name for stage in recipe.stages}
+    exports = {stage.name for stage in recipe.stages if stage.command == "export"}
     common, per_stage = [], {name: [] for name in names}
     for argument in arguments:
         head, _, rest = argument.partition("=")
@@ -198,6 +199,9 @@ def split_overrides(recipe: Recipe, arguments: list[str]) -> tuple[list[str], di
             stage, key = head.split(":", 1)
             if stage not in names:
                 raise RecipeError(f"{argument!r}: the recipe {recipe.name} has no stage {stage!r} ({', '.join(sorted(names))})")
+            if stage in exports:
+                raise RecipeError(f"{argument!r}: {stage} is an export stage, which takes no key=value settings; "
+                                  "give posttrain export's options in its options: in the recipe file")
             per_stage[stage].append(f"{key}={rest}")
         else:
             common.append(argument)

@@ -16,6 +16,7 @@ from posttrain.config.mixture import mixture_sources
 from posttrain.models import cached_tiny_model
 from posttrain.recipes import (
     RecipeError,
+    Stage,
     builtin_names,
     check_given,
     given_stamp,
@@ -84,6 +85,11 @@ def test_overrides_go_to_every_stage_or_to_the_one_named():
         split_overrides(recipe, ["rll:trainer.seed=1"])
     with pytest.raises(RecipeError, match="key=value"):
         split_overrides(recipe, ["trainer.seed"])
+    # an export stage runs posttrain export, which takes options, not settings: refused before any stage runs
+    seeds = dataclasses.replace(recipe, stages=[*recipe.stages, Stage(name="mean", command="export", checkpoint="rl")])
+    assert split_overrides(seeds, ["trainer.seed=3"])[1]["mean"] == []
+    with pytest.raises(RecipeError, match="'mean:trainer.seed=2': mean is an export stage, which takes no key=value settings"):
+        split_overrides(seeds, ["mean:trainer.seed=2"])
 
 
 def test_a_given_stage_is_checked_and_the_stages_only_it_reads_are_not_run(tmp_path):

@@ -235,28 +235,49 @@ def test_export_of_an_average_of_more_checkpoints_than_the_run_keeps_says_which_
     assert "--average 3:" in err and "keeps 2 complete checkpoint(s) up to step 12 (steps 8, 12): average 2 or fewer" in err and "max_ckpt_to_keep" in err
 
 
-def _run_of(directory, model: str, step: int = 2):
-    """A run directory with one complete checkpoint whose config says it was trained from ``model``."""
+def _run_of(directory, model: str, *steps: int, lora_rank: int = 0):
+    """A run directory with complete checkpoints at ``steps`` (2 if none) whose config says it was trained from
+    ``model`` (with LoRA of ``lora_rank``)."""
     manager = CheckpointManager(directory / "checkpoints")
-    partial = manager.begin(step)
-    (partial / "actor").mkdir()
-    (partial / "actor" / "model.pt").write_bytes(bytes(10))
-    (partial / "config.yaml").write_text(f"actor_rollout_ref:\n  model:\n    path: {model}\n")
-    manager.commit(step)
+    for step in steps or (2,):
+        partial = manager.begin(step)
+        (partial / "actor").mkdir()
+        (partial / "actor" / "model.pt").write_bytes(bytes(10))
+        (partial / "config.yaml").write_text(f"actor_rollout_ref:\n  model:\n    path: {model}\n    lora_rank: {lora_rank}\n")
+        manager.commit(step)
     return directory
 
 
 @pytest.mark.parametrize(("others", "message"), [
     (["{tmp}/b"], "--with .*b: that run was trained from .*other_model, the checkpoint given from .*the_model: average runs "
                   "that started from the same model"),
-    (["{tmp}/a"], "a checkpoint is named twice"),
+    (["{tmp}/lora"], "--with .*lora: that run trained LoRA rank 4 on all-linear, the checkpoint given rank 0"),
+    (["{tmp}/a"], "the checkpoint .*global_step_2 would be in the mean twice"),
     (["{tmp}/nowhere"], "--with .*nowhere: .*neither a global_step_N checkpoint nor a run directory"),
 ])
 def test_export_with_other_runs_refuses_another_model_the_same_run_twice_and_no_run(tmp_path, capsys, others, message):
     from posttrain.cli import main
 
     _run_of(tmp_path / "a", str(tmp_path / "the_model"))
-    _run_of(tmp_path / "b", str(tmp_path / "other_model"), step=3)
+    _run_of(tmp_path / "b", str(tmp_path / "other_model"), 3)
+    _run_of(tmp_path / "lora", str(tmp_path / "the_model"), 3, lora_rank=4)
     options = [o for other in others for o in ("--with", other.format(tmp=tmp_path))]
     assert main(["export", str(tmp_path / "a"), "--out", str(tmp_path / "hf"), *options]) == 2
-    assert re.search(message, capsys.readouterr().err, re.S)
+    err = capsys.readouterr().err
+    assert re.search(message, err, re.S) and "the mean of" not in err  # refused before the mean is announced
+
+
+def test_export_with_average_takes_each_runs_last_k_and_the_same_model_written_otherwise(tmp_path, capsys, monkeypatch):
+    from posttrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "the_model").mkdir()
+    _run_of(tmp_path / "a", str(tmp_path / "the_model"), 2, 4, 6)
+    _run_of(tmp_path / "b", "the_model", 3, 5)  # relative, from the directory the export runs in: the same model
+    _run_of(tmp_path / "c", "the_model", 7)
+    # the mean is announced, then loading the stand-in model fails: the checkpoints the mean would take are the point
+    assert main(["export", str(tmp_path / "a"), "--out", "hf", "--average", "2", "--with", "b"]) != 0
+    assert f"the mean of steps 4, 6 of {tmp_path / 'a'}; steps 3, 5 of b" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "a"), "--out", "hf", "--average", "2", "--with", "c"]) == 2
+    err = capsys.readouterr().err
+    assert "--average 2:" in err and "keeps 1 complete checkpoint(s) up to step 7" in err
