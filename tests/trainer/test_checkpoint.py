@@ -249,8 +249,8 @@ def _run_of(directory, model: str, *steps: int, lora_rank: int = 0):
 
 
 @pytest.mark.parametrize(("others", "message"), [
-    (["{tmp}/b"], "--with .*b: that run was trained from .*other_model, the checkpoint given from .*the_model: average runs "
-                  "that started from the same model"),
+    (["{tmp}/b"], ("--with .*b: that run was trained from .*other_model, the checkpoint given from .*the_model: average runs "
+                   "that started from the same model")),
     (["{tmp}/lora"], "--with .*lora: that run trained LoRA rank 4 on all-linear, the checkpoint given rank 0"),
     (["{tmp}/a"], "the checkpoint .*global_step_2 would be in the mean twice"),
     (["{tmp}/nowhere"], "--with .*nowhere: .*neither a global_step_N checkpoint nor a run directory"),
@@ -264,7 +264,7 @@ def test_export_with_other_runs_refuses_another_model_the_same_run_twice_and_no_
     options = [o for other in others for o in ("--with", other.format(tmp=tmp_path))]
     assert main(["export", str(tmp_path / "a"), "--out", str(tmp_path / "hf"), *options]) == 2
     err = capsys.readouterr().err
-    assert re.search(message, err, re.S) and "the mean of" not in err  # refused before the mean is announced
+    assert re.search(message, err, re.DOTALL) and "the mean of" not in err  # refused before the mean is announced
 
 
 def test_export_with_average_takes_each_runs_last_k_and_the_same_model_written_otherwise(tmp_path, capsys, monkeypatch):

@@ -14,7 +14,6 @@ from posttrain.engines.training.inputs import prompt_groups
 from posttrain.engines.training.micro_batches import split_units_by_token_budget
 from posttrain.engines.training.modeling import forward_micro_batch, model_shared_prompt_problem
 from posttrain.engines.training.packing import shared_prompt_layout
-from posttrain.protocol import Batch
 from tests.engines.training.helpers import batch_of, engine_config, grouped_batch, parameters, ppo_entropy_loss, trained
 
 
