@@ -116,7 +116,7 @@ def _checkpoints_averaged(runs: list[Path], count: int) -> list[list[Path]]:
 def _say_averaged(runs: list[Path], taken: list[list[Path]]) -> None:
     """Which steps of which runs the mean takes (on stderr)."""
     def steps(checkpoints: list[Path]) -> str:
-        return ", ".join(str(step_of(d)) if STEP_DIR.match(d.name) else d.name for d in checkpoints)
+        return ", ".join(match[1] if (match := STEP_DIR.match(d.name)) else d.name for d in checkpoints)
 
     if len(taken) == 1:
         print(f"posttrain export: the mean of steps {steps(taken[0])}", file=sys.stderr)

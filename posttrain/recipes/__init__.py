@@ -329,7 +329,8 @@ def stage_argv(stage: Stage, directory: Path, dirs: dict[str, Path], overrides: 
     if stage.command == "prepare":
         return argv + [stage.dataset, "--out", str(directory), *placed(stage.options), *placed(list(own))]
     if stage.command == "export":
-        return argv + [str(dirs[stage.checkpoint]), "--out", str(directory / "export"), *placed(stage.options), *placed(list(own))]
+        # no settings of its own: split_overrides refuses STAGE:key=value for an export stage
+        return argv + [str(dirs[stage.checkpoint]), "--out", str(directory / "export"), *placed(stage.options)]
     if stage.preset:
         argv += ["--preset", stage.preset]
     if stage.command == "eval":
