@@ -72,6 +72,15 @@ taught the number of calls (the held-out rows' 3- and 4-call answers). The dev r
 question they ask, so few of three or four questions fit the training rows' cap: ``dev_prompt_tokens=N`` caps the
 ``dev_`` rows (validation, like the held-out rows, which are not capped) at N prompt tokens in place of
 ``max_prompt_tokens``; keep it within ``data.max_prompt_length``.
+``distractors=N`` adds up to N training rows of category ``synthetic_multiple`` (in train and SFT; BFCL's multiple rule):
+a taught live_simple question (one function, one call) asked with its function among 1 to 3 functions of other taught
+questions (a seeded even draw of the number, the order shuffled), answered by its own call, as BFCL's held-out
+``multiple`` rows offer 2 to 4 functions of which one is right. Functions sharing a subject word with its own come
+first (a ``multiple`` row's functions are about one subject); none whose name shares a word with its own function's
+name (common verbs and trailing digits aside) or with its question's longer words, so that a second function able to
+do the job is rare (a wrong label, not caught otherwise). The capped split has about 200 taught live_simple questions,
+so N above that writes fewer. ``dev_distractors=N`` writes ``dev_distractors.parquet`` from the questions SFT holds back
+(their added functions drawn from every question's), for validation only.
 The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 ``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
 functions (near misses, where RL learns to call wrongly: docs/tools.md) the category ``live_irrelevance_near``, so a
@@ -141,7 +150,7 @@ _DROPPED_KEYS = ("optional",)  # BFCL's own flag, not JSON Schema
 # near_irrelevance: the training rows of this category whose question shares a subject word with its functions
 NEAR_FROM, NEAR_CATEGORY = "live_irrelevance", "live_irrelevance_near"
 # the options that add training rows (with their SFT transcripts), and each added-rows option's report line
-ADDED_TO_TRAIN = ("parallel_pairs", "union_pairs", "swapped_irrelevance", "masked_irrelevance")
+ADDED_TO_TRAIN = ("parallel_pairs", "union_pairs", "swapped_irrelevance", "masked_irrelevance", "distractors")
 ADDED_LINES = {
     "parallel_pairs": (f"{added_rows.PAIRS_CATEGORY} rows", f", two (to most_calls) {added_rows.PAIRED_CATEGORY} questions with the "
                        "same functions asked together, in train and SFT"),
@@ -157,6 +166,10 @@ ADDED_LINES = {
                    "functions its answer calls, for evaluation only"),
     "dev_pairs": ("dev_pairs.parquet", f" {added_rows.UNION_PAIRS_CATEGORY} rows, two (to dev_most_calls) SFT validation "
                   "questions asked together with both questions' functions, for evaluation only"),
+    "distractors": (f"{added_rows.DISTRACTED_CATEGORY} rows", f", a taught {added_rows.DISTRACTED_FROM} question asked with its "
+                    "function among 1 to 3 others', in train and SFT"),
+    "dev_distractors": ("dev_distractors.parquet", f" {added_rows.DISTRACTED_CATEGORY} rows, an SFT validation question asked "
+                        "with its function among 1 to 3 others', for evaluation only"),
 }
 
 
@@ -233,6 +246,7 @@ def prepare_bfcl(
     dev_swapped: int = 0,
     masked_irrelevance: int = 0, dev_masked: int = 0,
     dev_pairs: int = 0, dev_most_calls: int = 2, dev_prompt_tokens: int | None = None,
+    distractors: int = 0, dev_distractors: int = 0,
     near_irrelevance: bool = False,
 ) -> list[Path]:
     """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet`` (unless
@@ -240,7 +254,8 @@ def prepare_bfcl(
     multi_turn_questions = [q for c in _categories(multi_turn, "multi_turn", MULTI_TURN_CATEGORIES, empty=True) for q in load_multi_turn(c, limit)]
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
     made = {"parallel_pairs": parallel_pairs, "union_pairs": union_pairs, "swapped_irrelevance": swapped_irrelevance,
-            "dev_swapped": dev_swapped, "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked, "dev_pairs": dev_pairs}
+            "dev_swapped": dev_swapped, "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked, "dev_pairs": dev_pairs,
+            "distractors": distractors, "dev_distractors": dev_distractors}
     _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made, most_calls, dev_most_calls, dev_prompt_tokens)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
     questions["train"] = _near_misses(questions["train"], splits["train"]) if near_irrelevance else questions["train"]
@@ -305,6 +320,8 @@ def _added(train: list[Question], written: dict[str, Any], held: set[str], seed:
         "dev_masked": added_rows.masked(validated, made["dev_masked"], seed, dev_too_long),
         "dev_pairs": added_rows.parallel_pairs(validated, {q.id for q in validated}, made["dev_pairs"], seed, dev_too_long,
                                                same_functions=False, most_calls=dev_most_calls),
+        "distractors": added_rows.distractors(taught, taught, made["distractors"], seed, too_long),
+        "dev_distractors": added_rows.distractors(validated, with_calls, made["dev_distractors"], seed, dev_too_long),
     }
     report.made = {option: (len(rows), made[option], Counter(len(q.ground_truth) for q in rows)) for option, rows in added.items() if made[option]}
     return added

@@ -1,7 +1,8 @@
 """The rows ``posttrain prepare bfcl``'s options make from BFCL's own training questions (docs in
 :mod:`posttrain.data.preparers.bfcl`): ``parallel_pairs``, ``union_pairs`` and ``dev_pairs`` (two or more questions asked
-at once), ``swapped_irrelevance`` (a question asked with another question's functions, about something else) and ``masked_irrelevance`` (a
-question asked with its own functions less the ones its answer calls). Each is a seeded draw; ``too_long(row)``
+at once), ``swapped_irrelevance`` (a question asked with another question's functions, about something else), ``masked_irrelevance`` (a
+question asked with its own functions less the ones its answer calls) and ``distractors`` / ``dev_distractors`` (a question
+asked with its own function among others' functions). Each is a seeded draw; ``too_long(row)``
 says which rows the prompt cap leaves out."""
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ UNION_PAIRS_CATEGORY = "synthetic_parallel_multiple"
 SWAPPED_FROM, SWAPPED_CATEGORY = ("live_simple", "live_multiple"), "swapped_irrelevance"
 # masked_irrelevance: questions of this category (several functions each) asked without the functions they need
 MASKED_FROM, MASKED_CATEGORY = "live_multiple", "masked_irrelevance"
+
+# distractors: questions of this category (one function, one call) asked with their function among others', answered by their call
+DISTRACTED_FROM, DISTRACTED_CATEGORY = "live_simple", "synthetic_multiple"
 
 # verbs that start many functions' names: two names sharing only one of them do not do the same thing
 _NAME_VERBS = frozenset("get set list create update delete find search add remove fetch check send make show".split())
@@ -172,4 +176,52 @@ def masked(pool: list[Question], count: int, seed: int, too_long: TooLong) -> li
         row = replace(question, id=f"mask_{question.id}", category=MASKED_CATEGORY, functions=rest, ground_truth=[])
         if not too_long(row):
             rows.append(row)
+    return rows
+
+
+def distractors(asked: list[Question], donors: list[Question], count: int, seed: int, too_long: TooLong, *,
+                most_functions: int = 4) -> list[Question]:
+    """Up to ``count`` rows of category :data:`DISTRACTED_CATEGORY` (BFCL's multiple rule: one call, of the right one
+    of several functions): a question of ``asked`` of :data:`DISTRACTED_FROM` (one function, one call, one user
+    message) asked with its function and 1 to ``most_functions`` - 1 functions of other questions of ``donors`` (a
+    seeded even draw of the number, the order shuffled), its answer its own call, as BFCL's held-out ``multiple``
+    rows are. Near functions first: those sharing a subject word (:func:`~posttrain.rewards.bfcl.subject_words`) with
+    its own, as a ``multiple`` row offers functions of one subject; never one whose name shares a word with its own
+    function's name (:func:`_stem_words`: ``get_weather`` beside ``get_current_weather`` could do the job) or with the
+    longer words of its question, nor one of the same name. A row over the cap offers one function fewer, down to two;
+    a question with no function left to add is skipped. A distractor that could do the job under an unrelated name
+    makes a wrong label (left to the name rules)."""
+    if count == 0:
+        return []
+    offered: dict[str, dict[str, Any]] = {}
+    for doc in (doc for q in donors for doc in q.functions):
+        offered.setdefault(doc["name"], doc)
+    subjects = {name: subject_words([doc]) for name, doc in offered.items()}
+    stems = {name: _stem_words(name) for name in offered}
+    candidates = [q for q in asked if q.category == DISTRACTED_FROM and len(q.functions) == 1 and len(q.ground_truth) == 1
+                  and _single_user_turn(q)]
+    rng = random.Random(seed)
+    rng.shuffle(candidates)
+    rows: list[Question] = []
+    for question in candidates:
+        if len(rows) == count:
+            break
+        own = question.functions[0]
+        own_subjects = subject_words([own])
+        unlike = _stem_words(own["name"]) | question_words(question.messages[0]["content"])
+        allowed = [name for name in offered if name != own["name"] and not stems[name] & unlike]
+        if not allowed:
+            continue
+        near = {name for name in allowed if subjects[name] & own_subjects}
+        far = [name for name in allowed if name not in near]
+        chosen = rng.sample(sorted(near), len(near)) + rng.sample(far, len(far))
+        chosen = chosen[:rng.randint(1, most_functions - 1)]
+        functions = [own] + [offered[name] for name in chosen]
+        rng.shuffle(functions)
+        for n in range(len(functions), 1, -1):
+            kept = [f for f in functions if f is own or f["name"] in chosen[:n - 1]]
+            row = replace(question, id=f"distract_{question.id}", category=DISTRACTED_CATEGORY, functions=kept)
+            if not too_long(row):
+                rows.append(row)
+                break
     return rows
