@@ -413,6 +413,80 @@ def test_masked_rows_leave_out_the_namesakes_of_the_functions_the_answer_calls()
     assert all(r.category == "masked_irrelevance" and r.ground_truth == [] for r in rows)
 
 
+def test_distractors_ask_a_taught_question_with_its_function_among_others(tmp_path, capsys):
+    """distractors=N: a taught live_simple question asked with its function among 1 to 3 other questions' functions (no
+    namesake of its own), answered by its own call, judged by BFCL's multiple rule (the right call passes, a call of an
+    added function fails), its SFT transcript its own call. dev_distractors=N makes them from the questions SFT holds
+    back, in dev_distractors.parquet only; every other row and transcript is as without the options."""
+    from posttrain.data.preparers.bfcl_added import _stem_words
+
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=80", "sft_val_size=30", "distractors=8",
+                 "dev_distractors=3", "multi_turn="]) == 0
+    printed = capsys.readouterr().out
+    assert "synthetic_multiple rows (distractors=8): 8" in printed and "dev_distractors.parquet (dev_distractors=3): 3" in printed
+    train = _rows(tmp_path / "train.parquet")
+    questions = {q.id: q for q in load_category("live_simple", 80)}
+    transcripts = {r["extra_info"]["id"]: r["messages"] for r in _rows(tmp_path / "sft.parquet")}
+    in_sft = {r["extra_info"]["id"]: r["extra_info"]["in_sft"] for r in train}
+    made = [r for r in train if r["extra_info"]["category"] == "synthetic_multiple"]
+    dev = _rows(tmp_path / "dev_distractors.parquet")
+    assert len(made) == 8 and len(dev) == 3
+    sizes = Counter()
+    for row, taught in [(r, True) for r in made] + [(r, False) for r in dev]:
+        asked = questions[row["extra_info"]["id"].removeprefix("distract_")]
+        assert in_sft[asked.id] is taught and row["prompt"] == asked.messages  # taught questions train, held-back ones validate
+        own, offered = asked.functions[0], json.loads(row["extra_info"]["bfcl_functions"])
+        others = [f for f in offered if f != own]
+        assert own in offered and 1 <= len(others) <= 3 and len({f["name"] for f in offered}) == len(offered)
+        assert not any(_stem_words(f["name"]) & _stem_words(own["name"]) for f in others)  # no namesake of its own
+        sizes[len(offered)] += 1
+        assert json.loads(row["reward_model"]["ground_truth"]) == asked.ground_truth
+        right = bfcl.answer_calls(asked.ground_truth, offered)
+        assert bfcl.check_calls(right, asked.ground_truth, row["extra_info"]).valid
+        assert not bfcl.check_calls([{"name": others[0]["name"], "arguments": right[0]["arguments"]}], asked.ground_truth, row["extra_info"]).valid
+        if taught:
+            assert transcripts[row["extra_info"]["id"]][-1] == transcripts[asked.id][-1]  # its own call, as SFT teaches it alone
+        else:
+            assert row["extra_info"]["id"] not in transcripts
+    assert len(sizes) > 1  # 2 to 4 functions, not one number
+    plain = tmp_path / "plain"
+    prepare("bfcl", plain, limit=80, sft_val_size=30, multi_turn="")
+    assert _rows(plain / "train.parquet") == [r for r in train if r["extra_info"]["category"] != "synthetic_multiple"]
+    assert _rows(plain / "sft.parquet") == [r for r in _rows(tmp_path / "sft.parquet") if r["extra_info"]["category"] != "synthetic_multiple"]
+
+
+def test_distractors_put_near_functions_first_and_leave_out_namesakes_and_the_question_s_words():
+    """An added function sharing a subject word with the question's own is drawn before one about something else; one
+    whose name shares a word with the own function's name or the question's longer words is never drawn; a question
+    with no function to add is skipped; a row over the cap offers one function fewer, down to two."""
+    from posttrain.data.preparers.bfcl import Question
+    from posttrain.data.preparers.bfcl_added import distractors
+
+    def question(qid, name, description, text="Book me a table"):
+        return Question(qid, "live_simple", [{"role": "user", "content": text}], [{"name": name, "description": description}],
+                        [{name: {}}])
+
+    asked = question("a", "book_restaurant", "Reserve a table at a restaurant")
+    donors = [question("b", "find_restaurant_reviews", "Reviews of a restaurant"),  # its name shares "restaurant" with the own one's
+              question("c", "order_taxi", "Order a taxi to a restaurant"),  # near: its description shares "restaurant"
+              question("d", "table_tennis_scores", "Scores of matches"),  # its name shares "table" with the question
+              question("e", "get_stock_price", "Price of a stock"),  # about something else
+              question("f", "list_tables", "Lists database tables", text="x")]  # about something else ("tables" is not "table")
+    drawn = Counter()
+    for seed in range(12):
+        (row,) = distractors([asked], donors, 1, seed, lambda q: False)
+        names = [f["name"] for f in row.functions]
+        drawn.update(names)
+        assert "book_restaurant" in names and "order_taxi" in names  # the near one always comes first
+        assert row.category == "synthetic_multiple" and row.ground_truth == asked.ground_truth and row.id == "distract_a"
+    assert drawn["find_restaurant_reviews"] == drawn["table_tennis_scores"] == 0 and drawn["get_stock_price"] and drawn["list_tables"]
+    assert len({drawn[n] for n in ("book_restaurant", "get_stock_price")}) == 2  # the number of functions drawn varies
+    assert distractors([asked], [donors[0]], 1, 0, lambda q: False) == []  # only a namesake to add: skipped
+    (short,) = distractors([asked], donors, 1, 3, lambda q: len(q.functions) > 2)
+    assert len(short.functions) == 2 and "order_taxi" in [f["name"] for f in short.functions]  # one fewer, near kept
+    assert distractors([asked], donors, 1, 0, lambda q: True) == []
+
+
 def test_near_irrelevance_names_the_live_irrelevance_rows_whose_question_shares_words_with_the_functions(tmp_path, capsys):
     """near_irrelevance=true: the live_irrelevance training rows whose question shares a subject word with their functions
     take the category live_irrelevance_near; every row is otherwise the same, in the same order; held-out rows keep theirs."""
