@@ -457,8 +457,9 @@ def test_distractors_ask_a_taught_question_with_its_function_among_others(tmp_pa
 
 def test_distractors_put_near_functions_first_and_leave_out_namesakes_and_the_question_s_words():
     """An added function sharing a subject word with the question's own is drawn before one about something else; one
-    whose name shares a word with the own function's name or the question's longer words is never drawn; a question
-    with no function to add is skipped; a row over the cap offers one function fewer, down to two."""
+    whose name shares a word with the own function's name or the question's words, or whose subject words hold the
+    question's longer words, is never drawn; the number drawn varies; a question with no function to add is skipped;
+    a row over the cap offers one function fewer, down to two."""
     from posttrain.data.preparers.bfcl import Question
     from posttrain.data.preparers.bfcl_added import distractors
 
@@ -470,17 +471,21 @@ def test_distractors_put_near_functions_first_and_leave_out_namesakes_and_the_qu
     donors = [question("b", "find_restaurant_reviews", "Reviews of a restaurant"),  # its name shares "restaurant" with the own one's
               question("c", "order_taxi", "Order a taxi to a restaurant"),  # near: its description shares "restaurant"
               question("d", "table_tennis_scores", "Scores of matches"),  # its name shares "table" with the question
+              question("g", "seat_finder", "Finds a free table"),  # its description holds the question's "table"
               question("e", "get_stock_price", "Price of a stock"),  # about something else
               question("f", "list_tables", "Lists database tables", text="x")]  # about something else ("tables" is not "table")
-    drawn = Counter()
+    drawn, sizes = Counter(), set()
     for seed in range(12):
         (row,) = distractors([asked], donors, 1, seed, lambda q: False)
         names = [f["name"] for f in row.functions]
         drawn.update(names)
+        sizes.add(len(names))
         assert "book_restaurant" in names and "order_taxi" in names  # the near one always comes first
         assert row.category == "synthetic_multiple" and row.ground_truth == asked.ground_truth and row.id == "distract_a"
-    assert drawn["find_restaurant_reviews"] == drawn["table_tennis_scores"] == 0 and drawn["get_stock_price"] and drawn["list_tables"]
-    assert len({drawn[n] for n in ("book_restaurant", "get_stock_price")}) == 2  # the number of functions drawn varies
+    assert drawn["find_restaurant_reviews"] == drawn["table_tennis_scores"] == drawn["seat_finder"] == 0
+    assert drawn["get_stock_price"] and drawn["list_tables"] and sizes == {2, 3, 4}
+    adding = question("h", "calculator.sum", "Sums numbers", text="Add 2 and 3")  # "add", a name of a verb alone, is its word
+    assert [r.functions for r in distractors([adding], [question("i", "add", "Adds numbers", text="y")], 1, 0, lambda q: False)] == []
     assert distractors([asked], [donors[0]], 1, 0, lambda q: False) == []  # only a namesake to add: skipped
     (short,) = distractors([asked], donors, 1, 3, lambda q: len(q.functions) > 2)
     assert len(short.functions) == 2 and "order_taxi" in [f["name"] for f in short.functions]  # one fewer, near kept

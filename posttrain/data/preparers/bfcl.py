@@ -74,12 +74,13 @@ question they ask, so few of three or four questions fit the training rows' cap:
 ``max_prompt_tokens``; keep it within ``data.max_prompt_length``.
 ``distractors=N`` adds up to N training rows of category ``synthetic_multiple`` (in train and SFT; BFCL's multiple rule):
 a taught live_simple question (one function, one call) asked with its function among 1 to 3 functions of other taught
-questions (a seeded even draw of the number, the order shuffled), answered by its own call, as BFCL's held-out
-``multiple`` rows offer 2 to 4 functions of which one is right. Functions sharing a subject word with its own come
-first (a ``multiple`` row's functions are about one subject); none whose name shares a word with its own function's
-name (common verbs and trailing digits aside) or with its question's longer words, so that a second function able to
-do the job is rare (a wrong label, not caught otherwise). The capped split has about 200 taught live_simple questions,
-so N above that writes fewer. ``dev_distractors=N`` writes ``dev_distractors.parquet`` from the questions SFT holds back
+questions (a seeded even draw of the number; a row over the prompt cap offers one fewer, so long ones are fewer; the
+order shuffled), answered by its own call, as BFCL's held-out ``multiple`` rows offer 2 to 4 functions of which one is
+right. Functions sharing a subject word with its own come first (a ``multiple`` row's functions are about one
+subject); none whose name shares a word with its own function's name (common verbs and trailing digits aside) or with
+its question, nor one whose subject words hold its question's longer words, so that a second function able to do the
+job is rare (a wrong label, not caught otherwise). The report says how many the capped split yields (one per taught
+live_simple question at most). ``dev_distractors=N`` writes ``dev_distractors.parquet`` from the questions SFT holds back
 (their added functions drawn from every question's), for validation only.
 The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 ``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
@@ -242,11 +243,9 @@ def prepare_bfcl(
     multi_turn: str = "multi_turn_base",
     no_call_share: float | None = None,
     parallel_pairs: int = 0, union_pairs: int = 0, most_calls: int = 2,
-    swapped_irrelevance: int = 0,
-    dev_swapped: int = 0,
-    masked_irrelevance: int = 0, dev_masked: int = 0,
+    swapped_irrelevance: int = 0, dev_swapped: int = 0,
+    masked_irrelevance: int = 0, dev_masked: int = 0, distractors: int = 0, dev_distractors: int = 0,
     dev_pairs: int = 0, dev_most_calls: int = 2, dev_prompt_tokens: int | None = None,
-    distractors: int = 0, dev_distractors: int = 0,
     near_irrelevance: bool = False,
 ) -> list[Path]:
     """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet`` (unless
@@ -320,7 +319,7 @@ def _added(train: list[Question], written: dict[str, Any], held: set[str], seed:
         "dev_masked": added_rows.masked(validated, made["dev_masked"], seed, dev_too_long),
         "dev_pairs": added_rows.parallel_pairs(validated, {q.id for q in validated}, made["dev_pairs"], seed, dev_too_long,
                                                same_functions=False, most_calls=dev_most_calls),
-        "distractors": added_rows.distractors(taught, taught, made["distractors"], seed, too_long),
+        "distractors": added_rows.distractors(taught, taught, made["distractors"], seed, lambda q: too_long(q) or transcript(q) is None),
         "dev_distractors": added_rows.distractors(validated, with_calls, made["dev_distractors"], seed, dev_too_long),
     }
     report.made = {option: (len(rows), made[option], Counter(len(q.ground_truth) for q in rows)) for option, rows in added.items() if made[option]}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import replace
 from typing import Any, Callable, Protocol, TypeVar
 
@@ -186,18 +187,19 @@ def distractors(asked: list[Question], donors: list[Question], count: int, seed:
     message) asked with its function and 1 to ``most_functions`` - 1 functions of other questions of ``donors`` (a
     seeded even draw of the number, the order shuffled), its answer its own call, as BFCL's held-out ``multiple``
     rows are. Near functions first: those sharing a subject word (:func:`~posttrain.rewards.bfcl.subject_words`) with
-    its own, as a ``multiple`` row offers functions of one subject; never one whose name shares a word with its own
-    function's name (:func:`_stem_words`: ``get_weather`` beside ``get_current_weather`` could do the job) or with the
-    longer words of its question, nor one of the same name. A row over the cap offers one function fewer, down to two;
-    a question with no function left to add is skipped. A distractor that could do the job under an unrelated name
-    makes a wrong label (left to the name rules)."""
+    its own, as a ``multiple`` row offers functions of one subject; never one of the same name, one whose name shares
+    a word with its own function's name (:func:`_stem_words`: ``get_weather`` beside ``get_current_weather`` could do
+    the job) or with a word of three letters or more of its question, nor one whose subject words include the question's longer words
+    (``weather.get_weather_data``, "including temperature", for "the current temperature in Paris"). A row over the cap
+    offers one function fewer (the last drawn), down to two; a question with no function left to add is skipped. A
+    distractor that could do the job in other words makes a wrong label (left to these word rules)."""
     if count == 0:
         return []
     offered: dict[str, dict[str, Any]] = {}
     for doc in (doc for q in donors for doc in q.functions):
         offered.setdefault(doc["name"], doc)
     subjects = {name: subject_words([doc]) for name, doc in offered.items()}
-    stems = {name: _stem_words(name) for name in offered}
+    stems = {name: _stem_words(name) or name_words(name) for name in offered}  # a name of verbs alone ("add") is its words
     candidates = [q for q in asked if q.category == DISTRACTED_FROM and len(q.functions) == 1 and len(q.ground_truth) == 1
                   and _single_user_turn(q)]
     rng = random.Random(seed)
@@ -206,16 +208,17 @@ def distractors(asked: list[Question], donors: list[Question], count: int, seed:
     for question in candidates:
         if len(rows) == count:
             break
-        own = question.functions[0]
-        own_subjects = subject_words([own])
-        unlike = _stem_words(own["name"]) | question_words(question.messages[0]["content"])
-        allowed = [name for name in offered if name != own["name"] and not stems[name] & unlike]
+        own, text = question.functions[0], question.messages[0]["content"]
+        own_subjects, spoken = subject_words([own]), question_words(text)
+        unlike = (_stem_words(own["name"]) or name_words(own["name"])) | {w.lower() for w in re.findall(r"[A-Za-z]{3,}", text)}
+        allowed = [name for name in offered if name != own["name"] and not stems[name] & unlike and not subjects[name] & spoken]
         if not allowed:
             continue
-        near = {name for name in allowed if subjects[name] & own_subjects}
-        far = [name for name in allowed if name not in near]
-        chosen = rng.sample(sorted(near), len(near)) + rng.sample(far, len(far))
-        chosen = chosen[:rng.randint(1, most_functions - 1)]
+        size = rng.randint(1, most_functions - 1)
+        near = [name for name in allowed if subjects[name] & own_subjects]
+        chosen = rng.sample(near, min(size, len(near)))
+        far = [name for name in allowed if not subjects[name] & own_subjects]
+        chosen += rng.sample(far, min(size - len(chosen), len(far)))
         functions = [own] + [offered[name] for name in chosen]
         rng.shuffle(functions)
         for n in range(len(functions), 1, -1):
