@@ -26,6 +26,27 @@ def _rows(path):
     return pq.read_table(path).to_pylist()
 
 
+def _added(tmp_path, capsys, option: str, dev_option: str, category: str, asked_from: str, prefix: str):
+    """``prepare bfcl`` with ``option=8`` and ``dev_option=3`` (limit 80, 30 held back): checks the report's two lines
+    and that every other training row and transcript is as without them; returns (made, dev) as pairs (row, the asked
+    question), the question ids → transcripts, and the training rows' ids → in_sft."""
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=80", "sft_val_size=30", f"{option}=8", f"{dev_option}=3",
+                 "multi_turn="]) == 0
+    printed = capsys.readouterr().out
+    assert f"{category} rows ({option}=8): 8" in printed and f"{dev_option}.parquet ({dev_option}=3): 3" in printed
+    train, sft = _rows(tmp_path / "train.parquet"), _rows(tmp_path / "sft.parquet")
+    plain = tmp_path / "plain"
+    prepare("bfcl", plain, limit=80, sft_val_size=30, multi_turn="")
+    assert _rows(plain / "train.parquet") == [r for r in train if r["extra_info"]["category"] != category]
+    assert _rows(plain / "sft.parquet") == [r for r in sft if r["extra_info"]["category"] != category]
+    assert _rows(plain / "sft_val.parquet") == _rows(tmp_path / "sft_val.parquet")
+    questions = {q.id: q for q in load_category(asked_from, 80)}
+    pairs = [[(r, questions[r["extra_info"]["id"].removeprefix(prefix)]) for r in rows]
+             for rows in ([r for r in train if r["extra_info"]["category"] == category], _rows(tmp_path / f"{dev_option}.parquet"))]
+    assert [len(rows) for rows in pairs] == [8, 3]
+    return pairs, {r["extra_info"]["id"]: r["messages"] for r in sft}, {r["extra_info"]["id"]: r["extra_info"]["in_sft"] for r in train}
+
+
 def _function(category: str, question_id: str, name: str) -> dict:
     """Function ``name`` of BFCL question ``question_id`` as the rows' tool schema."""
     question = next(q for q in load_category(category) if q.id == question_id)
@@ -365,19 +386,9 @@ def test_masked_irrelevance_asks_a_taught_question_without_the_functions_its_ans
     so. dev_masked=N makes them from the questions SFT holds back, in dev_masked.parquet only."""
     from posttrain.data.preparers.bfcl_added import _stem_words
 
-    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=80", "sft_val_size=30", "masked_irrelevance=8",
-                 "dev_masked=3", "multi_turn="]) == 0
-    printed = capsys.readouterr().out
-    assert "masked_irrelevance rows (masked_irrelevance=8): 8" in printed and "dev_masked.parquet (dev_masked=3): 3" in printed
-    train = _rows(tmp_path / "train.parquet")
-    questions = {q.id: q for q in load_category("live_multiple", 80)}
-    transcripts = {r["extra_info"]["id"]: r["messages"] for r in _rows(tmp_path / "sft.parquet")}
-    in_sft = {r["extra_info"]["id"]: r["extra_info"]["in_sft"] for r in train}
-    masked = [r for r in train if r["extra_info"]["category"] == "masked_irrelevance"]
-    dev = _rows(tmp_path / "dev_masked.parquet")
-    assert len(masked) == 8 and len(dev) == 3
-    for row, taught in [(r, True) for r in masked] + [(r, False) for r in dev]:
-        asked = questions[row["extra_info"]["id"].removeprefix("mask_")]
+    (masked, dev), transcripts, in_sft = _added(tmp_path, capsys, "masked_irrelevance", "dev_masked", "masked_irrelevance",
+                                                "live_multiple", "mask_")
+    for (row, asked), taught in [(pair, True) for pair in masked] + [(pair, False) for pair in dev]:
         assert in_sft[asked.id] is taught and row["prompt"] == asked.messages  # taught questions train, held-back ones validate
         needed = {name for call in asked.ground_truth for name in call}
         kept = [f["name"] for f in json.loads(row["extra_info"]["bfcl_functions"])]
@@ -386,11 +397,6 @@ def test_masked_irrelevance_asks_a_taught_question_without_the_functions_its_ans
         assert row["reward_model"]["ground_truth"] == "[]" and bfcl.check_calls([], [], row["extra_info"]).valid
         assert not bfcl.check_calls([{"name": kept[0], "arguments": {}}], [], row["extra_info"]).valid
         assert transcripts[row["extra_info"]["id"]][-1]["content"] == NO_FUNCTION_ANSWER if taught else row["extra_info"]["id"] not in transcripts
-    plain = tmp_path / "plain"  # the other rows and transcripts are as without the option
-    prepare("bfcl", plain, limit=80, sft_val_size=30, multi_turn="")
-    assert _rows(plain / "train.parquet") == [r for r in train if r["extra_info"]["category"] != "masked_irrelevance"]
-    assert _rows(plain / "sft.parquet") == [r for r in _rows(tmp_path / "sft.parquet") if r["extra_info"]["category"] != "masked_irrelevance"]
-    assert _rows(plain / "sft_val.parquet") == _rows(tmp_path / "sft_val.parquet")
 
 
 def test_masked_rows_leave_out_the_namesakes_of_the_functions_the_answer_calls():
@@ -420,20 +426,10 @@ def test_distractors_ask_a_taught_question_with_its_function_among_others(tmp_pa
     back, in dev_distractors.parquet only; every other row and transcript is as without the options."""
     from posttrain.data.preparers.bfcl_added import _stem_words
 
-    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=80", "sft_val_size=30", "distractors=8",
-                 "dev_distractors=3", "multi_turn="]) == 0
-    printed = capsys.readouterr().out
-    assert "synthetic_multiple rows (distractors=8): 8" in printed and "dev_distractors.parquet (dev_distractors=3): 3" in printed
-    train = _rows(tmp_path / "train.parquet")
-    questions = {q.id: q for q in load_category("live_simple", 80)}
-    transcripts = {r["extra_info"]["id"]: r["messages"] for r in _rows(tmp_path / "sft.parquet")}
-    in_sft = {r["extra_info"]["id"]: r["extra_info"]["in_sft"] for r in train}
-    made = [r for r in train if r["extra_info"]["category"] == "synthetic_multiple"]
-    dev = _rows(tmp_path / "dev_distractors.parquet")
-    assert len(made) == 8 and len(dev) == 3
+    (made, dev), transcripts, in_sft = _added(tmp_path, capsys, "distractors", "dev_distractors", "synthetic_multiple",
+                                              "live_simple", "distract_")
     sizes = Counter()
-    for row, taught in [(r, True) for r in made] + [(r, False) for r in dev]:
-        asked = questions[row["extra_info"]["id"].removeprefix("distract_")]
+    for (row, asked), taught in [(pair, True) for pair in made] + [(pair, False) for pair in dev]:
         assert in_sft[asked.id] is taught and row["prompt"] == asked.messages  # taught questions train, held-back ones validate
         own, offered = asked.functions[0], json.loads(row["extra_info"]["bfcl_functions"])
         others = [f for f in offered if f != own]
@@ -449,10 +445,6 @@ def test_distractors_ask_a_taught_question_with_its_function_among_others(tmp_pa
         else:
             assert row["extra_info"]["id"] not in transcripts
     assert len(sizes) > 1  # 2 to 4 functions, not one number
-    plain = tmp_path / "plain"
-    prepare("bfcl", plain, limit=80, sft_val_size=30, multi_turn="")
-    assert _rows(plain / "train.parquet") == [r for r in train if r["extra_info"]["category"] != "synthetic_multiple"]
-    assert _rows(plain / "sft.parquet") == [r for r in _rows(tmp_path / "sft.parquet") if r["extra_info"]["category"] != "synthetic_multiple"]
 
 
 def test_distractors_put_near_functions_first_and_leave_out_namesakes_and_the_question_s_words():
