@@ -273,11 +273,14 @@ def validation_metrics(batch: Batch, n: int) -> dict[str, float]:
 def item_key(row: dict) -> str:
     """What makes two episode rows the same item: the data source, the dataset row (``extra_info.index``,
     where the data has it: two held-out doctor cases can share a prompt and a diagnosis), the prompt
-    (the messages before the first answer) and the ground truth."""
+    (the messages before the first answer), the tools it was offered (``extra_info.tools``, where the row
+    has them: a question asked with other functions is another item, as in two files of one split whose
+    indexes overlap) and the ground truth."""
     messages = row.get("messages") or []
     first_answer = next((i for i, message in enumerate(messages) if message.get("role") == "assistant"), len(messages))
-    index = (row.get("extra_info") or {}).get("index")
-    item = [row.get("data_source"), index, messages[:first_answer], row.get("ground_truth")]
+    extra_info = row.get("extra_info") or {}
+    item = [row.get("data_source"), extra_info.get("index"), messages[:first_answer], row.get("ground_truth")]
+    item += [extra_info["tools"]] if "tools" in extra_info else []
     item += [row["source"]] if "source" in row else []  # a mixture's: two sources may hold the same rows
     return json.dumps(item, sort_keys=True, ensure_ascii=False)
 

@@ -100,6 +100,19 @@ def test_posttrain_compare_counts_the_items_whose_transcripts_are_the_same(tmp_p
     assert "the same transcript in A and B: 3 of 4 items" in capsys.readouterr().out
 
 
+def test_the_same_question_offered_other_tools_is_another_item(tmp_path, capsys):
+    """Two files of one split index their rows from 0: a question at the same index asked with other functions (a BFCL
+    dev row and its distractor row) is compared as two items, not averaged into one."""
+    a = write_episodes(tmp_path / "a.jsonl", [True, False], [1, 1])
+    rows = [json.loads(line) for line in a.read_text().splitlines()]
+    rows[1] |= {"ground_truth": rows[0]["ground_truth"], "messages": rows[0]["messages"]}
+    rows[0]["extra_info"] |= {"index": 0, "tools": "[one function]"}
+    rows[1]["extra_info"] |= {"index": 0, "tools": "[it and another]"}
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert compare_evaluations(tmp_path / "b.jsonl", tmp_path / "b.jsonl") == 0
+    assert "all (2 items)\n  A accuracy 0.500" in capsys.readouterr().out
+
+
 def test_posttrain_compare_refuses_files_without_common_items_or_rows(tmp_path, capsys):
     a = write_episodes(tmp_path / "a.jsonl", [True, False], [1, 1])
     other = tmp_path / "other.jsonl"
