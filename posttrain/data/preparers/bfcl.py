@@ -167,10 +167,10 @@ ADDED_LINES = {
                    "functions its answer calls, for evaluation only"),
     "dev_pairs": ("dev_pairs.parquet", f" {added_rows.UNION_PAIRS_CATEGORY} rows, two (to dev_most_calls) SFT validation "
                   "questions asked together with both questions' functions, for evaluation only"),
-    "distractors": (f"{added_rows.DISTRACTED_CATEGORY} rows", f", a taught {added_rows.DISTRACTED_FROM} question asked with its "
-                    "function among 1 to 3 others', in train and SFT"),
-    "dev_distractors": ("dev_distractors.parquet", f" {added_rows.DISTRACTED_CATEGORY} rows, an SFT validation question asked "
-                        "with its function among 1 to 3 others', for evaluation only"),
+    "distractors": (f"{added_rows.DISTRACTED_CATEGORY} rows", (f", a taught {added_rows.DISTRACTED_FROM} question asked with its "
+                                                                "function among 1 to 3 others', in train and SFT")),
+    "dev_distractors": ("dev_distractors.parquet", (f" {added_rows.DISTRACTED_CATEGORY} rows, an SFT validation question asked "
+                                                    "with its function among 1 to 3 others', for evaluation only")),
 }
 
 
