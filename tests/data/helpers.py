@@ -1,4 +1,4 @@
-"""Writing small verl-format Parquet files with pyarrow, independently of posttrain.data.format."""
+"""Writing small verl-format Parquet files with pyarrow, and reading any back, independently of posttrain.data.format."""
 
 from pathlib import Path
 
@@ -19,3 +19,8 @@ def verl_row(index: int, content: str, *, data_source: str = "src", ground_truth
 def write_parquet(path: Path, rows: list[dict]) -> Path:
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
+
+
+def parquet_rows(path: Path) -> list[dict]:
+    """A Parquet file's rows as dicts, as pyarrow reads them."""
+    return pq.read_table(path).to_pylist()
