@@ -40,7 +40,8 @@ checker reads).
 :func:`check_calls` gives BFCL's whole verdict (its ``error_type`` for per-error-kind analysis);
 :func:`compute_score` is the score function (:func:`argument_credit`, :func:`parameter_credit` and
 :func:`decline_credit`, training rewards of their own, give part credit for a call's parameters, for naming
-the parameters it needs, and credit for making no call);
+the parameters it needs, and credit for making no call; :func:`calls_parameter_credit` and
+:func:`calls_argument_credit` give the first two for each call of a row of several);
 :func:`answer_calls` writes a possible answer as calls (the first acceptable value of each parameter), as
 the SFT transcripts and the tests do.
 """
@@ -195,7 +196,14 @@ def argument_credit(
     if not isinstance(one, tuple):
         return {"score": one}
     reference, written, possible = one
-    name = reference["name"]
+    return {"score": _arguments_share(reference, written, possible, ground_truth, info)}
+
+
+def _arguments_share(reference: dict[str, Any], written: dict[str, Any], possible: dict[str, list],
+                     ground_truth: str | list, info: dict[str, Any]) -> float:
+    """The share of a call's judged parameters BFCL's checker accepts one at a time (:func:`argument_credit`):
+    ``reference`` is the possible answer's call, ``written`` the arguments the model wrote, ``possible`` the
+    parameters' acceptable values, ``ground_truth`` and ``info`` the one-call row the checker is asked about."""
     # judged: the parameters the answer needs ("" not acceptable) and those the model wrote; one the answer
     # does not name is wrong (the checker refuses it), one it may leave out and did is not judged
     judged = [key for key in possible if "" not in possible[key] or key in written]
@@ -203,9 +211,9 @@ def argument_credit(
     right = 0
     for key in judged:
         trial = {k: v for k, v in reference["arguments"].items() if k != key} | ({key: written[key]} if key in written else {})
-        right += check_calls([{"name": name, "arguments": trial}], ground_truth, info).valid
+        right += check_calls([{"name": reference["name"], "arguments": trial}], ground_truth, info).valid
     total = len(judged) + len(unexpected)
-    return {"score": right / total if total else 0.0}
+    return right / total if total else 0.0
 
 
 def parameter_credit(
@@ -241,8 +249,8 @@ def calls_parameter_credit(
 ) -> dict[str, float]:
     """A training reward of its own, not BFCL's (the rubric rule ``bfcl_parameters_per_call``): ``bfcl_parameters``
     on every row that needs a call, of one call or several. Each call of the possible answer is matched to a
-    written call of the same function (the first not yet matched) and earns that call's parameter-name share
-    (:func:`_names_share`); one with no match earns 0. The score is their sum over the larger of the possible
+    written call of the same function (:func:`_per_call_credit`: the one named best, the first of equals) and
+    earns that call's parameter-name share (:func:`_names_share`); one with no match earns 0. The score is their sum over the larger of the possible
     answer's calls and the calls written, so that a call left out and a call too many both cost a share: on a
     row that asks for two calls, stopping after the first earns at most 1/2. 1.0 where BFCL's checker accepts
     the whole answer; 0.0 on a row where no call is right, or for no call. Its ``score`` has no ``acc``.
@@ -250,6 +258,42 @@ def calls_parameter_credit(
     Why: ``bfcl_parameters`` pays a row of several calls only when the checker accepts it, which a small policy
     rarely does, so those rows' groups score alike and teach nothing, while the one-call rows teach it to stop
     after its first call; this rule ranks two calls with the right names above one."""
+    return _per_call_credit(calls, ground_truth, extra_info, lambda name, possible, written: _names_share(written, possible))
+
+
+def calls_argument_credit(
+    solution_str: str,
+    ground_truth: str | list,
+    extra_info: dict[str, Any] | None = None,
+    calls: Sequence[dict[str, Any]] | None = None,
+    **_: Any,
+) -> dict[str, float]:
+    """A training reward of its own, not BFCL's (the rubric rule ``bfcl_arguments_per_call``): ``bfcl_arguments``
+    for each call of a row of one call or several, matched as ``bfcl_parameters_per_call`` matches them. A call of
+    the possible answer earns the share of its judged parameters BFCL's checker accepts one at a time, the checker
+    asked about that call alone (the possible answer's one call, its function's doc, BFCL's simple rule); the
+    score is their sum over the larger of the calls wanted and written. 1.0 where the checker accepts the whole
+    answer; 0.0 on a row where no call is right, or for no call. Its ``score`` has no ``acc``.
+
+    Why: ``bfcl_parameters_per_call`` pays a needed parameter's name whatever its value, and a policy that moves
+    faster learns to write more parameters with wrong values (docs/measured/bfcl_two.txt: wrong value or type
+    202 → 267); this rule pays a parameter only where the checker accepts its value."""
+    def share(name: str, possible: dict[str, list], written: dict[str, Any]) -> float:
+        docs = {doc["name"]: doc for doc in _json_value(_row_field(extra_info or {}, "bfcl_functions"), "extra_info.bfcl_functions")}
+        if name not in docs:
+            return 0.0
+        one_truth, one_info = [{name: possible}], {"category": "simple", "bfcl_functions": [docs[name]]}
+        return _arguments_share(answer_calls(one_truth, [docs[name]])[0], written, possible, one_truth, one_info)
+
+    return _per_call_credit(calls, ground_truth, extra_info, share)
+
+
+def _per_call_credit(calls: Sequence[dict[str, Any]] | None, ground_truth: str | list, extra_info: dict[str, Any] | None,
+                     share: Callable[[str, dict[str, list], dict[str, Any]], float]) -> dict[str, float]:
+    """The per-call rules' score: 1.0 where BFCL's checker accepts the calls; 0.0 on a no-call row or for no
+    call; else each call of the possible answer, in its order, takes the written call of its function (arguments
+    an object, not yet taken) on which ``share(name, acceptable values, arguments)`` is highest (the first of
+    equals) and earns that share, one with none earns 0; the sum over the larger of the calls wanted and written."""
     given, info = _given_calls(calls), extra_info or {}
     if check_calls(given, ground_truth, info).valid:
         return {"score": 1.0}
@@ -259,10 +303,11 @@ def calls_parameter_credit(
     unmatched = [call for call in given if isinstance(call.get("arguments"), dict)]
     earned = 0.0
     for name, possible in wanted:
-        match = next((call for call in unmatched if call["name"] == name), None)
-        if match is not None:
-            unmatched.remove(match)
-            earned += _names_share(match["arguments"], possible)
+        shares = [(share(name, possible, call["arguments"]), i) for i, call in enumerate(unmatched) if call["name"] == name]
+        if shares:
+            best, i = max(shares, key=lambda pair: pair[0])
+            unmatched.pop(i)
+            earned += best
     return {"score": earned / max(len(wanted), len(given))}
 
 
@@ -401,5 +446,5 @@ def _json_value(value: Any, field: str) -> Any:
 
 
 __all__ = ["BFCL_PIN", "INSTALL_HINT", "MODEL_NAME", "CheckerModelConfig", "Verdict", "answer_calls", "argument_credit", "ast_checker", "bfcl_module",
-           "check_calls", "compute_score", "data_dir", "decline_credit", "installed_version", "is_no_call_category", "model_output",
-           "parameter_credit"]
+           "calls_argument_credit", "calls_parameter_credit", "check_calls", "compute_score", "data_dir", "decline_credit", "installed_version",
+           "is_no_call_category", "model_output", "parameter_credit"]

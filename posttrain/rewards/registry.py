@@ -65,6 +65,7 @@ RULES: Mapping[str, ScoreFunction] = MappingProxyType({
     "bfcl_arguments": bfcl.argument_credit,  # part credit for the right function's parameters, judged one by one by BFCL's checker
     "bfcl_parameters": bfcl.parameter_credit,  # the needed parameters a call to the right function names, whatever their values
     "bfcl_parameters_per_call": bfcl.calls_parameter_credit,  # the same for each call of a row of one call or several
+    "bfcl_arguments_per_call": bfcl.calls_argument_credit,  # bfcl_arguments for each call of a row of one call or several
     "bfcl_decline": bfcl.decline_credit,  # 1 for an answer with no call: beside BFCL's verdict, declining ranks above a wrong call
 })
 

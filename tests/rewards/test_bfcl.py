@@ -216,6 +216,46 @@ def test_parameter_credit_per_call_ranks_two_calls_with_the_right_names_above_st
     assert RULES["bfcl_parameters_per_call"] is bfcl.calls_parameter_credit
 
 
+def test_argument_credit_per_call_pays_each_calls_values_the_checker_accepts_not_their_names():
+    """A parallel row (spotify.play twice: Taylor Swift 20, Maroon 5 15): each possible call takes the written call
+    of its function whose values the checker accepts most, in whatever order they were written, and earns that
+    share; the names alone earn nothing. On one-call rows it agrees with bfcl_arguments."""
+    parallel = load_category("parallel", limit=1)[0]
+    calls = bfcl.answer_calls(parallel.ground_truth, parallel.functions)
+    assert [call["arguments"] for call in calls] == [{"artist": "Taylor Swift", "duration": 20}, {"artist": "Maroon 5", "duration": 15}]
+
+    def credit(question, written: list[dict]) -> float:
+        return bfcl.calls_argument_credit("", *_row(question), calls=written)["score"]
+
+    def play(artist, duration) -> dict:
+        return {"name": "spotify.play", "arguments": {"artist": artist, "duration": duration}}
+
+    wrong_values = [play("?", "?"), play("?", "?")]
+    assert credit(parallel, calls) == 1.0 and credit(parallel, calls[::-1]) == 1.0
+    assert credit(parallel, wrong_values) == 0.0 < bfcl.calls_parameter_credit("", *_row(parallel), calls=wrong_values)["score"] == 1.0
+    assert credit(parallel, calls[:1]) == 0.5  # stopping after the first call: half
+    assert credit(parallel, [play("Maroon 5", 16), play("Taylor Swift", 20)]) == pytest.approx((1 + 1 / 2) / 2)  # matched across order
+    assert credit(parallel, [play("Taylor Swift", 15), play("Maroon 5", 20)]) == pytest.approx((1 / 2 + 1 / 2) / 2)
+    assert credit(parallel, [*calls, play("Adele", 3)]) == pytest.approx(2 / 3)  # a call too many: a share lost
+    assert credit(parallel, [calls[0], {"name": "elsewhere", "arguments": calls[1]["arguments"]}]) == 0.5  # a wrong function: 0
+    assert credit(parallel, []) == 0.0 and "acc" not in bfcl.calls_argument_credit("", *_row(parallel), calls=[])
+    both = load_category("parallel_multiple", limit=1)[0]  # sum_of_multiples(1, 1000, [3, 5]) and product_of_primes(5)
+    right = bfcl.answer_calls(both.ground_truth, both.functions)
+    assert credit(both, [right[1], {**right[0], "arguments": {**right[0]["arguments"], "upper_limit": 999}}]) == pytest.approx((2 / 3 + 1) / 2)
+    for question in (load_category("simple_python", limit=1)[0], load_category("multiple", limit=1)[0]):
+        name = bfcl.answer_calls(question.ground_truth, question.functions)[0]["name"]
+        for arguments in ({"base": 10, "height": 6}, {"side1": 5, "side2": 3, "get_area": True}, {"side1": 5, "colour": "red"}, {}):
+            one = [{"name": name, "arguments": arguments}]
+            assert credit(question, one) == bfcl.argument_credit("", *_row(question), calls=one)["score"]
+    irrelevance = load_category("live_irrelevance", limit=1)[0]
+    assert credit(irrelevance, [{"name": irrelevance.functions[0]["name"], "arguments": {}}]) == 0.0
+    assert credit(irrelevance, []) == 1.0  # no call where none is right: the checker's verdict
+    with pytest.raises(InputError, match="env.name=tools"):
+        bfcl.calls_argument_credit("<tool_call>...</tool_call>", *_row(parallel))
+    from posttrain.rewards.registry import RULES
+    assert RULES["bfcl_arguments_per_call"] is bfcl.calls_argument_credit
+
+
 def test_a_rubric_of_the_checker_and_argument_credit_keeps_bfcls_verdict_as_the_accuracy():
     from posttrain.rewards.rubric import build_rubric
 
