@@ -250,9 +250,9 @@ def calls_parameter_credit(
     """A training reward of its own, not BFCL's (the rubric rule ``bfcl_parameters_per_call``): ``bfcl_parameters``
     on every row that needs a call, of one call or several. Each call of the possible answer is matched to a
     written call of the same function (:func:`_per_call_credit`: the one named best, the first of equals) and
-    earns that call's parameter-name share (:func:`_names_share`); one with no match earns 0. The score is their sum over the larger of the possible
-    answer's calls and the calls written, so that a call left out and a call too many both cost a share: on a
-    row that asks for two calls, stopping after the first earns at most 1/2. 1.0 where BFCL's checker accepts
+    earns that call's parameter-name share (:func:`_names_share`); one with no match earns 0. The score is their
+    sum over the larger of the possible answer's calls and the calls written, so that a call left out and a call
+    too many both cost a share: on a row that asks for two calls, stopping after the first earns at most 1/2. 1.0 where BFCL's checker accepts
     the whole answer; 0.0 on a row where no call is right, or for no call. Its ``score`` has no ``acc``.
 
     Why: ``bfcl_parameters`` pays a row of several calls only when the checker accepts it, which a small policy
@@ -278,8 +278,10 @@ def calls_argument_credit(
     Why: ``bfcl_parameters_per_call`` pays a needed parameter's name whatever its value, and a policy that moves
     faster learns to write more parameters with wrong values (docs/measured/bfcl_two.txt: wrong value or type
     202 → 267); this rule pays a parameter only where the checker accepts its value."""
+    _given_calls(calls)  # no calls given: say how to score BFCL rows before reading the row
+    docs = {doc["name"]: doc for doc in _json_value(_row_field(extra_info or {}, "bfcl_functions"), "extra_info.bfcl_functions")}
+
     def share(name: str, possible: dict[str, list], written: dict[str, Any]) -> float:
-        docs = {doc["name"]: doc for doc in _json_value(_row_field(extra_info or {}, "bfcl_functions"), "extra_info.bfcl_functions")}
         if name not in docs:
             return 0.0
         one_truth, one_info = [{name: possible}], {"category": "simple", "bfcl_functions": [docs[name]]}
