@@ -290,17 +290,37 @@ def calls_argument_credit(
     return _per_call_credit(calls, ground_truth, extra_info, share)
 
 
+def calls_count_credit(
+    solution_str: str,
+    ground_truth: str | list,
+    extra_info: dict[str, Any] | None = None,
+    calls: Sequence[dict[str, Any]] | None = None,
+    **_: Any,
+) -> dict[str, float]:
+    """A training reward of its own, not BFCL's (the rubric rule ``bfcl_calls_count``): on a row that needs a
+    call, the smaller of the calls written and the calls the possible answer has over the larger, whatever the
+    calls say (1 − |written − wanted| / the larger). 1.0 where BFCL's checker accepts the whole answer; 0.0 on a
+    row where no call is right, or for no call. Its ``score`` has no ``acc``.
+
+    Why: beside ``bfcl_arguments_per_call`` (which pays a second call only the share of its values the checker
+    accepts), RL answered rows of two calls with one more often (docs/measured/bfcl_argcall.txt); this rule pays
+    writing as many calls as the row asks for, apart from what they say."""
+    given = _refused_calls(calls, ground_truth, extra_info or {})
+    if isinstance(given, float):
+        return {"score": given}
+    wanted = sum(len(call) for call in _json_value(ground_truth, "reward_model.ground_truth"))
+    return {"score": min(wanted, len(given)) / max(wanted, len(given))}
+
+
 def _per_call_credit(calls: Sequence[dict[str, Any]] | None, ground_truth: str | list, extra_info: dict[str, Any] | None,
                      share: Callable[[str, dict[str, list], dict[str, Any]], float]) -> dict[str, float]:
     """The per-call rules' score: 1.0 where BFCL's checker accepts the calls; 0.0 on a no-call row or for no
     call; else each call of the possible answer, in its order, takes the written call of its function (arguments
     an object, not yet taken) on which ``share(name, acceptable values, arguments)`` is highest (the first of
     equals) and earns that share, one with none earns 0; the sum over the larger of the calls wanted and written."""
-    given, info = _given_calls(calls), extra_info or {}
-    if check_calls(given, ground_truth, info).valid:
-        return {"score": 1.0}
-    if is_no_call_category(_row_field(info, "category")) or not given:
-        return {"score": 0.0}
+    given = _refused_calls(calls, ground_truth, extra_info or {})
+    if isinstance(given, float):
+        return {"score": given}
     wanted = [(name, possible) for call in _json_value(ground_truth, "reward_model.ground_truth") for name, possible in call.items()]
     unmatched = [call for call in given if isinstance(call.get("arguments"), dict)]
     earned = 0.0
@@ -311,6 +331,18 @@ def _per_call_credit(calls: Sequence[dict[str, Any]] | None, ground_truth: str |
             unmatched.pop(i)
             earned += best
     return {"score": earned / max(len(wanted), len(given))}
+
+
+def _refused_calls(calls: Sequence[dict[str, Any]] | None, ground_truth: str | list,
+                   info: dict[str, Any]) -> float | Sequence[dict[str, Any]]:
+    """For the per-call rules: 1.0 where BFCL's checker accepts ``calls``; 0.0 on a no-call row or for no
+    call; else the calls, for the rule to judge."""
+    given = _given_calls(calls)
+    if check_calls(given, ground_truth, info).valid:
+        return 1.0
+    if is_no_call_category(_row_field(info, "category")) or not given:
+        return 0.0
+    return given
 
 
 def _names_share(written: dict[str, Any], possible: dict[str, list]) -> float:

@@ -256,6 +256,32 @@ def test_argument_credit_per_call_pays_each_calls_values_the_checker_accepts_not
     assert RULES["bfcl_arguments_per_call"] is bfcl.calls_argument_credit
 
 
+def test_calls_count_credit_pays_as_many_calls_as_the_row_asks_whatever_they_say():
+    """A parallel row of two calls: two calls with wrong values earn all of it, one call half, three calls two
+    thirds; a one-call row pays one call to any function; no call, and a call on an irrelevance row, earn 0."""
+    parallel = load_category("parallel", limit=1)[0]
+    right = bfcl.answer_calls(parallel.ground_truth, parallel.functions)
+
+    def credit(question, written: list[dict]) -> float:
+        return bfcl.calls_count_credit("", *_row(question), calls=written)["score"]
+
+    wrong = {"name": "spotify.play", "arguments": {"artist": "?", "duration": "?"}}
+    assert credit(parallel, right) == 1.0 and credit(parallel, [wrong, wrong]) == 1.0
+    assert credit(parallel, [wrong]) == 0.5 and credit(parallel, right[:1]) == 0.5
+    assert credit(parallel, [*right, wrong]) == pytest.approx(2 / 3) and credit(parallel, [wrong] * 4) == 0.5
+    assert credit(parallel, [{"name": "elsewhere", "arguments": "not an object"}] * 2) == 1.0  # whatever the calls say
+    simple = load_category("simple_python", limit=1)[0]
+    assert credit(simple, [{"name": "elsewhere", "arguments": {}}]) == 1.0 and credit(simple, [wrong, wrong]) == 0.5
+    assert credit(simple, []) == 0.0 and "acc" not in bfcl.calls_count_credit("", *_row(simple), calls=[])
+    irrelevance = load_category("live_irrelevance", limit=1)[0]
+    assert credit(irrelevance, [{"name": irrelevance.functions[0]["name"], "arguments": {}}]) == 0.0
+    assert credit(irrelevance, []) == 1.0  # no call where none is right: the checker's verdict
+    with pytest.raises(InputError, match="env.name=tools"):
+        bfcl.calls_count_credit("<tool_call>...</tool_call>", *_row(parallel))
+    from posttrain.rewards.registry import RULES
+    assert RULES["bfcl_calls_count"] is bfcl.calls_count_credit
+
+
 def test_a_rubric_of_the_checker_and_argument_credit_keeps_bfcls_verdict_as_the_accuracy():
     from posttrain.rewards.rubric import build_rubric
 
