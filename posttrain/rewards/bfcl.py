@@ -41,7 +41,8 @@ checker reads).
 :func:`compute_score` is the score function (:func:`argument_credit`, :func:`parameter_credit` and
 :func:`decline_credit`, training rewards of their own, give part credit for a call's parameters, for naming
 the parameters it needs, and credit for making no call; :func:`calls_parameter_credit` and
-:func:`calls_argument_credit` give the first two for each call of a row of several);
+:func:`calls_argument_credit` give the first two for each call of a row of several, :func:`calls_count_credit`
+for writing as many calls as the row asks for);
 :func:`answer_calls` writes a possible answer as calls (the first acceptable value of each parameter), as
 the SFT transcripts and the tests do.
 """
@@ -303,8 +304,8 @@ def calls_count_credit(
     row where no call is right, or for no call. Its ``score`` has no ``acc``.
 
     Why: beside ``bfcl_arguments_per_call`` (which pays a second call only the share of its values the checker
-    accepts), RL answered rows of two calls with one more often (docs/measured/bfcl_argcall.txt); this rule pays
-    writing as many calls as the row asks for, apart from what they say."""
+    accepts), RL got the number of calls right less often on rows of two calls (docs/measured/bfcl_argcall.txt);
+    this rule pays writing as many calls as the row asks for, apart from what they say."""
     given = _refused_calls(calls, ground_truth, extra_info or {})
     if isinstance(given, float):
         return {"score": given}
@@ -359,10 +360,9 @@ def _one_refused_call(calls: Sequence[dict[str, Any]], ground_truth: str | list,
     """For the part-credit rules: 1.0 where BFCL's checker accepts ``calls``; 0.0 unless they are one call to
     the possible answer's one function, with arguments as an object; else (that answer as a call, the
     arguments written, the possible answer's parameters with their acceptable values)."""
-    if check_calls(calls, ground_truth, info).valid:
-        return 1.0
-    if is_no_call_category(_row_field(info, "category")):
-        return 0.0
+    judged = _refused_calls(calls, ground_truth, info)
+    if isinstance(judged, float):
+        return judged
     reference = answer_calls(ground_truth, _row_field(info, "bfcl_functions"))
     if len(reference) != 1 or len(calls) != 1 or calls[0]["name"] != reference[0]["name"] or not isinstance(calls[0]["arguments"], dict):
         return 0.0
@@ -480,5 +480,5 @@ def _json_value(value: Any, field: str) -> Any:
 
 
 __all__ = ["BFCL_PIN", "INSTALL_HINT", "MODEL_NAME", "CheckerModelConfig", "Verdict", "answer_calls", "argument_credit", "ast_checker", "bfcl_module",
-           "calls_argument_credit", "calls_parameter_credit", "check_calls", "compute_score", "data_dir", "decline_credit", "installed_version",
+           "calls_argument_credit", "calls_count_credit", "calls_parameter_credit", "check_calls", "compute_score", "data_dir", "decline_credit", "installed_version",
            "is_no_call_category", "model_output", "parameter_credit"]
