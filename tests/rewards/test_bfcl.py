@@ -216,6 +216,18 @@ def test_parameter_credit_per_call_ranks_two_calls_with_the_right_names_above_st
     assert RULES["bfcl_parameters_per_call"] is bfcl.calls_parameter_credit
 
 
+def _check_irrelevance_calls_and_registry(rule, name: str, row) -> None:
+    """What every per-call rule shares: on an irrelevance row a call earns 0 and no call the checker's 1.0; no
+    calls given is an InputError that says how to score BFCL rows; the rubric finds the rule by ``name``."""
+    irrelevance = load_category("live_irrelevance", limit=1)[0]
+    assert rule("", *_row(irrelevance), calls=[{"name": irrelevance.functions[0]["name"], "arguments": {}}])["score"] == 0.0
+    assert rule("", *_row(irrelevance), calls=[])["score"] == 1.0  # no call where none is right: the checker's verdict
+    with pytest.raises(InputError, match="env.name=tools"):
+        rule("<tool_call>...</tool_call>", *_row(row))
+    from posttrain.rewards.registry import RULES
+    assert RULES[name] is rule
+
+
 def test_argument_credit_per_call_pays_each_calls_values_the_checker_accepts_not_their_names():
     """A parallel row (spotify.play twice: Taylor Swift 20, Maroon 5 15): each possible call takes the written call
     of its function whose values the checker accepts most, in whatever order they were written, and earns that
@@ -247,13 +259,7 @@ def test_argument_credit_per_call_pays_each_calls_values_the_checker_accepts_not
         for arguments in ({"base": 10, "height": 6}, {"side1": 5, "side2": 3, "get_area": True}, {"side1": 5, "colour": "red"}, {}):
             one = [{"name": name, "arguments": arguments}]
             assert credit(question, one) == bfcl.argument_credit("", *_row(question), calls=one)["score"]
-    irrelevance = load_category("live_irrelevance", limit=1)[0]
-    assert credit(irrelevance, [{"name": irrelevance.functions[0]["name"], "arguments": {}}]) == 0.0
-    assert credit(irrelevance, []) == 1.0  # no call where none is right: the checker's verdict
-    with pytest.raises(InputError, match="env.name=tools"):
-        bfcl.calls_argument_credit("<tool_call>...</tool_call>", *_row(parallel))
-    from posttrain.rewards.registry import RULES
-    assert RULES["bfcl_arguments_per_call"] is bfcl.calls_argument_credit
+    _check_irrelevance_calls_and_registry(bfcl.calls_argument_credit, "bfcl_arguments_per_call", parallel)
 
 
 def test_calls_count_credit_pays_as_many_calls_as_the_row_asks_whatever_they_say():
@@ -273,13 +279,7 @@ def test_calls_count_credit_pays_as_many_calls_as_the_row_asks_whatever_they_say
     simple = load_category("simple_python", limit=1)[0]
     assert credit(simple, [{"name": "elsewhere", "arguments": {}}]) == 1.0 and credit(simple, [wrong, wrong]) == 0.5
     assert credit(simple, []) == 0.0 and "acc" not in bfcl.calls_count_credit("", *_row(simple), calls=[])
-    irrelevance = load_category("live_irrelevance", limit=1)[0]
-    assert credit(irrelevance, [{"name": irrelevance.functions[0]["name"], "arguments": {}}]) == 0.0
-    assert credit(irrelevance, []) == 1.0  # no call where none is right: the checker's verdict
-    with pytest.raises(InputError, match="env.name=tools"):
-        bfcl.calls_count_credit("<tool_call>...</tool_call>", *_row(parallel))
-    from posttrain.rewards.registry import RULES
-    assert RULES["bfcl_calls_count"] is bfcl.calls_count_credit
+    _check_irrelevance_calls_and_registry(bfcl.calls_count_credit, "bfcl_calls_count", parallel)
 
 
 def test_a_rubric_of_the_checker_and_argument_credit_keeps_bfcls_verdict_as_the_accuracy():
