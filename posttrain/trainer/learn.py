@@ -32,7 +32,7 @@ from posttrain.algos.advantages import AdvantageInputs, AdvantageOutput, per_epi
 from posttrain.config.schema import PosttrainConfig
 from posttrain.config.validate import get
 from posttrain.engines.training.inputs import response_attention_mask
-from posttrain.metrics import Metrics, latest, mean, merge_collected
+from posttrain.metrics import Metrics, latest, maximum, mean, merge_collected
 from posttrain.protocol import Batch
 from posttrain.rollout.groups import episode_index, final_token_positions, fill_episode_batch
 from posttrain.timing import timed
@@ -71,6 +71,21 @@ def apply_overlong_penalty(batch: Batch, max_length: int, buffer: int, factor: f
     out.tensors[keys.TOKEN_SCORES] = scores
     return out, {"reward/overlong_penalty/mean": mean(float(penalty.mean()), len(batch)),
                  "reward/overlong_fraction": mean(float((penalty < 0).float().mean()), len(batch))}
+
+
+def rollout_logprob_gap(batch: Batch) -> Metrics:
+    """How far the training engine's π_old is from the logprobs the rollout engine sampled with, on the
+    loss-carrying tokens: mean and max of |π_old − μ| (``rollout/logprob_gap``, ``/max``). Near 0 when the two
+    engines agree (bf16 rounding: a few hundredths); large when they do not (a different chat template, tokens
+    re-encoded from text, a sampling temperature the trainer does not apply) or, in asynchronous runs, when the
+    samples come from older weights. Empty when the batch has no behaviour logprobs."""
+    if keys.BEHAVIOUR_LOGPROBS not in batch or keys.OLD_LOGPROBS not in batch:
+        return {}
+    mask = batch[keys.RESPONSE_MASK] != 0
+    if not mask.any():
+        return {}
+    gap = (batch[keys.OLD_LOGPROBS].float() - batch[keys.BEHAVIOUR_LOGPROBS].float()).abs()[mask]
+    return {"rollout/logprob_gap": mean(float(gap.mean()), int(mask.sum())), "rollout/logprob_gap/max": maximum(float(gap.max()))}
 
 
 def kl_controller(kind: str, coef: float, target_kl: float, horizon: int) -> FixedKLController:
@@ -141,6 +156,7 @@ class Learner:
                 old = roles.actor.compute_log_prob(batch)
                 batch = batch.union(old.select([keys.OLD_LOGPROBS]))
                 metrics["actor/entropy"] = mean(float(masked_mean(old[keys.ENTROPY], batch[keys.RESPONSE_MASK])), len(batch))
+                metrics |= rollout_logprob_gap(batch)
         if roles.ref is not None:
             with timed(timings, "ref"):
                 batch = batch.union(roles.ref.compute_ref_log_prob(batch))

@@ -60,3 +60,27 @@ def test_the_update_trains_on_the_overlong_shaped_scores():
     assert trained[keys.TOKEN_SCORES][1].tolist() == [0.0, 0.0, 0.0, 0.0]  # 1 − 1 on its last token
     assert torch.equal(learned[keys.ADVANTAGES], trained[keys.ADVANTAGES])
     assert metrics["reward/overlong_penalty/mean"].value == -0.75 and metrics["reward/overlong_fraction"].value == 0.75
+
+
+def test_the_rollout_logprob_gap_is_how_far_the_trainers_old_logprobs_are_from_the_samplers():
+    # Two updates a step (a mini-batch of half the batch): the old-logprob pass runs and returns zeros. The rollout's
+    # behaviour logprobs differ from them by 0.1 and 0.3 on the loss tokens; the masked-out positions (0.9) count for
+    # nothing. Mean |π_old − μ| = (0.1 + 0.1 + 0.3) / 3, max 0.3.
+    config = PosttrainConfig()
+    config.data.train_batch_size, config.actor_rollout_ref.actor.ppo_mini_batch_size = 2, 1
+    response_mask = torch.tensor([[1, 1], [1, 0]])
+    batch = Batch.from_dict({
+        keys.RESPONSE_IDS: torch.ones(2, 2, dtype=torch.long), keys.RESPONSE_MASK: response_mask,
+        keys.ATTENTION_MASK: torch.cat([torch.ones(2, 1, dtype=torch.long), response_mask], dim=1),
+        keys.TOKEN_SCORES: torch.tensor([[0.0, 1.0], [0.0, 0.0]]), keys.GROUP_IDS: torch.tensor([0, 0]),
+        keys.BEHAVIOUR_LOGPROBS: torch.tensor([[-0.1, 0.1], [-0.3, -0.9]]),
+    })
+    roles = Roles(actor=StandInActor(), ref=None, critic=None, reward_model=None, pools=None)
+
+    _, metrics = Learner(config, CircuitBreakers(BreakerLimits()))(roles, batch, step=1, timings={})
+
+    assert abs(metrics["rollout/logprob_gap"].value - 0.5 / 3) < 1e-6
+    assert abs(metrics["rollout/logprob_gap/max"].value - 0.3) < 1e-6
+    del batch.tensors[keys.BEHAVIOUR_LOGPROBS]  # a rollout that returned no logprobs: no gap to report
+    _, metrics = Learner(config, CircuitBreakers(BreakerLimits()))(roles, batch, step=1, timings={})
+    assert "rollout/logprob_gap" not in metrics
