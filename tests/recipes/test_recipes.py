@@ -30,7 +30,7 @@ from tests.e2e.test_train_cli import TINY_RUN
 
 
 # the measured run whose held-out figures docs/tools.md gives as the bfcl recipe's (docs/measured/<name>.txt)
-BFCL_MEASURED = "bfcl_dyn_percall"
+BFCL_MEASURED = "bfcl_counts"
 
 
 def flat(value, prefix: str = "") -> dict:
