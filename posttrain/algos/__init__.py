@@ -54,7 +54,9 @@ from posttrain.algos.off_policy import (
     IMPORTANCE_LEVELS,
     IMPORTANCE_MODES,
     ImportanceWeights,
+    LogprobGap,
     decoupled_ppo_policy_loss,
+    logprob_gap,
     rollout_importance_weights,
 )
 from posttrain.algos.policy_loss import (
@@ -96,6 +98,7 @@ __all__ = [
     "GroupStats",
     "ImportanceWeights",
     "KLPenaltyOutput",
+    "LogprobGap",
     "PolicyLossOutput",
     "ValueLossOutput",
     "aggregate_loss",
@@ -123,6 +126,7 @@ __all__ = [
     "kl_k3",
     "kl_k3_straight_through",
     "kl_penalty",
+    "logprob_gap",
     "logprobs_from_logits",
     "loss_normalizer",
     "masked_mean",

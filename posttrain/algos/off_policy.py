@@ -30,6 +30,10 @@ sampled the data enters only through the weight pi_prox / mu:
 
 `decoupled_ppo_policy_loss` composes exactly that from `ppo_policy_loss` and these weights.
 Log-ratios are clamped to [-20, 20] (after summing, at sequence level) so that weights stay finite.
+
+`logprob_gap` measures how far pi_old is from mu at all: |log pi_old - log mu| per valid token, its mean and
+max. Engines that agree differ by rounding only; a chat template, a tokenisation or a sampling transform
+(temperature, top-k, top-p) applied on one side only shows here before it shows in learning.
 """
 
 from __future__ import annotations
@@ -43,8 +47,8 @@ from torch import Tensor
 from posttrain.algos.policy_loss import LOG_RATIO_LIMIT, PolicyLossOutput, ppo_policy_loss
 from posttrain.algos.utils import check_same_shape, masked_mean, masked_sum
 
-__all__ = ["IMPORTANCE_LEVELS", "IMPORTANCE_MODES", "ImportanceWeights", "rollout_importance_weights",
-           "decoupled_ppo_policy_loss"]
+__all__ = ["IMPORTANCE_LEVELS", "IMPORTANCE_MODES", "ImportanceWeights", "LogprobGap", "rollout_importance_weights",
+           "decoupled_ppo_policy_loss", "logprob_gap"]
 
 IMPORTANCE_LEVELS = ("token", "sequence", "geometric")
 IMPORTANCE_MODES = ("truncate", "mask", "reject")
@@ -83,6 +87,23 @@ def _check_options(level: str, mode: str, upper: float | None, lower: float | No
     if not 0 <= lower <= upper:
         raise ValueError(f"need 0 <= lower <= upper; got lower={lower}, upper={upper}")
     return upper, lower
+
+
+@dataclass(frozen=True)
+class LogprobGap:
+    mean: float  # mean |log pi_old - log mu| over the valid tokens
+    max: float  # the largest
+    tokens: int  # how many valid tokens
+
+
+def logprob_gap(old_logprobs: Tensor, behaviour_logprobs: Tensor, response_mask: Tensor) -> LogprobGap | None:
+    """|log pi_old - log mu| over the valid tokens: mean, max and count; None with no valid token.  # 3 x (B, T)"""
+    check_same_shape(old_logprobs=old_logprobs, behaviour_logprobs=behaviour_logprobs, response_mask=response_mask)
+    valid = response_mask != 0
+    if not valid.any():
+        return None
+    gap = (old_logprobs.float() - behaviour_logprobs.float()).abs()[valid]
+    return LogprobGap(float(gap.mean()), float(gap.max()), int(valid.sum()))
 
 
 def rollout_importance_weights(

