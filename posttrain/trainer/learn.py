@@ -81,7 +81,7 @@ def rollout_logprob_gap(batch: Batch) -> Metrics:
     docs/measured/rollout_logprob_gap.txt); larger by design under top-k or top-p (the rollout's logprobs are after
     the cut, the trainer's only tempered) and with stale samples in asynchronous runs; large otherwise only when the
     engines disagree (a chat template, tokens re-encoded from text, a temperature the trainer does not apply)."""
-    if keys.BEHAVIOUR_LOGPROBS not in batch or keys.OLD_LOGPROBS not in batch:
+    if keys.BEHAVIOUR_LOGPROBS not in batch:
         return {}
     gap = logprob_gap(batch[keys.OLD_LOGPROBS], batch[keys.BEHAVIOUR_LOGPROBS], batch[keys.RESPONSE_MASK])
     if gap is None:

@@ -81,6 +81,6 @@ def test_the_rollout_logprob_gap_is_how_far_the_trainers_old_logprobs_are_from_t
 
     assert abs(metrics["rollout/logprob_gap"].value - 0.5 / 3) < 1e-6 and metrics["rollout/logprob_gap"].count == 3
     assert abs(metrics["rollout/logprob_gap/max"].value - 0.3) < 1e-6 and metrics["rollout/logprob_gap/max"].kind is Kind.MAX
-    del batch.tensors[keys.BEHAVIOUR_LOGPROBS]  # a rollout that returned no logprobs: no gap to report
+    del batch.tensors[keys.BEHAVIOUR_LOGPROBS]  # a batch without the rollout's logprobs: no gap to report
     _, metrics = Learner(config, CircuitBreakers(BreakerLimits()))(roles, batch, step=1, timings={})
     assert "rollout/logprob_gap" not in metrics
