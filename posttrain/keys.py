@@ -26,6 +26,7 @@ ADVANTAGES = "advantages"                   # (B, T) float32
 RETURNS = "returns"                         # (B, T) float32
 GROUP_IDS = "group_ids"                     # (B,) int64, samples from the same prompt share an id
 BASELINE_SCORES = "reward_baselines"        # (B,) float32, score of the prompt's greedy response (ReMax)
+GUIDED = "guided"                           # (B,) bool, the response is the row's reference answer, not sampled (rollout/guidance.py)
 LOGPROBS = "log_probs"                      # (B, T) float32, log π(token) of the current weights at temperature 1 (SFT loss)
 
 # ---- non-tensors (numpy object arrays of length B) -------------------------------------------

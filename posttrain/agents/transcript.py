@@ -96,17 +96,24 @@ class TranscriptTokenizer:
         return Transcript(prompt_ids, response, mask)
 
     def _agent_turn(self, text: str) -> list[int]:
-        for stop in self.stop_strings:
-            end = text.find(stop)
-            if end != -1 and end + len(stop) != len(text):
-                raise TranscriptError(
-                    f"the assistant turn {text[:80]!r}... goes on after the stop string {stop!r}; the engine ends the turn "
-                    "there, so end the message at it (or split the turn)"
-                )
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        if not any(text.endswith(stop) for stop in self.stop_strings):
-            ids.append(self.tokenizer.eos_token_id)
-        return ids
+        return agent_turn_ids(self.tokenizer, text, self.stop_strings)
+
+
+def agent_turn_ids(tokenizer: Any, text: str, stop_strings: Sequence[str] = ()) -> list[int]:
+    """An assistant turn's text as the tokens the engine would have sampled for it: the text tokenised on its
+    own, then eos unless it ends on one of ``stop_strings`` (module docstring). Also how a reference answer
+    becomes a response (rollout/guidance.py)."""
+    for stop in stop_strings:
+        end = text.find(stop)
+        if end != -1 and end + len(stop) != len(text):
+            raise TranscriptError(
+                f"the assistant turn {text[:80]!r}... goes on after the stop string {stop!r}; the engine ends the turn "
+                "there, so end the message at it (or split the turn)"
+            )
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    if not any(text.endswith(stop) for stop in stop_strings):
+        ids.append(tokenizer.eos_token_id)
+    return ids
 
 
 def check_messages(messages: Any) -> None:

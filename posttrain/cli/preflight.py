@@ -60,6 +60,7 @@ def check_config(config: PosttrainConfig, command: str) -> list[Problem]:
     if unknown:
         problems.append(Problem("trainer.logger", config.trainer.logger, unknown))
     problems += check_environment(config) if config.env.name is not None else unused_tools(config)
+    problems += guidance_rollout(config)
     problems += check_mixture(config, command)
     if command == "sft":
         sft = config.sft
@@ -227,6 +228,17 @@ def single_turn_calls(config: PosttrainConfig) -> list[Problem]:
         problems.append(Problem("env.filter_groups_quantile", env.filter_groups_quantile,
                                 f"{why}; set it to 0, or use algorithm.filter_groups (dynamic sampling)"))
     return problems
+
+
+def guidance_rollout(config: PosttrainConfig) -> list[Problem]:
+    """Guidance (rollout/guidance.py) replaces a single-turn response with the row's reference answer: an
+    environment's multi-turn episodes have no such answer to put in."""
+    from posttrain.rollout.calls import answers_with_calls
+
+    if not config.algorithm.guidance.enable or config.env.name is None or answers_with_calls(config.env):
+        return []
+    return [Problem("algorithm.guidance.enable", True, f"env.name={config.env.name} plays multi-turn episodes; guidance replaces a "
+                    "single-turn answer with the row's extra_info.reference_answer (single-turn rows, or env.options.answer=calls)")]
 
 
 def unused_tools(config: PosttrainConfig) -> list[Problem]:

@@ -231,6 +231,14 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class GuidanceConfig:
+    """Off-policy guidance from the data (rollout/guidance.py): in training, a group none of whose answers is
+    right gets its row's ``extra_info.reference_answer`` as its last sample, scored like any answer."""
+
+    enable: bool = False
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     gamma: float = 1.0
@@ -240,6 +248,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    guidance: GuidanceConfig = field(default_factory=GuidanceConfig)
 
 
 @dataclass

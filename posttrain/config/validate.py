@@ -62,7 +62,7 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Pro
     if command == "train":
         problems += MODE_RULES.get(config.trainer.mode, _no_rules)(config)  # an unknown mode is _check_choices' problem
     problems += check_loss_scale_factor(config) + check_call_timeout(config) + check_overlong_buffer(config) + check_reward_norm(config)
-    problems += check_dynamic_sampling(config)
+    problems += check_dynamic_sampling(config) + check_guidance(config)
     if config.data.dev_files and config.data.dev_size == 0:
         problems.append(Problem("data.dev_files", list(config.data.dev_files), "are validated on beside data.dev_size's development rows: set "
                                 "data.dev_size, or give the files as data.val_files"))
@@ -141,6 +141,27 @@ def check_dynamic_sampling(config: PosttrainConfig) -> list[Problem]:
         problems.append(Problem("algorithm.filter_groups.enable", True,
                                 f"algorithm.adv_estimator={config.algorithm.adv_estimator}'s greedy baseline is scored for the step's "
                                 "first prompts, not for the groups dynamic sampling keeps; use grpo/rloo, or turn dynamic sampling off"))
+    return problems
+
+
+def check_guidance(config: PosttrainConfig) -> list[Problem]:
+    """Guidance from the data's reference answers (rollout/guidance.py) replaces a sample in a group with no right
+    answer: it needs groups, a batch made by one rollout (not a mixture's pieces), and a loss that does not
+    weight samples by the behaviour policy's logprobs (a guided row has none: asynchronous runs weight by them).
+    Where the rollout is a multi-turn episode, ``check_config`` refuses it (cli/preflight.py)."""
+    if not config.algorithm.guidance.enable:
+        return []
+    problems = []
+    if config.actor_rollout_ref.rollout.n < 2:
+        problems.append(Problem("actor_rollout_ref.rollout.n", config.actor_rollout_ref.rollout.n,
+                                "guidance (algorithm.guidance.enable) gives the reference to a group of answers with none right: set rollout.n >= 2"))
+    if config.trainer.mode != "sync":
+        problems.append(Problem("algorithm.guidance.enable", True,
+                                f"trainer.mode={config.trainer.mode} weights each sample by the logprobs the rollout engine sampled it with, "
+                                "which a reference answer does not have; use trainer.mode=sync"))
+    if config.mixture:
+        problems.append(Problem("algorithm.guidance.enable", True, "a mixture's batch is joined from its sources' rollouts, which guidance "
+                                "does not reach yet; turn guidance off, or train on one dataset"))
     return problems
 
 

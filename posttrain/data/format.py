@@ -48,6 +48,9 @@ MAX_LISTED_PROBLEMS = 10
 # extra_info field a preparer sets true on a training row whose question an SFT warm-up learnt from
 # (data.dev_size never holds such a row back: posttrain/data/dataset.py split_dev)
 IN_SFT = "in_sft"
+# extra_info field: the text of a right answer to the row, which algorithm.guidance gives a group of answers with
+# none right (posttrain/rollout/guidance.py); a preparer writes it where it has one
+REFERENCE_ANSWER = "reference_answer"
 FORMAT_HINT = (
     "Each row needs data_source (str), {prompt_key} (a list of chat messages like "
     "[{{'role': 'user', 'content': '...'}}]), reward_model (a struct with ground_truth, e.g. "

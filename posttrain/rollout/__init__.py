@@ -23,6 +23,7 @@ from posttrain.rollout.agent import AgentRollout
 from posttrain.rollout.batching import group_ids_of, join_rollouts, repeat_for_groups, sequences_to_batch
 from posttrain.rollout.calls import CallsAnswers, answers_with_calls
 from posttrain.rollout.environments import load_env_class
+from posttrain.rollout.guidance import Guidance
 from posttrain.rollout.mixture import MixtureRollout, source_dirs
 from posttrain.rollout.program import ProgramRollout
 from posttrain.rollout.roles import RolloutRoles
@@ -53,8 +54,9 @@ def _one_rollout(config: PosttrainConfig, tokenizer: PreTrainedTokenizerBase, da
         if load_env_class(env.name, env.path, env.class_name).runs_program:
             return ProgramRollout(config, tokenizer, data_dir)
         return AgentRollout(config, tokenizer, data_dir)
+    guidance = Guidance(tokenizer, config.data.max_response_length, tokenizer.pad_token_id) if config.algorithm.guidance.enable else None
     return SingleTurnRollout(reward_manager_for(config, tokenizer), config.data.max_response_length, tokenizer.pad_token_id,
-                             CallsAnswers(config.env, tokenizer) if calls else None, config.env.reward_norm, max_new_tokens)
+                             CallsAnswers(config.env, tokenizer) if calls else None, config.env.reward_norm, max_new_tokens, guidance)
 
 
 __all__ = [

@@ -1,7 +1,8 @@
 """Single-turn rollouts: one response per prompt row, scored by the reward manager (and reward model).
 
     actor.generate (token lists) → sequences_to_batch → reward manager on each response's last
-    token (+ reward model scores)
+    token (+ reward model scores) → with ``algorithm.guidance``, in training, a group with no right
+    answer given its row's reference answer as its last sample, and the batch scored again (rollout/guidance.py)
 
 Where the calls are the answer (``env.options.answer: calls``, rollout/calls.py), each response is
 read into its calls first, and those go to the reward manager as the answer.
@@ -25,6 +26,7 @@ from posttrain.rewards.registry import GROUND_TRUTH_FIX, ScoreFunction, lacks_gr
 from posttrain.rollout.batching import responses_to_batch
 from posttrain.rollout.calls import CallsAnswers, calls_metrics
 from posttrain.rollout.groups import normalize_rewards
+from posttrain.rollout.guidance import REFERENCE_KEY, Guidance, reference_answer
 from posttrain.rollout.roles import RolloutRoles
 from posttrain.rollout.scoring import open_judge
 from posttrain.timing import timed
@@ -40,11 +42,13 @@ class SingleTurnRollout:
     """One response per row from ``actor.generate``, scored by the reward manager (+ reward model)."""
 
     def __init__(self, reward_manager: RewardManager | BatchRewardManager, max_response_length: int, pad_token_id: int,
-                 calls: CallsAnswers | None = None, reward_norm: str = "none", max_new_tokens: int | None = None) -> None:
+                 calls: CallsAnswers | None = None, reward_norm: str = "none", max_new_tokens: int | None = None,
+                 guidance: Guidance | None = None) -> None:
         """``calls``: the responses' calls are the answer (rollout/calls.py); ``reward_norm``: ``env.reward_norm``
         over the training batch (none, group, batch: rollout/groups.py ``normalize_rewards``); ``max_new_tokens``:
-        a response's budget below ``max_response_length`` (a mixture's source's own, config/mixture.py)."""
-        self.reward_manager, self.calls, self.reward_norm = reward_manager, calls, reward_norm
+        a response's budget below ``max_response_length`` (a mixture's source's own, config/mixture.py); ``guidance``:
+        ``algorithm.guidance``, training groups with no right answer given their row's reference (rollout/guidance.py)."""
+        self.reward_manager, self.calls, self.reward_norm, self.guidance = reward_manager, calls, reward_norm, guidance
         self.max_new_tokens = max_new_tokens
         self._counts: list[dict[str, float]] = []  # each response's counters, of the last scoring (calls only)
         self.max_response_length, self.pad_token_id = max_response_length, pad_token_id
@@ -56,6 +60,9 @@ class SingleTurnRollout:
         data source has no function, its ground truth is missing); a custom function takes any."""
         if self.reward_manager.score_function is None:
             check_scorable(self.reward_manager.score_functions, datasets.values())
+        training = datasets.get("training")
+        if self.guidance is not None and training is not None and training.samples:
+            check_references(training)
         if self.calls is not None:
             for split, dataset in datasets.items():
                 for index, sample in enumerate(dataset.samples if dataset is not None else ()):
@@ -97,6 +104,11 @@ class SingleTurnRollout:
                 responses.meta.clear()
         with timed(timings, "reward"):
             scored, metrics = self.score(roles, batch.union(responses))
+            if self.guidance is not None and not validate:  # the reward metrics stay the policy's own answers'
+                chosen, guided = self.guidance.choose(scored)
+                metrics |= guided
+                responses = self.guidance.rebuild(responses, chosen)
+                scored = self.score(roles, batch.union(responses))[0] if chosen else scored.union(responses.select([keys.GUIDED]))
         if validate and self.calls is not None:  # each response's counters, in the episode records
             scored = scored.union(Batch.from_dict(non_tensors={keys.EPISODE_STATS: [dict(count) for count in self._counts]}))
         if validate or not whole_batch:
@@ -122,6 +134,15 @@ class SingleTurnRollout:
         result = place_answer_scores(self.reward_manager.score(answers), decoded)
         result.metrics |= calls_metrics(self._counts)
         return result
+
+
+def check_references(training: RLDataset) -> None:
+    """Guidance (rollout/guidance.py) with training rows of which none has a reference answer would change nothing:
+    refused before any worker starts. Some rows without one are allowed (no right answer to give: not guided)."""
+    if not any(reference_answer(sample.extra_info) for sample in training.samples):
+        raise InputError(f"algorithm.guidance.enable: none of the {len(training.samples)} training rows has extra_info.{REFERENCE_KEY} "
+                         "(the text of a right answer) to give a group with no right answer; prepare the data with one "
+                         "(`posttrain prepare bfcl` writes it), or turn guidance off")
 
 
 def check_scorable(score_functions: Mapping[str, ScoreFunction], datasets: Iterable[RLDataset | None]) -> None:

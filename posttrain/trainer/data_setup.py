@@ -188,6 +188,8 @@ class CurriculumTracker:
         self.sampler, self.rows, self.accuracy = sampler, [], []
 
     def add(self, batch: Batch) -> None:
+        if keys.GUIDED in batch:  # a reference answer (rollout/guidance.py) says nothing of the policy's accuracy
+            batch = batch.index(~batch[keys.GUIDED])
         self.rows += [row_of_uid(uid) for uid in batch[keys.UID]]
         self.accuracy += sample_accuracy(batch).tolist()
 

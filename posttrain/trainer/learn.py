@@ -83,7 +83,10 @@ def rollout_logprob_gap(batch: Batch) -> Metrics:
     engines disagree (a chat template, tokens re-encoded from text, a temperature the trainer does not apply)."""
     if keys.BEHAVIOUR_LOGPROBS not in batch:
         return {}
-    gap = logprob_gap(batch[keys.OLD_LOGPROBS], batch[keys.BEHAVIOUR_LOGPROBS], batch[keys.RESPONSE_MASK])
+    mask = batch[keys.RESPONSE_MASK]
+    if keys.GUIDED in batch:  # a reference answer no engine sampled (rollout/guidance.py): no behaviour logprobs to compare
+        mask = mask * ~batch[keys.GUIDED].unsqueeze(1)
+    gap = logprob_gap(batch[keys.OLD_LOGPROBS], batch[keys.BEHAVIOUR_LOGPROBS], mask)
     if gap is None:
         return {}
     return {"rollout/logprob_gap": mean(gap.mean, gap.tokens), "rollout/logprob_gap/max": maximum(gap.max)}

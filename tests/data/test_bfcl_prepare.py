@@ -47,6 +47,7 @@ def test_small_run_writes_rows_transcripts_and_report(tmp_path, capsys):
         assert json.loads(first["reward_model"]["ground_truth"]) == question.ground_truth
         assert json.loads(first["extra_info"]["bfcl_functions"]) == question.functions
         assert json.loads(first["extra_info"]["tools"]) == tool_schemas(question.functions)
+    assert not any("reference_answer" in r["extra_info"] for r in _rows(tmp_path / "test.parquet"))  # held-out rows carry no answer text
     irrelevant = [r for r in _rows(tmp_path / "test.parquet") if r["extra_info"]["category"] == "irrelevance"]
     assert {r["reward_model"]["ground_truth"] for r in irrelevant} == {"[]"}
 
@@ -59,6 +60,7 @@ def test_transcripts_are_the_answers_as_hermes_calls_that_bfcl_accepts(tmp_path)
     for sample in transcripts:
         info, (*prompt, answer) = sample["extra_info"], sample["messages"]
         assert info == train[info["id"]]["extra_info"] and prompt == train[info["id"]]["prompt"] and answer["role"] == "assistant"
+        assert info["reference_answer"] == answer["content"]  # what algorithm.guidance gives a group with no right answer
         if info["category"] == "live_irrelevance":
             assert answer["content"] == NO_FUNCTION_ANSWER
             continue

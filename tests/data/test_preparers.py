@@ -71,6 +71,13 @@ def test_arithmetic_is_deterministic_and_splits_are_disjoint(tmp_path):
         assert row["data_source"] == "arithmetic" and expression in row["prompt"][0]["content"]
         assert "####" in row["prompt"][0]["content"]
     assert {r["extra_info"]["split"] for r in test_rows} == {"test"}
+    # a training row's reference answer (algorithm.guidance) is right by the run's own score function; held-out rows have none
+    from posttrain.rewards.arithmetic import compute_score
+    for row in train_rows:
+        reference = row["extra_info"]["reference_answer"]
+        assert reference.endswith(f"#### {row['reward_model']['ground_truth']}")
+        assert compute_score(reference, row["reward_model"]["ground_truth"])["score"] == 1.0
+    assert not any(r["extra_info"].get("reference_answer") for r in test_rows)
 
 
 def test_arithmetic_refuses_more_problems_than_exist(tmp_path):

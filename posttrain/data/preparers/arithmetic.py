@@ -2,7 +2,9 @@
 
 Each problem has ``num_operands`` operands of exactly ``digits`` digits (0–9 when ``digits`` is 1)
 joined by operators drawn from ``operators`` (``+``, ``-``, ``*``; ``*`` binds tighter, as usual).
-The ground truth is the integer value as a string.
+The ground truth is the integer value as a string. A training row's ``extra_info.reference_answer`` is a
+right answer in the prompt's format (``3 + 4 = 7`` then ``#### 7``: :func:`reference_text`), for
+``algorithm.guidance``; held-out rows have none.
 
 The prompt (:func:`prompt_text`) asks for the final answer at the end, after ``####``. Measured with
 SmolLM2-135M-Instruct (greedy, 48 one-digit problems of ``+-*``): it almost never writes ``####``
@@ -22,7 +24,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from posttrain.data.format import make_row, write_rows
+from posttrain.data.format import REFERENCE_ANSWER, make_row, write_rows
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
 
@@ -63,6 +65,11 @@ class Problem:
 
 def prompt_text(problem: Problem) -> str:
     return f"What is {problem.expression}? {INSTRUCTION}"
+
+
+def reference_text(problem: Problem) -> str:
+    """A right answer as the prompt asks for it: the working, then the value after ``####``."""
+    return f"{problem.expression} = {problem.value}\n#### {problem.value}"
 
 
 def generate_problems(count: int, *, digits: int, num_operands: int, operators: str, seed: int) -> list[Problem]:
@@ -142,6 +149,8 @@ def _levels(levels: str | list[int]) -> list[int]:
 
 def _row(problem: Problem, split: str, index: int, level: int | None = None) -> dict:
     extra = {"split": split, "index": index, "expression": problem.expression} | ({} if level is None else {"level": level})
+    if split == "train":  # a right answer in the prompt's format, for algorithm.guidance (rollout/guidance.py)
+        extra[REFERENCE_ANSWER] = reference_text(problem)
     return make_row(
         data_source=DATA_SOURCE,
         messages=[{"role": "user", "content": prompt_text(problem)}],

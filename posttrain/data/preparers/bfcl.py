@@ -14,7 +14,9 @@ One RL row per question (data_source ``bfcl``, scored by BFCL's AST checker):
 - ``reward_model.ground_truth``: JSON text of BFCL's possible answer (``"[]"`` for (ir)relevance rows);
 - ``extra_info``: ``split``, ``index``, ``id`` (BFCL's), ``category``, ``tools`` (JSON text of the
   functions as OpenAI tool schemas, :func:`tool_schemas`) and ``bfcl_functions`` (JSON text of BFCL's
-  own docs, whose types the checker reads). Both are text because rows' schemas differ.
+  own docs, whose types the checker reads). Both are text because rows' schemas differ. A training row
+  with an SFT transcript also has ``reference_answer``, the transcript's assistant turn (the answer
+  ``algorithm.guidance`` gives a group of answers with none right: posttrain/rollout/guidance.py).
 
 BFCL's types become JSON Schema through BFCL's own table (``bfcl_eval.constants.type_mappings.GORILLA_TO_OPENAPI``:
 ``dict`` → object, ``float`` → number, ``tuple`` → array, ``any`` → string, as BFCL's checker wants a
@@ -129,7 +131,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from posttrain.data.format import IN_SFT, make_row, write_rows
+from posttrain.data.format import IN_SFT, REFERENCE_ANSWER, make_row, write_rows
 from posttrain.data.preparers import bfcl_added as added_rows
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
@@ -419,6 +421,8 @@ def _row(question: Question, split: str, index: int, written: dict[str, Any], he
                   IN_SFT: question.id in written and question.id not in held,
                   "tools": json.dumps(tool_schemas(question.functions), ensure_ascii=False),
                   "bfcl_functions": json.dumps(question.functions, ensure_ascii=False)}
+    if question.id in written:  # its SFT transcript's answer, for algorithm.guidance (rollout/guidance.py)
+        extra_info[REFERENCE_ANSWER] = written[question.id][-1]["content"]
     return make_row(data_source=DATA_SOURCE, messages=question.messages, ground_truth=json.dumps(question.ground_truth, ensure_ascii=False),
                     ability=ABILITY, extra_info=extra_info)
 
