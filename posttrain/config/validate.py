@@ -146,22 +146,18 @@ def check_dynamic_sampling(config: PosttrainConfig) -> list[Problem]:
 
 def check_guidance(config: PosttrainConfig) -> list[Problem]:
     """Guidance from the data's reference answers (rollout/guidance.py) replaces a sample in a group with no right
-    answer: it needs groups, a batch made by one rollout (not a mixture's pieces), and a loss that does not
-    weight samples by the behaviour policy's logprobs (a guided row has none: asynchronous runs weight by them).
-    Where the rollout is a multi-turn episode, ``check_config`` refuses it (cli/preflight.py)."""
+    answer: it needs groups and a batch made by one rollout (not a mixture's pieces). Asynchronous runs refuse it
+    (``check_async``); a multi-turn environment is refused by ``check_config`` (cli/preflight.py), which can load it."""
     if not config.algorithm.guidance.enable:
         return []
     problems = []
     if config.actor_rollout_ref.rollout.n < 2:
         problems.append(Problem("actor_rollout_ref.rollout.n", config.actor_rollout_ref.rollout.n,
                                 "guidance (algorithm.guidance.enable) gives the reference to a group of answers with none right: set rollout.n >= 2"))
-    if config.trainer.mode != "sync":
-        problems.append(Problem("algorithm.guidance.enable", True,
-                                f"trainer.mode={config.trainer.mode} weights each sample by the logprobs the rollout engine sampled it with, "
-                                "which a reference answer does not have; use trainer.mode=sync"))
     if config.mixture:
-        problems.append(Problem("algorithm.guidance.enable", True, "a mixture's batch is joined from its sources' rollouts, which guidance "
-                                "does not reach yet; turn guidance off, or train on one dataset"))
+        problems.append(Problem("algorithm.guidance.enable", True, "a mixture's batch is joined from its sources' pieces, and an episode "
+                                "source's pieces have no guided rows to join with a single-turn source's; turn guidance off, or train "
+                                "on one dataset"))
     return problems
 
 
@@ -228,6 +224,11 @@ def check_async(config: PosttrainConfig) -> list[Problem]:
     if options.buffer_size is not None and 1 <= options.buffer_size < batch:
         problems.append(Problem("async.buffer_size", options.buffer_size,
                                 f"must hold at least one batch (data.train_batch_size={batch} groups), or null for (max_staleness + 1) batches"))
+    if config.algorithm.guidance.enable:
+        problems.append(Problem("algorithm.guidance.enable", True,
+                                "a reference answer has no logprobs from the engine that sampled its batch, which asynchronous "
+                                "training weights samples by (async.correction=decoupled), and guidance is built for sync mode "
+                                "only; use trainer.mode=sync"))
     unit = options.unit_groups
     if unit is not None and unit >= 1 and batch % unit:
         problems.append(Problem("async.unit_groups", unit,

@@ -54,7 +54,7 @@ def _one_rollout(config: PosttrainConfig, tokenizer: PreTrainedTokenizerBase, da
         if load_env_class(env.name, env.path, env.class_name).runs_program:
             return ProgramRollout(config, tokenizer, data_dir)
         return AgentRollout(config, tokenizer, data_dir)
-    guidance = Guidance(tokenizer, config.data.max_response_length, tokenizer.pad_token_id) if config.algorithm.guidance.enable else None
+    guidance = Guidance(tokenizer, config.data.max_response_length) if config.algorithm.guidance.enable else None
     return SingleTurnRollout(reward_manager_for(config, tokenizer), config.data.max_response_length, tokenizer.pad_token_id,
                              CallsAnswers(config.env, tokenizer) if calls else None, config.env.reward_norm, max_new_tokens, guidance)
 

@@ -95,23 +95,16 @@ def join_rollouts(batches: Sequence[Batch], pad_token_id: int) -> Batch:
         missing = sorted(tensor_keys - set(batch.tensors))
         if missing:
             raise ValueError(f"rollout piece {index} lacks the tensors {missing} that another piece has; pieces to join must make the same tensors")
-        tensors = pad_prompt_side(batch, width, pad_token_id)
+        extra = width - batch[keys.PROMPT_IDS].shape[1]
+        tensors = dict(batch.tensors)
+        for key, value in _PROMPT_SIDE:
+            tensors[key] = F.pad(batch[key], (extra, 0), value=pad_token_id if value is None else value)
         non_tensors = dict(batch.non_tensors)
         for key, example in examples.items():
             if key not in non_tensors:
                 non_tensors[key] = _filler(key, example, len(batch))
         padded.append(Batch(tensors, non_tensors, {}))
     return Batch.concat(padded)
-
-
-def pad_prompt_side(batch: Batch, width: int, pad_token_id: int) -> dict[str, torch.Tensor]:
-    """``batch``'s tensors with its prompt-side columns left-padded to ``width`` (position ids of padding 0,
-    as the builder makes them): a piece made on its own, ready to stand beside rows padded wider."""
-    extra = width - batch[keys.PROMPT_IDS].shape[1]
-    tensors = dict(batch.tensors)
-    for key, value in _PROMPT_SIDE:
-        tensors[key] = F.pad(batch[key], (extra, 0), value=pad_token_id if value is None else value)
-    return tensors
 
 
 def _filler(key: str, example: np.ndarray, rows: int) -> np.ndarray:

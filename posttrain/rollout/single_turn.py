@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+import numpy as np
+import torch
+
 from posttrain import keys
 from posttrain.agents.env import EpisodeSample
 from posttrain.data import DataFormatError, RLDataset, RowProblem, problems_report
@@ -23,10 +26,10 @@ from posttrain.metrics import Metrics
 from posttrain.protocol import Batch
 from posttrain.rewards.manager import BatchRewardManager, RewardManager, RewardResult, decode_responses, place_answer_scores
 from posttrain.rewards.registry import GROUND_TRUTH_FIX, ScoreFunction, lacks_ground_truth, unknown_source_fix
-from posttrain.rollout.batching import responses_to_batch
+from posttrain.rollout.batching import join_rollouts, responses_to_batch
 from posttrain.rollout.calls import CallsAnswers, calls_metrics
 from posttrain.rollout.groups import normalize_rewards
-from posttrain.rollout.guidance import REFERENCE_KEY, Guidance, reference_answer
+from posttrain.rollout.guidance import Guidance, check_references, reference_wrong
 from posttrain.rollout.roles import RolloutRoles
 from posttrain.rollout.scoring import open_judge
 from posttrain.timing import timed
@@ -61,8 +64,8 @@ class SingleTurnRollout:
         if self.reward_manager.score_function is None:
             check_scorable(self.reward_manager.score_functions, datasets.values())
         training = datasets.get("training")
-        if self.guidance is not None and training is not None and training.samples:
-            check_references(training)
+        if self.guidance is not None and training is not None:
+            check_references(training.samples)
         if self.calls is not None:
             for split, dataset in datasets.items():
                 for index, sample in enumerate(dataset.samples if dataset is not None else ()):
@@ -104,16 +107,33 @@ class SingleTurnRollout:
                 responses.meta.clear()
         with timed(timings, "reward"):
             scored, metrics = self.score(roles, batch.union(responses))
-            if self.guidance is not None and not validate:  # the reward metrics stay the policy's own answers'
-                chosen, guided = self.guidance.choose(scored)
-                metrics |= guided
-                responses = self.guidance.rebuild(responses, chosen)
-                scored = self.score(roles, batch.union(responses))[0] if chosen else scored.union(responses.select([keys.GUIDED]))
+            if self.guidance is not None and not validate:
+                scored, guided = self._guide(roles, batch, sampled, scored)
+                metrics |= guided  # reward/* stay the policy's own answers'
         if validate and self.calls is not None:  # each response's counters, in the episode records
             scored = scored.union(Batch.from_dict(non_tensors={keys.EPISODE_STATS: [dict(count) for count in self._counts]}))
         if validate or not whole_batch:
             return scored, metrics
         return self.finish_batch(scored, metrics)
+
+    def _guide(self, roles: RolloutRoles, batch: Batch, sampled: Batch, scored: Batch) -> tuple[Batch, Metrics]:
+        """``algorithm.guidance`` (rollout/guidance.py): the rows it chooses laid out from their reference's tokens
+        and scored again, alone, in their places; GUIDED on every row."""
+        chosen, metrics = self.guidance.choose(scored)
+        flags = torch.zeros(len(scored), dtype=torch.bool)
+        if chosen:
+            rows = sorted(chosen)
+            rebuilt = responses_to_batch(batch, Guidance.substitute(sampled, chosen), max_response_length=self.max_response_length,
+                                         pad_token_id=self.pad_token_id)
+            failures = self.first_failures
+            references, _ = self.score(roles, batch.union(rebuilt).index(rows))
+            self.first_failures = failures or self.first_failures
+            metrics |= reference_wrong(references)
+            others = [row for row in range(len(scored)) if row not in chosen]
+            joined = join_rollouts([scored.index(others), references], self.pad_token_id)
+            scored = Batch(joined.tensors, joined.non_tensors, scored.meta).reorder(np.argsort(others + rows))
+            flags[rows] = True
+        return scored.union(Batch.from_dict({keys.GUIDED: flags})), metrics
 
     def finish_batch(self, batch: Batch, metrics: Metrics) -> tuple[Batch, Metrics]:
         """What is decided across the whole training batch: the rewards' normalisation (``env.reward_norm``)."""
@@ -134,15 +154,6 @@ class SingleTurnRollout:
         result = place_answer_scores(self.reward_manager.score(answers), decoded)
         result.metrics |= calls_metrics(self._counts)
         return result
-
-
-def check_references(training: RLDataset) -> None:
-    """Guidance (rollout/guidance.py) with training rows of which none has a reference answer would change nothing:
-    refused before any worker starts. Some rows without one are allowed (no right answer to give: not guided)."""
-    if not any(reference_answer(sample.extra_info) for sample in training.samples):
-        raise InputError(f"algorithm.guidance.enable: none of the {len(training.samples)} training rows has extra_info.{REFERENCE_KEY} "
-                         "(the text of a right answer) to give a group with no right answer; prepare the data with one "
-                         "(`posttrain prepare bfcl` writes it), or turn guidance off")
 
 
 def check_scorable(score_functions: Mapping[str, ScoreFunction], datasets: Iterable[RLDataset | None]) -> None:

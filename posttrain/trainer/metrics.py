@@ -41,12 +41,13 @@ def uniform_group_share(scores: torch.Tensor, group_ids: torch.Tensor) -> float:
 def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     """critic/{score,rewards,advantages,returns,values}/*, response_length/*, prompt_length/*, and
     ``critic/score/uniform_groups`` (:func:`uniform_group_share`) where the batch has groups. ``critic/score/*``
-    leave out the rows guidance gave a reference answer (GUIDED); the rest count every row trained on."""
+    but ``uniform_groups`` leave out the rows guidance gave a reference answer (GUIDED); the rest, and
+    ``uniform_groups`` (of the groups trained on), count every row trained on."""
     response_mask = batch[keys.RESPONSE_MASK]
     metrics: dict[str, float] = {}
     if keys.TOKEN_SCORES in batch:
         scores = batch[keys.TOKEN_SCORES].sum(-1)
-        # the policy's own answers': a reference answer given by guidance (rollout/guidance.py) is not its score
+        # the policy's own answers only: a reference answer given by guidance (rollout/guidance.py) is not its score
         metrics |= _stats("critic/score", scores[~batch[keys.GUIDED]] if keys.GUIDED in batch else scores)
         if keys.GROUP_IDS in batch and torch.unique(batch[keys.GROUP_IDS]).numel() < len(batch):  # groups of one: not said
             metrics["critic/score/uniform_groups"] = uniform_group_share(scores, batch[keys.GROUP_IDS])

@@ -162,10 +162,12 @@ def episode_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict[
 
 def training_rows(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
     """A training step's scored rollouts (``trainer.rollout_data_dir``): :func:`episode_rows` with each
-    sample's group (``uid``) and its ``advantage`` (the mean over its trained tokens; GRPO's is the same on
-    every token)."""
+    sample's group (``uid``), its ``advantage`` (the mean over its trained tokens; GRPO's is the same on
+    every token) and, with ``algorithm.guidance``, ``guided`` (the row's reference answer, not sampled)."""
     advantages = masked_mean(batch[keys.ADVANTAGES], batch[keys.RESPONSE_MASK], dim=-1).tolist() if keys.ADVANTAGES in batch else None
+    guided = batch[keys.GUIDED].tolist() if keys.GUIDED in batch else None
     return [row | {"uid": str(batch[keys.UID][index])} | ({} if advantages is None else {"advantage": float(advantages[index])})
+            | ({} if guided is None else {"guided": bool(guided[index])})
             for index, row in enumerate(episode_rows(batch, tokenizer))]
 
 

@@ -32,7 +32,11 @@ class Tokenizer:
         return ["".join(chr(t) for t in seq if not (skip_special_tokens and t in (EOS, PAD))) for seq in sequences]
 
 
+SCORED: list[str] = []  # every answer the score function was asked about, in order
+
+
 def exact(solution_str, ground_truth):
+    SCORED.append(solution_str)
     return float(solution_str == ground_truth)
 
 
@@ -74,7 +78,7 @@ def prompts(references, prompt_lengths=(3, 2, 4)):
 def rollout():
     tokenizer = Tokenizer()
     return SingleTurnRollout(RewardManager(tokenizer, score_function=exact, timeout_s=None), WIDTH, PAD,
-                             guidance=Guidance(tokenizer, WIDTH, PAD))
+                             guidance=Guidance(tokenizer, WIDTH))
 
 
 def rows_as_text(batch):
@@ -84,11 +88,14 @@ def rows_as_text(batch):
 def test_a_group_with_no_right_answer_gets_its_reference_as_its_last_sample_scored_and_laid_out_as_if_sampled():
     # group 0: none right, its reference right; group 1: one right; group 2: none right, no reference
     answers = ["no", "nah", "nope", "ok1", "x", "y", "a", "b", "c"]
+    SCORED.clear()
     batch, metrics = rollout()(Roles(answers), prompts(["ok0", "ok1", None]), whole_batch=False)
+    assert SCORED == answers + ["ok0"]  # the sampled answers, then the reference alone
     assert rows_as_text(batch) == ["no\x01", "nah\x01", "ok0\x01", "ok1\x01", "x\x01", "y\x01", "a\x01", "b\x01", "c\x01"]
     assert batch[keys.GUIDED].tolist() == [False, False, True] + [False] * 6
     assert batch[keys.TOKEN_SCORES].sum(-1).tolist() == [0, 0, 1, 1, 0, 0, 0, 0, 0]  # the reference judged, right
     assert metrics["guidance/groups"].value == 1 and metrics["guidance/unguided"].value == 1
+    assert metrics["guidance/reference_wrong"].value == 0
     assert metrics["reward/samples"].value == 9
     # the policy's own answers in the rollout's metrics: one right of nine, not two
     assert batch[keys.BEHAVIOUR_LOGPROBS][2].tolist() == [0.0] * WIDTH  # no engine sampled it
@@ -108,6 +115,12 @@ def test_a_group_with_no_right_answer_gets_its_reference_as_its_last_sample_scor
 def test_a_reference_longer_than_a_response_may_be_is_not_given():
     batch, metrics = rollout()(Roles(["a", "b", "c"]), prompts(["x" * WIDTH]), whole_batch=False)  # with eos: WIDTH + 1 tokens
     assert not batch[keys.GUIDED].any() and metrics["guidance/unguided"].value == 1 and metrics["guidance/groups"].value == 0
+
+
+def test_a_reference_the_reward_does_not_accept_is_counted_and_its_group_still_ties():
+    batch, metrics = rollout()(Roles(["a", "b", "c"]), prompts(["not ok0"]), whole_batch=False)
+    assert batch[keys.GUIDED].tolist() == [False, False, True] and rows_as_text(batch)[2] == "not ok0\x01"
+    assert metrics["guidance/reference_wrong"].value == 1 and batch[keys.TOKEN_SCORES].sum().item() == 0
 
 
 def test_validation_is_never_guided():
