@@ -128,15 +128,18 @@ def check_sampler(config: PosttrainConfig) -> list[Problem]:
     return problems
 
 
+def groups_needed(config: PosttrainConfig, why: str) -> list[Problem]:
+    """``rollout.n`` below 2 refused for a setting that works on groups, ``why`` saying what it does with them."""
+    n = config.actor_rollout_ref.rollout.n
+    return [Problem("actor_rollout_ref.rollout.n", n, f"{why}: set rollout.n >= 2")] if n < 2 else []
+
+
 def check_dynamic_sampling(config: PosttrainConfig) -> list[Problem]:
     """DAPO's dynamic sampling keeps the groups whose rewards vary: it needs groups, and a step whose
     batch is the groups it keeps (ReMax's baseline phase scores the step's first prompts)."""
     if not config.algorithm.filter_groups.enable:
         return []
-    problems = []
-    if config.actor_rollout_ref.rollout.n < 2:
-        problems.append(Problem("actor_rollout_ref.rollout.n", config.actor_rollout_ref.rollout.n,
-                                "dynamic sampling (algorithm.filter_groups.enable) compares the samples of each prompt: set rollout.n >= 2"))
+    problems = groups_needed(config, "dynamic sampling (algorithm.filter_groups.enable) compares the samples of each prompt")
     if needs_greedy_baseline(config):
         problems.append(Problem("algorithm.filter_groups.enable", True,
                                 f"algorithm.adv_estimator={config.algorithm.adv_estimator}'s greedy baseline is scored for the step's "
@@ -150,10 +153,7 @@ def check_guidance(config: PosttrainConfig) -> list[Problem]:
     (``check_async``); a multi-turn environment is refused by ``check_config`` (cli/preflight.py), which can load it."""
     if not config.algorithm.guidance.enable:
         return []
-    problems = []
-    if config.actor_rollout_ref.rollout.n < 2:
-        problems.append(Problem("actor_rollout_ref.rollout.n", config.actor_rollout_ref.rollout.n,
-                                "guidance (algorithm.guidance.enable) gives the reference to a group of answers with none right: set rollout.n >= 2"))
+    problems = groups_needed(config, "guidance (algorithm.guidance.enable) gives the reference to a group of answers with none right")
     if config.mixture:
         problems.append(Problem("algorithm.guidance.enable", True, "a mixture's batch is joined from its sources' pieces, and an episode "
                                 "source's pieces have no guided rows to join with a single-turn source's; turn guidance off, or train "
