@@ -1,4 +1,4 @@
-"""A single-turn rollout's batch-wide step: env.reward_norm on its rows' rewards, as on episodes'."""
+"""A single-turn rollout's batch: env.reward_norm on its rows' rewards, as on episodes'; the engine's logprobs for every response token."""
 
 import pytest
 import torch
@@ -44,3 +44,18 @@ def test_single_turn_rewards_are_normalised_over_the_batch_or_group_on_each_resp
 def test_without_normalisation_the_rewards_stay_raw():
     raw, finished = scored("none")
     assert torch.equal(raw[keys.TOKEN_SCORES], finished[keys.TOKEN_SCORES])
+
+
+@pytest.mark.parametrize("logprobs", [None, [-0.5]], ids=["none", "one short"])
+def test_a_response_without_its_engine_logprobs_is_refused_not_padded_with_zeros(logprobs):
+    """A behaviour logprob of 0 is probability 1: a padded row would weigh its tokens as if the engine were sure of them."""
+    from posttrain.rollout.batching import responses_to_batch
+
+    prompts = Batch.from_dict({keys.PROMPT_IDS: torch.tensor([[5, 6], [5, 6]]), keys.PROMPT_MASK: torch.ones(2, 2, dtype=torch.long)})
+    sampled = Batch.from_dict(non_tensors={keys.TURN_TOKEN_IDS: [[1, 2], [3, 4]], keys.TURN_LOGPROBS: [[-0.1, -0.2], logprobs],
+                                           keys.FINISH_REASON: ["stop", "stop"]})
+    with pytest.raises(ValueError, match="response 1: the rollout engine returned .* logprobs for 2 tokens"):
+        responses_to_batch(prompts, sampled, max_response_length=4, pad_token_id=0)
+    sampled.non_tensors[keys.TURN_LOGPROBS][1] = [-0.3, -0.4]
+    batch = responses_to_batch(prompts, sampled, max_response_length=4, pad_token_id=0)
+    assert torch.allclose(batch[keys.BEHAVIOUR_LOGPROBS], torch.tensor([[-0.1, -0.2, 0, 0], [-0.3, -0.4, 0, 0]]))
