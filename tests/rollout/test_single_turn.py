@@ -7,6 +7,7 @@ from posttrain import keys
 from posttrain.protocol import Batch
 from posttrain.rewards.manager import RewardManager
 from posttrain.rollout import SingleTurnRollout
+from posttrain.rollout.batching import responses_to_batch
 from tests.rewards.helpers import CharTokenizer, response_batch
 
 NO_REWARD_MODEL = type("Roles", (), {"reward_model": None})()
@@ -49,8 +50,6 @@ def test_without_normalisation_the_rewards_stay_raw():
 @pytest.mark.parametrize("logprobs", [None, [-0.5]], ids=["none", "one short"])
 def test_a_response_without_its_engine_logprobs_is_refused_not_padded_with_zeros(logprobs):
     """A behaviour logprob of 0 is probability 1: a padded row would weigh its tokens as if the engine were sure of them."""
-    from posttrain.rollout.batching import responses_to_batch
-
     prompts = Batch.from_dict({keys.PROMPT_IDS: torch.tensor([[5, 6], [5, 6]]), keys.PROMPT_MASK: torch.ones(2, 2, dtype=torch.long)})
     sampled = Batch.from_dict(non_tensors={keys.TURN_TOKEN_IDS: [[1, 2], [3, 4]], keys.TURN_LOGPROBS: [[-0.1, -0.2], logprobs],
                                            keys.FINISH_REASON: ["stop", "stop"]})
