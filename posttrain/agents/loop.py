@@ -45,6 +45,16 @@ class TurnOutput:
     weight_version: int = 0
 
 
+def turn_logprobs(tokens: Sequence[int], logprobs: Sequence[float] | None) -> list[float]:
+    """The engine's behaviour logprobs for ``tokens``, the first of the response it sampled (any past them cut off).
+    ValueError when it returned fewer, or none (params that asked for no logprobs): a missing one padded with 0 would
+    read as probability 1 to the importance weights."""
+    if logprobs is None or len(logprobs) < len(tokens):
+        raise ValueError(f"the rollout engine returned {0 if logprobs is None else len(logprobs)} logprobs for {len(tokens)} "
+                         "tokens; ask it for logprobs")
+    return list(logprobs[: len(tokens)])
+
+
 # (contexts as token ids, max new tokens, stop strings, request keys) -> one TurnOutput per context. A request's
 # key, "<episode key>:<turn>", seeds its sampling (workers/sampling.py), whatever else the call holds.
 GenerateTurn = Callable[[Sequence[Sequence[int]], int, tuple[str, ...], Sequence[str]], list[TurnOutput]]
@@ -134,12 +144,11 @@ class Episode:
 
     def append_agent_turn(self, turn: TurnOutput) -> None:
         tokens = turn.token_ids[: self.room]  # the engine may overshoot the budget; keep what fits
-        if len(turn.logprobs) < len(tokens):
-            raise ValueError(f"the rollout engine returned {len(turn.logprobs)} logprobs for {len(tokens)} tokens; ask it for logprobs")
+        logprobs = turn_logprobs(tokens, turn.logprobs)
         self.turn_starts.append(len(self.response_ids))
         self.response_ids += tokens
         self.loss_mask += [1] * len(tokens)
-        self.logprobs += list(turn.logprobs[: len(tokens)])
+        self.logprobs += logprobs
         self.turn_ends.append(len(self.response_ids) - 1)
         self.weight_version = max(self.weight_version, turn.weight_version)
 

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from posttrain.agents.loop import Episode, TurnOutput
+from posttrain.agents.loop import Episode, TurnOutput, turn_logprobs
 from posttrain.agents.render import render_turns
 from posttrain.errors import InputError
 from posttrain.models import tokenize_prompts
@@ -138,8 +138,7 @@ class ProgramEpisode:
             raise RuntimeError("record() answers the request context() was given: call context() first")
         keys, fresh, ids = self._pending
         kept = list(turn.token_ids[: self.room])
-        if len(turn.logprobs) < len(kept):
-            raise ValueError(f"the rollout engine returned {len(turn.logprobs)} logprobs for {len(kept)} tokens; ask it for logprobs")
+        turn_logprobs(kept, turn.logprobs)  # refused here, before anything is kept
         text = self.tokenizer.decode(kept, skip_special_tokens=True)
         parsed = self.tool_format.parse(text, list(tools or ()) or None) if tools else None
         message: dict[str, Any] = {"role": "assistant", "content": text}

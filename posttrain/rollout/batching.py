@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from posttrain import keys
+from posttrain.agents.loop import turn_logprobs
 from posttrain.engines.training.inputs import build_model_inputs
 from posttrain.protocol import Batch, pad_rows
 
@@ -69,14 +70,16 @@ def responses_to_batch(prompts: Batch, sampled: Batch, *, max_response_length: i
     """What ``actor.generate`` sampled for ``prompts`` (one response per row, as token lists) as the
     model inputs, RESPONSE_MASK, BEHAVIOUR_LOGPROBS and FINISH_REASON to add to those rows; meta
     WEIGHT_VERSION, the weights that sampled them. Each response needs its engine's logprob for every token
-    (ValueError otherwise): a missing one padded with 0 would read as probability 1 to the importance weights."""
-    for row, (tokens, logprobs) in enumerate(zip(sampled[keys.TURN_TOKEN_IDS], sampled[keys.TURN_LOGPROBS], strict=True)):
-        if logprobs is None or len(logprobs) != len(tokens):
-            raise ValueError(f"response {row}: the rollout engine returned {0 if logprobs is None else len(logprobs)} logprobs for "
-                             f"{len(tokens)} tokens; ask it for logprobs (GenerationParams.logprobs)")
+    (``turn_logprobs``, as an agent's turns do; ValueError naming the row otherwise)."""
+    logprobs = []
+    for row, (tokens, sampled_logprobs) in enumerate(zip(sampled[keys.TURN_TOKEN_IDS], sampled[keys.TURN_LOGPROBS], strict=True)):
+        try:
+            logprobs.append(turn_logprobs(tokens, sampled_logprobs))
+        except ValueError as err:
+            raise ValueError(f"response {row}: {err}") from err
     responses = sequences_to_batch(
         prompt_token_lists(prompts), sampled[keys.TURN_TOKEN_IDS], pad_token_id=pad_token_id, response_width=max_response_length,
-        logprobs=list(sampled[keys.TURN_LOGPROBS]),
+        logprobs=logprobs,
     )
     responses.non_tensors[keys.FINISH_REASON] = np.asarray(sampled[keys.FINISH_REASON], dtype=object)
     responses.meta[keys.WEIGHT_VERSION] = sampled.meta.get(keys.WEIGHT_VERSION, 0)
