@@ -20,7 +20,7 @@ Shapes:
             budget of 4,096 tokens, ``use_dynamic_bsz``'s default, which each path fills with what it computes),
             sdpa (the preset's). Response lengths: no
             recorded bfcl_grpo rollout is on this machine, so they are drawn uniformly from 20-60
-            tokens (the recipe's RL responses averaged ~40: docs/tools.md); ``--response-lengths``
+            tokens (the recipe's RL responses averaged ~40: docs/bfcl_runs.md); ``--response-lengths``
             takes a file of recorded lengths (one integer per line) instead.
   main:     the main job's (``arithmetic_grpo``): 8 prompts of 40-60 tokens, 8 samples each,
             responses of 8-48 tokens, micro-batches by a 2,048-token budget, eager (CPU's default).

@@ -98,7 +98,7 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     # the first N tokens of each response take no policy-gradient loss (the KL loss and the entropy bonus still
     # count them): 1 leaves a tool-calling warm-up's call/no-call decision (the first token) to the warm-up, so RL
-    # trains what is called and how, not whether (docs/tools.md)
+    # trains what is called and how, not whether (docs/bfcl_runs.md, "The decision left to the warm-up")
     policy_loss_skip_first: int = 0
     grad_clip: Optional[float] = 1.0  # max gradient norm; null: measured, never clipped
     dtype: str = "auto"  # autocast dtype: auto (bfloat16 where native: CUDA, AVX-512 BF16/AMX CPUs; else float32) | bfloat16 | float32

@@ -86,7 +86,7 @@ live_simple question at most). ``dev_distractors=N`` writes ``dev_distractors.pa
 (their added functions drawn from every question's), for validation only.
 The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 ``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
-functions (near misses, where RL learns to call wrongly: docs/tools.md) the category ``live_irrelevance_near``, so a
+functions (near misses, where RL learns to call wrongly: docs/bfcl_runs.md) the category ``live_irrelevance_near``, so a
 batch can hold a share of them (``data.sampler.shares``) and a development split reports them apart; nothing else
 about them changes (BFCL's irrelevance rule still judges them), and the held-out rows keep their categories.
 
