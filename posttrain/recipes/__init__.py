@@ -74,6 +74,7 @@ BUILTIN_DIR = Path(__file__).parent
 COMMANDS = ("prepare", "sft", "train", "eval", "export")
 DONE = "DONE"        # a stage that finished: its fingerprint (its command and every earlier stage's), its wall time
 STARTED = "STARTED"  # a stage that began: its fingerprint, so that a changed stage starts over rather than resume
+RESUMES = ("sft", "train")  # commands that go on from their checkpoints when run again: each run's time is the stage's
 EPISODES = "episodes.jsonl"
 
 
@@ -391,19 +392,37 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
         # escaped: a command's list overrides ([a,b]) are not rich markup
         say(f"stage {number}/{len(recipe.stages)} [bold]{stage.name}[/]: {escape(command)}")
         directory.mkdir(parents=True, exist_ok=True)
-        started.write_text(json.dumps({"fingerprint": fingerprint, "command": command}))
+        earlier, runs = earlier_runs(started, directory / "stage.log", fingerprint) if stage.command in RESUMES else (0.0, 0)
+        started.write_text(json.dumps({"fingerprint": fingerprint, "command": command, "began": time.time(),
+                                       "earlier_seconds": earlier, "earlier_runs": runs}))
         start = time.perf_counter()
         code, stopped = run_stage(argv, directory / "stage.log")
-        seconds[stage.name] = time.perf_counter() - start
+        seconds[stage.name] = earlier + time.perf_counter() - start
         if stopped or code == 130:
             say(f"posttrain: the recipe stopped in stage {stage.name!r}. To continue: {escape(again)}")
             return 0 if code == 0 else code
         if code != 0:
             raise RecipeError(f"stage {stage.name!r} failed (exit {code}); its output is in {directory / 'stage.log'}. Fix the cause "
                               f"and run the same recipe command again: finished stages are skipped, a train or sft stage resumes")
-        done.write_text(json.dumps({"fingerprint": fingerprint, "command": command, "seconds": seconds[stage.name], "use": uses(given)}))
+        done.write_text(json.dumps({"fingerprint": fingerprint, "command": command, "seconds": seconds[stage.name],
+                                    "runs": runs + 1, "use": uses(given)}))
     write_report(recipe, root, dirs, seconds, given, console, report_only)
     return 0
+
+
+def earlier_runs(started: Path, log: Path, fingerprint: str) -> tuple[float, int]:
+    """The wall time and number of a resuming stage's earlier runs of this very command (its ``STARTED`` holds
+    ``fingerprint``: stopped, failed or killed, and now going on from its checkpoints); (0, 0) for a first run or
+    a changed one. A run's time is from its start (``STARTED``'s ``began``; the file's own time where an older
+    recipe wrote it without) to its log's last line, so a run killed outright (no clean stop) counts too."""
+    if not started.is_file():
+        return 0.0, 0
+    record = json.loads(started.read_text())
+    if record.get("fingerprint") != fingerprint:
+        return 0.0, 0
+    began = record.get("began", started.stat().st_mtime)
+    last = log.stat().st_mtime if log.is_file() else began
+    return record.get("earlier_seconds", 0.0) + max(0.0, last - began), record.get("earlier_runs", 0) + 1
 
 
 def uses(given: dict[str, Path]) -> list[str]:

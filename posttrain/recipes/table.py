@@ -45,7 +45,7 @@ def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float
                          + " | ".join(cells) + " |")
         lines.append("")
     lines += ["| stage | wall time |", "|---|---|"]
-    lines += [f"| {name} | {value / 60:.1f} min |" for name, value in seconds.items()]
+    lines += [f"| {name} | {value / 60:.1f} min{in_runs(dirs.get(name))} |" for name, value in seconds.items()]
     if seconds:
         lines.append(f"| all | {sum(seconds.values()) / 60:.1f} min |")
     lines += [f"| {name} | given: {path}{given_took(path)} |" for name, path in (given or {}).items()]
@@ -54,11 +54,20 @@ def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float
 
 
 def given_took(path: Path) -> str:
-    """How long a given stage's directory took when a recipe ran it (its ``DONE``: the last run only, where a
-    train stage resumed), as " (ran in N min)"; empty for outputs no recipe stage wrote."""
+    """How long a given stage's directory took when a recipe ran it (its ``DONE``: every run, where a train
+    stage resumed; the last run only, where an older recipe wrote it), as " (ran in N min)"; empty for outputs
+    no recipe stage wrote."""
     done = path / DONE
     seconds = json.loads(done.read_text()).get("seconds") if done.is_file() else None
-    return f" (ran in {seconds / 60:.1f} min)" if seconds is not None else ""
+    return f" (ran in {seconds / 60:.1f} min{in_runs(path)})" if seconds is not None else ""
+
+
+def in_runs(path: Path | None) -> str:
+    """", in N runs (resumed)" where the stage's ``DONE`` says it took several runs, each going on from the last's
+    checkpoints (their times summed); empty for one run."""
+    done = path / DONE if path else None
+    runs = json.loads(done.read_text()).get("runs", 1) if done and done.is_file() else 1
+    return f", in {runs} runs (resumed)" if runs > 1 else ""
 
 
 def mistakes(recipe: Recipe, dirs: dict[str, Path], sources: set) -> list[str]:

@@ -264,6 +264,55 @@ def test_a_stopped_stage_stops_the_recipe_with_the_command_that_continues_it(tmp
     assert not (root / "rl" / "DONE").exists() and not (root / "report.md").exists()
 
 
+def test_a_resumed_train_stage_reports_the_time_of_all_its_runs_and_a_rerun_evaluation_its_last(
+        tmp_path, stand_in, monkeypatch):
+    """A train stage stopped and run again goes on from its checkpoints: its wall time is both runs' (the first from
+    its start to its log's last line, so a run killed outright counts too); an eval stage that failed starts over,
+    so only its last run counts. Each stopped or failed run here is made to have taken 10 minutes."""
+    def took_ten_minutes(stage: str) -> None:
+        started, log = root / stage / "STARTED", root / stage / "stage.log"
+        record = json.loads(started.read_text())
+        record["began"] -= 600
+        started.write_text(json.dumps(record))
+        os.utime(log, (record["began"] + 600,) * 2)
+
+    root = tmp_path / "runs"
+    monkeypatch.setenv("STANDIN_RL", "stop")
+    assert run_recipe("search", [], root) == 0
+    took_ten_minutes("rl")
+    monkeypatch.delenv("STANDIN_RL")
+    monkeypatch.setenv("STANDIN_RL_EVAL", "fail")
+    with pytest.raises(RecipeError):
+        run_recipe("search", [], root)
+    took_ten_minutes("rl_eval")
+    monkeypatch.delenv("STANDIN_RL_EVAL")
+    assert run_recipe("search", [], root) == 0
+    done = json.loads((root / "rl" / DONE).read_text())
+    assert done["runs"] == 2 and 600 <= done["seconds"] < 660
+    assert json.loads((root / "rl_eval" / DONE).read_text())["seconds"] < 60
+    times = dict(line.strip("| ").split(" | ") for line in (root / "report.md").read_text().splitlines() if line.startswith("| rl"))
+    assert times["rl"].startswith("10.") and times["rl"].endswith(" min, in 2 runs (resumed)")
+    assert times["rl_eval"] == "0.0 min"
+
+
+def test_a_train_stage_begun_by_an_older_recipe_counts_its_first_run_from_its_started_file(tmp_path, stand_in, monkeypatch):
+    """A STARTED written before runs were timed has no start time: the first run is from that file's time to its
+    log's last line (the rl stage of a recipe updated while it was stopped)."""
+    root = tmp_path / "runs"
+    monkeypatch.setenv("STANDIN_RL", "stop")
+    assert run_recipe("search", [], root) == 0
+    started = root / "rl" / "STARTED"
+    started.write_text(json.dumps({key: value for key, value in json.loads(started.read_text()).items()
+                                   if key in ("fingerprint", "command")}))
+    now = time.time()
+    os.utime(started, (now - 300,) * 2)
+    os.utime(root / "rl" / "stage.log", (now,) * 2)
+    monkeypatch.delenv("STANDIN_RL")
+    assert run_recipe("search", [], root) == 0
+    done = json.loads((root / "rl" / DONE).read_text())
+    assert done["runs"] == 2 and 300 <= done["seconds"] < 360
+
+
 def test_ctrl_c_reaches_the_stage_and_the_recipe_waits_for_it_to_stop(tmp_path, stand_in):
     """Ctrl-C goes to the terminal's whole process group: the stage must get it (a stage started with
     SIGINT ignored never would), and the recipe must outlive it to say how to continue."""
