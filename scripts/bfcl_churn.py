@@ -6,8 +6,8 @@ moved between, each row judged by BFCL's own checker (posttrain/rewards/bfcl_mis
 
 A paired difference says how far the second evaluation is from the first on the whole; this says what it took:
 an rl stage that gains 2 rows may have fixed 35 and broken 33. The rows are paired by item (as the recipe's table
-pairs them); a row in one file only is left out and counted. The last line is ``bfcl_churn_net: N``, the rows
-fixed less the rows broken.
+pairs them), one answer an item (a greedy evaluation's); a row in one file only is left out and counted. The last
+line is ``bfcl_churn_net: N``, the rows fixed less the rows broken.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from posttrain.errors import PosttrainError
+from posttrain.errors import InputError, PosttrainError
 from posttrain.rewards.bfcl_mistakes import RIGHT, episode_rows, judge
 from posttrain.trainer.validation import item_key
 
@@ -27,7 +27,7 @@ def churn(first: Path, second: Path) -> str:
     from posttrain.models.tool_formats import CallParser
 
     parser = CallParser("hermes", None, [])
-    before, after = ({item_key(row): row for row in episode_rows(path)} for path in (first, second))
+    before, after = (one_row_per_item(path) for path in (first, second))
     shared = [key for key in before if key in after]
     counts: dict[str, Counter] = {}
     moves: Counter = Counter()
@@ -35,7 +35,7 @@ def churn(first: Path, second: Path) -> str:
         was, now = judge(before[key], parser)[0], judge(after[key], parser)[0]
         category = before[key]["extra_info"]["category"]
         for group in (category, "all"):
-            counts.setdefault(group, Counter()).update(fixed=was != RIGHT and now == RIGHT, broken=was == RIGHT and now != RIGHT)
+            counts.setdefault(group, Counter()).update(fixed=int(was != RIGHT and now == RIGHT), broken=int(was == RIGHT and now != RIGHT))
         if was != now:
             moves[(was, now)] += 1
     order = sorted(set(counts) - {"all"}) + ["all"] if counts else []
@@ -49,6 +49,18 @@ def churn(first: Path, second: Path) -> str:
         lines += ["", f"rows in one file only, left out: {alone}"]
     total = counts.get("all", Counter())
     return "\n".join(lines + ["", f"bfcl_churn_net: {total['fixed'] - total['broken']:+d}"])
+
+
+def one_row_per_item(path: Path) -> dict[str, dict]:
+    """The file's rows by item; an InputError where an item has several (an evaluation that sampled each row more
+    than once: a row is right or wrong only in a greedy one)."""
+    rows: dict[str, dict] = {}
+    for row in episode_rows(path):
+        if (key := item_key(row)) in rows:
+            raise InputError(f"{path}: item {row['extra_info'].get('id', key)!r} appears more than once: give greedy "
+                             "evaluations, one answer a row (actor_rollout_ref.rollout.val_kwargs.n=1)")
+        rows[key] = row
+    return rows
 
 
 def main(arguments: list[str]) -> None:

@@ -387,17 +387,23 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
         if report_only:
             say(f"stage {number}/{len(recipe.stages)} {stage.name}: {escape(unfinished(done, given))}, left out of the table")
             continue
+        log = directory / "stage.log"
+        earlier, runs = earlier_runs(started, log, fingerprint) if stage.command in RESUMES else (0.0, 0)
         if started.is_file() and (record := json.loads(started.read_text())).get("fingerprint") != fingerprint:
+            finished = json.loads(done.read_text()) if done.is_file() else None
             say(f"stage {stage.name}: {escape(start_over_or_further(stage.command, directory, record, before, command, done))}")
+            if stage.command in RESUMES and started.is_file():  # kept (not moved aside): it trains further, its runs so far count
+                earlier, runs = ((finished.get("seconds", 0.0), finished.get("runs", 1)) if finished
+                                 else earlier_runs(started, log, record.get("fingerprint")))
         # escaped: a command's list overrides ([a,b]) are not rich markup
         say(f"stage {number}/{len(recipe.stages)} [bold]{stage.name}[/]: {escape(command)}")
         directory.mkdir(parents=True, exist_ok=True)
-        earlier, runs = earlier_runs(started, directory / "stage.log", fingerprint) if stage.command in RESUMES else (0.0, 0)
-        started.write_text(json.dumps({"fingerprint": fingerprint, "command": command, "began": time.time(),
-                                       "earlier_seconds": earlier, "earlier_runs": runs}))
+        record = {"fingerprint": fingerprint, "command": command, "began": time.time(), "earlier_seconds": earlier, "earlier_runs": runs}
+        started.write_text(json.dumps(record))
         start = time.perf_counter()
-        code, stopped = run_stage(argv, directory / "stage.log")
+        code, stopped = run_stage(argv, log)
         seconds[stage.name] = earlier + time.perf_counter() - start
+        started.write_text(json.dumps(record | {"ended": time.time()}))  # a run killed outright ends at its log's last line
         if stopped or code == 130:
             say(f"posttrain: the recipe stopped in stage {stage.name!r}. To continue: {escape(again)}")
             return 0 if code == 0 else code
@@ -410,19 +416,20 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
     return 0
 
 
-def earlier_runs(started: Path, log: Path, fingerprint: str) -> tuple[float, int]:
+def earlier_runs(started: Path, log: Path, fingerprint: str | None) -> tuple[float, int]:
     """The wall time and number of a resuming stage's earlier runs of this very command (its ``STARTED`` holds
     ``fingerprint``: stopped, failed or killed, and now going on from its checkpoints); (0, 0) for a first run or
-    a changed one. A run's time is from its start (``STARTED``'s ``began``; the file's own time where an older
-    recipe wrote it without) to its log's last line, so a run killed outright (no clean stop) counts too."""
+    a changed one. The last earlier run's time is from its start (``STARTED``'s ``began``; the file's own time where
+    an older recipe wrote it without) to its end (``ended``; for a run killed outright, its log's last line); the
+    runs before it are summed in ``earlier_seconds`` (an older recipe kept no such sum: its last run alone counts)."""
     if not started.is_file():
         return 0.0, 0
     record = json.loads(started.read_text())
     if record.get("fingerprint") != fingerprint:
         return 0.0, 0
     began = record.get("began", started.stat().st_mtime)
-    last = log.stat().st_mtime if log.is_file() else began
-    return record.get("earlier_seconds", 0.0) + max(0.0, last - began), record.get("earlier_runs", 0) + 1
+    ended = record.get("ended") or (log.stat().st_mtime if log.is_file() else began)
+    return record.get("earlier_seconds", 0.0) + max(0.0, ended - began), record.get("earlier_runs", 0) + 1
 
 
 def uses(given: dict[str, Path]) -> list[str]:

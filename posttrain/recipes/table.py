@@ -54,8 +54,8 @@ def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float
 
 
 def given_took(path: Path) -> str:
-    """How long a given stage's directory took when a recipe ran it (its ``DONE``: every run, where a train
-    stage resumed; the last run only, where an older recipe wrote it), as " (ran in N min)"; empty for outputs
+    """How long a given stage's directory took when a recipe ran it (its ``DONE``: every run, where a train or
+    sft stage resumed; the last run only, where an older recipe wrote it), as " (ran in N min)"; empty for outputs
     no recipe stage wrote."""
     done = path / DONE
     seconds = json.loads(done.read_text()).get("seconds") if done.is_file() else None

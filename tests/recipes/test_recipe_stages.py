@@ -266,15 +266,16 @@ def test_a_stopped_stage_stops_the_recipe_with_the_command_that_continues_it(tmp
 
 def test_a_resumed_train_stage_reports_the_time_of_all_its_runs_and_a_rerun_evaluation_its_last(
         tmp_path, stand_in, monkeypatch):
-    """A train stage stopped and run again goes on from its checkpoints: its wall time is both runs' (the first from
-    its start to its log's last line, so a run killed outright counts too); an eval stage that failed starts over,
-    so only its last run counts. Each stopped or failed run here is made to have taken 10 minutes."""
+    """A train stage stopped and run again goes on from its checkpoints: its wall time is both runs'; an eval stage
+    that failed starts over, so only its last run counts. Each stopped or failed run here is made to have taken 10
+    minutes (its STARTED record's start moved back); its log's time, as a copy may leave it, does not count where the
+    run recorded its end."""
     def took_ten_minutes(stage: str) -> None:
-        started, log = root / stage / "STARTED", root / stage / "stage.log"
+        started = root / stage / "STARTED"
         record = json.loads(started.read_text())
-        record["began"] -= 600
+        record["began"] = record["ended"] - 600
         started.write_text(json.dumps(record))
-        os.utime(log, (record["began"] + 600,) * 2)
+        os.utime(root / stage / "stage.log", (record["ended"] + 3600,) * 2)  # as a copy that did not keep the files' times
 
     root = tmp_path / "runs"
     monkeypatch.setenv("STANDIN_RL", "stop")
@@ -295,22 +296,38 @@ def test_a_resumed_train_stage_reports_the_time_of_all_its_runs_and_a_rerun_eval
     assert times["rl_eval"] == "0.0 min"
 
 
-def test_a_train_stage_begun_by_an_older_recipe_counts_its_first_run_from_its_started_file(tmp_path, stand_in, monkeypatch):
-    """A STARTED written before runs were timed has no start time: the first run is from that file's time to its
-    log's last line (the rl stage of a recipe updated while it was stopped)."""
+@pytest.mark.parametrize("older_recipe", [False, True])
+def test_a_train_stage_killed_outright_counts_its_run_to_its_log_s_last_line(tmp_path, stand_in, monkeypatch, older_recipe):
+    """A run killed outright records no end: it ends at its log's last line. A STARTED written by an older recipe
+    has no start either: the run starts at that file's time (the rl stage of a recipe updated while it was stopped)."""
     root = tmp_path / "runs"
     monkeypatch.setenv("STANDIN_RL", "stop")
     assert run_recipe("search", [], root) == 0
-    started = root / "rl" / "STARTED"
-    started.write_text(json.dumps({key: value for key, value in json.loads(started.read_text()).items()
-                                   if key in ("fingerprint", "command")}))
-    now = time.time()
+    started, now = root / "rl" / "STARTED", time.time()
+    record = {key: value for key, value in json.loads(started.read_text()).items() if key != "ended"} | {"began": now - 300}
+    if older_recipe:
+        record = {key: record[key] for key in ("fingerprint", "command")}
+    started.write_text(json.dumps(record))
     os.utime(started, (now - 300,) * 2)
     os.utime(root / "rl" / "stage.log", (now,) * 2)
     monkeypatch.delenv("STANDIN_RL")
     assert run_recipe("search", [], root) == 0
     done = json.loads((root / "rl" / DONE).read_text())
     assert done["runs"] == 2 and 300 <= done["seconds"] < 360
+
+
+def test_a_train_stage_trained_further_counts_the_time_of_the_run_it_goes_on_from(tmp_path, stand_in):
+    root = tmp_path / "runs"
+    assert run_recipe("search", [], root) == 0
+    done = json.loads((root / "rl" / DONE).read_text())
+    (root / "rl" / DONE).write_text(json.dumps(done | {"seconds": 600.0}))  # its 60 steps took 10 minutes
+    assert run_recipe("search", ["rl:trainer.total_training_steps=80"], root) == 0
+    done = json.loads((root / "rl" / DONE).read_text())
+    assert done["runs"] == 2 and 600 <= done["seconds"] < 660
+    # started over (another change): its own time alone
+    assert run_recipe("search", ["rl:trainer.total_training_steps=90", "rl:actor_rollout_ref.actor.optim.lr=1e-6"], root) == 0
+    done = json.loads((root / "rl" / DONE).read_text())
+    assert done["runs"] == 1 and done["seconds"] < 60
 
 
 def test_ctrl_c_reaches_the_stage_and_the_recipe_waits_for_it_to_stop(tmp_path, stand_in):

@@ -40,3 +40,16 @@ def test_a_row_in_one_file_only_is_left_out_and_counted(tmp_path):
     counts, moves, alone, last = churn(silent, calls)
     assert counts[-1] == ["all", "3", "0", "+3"] and last == [["bfcl_churn_net: +3"]]  # 2 simple_python rows and 1 irrelevance
     assert alone == [["rows in one file only, left out: 1"]]
+
+
+def test_a_category_of_one_row_is_counted_and_an_item_answered_twice_refused(tmp_path):
+    calls, silent = two_evaluations(tmp_path)
+    for path in (calls, silent):  # the first simple_python row and the first irrelevance row alone
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text(lines[0] + lines[4])
+    counts, moves, last = churn(silent, calls)
+    assert counts == [["irrelevance", "1", "0", "+1"], ["simple_python", "1", "0", "+1"], ["all", "2", "0", "+2"]]
+    calls.write_text(calls.read_text() * 2)
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_churn.py"), str(silent), str(calls)],
+                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert done.returncode == 1 and "appears more than once: give greedy evaluations" in done.stderr
