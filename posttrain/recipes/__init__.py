@@ -68,13 +68,12 @@ import yaml
 
 from posttrain.errors import PosttrainError
 from posttrain.recipes.further import fingerprint as stage_fingerprint
-from posttrain.recipes.further import start_over_or_further
+from posttrain.recipes.further import runs_so_far
 
 BUILTIN_DIR = Path(__file__).parent
 COMMANDS = ("prepare", "sft", "train", "eval", "export")
 DONE = "DONE"        # a stage that finished: its fingerprint (its command and every earlier stage's), its wall time
 STARTED = "STARTED"  # a stage that began: its fingerprint, so that a changed stage starts over rather than resume
-RESUMES = ("sft", "train")  # commands that go on from their checkpoints when run again: each run's time is the stage's
 EPISODES = "episodes.jsonl"
 
 
@@ -379,7 +378,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
         command = shlex.join(["posttrain", *argv[3:]])
         before = upstream  # what the stages before produced: to tell whether the stage's only change is its own
         upstream = fingerprint = stage_fingerprint(upstream, command)
-        started, done = directory / STARTED, directory / DONE
+        started, done, log = directory / STARTED, directory / DONE, directory / "stage.log"
         if done.is_file() and json.loads(done.read_text()).get("fingerprint") == fingerprint:
             seconds[stage.name] = json.loads(done.read_text()).get("seconds", 0.0)
             say(f"stage {number}/{len(recipe.stages)} {stage.name}: done before, skipped ({escape(str(directory))})")
@@ -387,19 +386,12 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
         if report_only:
             say(f"stage {number}/{len(recipe.stages)} {stage.name}: {escape(unfinished(done, given))}, left out of the table")
             continue
-        log = directory / "stage.log"
-        earlier, runs = earlier_runs(started, log, fingerprint) if stage.command in RESUMES else (0.0, 0)
-        if started.is_file() and (record := json.loads(started.read_text())).get("fingerprint") != fingerprint:
-            finished = json.loads(done.read_text()) if done.is_file() else None
-            say(f"stage {stage.name}: {escape(start_over_or_further(stage.command, directory, record, before, command, done))}")
-            if stage.command in RESUMES and started.is_file():  # kept (not moved aside): it trains further, its runs so far count
-                earlier, runs = ((finished.get("seconds", 0.0), finished.get("runs", 1)) if finished
-                                 else earlier_runs(started, log, record.get("fingerprint")))
-        # escaped: a command's list overrides ([a,b]) are not rich markup
-        say(f"stage {number}/{len(recipe.stages)} [bold]{stage.name}[/]: {escape(command)}")
+        earlier, runs = runs_so_far(stage.command, started, done, log, fingerprint, before, command,
+                                    lambda what: say(f"stage {stage.name}: {escape(what)}"))
+        say(f"stage {number}/{len(recipe.stages)} [bold]{stage.name}[/]: {escape(command)}")  # escaped: [a,b] is no markup
         directory.mkdir(parents=True, exist_ok=True)
-        record = {"fingerprint": fingerprint, "command": command, "began": time.time(), "earlier_seconds": earlier, "earlier_runs": runs}
-        started.write_text(json.dumps(record))
+        started.write_text(json.dumps(record := {"fingerprint": fingerprint, "command": command, "began": time.time(),
+                                                 "earlier_seconds": earlier, "earlier_runs": runs}))
         start = time.perf_counter()
         code, stopped = run_stage(argv, log)
         seconds[stage.name] = earlier + time.perf_counter() - start
@@ -414,22 +406,6 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
                                     "runs": runs + 1, "use": uses(given)}))
     write_report(recipe, root, dirs, seconds, given, console, report_only)
     return 0
-
-
-def earlier_runs(started: Path, log: Path, fingerprint: str | None) -> tuple[float, int]:
-    """The wall time and number of a resuming stage's earlier runs of this very command (its ``STARTED`` holds
-    ``fingerprint``: stopped, failed or killed, and now going on from its checkpoints); (0, 0) for a first run or
-    a changed one. The last earlier run's time is from its start (``STARTED``'s ``began``; the file's own time where
-    an older recipe wrote it without) to its end (``ended``; for a run killed outright, its log's last line); the
-    runs before it are summed in ``earlier_seconds`` (an older recipe kept no such sum: its last run alone counts)."""
-    if not started.is_file():
-        return 0.0, 0
-    record = json.loads(started.read_text())
-    if record.get("fingerprint") != fingerprint:
-        return 0.0, 0
-    began = record.get("began", started.stat().st_mtime)
-    ended = record.get("ended") or (log.stat().st_mtime if log.is_file() else began)
-    return record.get("earlier_seconds", 0.0) + max(0.0, ended - began), record.get("earlier_runs", 0) + 1
 
 
 def uses(given: dict[str, Path]) -> list[str]:

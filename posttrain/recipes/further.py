@@ -1,16 +1,19 @@
 """What a recipe does with a stage directory whose command changed: a train stage whose only change is more steps
 (or epochs) trains further from its checkpoint, as ``posttrain train`` does with the same directory; any other
-change starts the stage over, its old directory moved aside (:func:`start_over_or_further`)."""
+change starts the stage over, its old directory moved aside (:func:`start_over_or_further`); and which earlier runs'
+time counts toward a stage that goes on from its checkpoints (:func:`runs_so_far`)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 import time
 from pathlib import Path
 
 # a train stage's settings that, raised and nothing else changed, train its run further rather than start it over
 MORE_STEPS = ("trainer.total_training_steps", "trainer.total_epochs")
+RESUMES = ("sft", "train")  # commands that go on from their checkpoints when run again: each run's time is the stage's
 
 
 def fingerprint(upstream: str, command: str) -> str:
@@ -66,3 +69,35 @@ def start_over_or_further(command_kind: str, directory: Path, started: dict, ups
         copies += 1  # moved aside twice within a second
     directory.rename(aside)  # another command (or an earlier stage changed): start over, keep the old run
     return f"its command or an earlier stage changed; the previous run moved to {aside}"
+
+
+def runs_so_far(command_kind: str, started: Path, done: Path, log: Path, fingerprint: str, upstream: str, command: str,
+                say) -> tuple[float, int]:
+    """Before a stage runs: the wall time and number of its earlier runs that count toward it (a train or sft stage
+    that goes on from its checkpoints: run again with the same command, :func:`earlier_runs`, or trained further, the
+    run it goes on from); (0, 0) otherwise. A changed stage is first started over or kept to train further
+    (:func:`start_over_or_further`, what was done given to ``say``)."""
+    earlier, runs = earlier_runs(started, log, fingerprint) if command_kind in RESUMES else (0.0, 0)
+    if started.is_file() and (record := json.loads(started.read_text())).get("fingerprint") != fingerprint:
+        finished = json.loads(done.read_text()) if done.is_file() else None
+        say(start_over_or_further(command_kind, started.parent, record, upstream, command, done))
+        if command_kind in RESUMES and started.is_file():  # kept (not moved aside): it trains further
+            earlier, runs = ((finished.get("seconds", 0.0), finished.get("runs", 1)) if finished
+                             else earlier_runs(started, log, record.get("fingerprint")))
+    return earlier, runs
+
+
+def earlier_runs(started: Path, log: Path, fingerprint: str | None) -> tuple[float, int]:
+    """The wall time and number of a resuming stage's earlier runs of this very command (its ``STARTED`` holds
+    ``fingerprint``: stopped, failed or killed, and now going on from its checkpoints); (0, 0) for a first run or
+    a changed one. The last earlier run's time is from its start (``STARTED``'s ``began``; the file's own time where
+    an older recipe wrote it without) to its end (``ended``; for a run killed outright, its log's last line); the
+    runs before it are summed in ``earlier_seconds`` (an older recipe kept no such sum: its last run alone counts)."""
+    if not started.is_file():
+        return 0.0, 0
+    record = json.loads(started.read_text())
+    if record.get("fingerprint") != fingerprint:
+        return 0.0, 0
+    began = record.get("began", started.stat().st_mtime)
+    ended = record.get("ended") or (log.stat().st_mtime if log.is_file() else began)
+    return record.get("earlier_seconds", 0.0) + max(0.0, ended - began), record.get("earlier_runs", 0) + 1
