@@ -4,8 +4,9 @@ validation step with its 95 % Wilson interval, to compare configurations on the 
 
     python scripts/dev_curve.py lr1e-5=runs/rg/rl lr3e-5=runs/rg_lr3e-5 [--by task] [--first-from lr1e-5]
 
-Each run gives one line per validation: ``step N: acc A [low, high] (n=K), reward R``; then, after all runs,
-each one's last − first. A run validated once has none, unless ``--first-from LABEL`` names a run whose first
+Each run gives one line per validation: ``step N: acc A [low, high] (n=K), reward R`` (K: the validation's rows,
+:func:`samples`); then, after all runs, each one's last − first. A run validated once has none, unless
+``--first-from LABEL`` names a run whose first
 validation stands for the step 0 of those without one (runs from the same warm-up with
 ``trainer.val_before_train=false``). With ``--by FIELD`` each validation also gives one line per value of the
 rows' ``extra_info[FIELD]`` (``task=chain_sum acc A [low, high] (n=K)``), read from the run's
@@ -37,8 +38,19 @@ def curve(run_dir: Path) -> list[tuple[int, float, int, float | None]]:
             raise SystemExit(f"{run_dir}: several data sources are validated ({names}); this script reads one")
         if names:
             source = ACCURACY.match(names[0]).group(1)
-            found.append((record["step"], metrics[names[0]], int(metrics["val/reward/samples"]), metrics.get(f"val/{source}/reward/mean@1")))
+            found.append((record["step"], metrics[names[0]], samples(run_dir, record["step"], metrics),
+                          metrics.get(f"val/{source}/reward/mean@1")))
     return found
+
+
+def samples(run_dir: Path, step: int, metrics: dict[str, float]) -> int:
+    """The samples a validation's accuracy is over: its episodes in ``validation/step_N.jsonl`` where the run kept
+    them; else ``val/reward/samples``, the answers scored, which leaves out an unreadable answer (the accuracy counts
+    it, as wrong), so the interval is then a little off on a run whose answers were not all readable."""
+    path = run_dir / "validation" / f"step_{step}.jsonl"
+    if path.is_file():
+        return sum(1 for line in path.read_text().splitlines() if line.strip())
+    return int(metrics["val/reward/samples"])
 
 
 def by_category(run_dir: Path, step: int, field: str) -> dict[str, dict[str, float]]:

@@ -50,14 +50,28 @@ def test_by_a_field_gives_each_category_its_accuracy_and_change_from_the_validat
                           capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    # 4 of 4: Wilson [0.510, 1.000]; 2 of 4: [0.150, 0.850]; 30 of 40: [0.598, 0.858]
+    # 4 of 4: Wilson [0.510, 1.000]; 2 of 4: [0.150, 0.850]; 6 of 8 (the validation's episodes, all rows): [0.409, 0.929]
     assert "    task=a acc 1.000 [0.510, 1.000] (n=4)" in lines and "    task=b acc 0.500 [0.150, 0.850] (n=4)" in lines
-    assert lines.index("    task=a acc 0.500 [0.150, 0.850] (n=4)") < lines.index("  step 10: acc 0.750 [0.598, 0.858] (n=40), reward 0.375")
+    assert lines.index("    task=a acc 0.500 [0.150, 0.850] (n=4)") < lines.index("  step 10: acc 0.750 [0.409, 0.929] (n=8), reward 0.375")
     assert "    task=a: +0.500" in lines and "    task=b: +0.000" in lines
     missing = subprocess.run([sys.executable, str(REPO / "scripts" / "dev_curve.py"), f"r={write_run(tmp_path / 'bare', {0: 0.5})}", "--by", "task"],
                              capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
     assert missing.returncode != 0 and "step_0.jsonl: no such file" in missing.stderr
 
+
+
+def test_the_interval_counts_every_validation_row_unreadable_answers_too(tmp_path):
+    # 30 of 40 rows right; the reward manager scored 38 answers (two unreadable: wrong, and not in val/reward/samples)
+    run = write_run(tmp_path / "run", {0: 0.75})
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "metrics": {
+        "val/bfcl/acc/mean@1": 0.75, "val/bfcl/reward/mean@1": 0.75, "val/reward/samples": 38}}) + "\n")
+    (run / "validation").mkdir()
+    (run / "validation" / "step_0.jsonl").write_text("".join(json.dumps({"success": i < 30}) + "\n" for i in range(40)))
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "dev_curve.py"), f"r={run}"],
+                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    # 30 of 40: Wilson [0.598, 0.858] (the first test's by-hand figures); over the 38 scored it would read [0.608, 0.870] (n=38)
+    assert "  step 0: acc 0.750 [0.598, 0.858] (n=40), reward 0.750" in done.stdout.splitlines()
 
 
 def test_a_run_validated_once_has_no_change_unless_another_runs_first_validation_stands_for_its_step_0(tmp_path):
