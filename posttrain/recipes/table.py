@@ -55,8 +55,11 @@ def recipe_table(recipe: Recipe, dirs: dict[str, Path], seconds: dict[str, float
 
 def given_took(path: Path) -> str:
     """How long a given stage's directory took when a recipe ran it (its ``DONE``: every run, where a train or
-    sft stage resumed; the last run only, where an older recipe wrote it), as " (ran in N min)"; empty for outputs
-    no recipe stage wrote."""
+    sft stage resumed; the last run only, where an older recipe wrote it), as " (ran in N min)"; a given export
+    (``STAGE/export``, what a later stage takes of an sft or export stage) is timed by the stage that wrote it;
+    empty for outputs no recipe stage wrote."""
+    if path.name == "export" and not (path / DONE).is_file():
+        path = path.parent
     done = path / DONE
     seconds = json.loads(done.read_text()).get("seconds") if done.is_file() else None
     return f" (ran in {seconds / 60:.1f} min{in_runs(path)})" if seconds is not None else ""

@@ -166,10 +166,13 @@ def test_a_given_evaluation_is_reused_only_if_it_ran_the_command_this_recipe_wou
     (unsaid / DONE).write_text(json.dumps({k: v for k, v in json.loads((unsaid / DONE).read_text()).items() if k != "command"}))
     with pytest.raises(RecipeError, match=f"base_eval={unsaid}: its DONE records no command.*Leave --use base_eval= out"):
         run_recipe("search", [], tmp_path / "older", [f"base_eval={unsaid}"])
-    # every stage given: the table alone, from the old run's evaluations
-    assert run_recipe("search", [], tmp_path / "table", [f"{name}={old / name}" for name in ("base_eval", "sft", "sft_eval", "rl", "rl_eval")]) == 0
+    # every stage given: the table alone, from the old run's evaluations; the sft stage given as its export (the model
+    # the later stages took), timed by the stage that wrote it
+    given = [f"{name}={old / name}" for name in ("base_eval", "sft_eval", "rl", "rl_eval")] + [f"sft={old / 'sft' / 'export'}"]
+    assert run_recipe("search", [], tmp_path / "table", given) == 0
     table = (tmp_path / "table" / "report.md").read_text()
     assert stand_in() == {} and "| RL − SFT | +0.400" in table and "| all | 0.0 min |" not in table  # no stage ran: no total
+    assert f"| sft | given: {old / 'sft' / 'export'} (ran in " in table
 
 
 def test_a_stage_override_reaches_a_prepare_stage_and_wins_over_an_input(tmp_path):
