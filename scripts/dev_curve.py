@@ -6,10 +6,9 @@ validation step with its 95 % Wilson interval, to compare configurations on the 
 
 Each run gives one line per validation: ``step N: acc A [low, high] (n=K), reward R`` (K: the validation's rows,
 :func:`samples`); then, after all runs, each one's last − first. A run validated once has none, unless
-``--first-from LABEL`` names a run whose first
-validation stands for the step 0 of those without one (runs from the same warm-up with
-``trainer.val_before_train=false``). With ``--by FIELD`` each validation also gives one line per value of the
-rows' ``extra_info[FIELD]`` (``task=chain_sum acc A [low, high] (n=K)``), read from the run's
+``--first-from LABEL`` names a run whose first validation stands for the step 0 of those without one (runs from the
+same warm-up with ``trainer.val_before_train=false``). With ``--by FIELD`` each validation also gives one line per
+value of the rows' ``extra_info[FIELD]`` (``task=chain_sum acc A [low, high] (n=K)``), read from the run's
 ``validation/step_N.jsonl``, and the last − first per value. The last line is
 ``dev_curve_best_last_minus_first: X``, the largest last − first over the runs (all rows), or ``none``.
 """

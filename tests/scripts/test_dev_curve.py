@@ -59,7 +59,6 @@ def test_by_a_field_gives_each_category_its_accuracy_and_change_from_the_validat
     assert missing.returncode != 0 and "step_0.jsonl: no such file" in missing.stderr
 
 
-
 def test_the_interval_counts_every_validation_row_unreadable_answers_too(tmp_path):
     # 30 of 40 rows right; the reward manager scored 38 answers (two unreadable: wrong, and not in val/reward/samples)
     run = write_run(tmp_path / "run", {0: 0.75})
