@@ -100,6 +100,10 @@ class ActorConfig:
     # count them): 1 leaves a tool-calling warm-up's call/no-call decision (the first token) to the warm-up, so RL
     # trains what is called and how, not whether (docs/bfcl_runs.md, "The decision left to the warm-up")
     policy_loss_skip_first: int = 0
+    # with use_kl_loss: 0 puts the KL loss on every response token; N on each response's first N tokens only (the
+    # same per-token weight, the rest free of it): 1 anchors a tool-calling warm-up's call/no-call decision and
+    # leaves what is called and how to the policy loss (docs/bfcl_runs.md, "The KL loss on the first token only")
+    kl_loss_first_tokens: int = 0
     grad_clip: Optional[float] = 1.0  # max gradient norm; null: measured, never clipped
     dtype: str = "auto"  # autocast dtype: auto (bfloat16 where native: CUDA, AVX-512 BF16/AMX CPUs; else float32) | bfloat16 | float32
     attn_implementation: str = "auto"  # auto (sdpa on CUDA, eager on CPU: 1.3x faster update there) | eager | sdpa

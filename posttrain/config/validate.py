@@ -67,7 +67,7 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Pro
         problems.append(Problem("data.dev_files", list(config.data.dev_files), "are validated on beside data.dev_size's development rows: set "
                                 "data.dev_size, or give the files as data.val_files"))
     if command == "train":
-        problems += check_sampler(config) + check_skip_first(config)
+        problems += check_sampler(config) + check_skip_first(config) + check_kl_first(config)
     problems += check_breakers(config) + check_retriever_token_env(config)
     if command == "sft":
         problems += check_sft(config)
@@ -214,6 +214,19 @@ def check_skip_first(config: PosttrainConfig) -> list[Problem]:
         return [Problem("actor_rollout_ref.actor.policy_loss_skip_first", skip,
                         f"must be below data.max_response_length={limit}: at {skip} no response token takes the policy loss "
                         "(only the KL loss and the entropy bonus, where set, would train); use a small count (1: the first token)")]
+    return []
+
+
+def check_kl_first(config: PosttrainConfig) -> list[Problem]:
+    """``actor.kl_loss_first_tokens`` narrows a KL loss: it needs one, and a count below the response length."""
+    actor, limit = config.actor_rollout_ref.actor, config.data.max_response_length
+    key, count = "actor_rollout_ref.actor.kl_loss_first_tokens", actor.kl_loss_first_tokens
+    if count > 0 and not actor.use_kl_loss:
+        return [Problem(key, count, "applies only with actor_rollout_ref.actor.use_kl_loss=true (it chooses the tokens the KL loss "
+                                    "counts); set that, or remove it")]
+    if count >= limit > 0:
+        return [Problem(key, count, f"must be below data.max_response_length={limit}: at {count} every response token takes the "
+                                    "KL loss, which 0 (the default) already says; use 0, or a small count (1: the first token)")]
     return []
 
 
@@ -406,6 +419,7 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("critic.cliprange_value", lambda v: v >= 0, "must be >= 0 (how far a value may move from the old one)"),
     ("actor_rollout_ref.actor.kl_loss_coef", lambda v: v >= 0, "must be >= 0"),
     ("actor_rollout_ref.actor.policy_loss_skip_first", lambda v: v >= 0, "must be >= 0"),
+    ("actor_rollout_ref.actor.kl_loss_first_tokens", lambda v: v >= 0, "must be >= 0 (0: every response token)"),
     ("algorithm.kl_ctrl.kl_coef", lambda v: v >= 0, "must be >= 0"),
     ("algorithm.kl_ctrl.target_kl", lambda v: v > 0, "must be > 0"),
     ("algorithm.kl_ctrl.horizon", lambda v: v >= 1, "must be >= 1"),

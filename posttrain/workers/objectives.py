@@ -6,7 +6,8 @@ losses add up to the mini-batch loss) and metrics that are means over the micro-
 
 Policy: the configured policy loss (PPO clip / GSPO / CISPO), minus ``entropy_coeff`` × entropy,
 plus ``kl_loss_coef`` × KL(π ‖ π_ref) when the KL is a loss rather than a reward penalty (GRPO).
-``policy_loss_skip_first`` leaves each response's first N tokens out of the policy loss only.
+``policy_loss_skip_first`` leaves each response's first N tokens out of the policy loss only;
+``kl_loss_first_tokens`` puts the KL loss on each response's first N tokens only.
 With ``importance_cap`` set (asynchronous training: samples from older weights μ), each token's loss
 is weighted by min(π_old / μ, cap) from the rollout's BEHAVIOUR_LOGPROBS while the ratio is still
 taken against π_old, the proximal policy: decoupled PPO (:mod:`posttrain.algos.off_policy`). For a
@@ -43,6 +44,7 @@ class PolicyObjective:
     kl_loss_type: str
     importance_cap: float | None = None  # None: no behaviour-policy correction
     skip_first: int = 0  # each response's first N tokens take no policy loss (KL and entropy still count them)
+    kl_first: int = 0  # 0: the KL loss on every response token; N: on each response's first N tokens only
 
     @classmethod
     def from_config(cls, actor: ActorConfig, max_response_length: int, importance_cap: float | None = None) -> PolicyObjective:
@@ -61,6 +63,7 @@ class PolicyObjective:
         return cls(
             actor.policy_loss, options, actor.loss_agg_mode, max_response_length, actor.loss_scale_factor, actor.entropy_coeff,
             actor.kl_loss_coef if actor.use_kl_loss else None, actor.kl_loss_type, importance_cap, actor.policy_loss_skip_first,
+            actor.kl_loss_first_tokens,
         )
 
     def rows_without_gradient(self, batch: Batch) -> Tensor | None:
@@ -98,8 +101,9 @@ class PolicyObjective:
                 loss = loss - self.entropy_coeff * self._aggregate(outputs.entropy, mask, normalizer)
         if self.kl_loss_coef is not None:
             kl = get_kl_estimator(self.kl_loss_type)(outputs.logprobs, batch[keys.REF_LOGPROBS])
-            loss = loss + self.kl_loss_coef * self._aggregate(kl, mask, normalizer)
-            metrics["kl_loss"] = masked_mean(kl, mask).detach()
+            anchored = first_tokens(mask, self.kl_first) if self.kl_first else mask
+            loss = loss + self.kl_loss_coef * self._aggregate(kl, anchored, normalizer)
+            metrics["kl_loss"] = masked_mean(kl, anchored).detach()
         return loss, metrics
 
     def _behaviour_weights(self, old: Tensor, batch: Batch) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -124,6 +128,11 @@ def after_first_tokens(mask: Tensor, skip: int) -> Tensor:
     if skip == 0:
         return mask
     return mask * (mask.cumsum(dim=-1) > skip).to(mask.dtype)
+
+
+def first_tokens(mask: Tensor, count: int) -> Tensor:
+    """Each row's first ``count`` response tokens of ``mask``: what :func:`after_first_tokens` leaves out."""
+    return mask - after_first_tokens(mask, count)
 
 
 @dataclass(frozen=True)
