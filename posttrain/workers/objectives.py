@@ -102,7 +102,9 @@ class PolicyObjective:
         if self.kl_loss_coef is not None:
             kl = get_kl_estimator(self.kl_loss_type)(outputs.logprobs, batch[keys.REF_LOGPROBS])
             anchored = first_tokens(mask, self.kl_first) if self.kl_first else mask
-            loss = loss + self.kl_loss_coef * self._aggregate(kl, anchored, normalizer)
+            # zeroed outside the anchored tokens but aggregated over the whole mask: each row's and token's weight
+            # as with the KL on every token, in every loss_agg_mode (seq-mean-token-mean divides by the row's length)
+            loss = loss + self.kl_loss_coef * self._aggregate(kl * anchored, mask, normalizer)
             metrics["kl_loss"] = masked_mean(kl, anchored).detach()
         return loss, metrics
 

@@ -158,13 +158,16 @@ def test_policy_loss_skip_first_leaves_each_responses_first_tokens_to_the_kl_alo
     assert (with_kl[first_two] != 0).all()
 
 
-def test_kl_loss_first_tokens_puts_the_kl_on_each_responses_first_tokens_only():
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_kl_loss_first_tokens_puts_the_kl_on_each_responses_first_tokens_only(mode):
     # Gradient with respect to each token's log-probability, the policy loss left out (zero advantages): with the KL
-    # on the first 2 tokens, each row's first two scored tokens (row 1's start at column 3) get exactly the KL
-    # gradient they get with the KL on every token (the same per-token weight and normaliser), the others none.
+    # on the first 2 tokens, each row's first two scored tokens (row 1's start at column 3, row 2's have a gap as an
+    # agent episode's turns do) get exactly the KL gradient they get with the KL on every token (the same per-token
+    # weight and normaliser, whatever the aggregation), the others none.
     batch = make_batch(4, seed=11)
     mask = batch[keys.RESPONSE_MASK].clone()
     mask[1] = torch.tensor([0, 0, 0, 1, 1, 1, 1, 0], dtype=mask.dtype)
+    mask[2] = torch.tensor([1, 0, 0, 1, 1, 1, 0, 0], dtype=mask.dtype)
     batch = Batch(batch.tensors | {keys.RESPONSE_MASK: mask, keys.REF_LOGPROBS: batch[keys.OLD_LOGPROBS] - 0.3,
                                    keys.ADVANTAGES: torch.zeros_like(batch[keys.ADVANTAGES])}, batch.non_tensors, batch.meta)
 
@@ -173,10 +176,11 @@ def test_kl_loss_first_tokens_puts_the_kl_on_each_responses_first_tokens_only():
         _objective_loss(PolicyObjective.from_config(actor, 8), batch, logprobs)[0].backward()
         return logprobs.grad
 
-    every = grad(ActorConfig(use_kl_loss=True, kl_loss_coef=0.5))
-    first = grad(ActorConfig(use_kl_loss=True, kl_loss_coef=0.5, kl_loss_first_tokens=2))
+    every = grad(ActorConfig(use_kl_loss=True, kl_loss_coef=0.5, loss_agg_mode=mode))
+    first = grad(ActorConfig(use_kl_loss=True, kl_loss_coef=0.5, loss_agg_mode=mode, kl_loss_first_tokens=2))
     first_two = (mask.cumsum(dim=-1) <= 2) & mask.bool()
     assert first_two[1, 3:5].all() and not first_two[1, :3].any()
+    assert first_two[2].tolist() == [True, False, False, True, False, False, False, False]
     assert (every[mask.bool()] != 0).all()
     torch.testing.assert_close(first[first_two], every[first_two])
     assert (first[~first_two] == 0).all()
