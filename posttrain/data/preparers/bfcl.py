@@ -84,6 +84,14 @@ its question, nor one whose subject words hold its question's longer words, so t
 job is rare (a wrong label, not caught otherwise). The report says how many the capped split yields (one per taught
 live_simple question at most). ``dev_distractors=N`` writes ``dev_distractors.parquet`` from the questions SFT holds back
 (their added functions drawn from every question's), for validation only.
+``multi_value=N`` adds up to N training rows of category ``synthetic_parallel_values`` (in train and SFT; BFCL's parallel
+rule), as BFCL's held-out ``parallel`` rows ask one function for several values ("the area of circles of radius 3, 5
+and 7"), where the pairs ask several questions: a taught live_simple question (one call) whose question writes one of
+its call's argument values once, word for word, asked for 2 to ``most_calls`` values of it (the value in the question
+replaced by the list), answered by one call per value. The other values come from other taught questions' answers for
+the same function and parameter or the parameter's enum, and for numbers from nearby numbers; one row per question at
+most, so the capped split yields a few hundred at most (the report says how many). A listed value can make a sentence
+read oddly ("in fahrenheit and celsius"); the answer is still one call per value.
 The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 ``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
 functions (near misses, where RL learns to call wrongly: docs/bfcl_runs.md) the category ``live_irrelevance_near``, so a
@@ -153,7 +161,7 @@ _DROPPED_KEYS = ("optional",)  # BFCL's own flag, not JSON Schema
 # near_irrelevance: the training rows of this category whose question shares a subject word with its functions
 NEAR_FROM, NEAR_CATEGORY = "live_irrelevance", "live_irrelevance_near"
 # the options that add training rows (with their SFT transcripts), and each added-rows option's report line
-ADDED_TO_TRAIN = ("parallel_pairs", "union_pairs", "swapped_irrelevance", "masked_irrelevance", "distractors")
+ADDED_TO_TRAIN = ("parallel_pairs", "union_pairs", "swapped_irrelevance", "masked_irrelevance", "distractors", "multi_value")
 ADDED_LINES = {
     "parallel_pairs": (f"{added_rows.PAIRS_CATEGORY} rows", f", two (to most_calls) {added_rows.PAIRED_CATEGORY} questions with the "
                        "same functions asked together, in train and SFT"),
@@ -171,6 +179,8 @@ ADDED_LINES = {
                   "questions asked together with both questions' functions, for evaluation only"),
     "distractors": (f"{added_rows.DISTRACTED_CATEGORY} rows", (f", a taught {added_rows.DISTRACTED_FROM} question asked with its "
                                                                 "function among 1 to 3 others', in train and SFT")),
+    "multi_value": (f"{added_rows.VALUES_CATEGORY} rows", (f", a taught {added_rows.VALUES_FROM} question asked for 2 (to most_calls) "
+                                                         "values of one argument, in train and SFT")),
     "dev_distractors": ("dev_distractors.parquet", (f" {added_rows.DISTRACTED_CATEGORY} rows, an SFT validation question asked "
                                                     "with its function among 1 to 3 others', for evaluation only")),
 }
@@ -246,7 +256,7 @@ def prepare_bfcl(
     no_call_share: float | None = None,
     parallel_pairs: int = 0, union_pairs: int = 0, most_calls: int = 2,
     swapped_irrelevance: int = 0, dev_swapped: int = 0,
-    masked_irrelevance: int = 0, dev_masked: int = 0, distractors: int = 0, dev_distractors: int = 0,
+    masked_irrelevance: int = 0, dev_masked: int = 0, distractors: int = 0, dev_distractors: int = 0, multi_value: int = 0,
     dev_pairs: int = 0, dev_most_calls: int = 2, dev_prompt_tokens: int | None = None,
     near_irrelevance: bool = False,
 ) -> list[Path]:
@@ -256,7 +266,7 @@ def prepare_bfcl(
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
     made = {"parallel_pairs": parallel_pairs, "union_pairs": union_pairs, "swapped_irrelevance": swapped_irrelevance,
             "dev_swapped": dev_swapped, "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked, "dev_pairs": dev_pairs,
-            "distractors": distractors, "dev_distractors": dev_distractors}
+            "distractors": distractors, "dev_distractors": dev_distractors, "multi_value": multi_value}
     _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made, most_calls, dev_most_calls, dev_prompt_tokens)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
     questions["train"] = _near_misses(questions["train"], splits["train"]) if near_irrelevance else questions["train"]
@@ -323,6 +333,8 @@ def _added(train: list[Question], written: dict[str, Any], held: set[str], seed:
                                                same_functions=False, most_calls=dev_most_calls),
         "distractors": added_rows.distractors(taught, taught, made["distractors"], seed, lambda q: too_long(q) or transcript(q) is None),
         "dev_distractors": added_rows.distractors(validated, with_calls, made["dev_distractors"], seed, dev_too_long),
+        "multi_value": added_rows.multi_value(taught, taught, made["multi_value"], seed, lambda q: too_long(q) or transcript(q) is None,
+                                              most_calls=most_calls),
     }
     report.made = {option: (len(rows), made[option], Counter(len(q.ground_truth) for q in rows)) for option, rows in added.items() if made[option]}
     return added

@@ -2,7 +2,8 @@
 :mod:`posttrain.data.preparers.bfcl`): ``parallel_pairs``, ``union_pairs`` and ``dev_pairs`` (two or more questions asked
 at once), ``swapped_irrelevance`` (a question asked with another question's functions, about something else), ``masked_irrelevance`` (a
 question asked with its own functions less the ones its answer calls) and ``distractors`` / ``dev_distractors`` (a question
-asked with its own function among others' functions). Each is a seeded draw; ``too_long(row)``
+asked with its own function among others' functions) and ``multi_value`` (a question asked for several values of one
+argument at once). Each is a seeded draw; ``too_long(row)``
 says which rows the prompt cap leaves out."""
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ UNION_PAIRS_CATEGORY = "synthetic_parallel_multiple"
 SWAPPED_FROM, SWAPPED_CATEGORY = ("live_simple", "live_multiple"), "swapped_irrelevance"
 # masked_irrelevance: questions of this category (several functions each) asked without the functions they need
 MASKED_FROM, MASKED_CATEGORY = "live_multiple", "masked_irrelevance"
+
+# multi_value: questions of this category (one call) asked for several values of one argument, answered by one call per
+# value (BFCL's parallel rule: "parallel" in the name)
+VALUES_FROM, VALUES_CATEGORY = "live_simple", "synthetic_parallel_values"
 
 # distractors: questions of this category (one function, one call) asked with their function among others', answered by their call
 DISTRACTED_FROM, DISTRACTED_CATEGORY = "live_simple", "synthetic_multiple"
@@ -228,3 +233,120 @@ def distractors(asked: list[Question], donors: list[Question], count: int, seed:
                 rows.append(row)
                 break
     return rows
+
+
+def multi_value(asked: list[Question], donors: list[Question], count: int, seed: int, too_long: TooLong, *,
+                most_calls: int = 4) -> list[Question]:
+    """Up to ``count`` rows of category :data:`VALUES_CATEGORY` (BFCL's parallel rule), as BFCL's held-out ``parallel``
+    rows are (one function called for several values: "the weather in Boston and Paris"): a question of ``asked`` of
+    :data:`VALUES_FROM` (one call, one user message) with an argument whose value its question writes once, word for word
+    (a string of 3 characters or more, or a number), asked for 2 to ``most_calls`` values of it (a seeded even draw of
+    the number): the value in the question becomes the list of values ("Boston, MA; Paris, France and Rome, Italy", each
+    in the quotes the value stood in), the answer one call per value, each call otherwise the question's possible
+    answer. The other values are those ``donors``' possible answers give the same function's same parameter, or the
+    parameter's ``enum``; for a number with too few of them, nearby numbers of its type. One row per question at most
+    (a question with no such argument, or too few other values, is skipped); a row over the cap asks for one value
+    fewer, down to two."""
+    if count == 0:
+        return []
+    seen: dict[tuple[str, str], list[Any]] = {}
+    for q in donors:
+        for call in q.ground_truth:
+            for name, args in call.items():
+                for param, values in args.items():
+                    if values and _plain(values[0]) and values[0] not in seen.setdefault((name, param), []):
+                        seen[(name, param)].append(values[0])
+    candidates = [q for q in asked if q.category == VALUES_FROM and len(q.ground_truth) == 1 and _single_user_turn(q)]
+    rng = random.Random(seed)
+    rng.shuffle(candidates)
+    rows: list[Question] = []
+    for question in candidates:
+        if len(rows) == count:
+            break
+        (name, args), = question.ground_truth[0].items()
+        text = question.messages[0]["content"]
+        size = rng.randint(2, most_calls)
+        for param, values in args.items():
+            value = values[0] if values else None
+            span = _written_once(value, text) if _plain(value) else None
+            if span is None:
+                continue
+            others = _other_values(value, seen.get((name, param), []) + _enum(question.functions, name, param), size - 1, rng)
+            if len(others) < 1:
+                continue
+            row = _values_row(question, name, args, param, [value, *others], text, span, too_long)
+            if row is not None:
+                rows.append(row)
+            break
+    return rows
+
+
+def _plain(value: Any) -> bool:
+    """A value a question can write as it is: a string of 3 characters or more, or a number (not a bool)."""
+    return (isinstance(value, str) and len(value.strip()) >= 3) or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _spoken(value: Any) -> str:
+    """How a question writes ``value``: a whole float as an int (``5.0`` → ``5``)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _written_once(value: Any, text: str) -> tuple[int, int, str] | None:
+    """Where ``text`` writes ``value`` (start, end, the quote around it or ""), when it writes it exactly once as a whole
+    word (a number not inside a longer number); else None."""
+    spoken = re.escape(_spoken(value))
+    found = list(re.finditer(rf"(?<![\w.]){spoken}(?![\w]|\.\d)" if not isinstance(value, str) else rf"(?<!\w){spoken}(?!\w)", text))
+    if len(found) != 1:
+        return None
+    start, end = found[0].span()
+    quote = text[start - 1] if 0 < start and end < len(text) and text[start - 1] == text[end] and text[end] in "'\"" else ""
+    return (start - len(quote), end + len(quote), quote)
+
+
+def _enum(functions: list[dict[str, Any]], name: str, param: str) -> list[Any]:
+    doc = next((f for f in functions if f["name"] == name), {})
+    return list(doc.get("parameters", {}).get("properties", {}).get(param, {}).get("enum", []))
+
+
+def _other_values(value: Any, offered: list[Any], wanted: int, rng: random.Random) -> list[Any]:
+    """Up to ``wanted`` values other than ``value``, of its type: drawn from ``offered``, then, for a number, nearby
+    numbers (an int within a factor of two, a float of as many decimals)."""
+    kind = str if isinstance(value, str) else (int, float)
+    pool = [v for v in dict.fromkeys(offered) if isinstance(v, kind) and not isinstance(v, bool) and _spoken(v) != _spoken(value)
+            and (not isinstance(v, str) or _plain(v))]
+    others = rng.sample(pool, min(wanted, len(pool)))
+    if isinstance(value, str):
+        return others
+    places = len(_spoken(value).partition(".")[2])
+    for _ in range(100):
+        if len(others) == wanted:
+            break
+        near = rng.uniform(value / 2, value * 2 + 3)
+        near = round(near, places) if places else (float(round(near)) if isinstance(value, float) else round(near))
+        if near > 0 and _spoken(near) not in {_spoken(v) for v in [value, *others]}:
+            others.append(near)
+    return others
+
+
+def _listed(values: list[Any], quote: str) -> str:
+    """``values`` as a question lists them: "a, b and c" ("; " between values that hold a comma), each in ``quote``."""
+    words = [f"{quote}{_spoken(v)}{quote}" for v in values]
+    between = "; " if any("," in w for w in words) else ", "
+    return between.join(words[:-1]) + " and " + words[-1]
+
+
+def _values_row(question: Question, name: str, args: dict[str, Any], param: str, values: list[Any], text: str,
+                span: tuple[int, int, str], too_long: TooLong) -> Question | None:
+    """``question`` asked for ``values`` of ``param`` (the first its own), one call each; the longest of the first 2 to all
+    ``values`` under the cap, or None."""
+    start, end, quote = span
+    for n in range(len(values), 1, -1):
+        asked = text[:start] + _listed(values[:n], quote) + text[end:]
+        row = replace(question, id=f"values_{question.id}", category=VALUES_CATEGORY,
+                      messages=[{"role": "user", "content": asked}],
+                      ground_truth=[{name: {**args, param: [v] if i else args[param]}} for i, v in enumerate(values[:n])])
+        if not too_long(row):
+            return row
+    return None
