@@ -1,7 +1,7 @@
 """`posttrain prepare bfcl`'s added rows (posttrain/data/preparers/bfcl_added.py): questions asked together
 (parallel_pairs, union_pairs, dev_pairs, most_calls), asked with functions about something else or without the ones they
 need (swapped_irrelevance, masked_irrelevance and their dev_ files), and asked with their function among others'
-(distractors, dev_distractors)."""
+(distractors, dev_distractors), and asked for several values of one argument (multi_value)."""
 
 import json
 import re
@@ -348,3 +348,83 @@ def test_distractors_put_near_functions_first_and_leave_out_namesakes_and_the_qu
     (short,) = distractors([asked], donors, 1, 3, lambda q: len(q.functions) > 2)
     assert len(short.functions) == 2 and "order_taxi" in [f["name"] for f in short.functions]  # one fewer, near kept
     assert distractors([asked], donors, 1, 0, lambda q: True) == []
+
+
+def test_multi_value_asks_a_taught_question_for_several_values_one_call_each(tmp_path, capsys):
+    """multi_value=N: a taught live_simple question whose value it writes is replaced by a list of 2 to most_calls values
+    (its own among them), answered by one call per value, each otherwise its own call; BFCL's parallel rule accepts the
+    SFT transcript's calls and refuses all but one of them; every other row and transcript is as without the option."""
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=80", "sft_val_size=30", "multi_value=8", "most_calls=4",
+                 "multi_turn="]) == 0
+    assert "synthetic_parallel_values rows (multi_value=8): 8" in capsys.readouterr().out
+    train, sft = _rows(tmp_path / "train.parquet"), _rows(tmp_path / "sft.parquet")
+    plain = tmp_path / "plain"
+    prepare("bfcl", plain, limit=80, sft_val_size=30, multi_turn="", most_calls=4)
+    assert _rows(plain / "train.parquet") == [r for r in train if r["extra_info"]["category"] != "synthetic_parallel_values"]
+    assert _rows(plain / "sft.parquet") == [r for r in sft if r["extra_info"]["category"] != "synthetic_parallel_values"]
+    questions = {q.id: q for q in load_category("live_simple", 80)}
+    in_sft = {r["extra_info"]["id"]: r["extra_info"]["in_sft"] for r in train}
+    transcripts = {r["extra_info"]["id"]: r["messages"] for r in sft}
+    made = [r for r in train if r["extra_info"]["category"] == "synthetic_parallel_values"]
+    sizes = Counter()
+    for row in made:
+        asked = questions[row["extra_info"]["id"].removeprefix("values_")]
+        assert in_sft[asked.id] and row["extra_info"]["in_sft"]  # taught questions only
+        (name, args), = asked.ground_truth[0].items()
+        truth = json.loads(row["reward_model"]["ground_truth"])
+        assert truth[0] == asked.ground_truth[0] and all(list(call) == [name] for call in truth)
+        (param,) = {p for call in truth[1:] for p, v in call[name].items() if v != args[p]}  # one argument varies
+        values = [call[name][param][0] for call in truth]
+        assert len(set(map(str, values))) == len(values)
+        text, own = asked.messages[0]["content"], row["prompt"][0]["content"]
+        spoken = [str(v).removesuffix(".0") if not isinstance(v, str) else v for v in values]
+        quote = next(q for q in ("'", '"', "") if text.count(q + spoken[0] + q) == 1)  # the question writes its value once
+        words = [quote + v + quote for v in spoken]
+        between = "; " if any("," in w for w in words) else ", "
+        assert own == text.replace(quote + spoken[0] + quote, between.join(words[:-1]) + " and " + words[-1])
+        sizes[len(values)] += 1
+        calls = [json.loads(block) for block in re.findall(r"<tool_call>\n(.*?)\n</tool_call>", transcripts[row["extra_info"]["id"]][-1]["content"])]
+        assert len(calls) == len(values) and bfcl.check_calls(calls, truth, row["extra_info"]).valid
+        assert not bfcl.check_calls(calls[:-1], truth, row["extra_info"]).valid  # a value left out: refused
+    assert len(sizes) > 1 and max(sizes) <= 4
+
+
+def test_multi_value_lists_values_in_their_quotes_and_skips_what_it_cannot_list():
+    """The value's quotes go round each listed value; "; " parts values that hold a comma; the other values come from
+    other questions' answers for the same function and parameter, or its enum, or (numbers only) nearby numbers of its
+    type; a value written twice, inside a longer number, or a bool is not listed; a string with no other value is
+    skipped; a row over the cap lists one value fewer, down to two."""
+    from posttrain.data.preparers.bfcl import Question
+    from posttrain.data.preparers.bfcl_added import multi_value
+
+    def question(qid, text, args, properties=None):
+        doc = {"name": "f", "parameters": {"type": "dict", "properties": properties or {}}}
+        return Question(qid, "live_simple", [{"role": "user", "content": text}], [doc], [{"f": {p: [v] for p, v in args.items()}}])
+
+    def listed(asked, donors=(), seed=0, too_long=lambda q: False, most_calls=4):
+        return multi_value([asked], [asked, *donors], 1, seed, too_long, most_calls=most_calls)
+
+    city = question("a", "The weather in 'Paris, France' please", {"city": "Paris, France"})
+    donors = [question("b", "x", {"city": "Rome, Italy"}), question("c", "y", {"city": "Oslo, Norway"})]
+    row = next(r for seed in range(20) for r in listed(city, donors, seed=seed) if len(r.ground_truth) == 3)
+    assert row.messages[0]["content"] in {f"The weather in 'Paris, France'; '{a}' and '{b}' please"
+                                          for a, b in [("Rome, Italy", "Oslo, Norway"), ("Oslo, Norway", "Rome, Italy")]}
+    assert row.id == "values_a" and row.category == "synthetic_parallel_values"
+    assert [call["f"]["city"] for call in row.ground_truth][0] == ["Paris, France"]
+    unit = question("d", "Give it in celsius now", {"unit": "celsius"}, {"unit": {"type": "string", "enum": ["celsius", "kelvin"]}})
+    assert [r.messages[0]["content"] for r in listed(unit)] == ["Give it in celsius and kelvin now"]
+    assert [r.ground_truth for r in listed(unit)] == [[{"f": {"unit": ["celsius"]}}, {"f": {"unit": ["kelvin"]}}]]
+    numbers = {len(r.ground_truth): r for seed in range(20) for r in listed(question("e", "Volume to 30 %", {"v": 30}), seed=seed)}
+    assert set(numbers) == {2, 3, 4}
+    for r in numbers.values():
+        values = [call["f"]["v"][0] for call in r.ground_truth]
+        assert all(type(v) is int and 15 <= v <= 63 for v in values) and len(set(values)) == len(values)
+    floats = listed(question("f", "Scale by 1.5 then", {"s": 1.5}), seed=3)[0].ground_truth
+    assert all(type(c["f"]["s"][0]) is float and len(str(c["f"]["s"][0]).partition(".")[2]) <= 1 for c in floats)
+    assert listed(question("g", "Paris or Paris?", {"city": "Paris"}), [question("h", "x", {"city": "Rome"})]) == []  # written twice
+    assert listed(question("i", "Set it to 150", {"v": 15})) == []  # inside a longer number
+    assert listed(question("j", "Turn it on: True", {"on": True})) == []  # a bool
+    assert listed(question("k", "Call Alice now", {"name": "Alice"})) == []  # no other name to list
+    short = listed(question("l", "Volume to 30 %", {"v": 30}), seed=5, too_long=lambda q: len(q.ground_truth) > 2)
+    assert [len(r.ground_truth) for r in short] == [2]
+    assert listed(question("m", "Volume to 30 %", {"v": 30}), too_long=lambda q: True) == []
