@@ -428,3 +428,24 @@ def test_multi_value_lists_values_in_their_quotes_and_skips_what_it_cannot_list(
     short = listed(question("l", "Volume to 30 %", {"v": 30}), seed=5, too_long=lambda q: len(q.ground_truth) > 2)
     assert [len(r.ground_truth) for r in short] == [2]
     assert listed(question("m", "Volume to 30 %", {"v": 30}), too_long=lambda q: True) == []
+
+
+def test_values_from_chooses_the_questions_multi_value_asks(tmp_path, capsys):
+    """values_from=live_simple,live_multiple asks live_multiple questions too (keeping all their functions), more rows
+    than live_simple alone; a category it cannot ask is refused with the ones it can."""
+    made = {}
+    for kinds in ("live_simple", "live_simple,live_multiple"):
+        out = tmp_path / kinds.replace(",", "_")
+        assert main(["prepare", "bfcl", "--out", str(out), "limit=80", "sft_val_size=30", "multi_value=80", f"values_from={kinds}",
+                     "multi_turn="]) == 0
+        made[kinds] = {r["extra_info"]["id"]: r for r in _rows(out / "train.parquet") if r["extra_info"]["category"] == "synthetic_parallel_values"}
+    simple, both = made.values()
+    assert {i.split("_")[2] for i in simple} == {"simple"} and {i.split("_")[2] for i in both} == {"simple", "multiple"}
+    assert set(simple) <= set(both) and len(both) > len(simple)
+    questions = {q.id: q for q in load_category("live_multiple", 80)}
+    for qid, row in both.items():
+        if "multiple" in qid:
+            assert json.loads(row["extra_info"]["bfcl_functions"]) == questions[qid.removeprefix("values_")].functions
+    capsys.readouterr()
+    with pytest.raises(InputError, match="values_from='live_parallel'.*live_simple, live_multiple"):
+        prepare("bfcl", tmp_path / "bad", limit=2, values_from="live_parallel")

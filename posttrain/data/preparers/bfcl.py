@@ -90,7 +90,9 @@ and 7"), where the pairs ask several questions: a taught live_simple question (o
 its call's argument values once, word for word, asked for 2 to ``most_calls`` values of it (the value in the question
 replaced by the list), answered by one call per value. The other values come from other taught questions' answers for
 the same function and parameter or the parameter's enum, and for numbers from nearby numbers; one row per question at
-most, so the capped split yields a few hundred at most (the report says how many). A listed value can make a sentence
+most. ``values_from`` (a comma list, default ``live_simple``; ``live_simple,live_multiple`` doubles the questions to draw
+from) says which taught questions are asked so: a live_multiple question keeps its functions, so its row asks for several
+calls of one of them, so the capped split yields a few hundred at most (the report says how many). A listed value can make a sentence
 read oddly ("in fahrenheit and celsius"); the answer is still one call per value.
 The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 ``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
@@ -179,7 +181,7 @@ ADDED_LINES = {
                   "questions asked together with both questions' functions, for evaluation only"),
     "distractors": (f"{added_rows.DISTRACTED_CATEGORY} rows", (f", a taught {added_rows.DISTRACTED_FROM} question asked with its "
                                                                 "function among 1 to 3 others', in train and SFT")),
-    "multi_value": (f"{added_rows.VALUES_CATEGORY} rows", (f", a taught {added_rows.VALUES_FROM} question asked for 2 (to most_calls) "
+    "multi_value": (f"{added_rows.VALUES_CATEGORY} rows", (", a taught question of values_from asked for 2 (to most_calls) "
                                                          "values of one argument, in train and SFT")),
     "dev_distractors": ("dev_distractors.parquet", (f" {added_rows.DISTRACTED_CATEGORY} rows, an SFT validation question asked "
                                                     "with its function among 1 to 3 others', for evaluation only")),
@@ -257,6 +259,7 @@ def prepare_bfcl(
     parallel_pairs: int = 0, union_pairs: int = 0, most_calls: int = 2,
     swapped_irrelevance: int = 0, dev_swapped: int = 0,
     masked_irrelevance: int = 0, dev_masked: int = 0, distractors: int = 0, dev_distractors: int = 0, multi_value: int = 0,
+    values_from: str = added_rows.VALUES_FROM[0],
     dev_pairs: int = 0, dev_most_calls: int = 2, dev_prompt_tokens: int | None = None,
     near_irrelevance: bool = False,
 ) -> list[Path]:
@@ -268,6 +271,7 @@ def prepare_bfcl(
             "dev_swapped": dev_swapped, "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked, "dev_pairs": dev_pairs,
             "distractors": distractors, "dev_distractors": dev_distractors, "multi_value": multi_value}
     _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made, most_calls, dev_most_calls, dev_prompt_tokens)
+    values_from = _categories(values_from, "values_from", added_rows.VALUES_FROM)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
     questions["train"] = _near_misses(questions["train"], splits["train"]) if near_irrelevance else questions["train"]
     report = Report(splits, {split: Counter(q.category for q in items) for split, items in questions.items()},
@@ -284,6 +288,7 @@ def prepare_bfcl(
         questions["train"] = _cap_no_call(questions["train"], no_call_share, seed, report)
     cap = max_prompt_tokens and (max_prompt_tokens, tokenizer)
     added = _added(questions["train"], written, held, seed, made, report, cap=cap, most_calls=most_calls, dev_most_calls=dev_most_calls,
+                   values_from=tuple(values_from),
                    dev_cap=cap if dev_prompt_tokens is None else (dev_prompt_tokens, tokenizer))
     questions["train"] += [q for option in ADDED_TO_TRAIN for q in added[option]]
     written |= {q.id: conversation for option in ADDED_TO_TRAIN for q in added[option] if (conversation := transcript(q))}
@@ -305,11 +310,12 @@ def prepare_bfcl(
 
 
 def _added(train: list[Question], written: dict[str, Any], held: set[str], seed: int, made: dict[str, int], report: Report, *,
-           cap: tuple[int, str] | None, dev_cap: tuple[int, str] | None, most_calls: int, dev_most_calls: int) -> dict[str, list[Question]]:
+           cap: tuple[int, str] | None, dev_cap: tuple[int, str] | None, most_calls: int, dev_most_calls: int,
+           values_from: tuple[str, ...] = added_rows.VALUES_FROM[:1]) -> dict[str, list[Question]]:
     """The rows the options in ``made`` (option → how many) make (module docstring), per option, counted in ``report``.
     The training rows come from taught questions, the ``dev_`` rows from those SFT holds back; ``cap`` and ``dev_cap``
     are their prompt caps (tokens, tokenizer), ``most_calls`` and ``dev_most_calls`` the most questions a training
-    pair and a ``dev_pairs`` row ask."""
+    pair and a ``dev_pairs`` row ask, ``values_from`` the categories ``multi_value`` asks."""
     tokenizer = functools.cache(load_tokenizer)  # loaded when a row is first measured
 
     def over(limit: tuple[int, str] | None) -> added_rows.TooLong:
@@ -334,7 +340,7 @@ def _added(train: list[Question], written: dict[str, Any], held: set[str], seed:
         "distractors": added_rows.distractors(taught, taught, made["distractors"], seed, lambda q: too_long(q) or transcript(q) is None),
         "dev_distractors": added_rows.distractors(validated, with_calls, made["dev_distractors"], seed, dev_too_long),
         "multi_value": added_rows.multi_value(taught, taught, made["multi_value"], seed, lambda q: too_long(q) or transcript(q) is None,
-                                              most_calls=most_calls),
+                                              most_calls=most_calls, kinds=values_from),
     }
     report.made = {option: (len(rows), made[option], Counter(len(q.ground_truth) for q in rows)) for option, rows in added.items() if made[option]}
     return added
@@ -364,7 +370,7 @@ def multi_turn_row(question: dict[str, Any], index: int) -> dict[str, Any]:
 def _categories(text: str, option: str, offered: tuple[str, ...] = CATEGORIES, *, empty: bool = False) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in offered]
-    kind = "multi-turn categories offered here" if empty else "single-turn Python categories"
+    kind = "multi-turn categories offered here" if empty else "single-turn Python categories" if offered == CATEGORIES else "categories offered here"
     if unknown or not (names or empty):
         raise InputError(f"{option}={text!r}: {unknown or 'no category'} not among BFCL's {kind}; "
                          f"give a comma list of {', '.join(offered)}" + (f" (or {option}= for none)" if empty else ""))

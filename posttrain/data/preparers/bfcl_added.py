@@ -40,9 +40,9 @@ SWAPPED_FROM, SWAPPED_CATEGORY = ("live_simple", "live_multiple"), "swapped_irre
 # masked_irrelevance: questions of this category (several functions each) asked without the functions they need
 MASKED_FROM, MASKED_CATEGORY = "live_multiple", "masked_irrelevance"
 
-# multi_value: questions of this category (one call) asked for several values of one argument, answered by one call per
-# value (BFCL's parallel rule: "parallel" in the name)
-VALUES_FROM, VALUES_CATEGORY = "live_simple", "synthetic_parallel_values"
+# multi_value: questions of these categories (one call) asked for several values of one argument, answered by one call per
+# value (BFCL's parallel rule: "parallel" in the name); values_from chooses among them, the first alone by default
+VALUES_FROM, VALUES_CATEGORY = ("live_simple", "live_multiple"), "synthetic_parallel_values"
 
 # distractors: questions of this category (one function, one call) asked with their function among others', answered by their call
 DISTRACTED_FROM, DISTRACTED_CATEGORY = "live_simple", "synthetic_multiple"
@@ -236,10 +236,10 @@ def distractors(asked: list[Question], donors: list[Question], count: int, seed:
 
 
 def multi_value(asked: list[Question], donors: list[Question], count: int, seed: int, too_long: TooLong, *,
-                most_calls: int = 4) -> list[Question]:
+                most_calls: int = 4, kinds: tuple[str, ...] = VALUES_FROM[:1]) -> list[Question]:
     """Up to ``count`` rows of category :data:`VALUES_CATEGORY` (BFCL's parallel rule), as BFCL's held-out ``parallel``
     rows are (one function called for several values: "the weather in Boston and Paris"): a question of ``asked`` of
-    :data:`VALUES_FROM` (one call, one user message) with an argument whose value its question writes once, word for word
+    ``kinds`` (of :data:`VALUES_FROM`; one call, one user message; a live_multiple question keeps all its functions) with an argument whose value its question writes once, word for word
     (a string of 3 characters or more, or a number), asked for 2 to ``most_calls`` values of it (a seeded even draw of
     the number): the value in the question becomes the list of values ("Boston, MA; Paris, France and Rome, Italy", each
     in the quotes the value stood in), the answer one call per value, each call otherwise the question's possible
@@ -256,7 +256,7 @@ def multi_value(asked: list[Question], donors: list[Question], count: int, seed:
                 for param, values in args.items():
                     if values and _plain(values[0]) and values[0] not in seen.setdefault((name, param), []):
                         seen[(name, param)].append(values[0])
-    candidates = [q for q in asked if q.category == VALUES_FROM and len(q.ground_truth) == 1 and _single_user_turn(q)]
+    candidates = [q for q in asked if q.category in kinds and len(q.ground_truth) == 1 and _single_user_turn(q)]
     rng = random.Random(seed)
     rng.shuffle(candidates)
     rows: list[Question] = []
