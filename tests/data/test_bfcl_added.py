@@ -389,6 +389,20 @@ def test_multi_value_asks_a_taught_question_for_several_values_one_call_each(tmp
     assert len(sizes) > 1 and max(sizes) <= 4
 
 
+def test_dev_values_asks_held_back_questions_for_several_values(tmp_path, capsys):
+    """dev_values=N: multi_value rows made from the questions SFT holds back, in dev_values.parquet only (no training row
+    or transcript changes); each is its question's own call and one call per added value, as BFCL's parallel rule reads it."""
+    (made, dev), transcripts, in_sft = _added(tmp_path, capsys, "multi_value", "dev_values", "synthetic_parallel_values",
+                                              "live_simple", "values_")
+    for (row, asked), taught in [(pair, True) for pair in made] + [(pair, False) for pair in dev]:
+        assert in_sft[asked.id] is taught and (row["extra_info"]["id"] in transcripts) is taught
+        truth = json.loads(row["reward_model"]["ground_truth"])
+        assert truth[0] == asked.ground_truth[0] and len(truth) >= 2
+        right = bfcl.answer_calls(truth, asked.functions)
+        assert bfcl.check_calls(right, truth, row["extra_info"]).valid and not bfcl.check_calls(right[:1], truth, row["extra_info"]).valid
+    assert all(len(json.loads(row["reward_model"]["ground_truth"])) == 2 for row, _ in dev)  # dev_most_calls=2 by default
+
+
 def test_multi_value_lists_values_in_their_quotes_and_skips_what_it_cannot_list():
     """The value's quotes go round each listed value; "; " parts values that hold a comma; the other values come from
     other questions' answers for the same function and parameter, or its enum, or (numbers only) nearby numbers of its

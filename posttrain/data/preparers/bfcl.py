@@ -69,7 +69,7 @@ capped training split keeps 11 live_parallel_multiple rows. ``most_calls=K`` (de
 ``union_pairs`` row ask 2 to K questions at once (a seeded even draw of the number; the questions past the first two
 drawn as the second was; rows over the prompt cap left out, so long ones are fewer): BFCL's held-out parallel and
 parallel_multiple rows ask for 2 to 4 calls, and a model taught only two-call pairs answers most of them with two.
-``dev_most_calls=K`` (default 2) does the same for ``dev_pairs``, so that a development split can tell whether training
+``dev_most_calls=K`` (default 2) does the same for ``dev_pairs`` (and ``dev_values``), so that a development split can tell whether training
 taught the number of calls (the held-out rows' 3- and 4-call answers). The dev rows bring the functions of every
 question they ask, so few of three or four questions fit the training rows' cap: ``dev_prompt_tokens=N`` caps the
 ``dev_`` rows (validation, like the held-out rows, which are not capped) at N prompt tokens in place of
@@ -92,7 +92,9 @@ replaced by the list), answered by one call per value. The other values come fro
 the same function and parameter or the parameter's enum, and for numbers from nearby numbers; one row per question at
 most. ``values_from`` (a comma list, default ``live_simple``; ``live_simple,live_multiple`` doubles the questions to draw
 from) says which taught questions are asked so: a live_multiple question keeps its functions, so its row asks for several
-calls of one of them, so the capped split yields a few hundred at most (the report says how many). A listed value can make a sentence
+calls of one of them. ``dev_values=N`` writes ``dev_values.parquet`` the same way from the questions SFT holds back (the other
+values drawn from every question's answers), asking 2 to ``dev_most_calls`` values, for validation only: the development
+split's stand-in for BFCL's parallel rows, which ``dev_pairs`` (several questions) is not, so the capped split yields a few hundred at most (the report says how many). A listed value can make a sentence
 read oddly ("in fahrenheit and celsius"); the answer is still one call per value.
 The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 ``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
@@ -183,6 +185,8 @@ ADDED_LINES = {
                                                                 "function among 1 to 3 others', in train and SFT")),
     "multi_value": (f"{added_rows.VALUES_CATEGORY} rows", (", a taught question of values_from asked for 2 (to most_calls) "
                                                          "values of one argument, in train and SFT")),
+    "dev_values": ("dev_values.parquet", f" {added_rows.VALUES_CATEGORY} rows, an SFT validation question asked for 2 (to "
+                   "dev_most_calls) values of one argument, for evaluation only"),
     "dev_distractors": ("dev_distractors.parquet", (f" {added_rows.DISTRACTED_CATEGORY} rows, an SFT validation question asked "
                                                     "with its function among 1 to 3 others', for evaluation only")),
 }
@@ -258,7 +262,7 @@ def prepare_bfcl(
     no_call_share: float | None = None,
     parallel_pairs: int = 0, union_pairs: int = 0, most_calls: int = 2,
     swapped_irrelevance: int = 0, dev_swapped: int = 0,
-    masked_irrelevance: int = 0, dev_masked: int = 0, distractors: int = 0, dev_distractors: int = 0, multi_value: int = 0,
+    masked_irrelevance: int = 0, dev_masked: int = 0, distractors: int = 0, dev_distractors: int = 0, multi_value: int = 0, dev_values: int = 0,
     values_from: str = added_rows.VALUES_FROM[0],
     dev_pairs: int = 0, dev_most_calls: int = 2, dev_prompt_tokens: int | None = None,
     near_irrelevance: bool = False,
@@ -269,7 +273,7 @@ def prepare_bfcl(
     splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
     made = {"parallel_pairs": parallel_pairs, "union_pairs": union_pairs, "swapped_irrelevance": swapped_irrelevance,
             "dev_swapped": dev_swapped, "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked, "dev_pairs": dev_pairs,
-            "distractors": distractors, "dev_distractors": dev_distractors, "multi_value": multi_value}
+            "distractors": distractors, "dev_distractors": dev_distractors, "multi_value": multi_value, "dev_values": dev_values}
     _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made, most_calls, dev_most_calls, dev_prompt_tokens)
     values_from = _categories(values_from, "values_from", added_rows.VALUES_FROM)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
@@ -341,6 +345,8 @@ def _added(train: list[Question], written: dict[str, Any], held: set[str], seed:
         "dev_distractors": added_rows.distractors(validated, with_calls, made["dev_distractors"], seed, dev_too_long),
         "multi_value": added_rows.multi_value(taught, taught, made["multi_value"], seed, lambda q: too_long(q) or transcript(q) is None,
                                               most_calls=most_calls, kinds=values_from),
+        "dev_values": added_rows.multi_value(validated, with_calls, made["dev_values"], seed, dev_too_long, most_calls=dev_most_calls,
+                                             kinds=values_from),
     }
     report.made = {option: (len(rows), made[option], Counter(len(q.ground_truth) for q in rows)) for option, rows in added.items() if made[option]}
     return added
