@@ -397,7 +397,10 @@ def test_dev_values_asks_held_back_questions_for_several_values(tmp_path, capsys
     for (row, asked), taught in [(pair, True) for pair in made] + [(pair, False) for pair in dev]:
         assert in_sft[asked.id] is taught and (row["extra_info"]["id"] in transcripts) is taught
         truth = json.loads(row["reward_model"]["ground_truth"])
-        assert truth[0] == asked.ground_truth[0] and len(truth) >= 2
+        assert truth[0] == asked.ground_truth[0] and len(truth) >= 2 and row["prompt"][0]["content"] != asked.messages[0]["content"]
+        (name, args), = asked.ground_truth[0].items()
+        varied = {p for call in truth[1:] for p, v in call[name].items() if v != args[p]}
+        assert len(varied) == 1 and all(set(call[name]) == set(args) for call in truth)  # one argument, one call per value
         right = bfcl.answer_calls(truth, asked.functions)
         assert bfcl.check_calls(right, truth, row["extra_info"]).valid and not bfcl.check_calls(right[:1], truth, row["extra_info"]).valid
     assert all(len(json.loads(row["reward_model"]["ground_truth"])) == 2 for row, _ in dev)  # dev_most_calls=2 by default
@@ -463,3 +466,47 @@ def test_values_from_chooses_the_questions_multi_value_asks(tmp_path, capsys):
     capsys.readouterr()
     with pytest.raises(InputError, match="values_from='live_parallel'.*live_simple, live_multiple"):
         prepare("bfcl", tmp_path / "bad", limit=2, values_from="live_parallel")
+
+
+def test_multi_value_lists_no_value_the_checker_reads_as_another_and_no_argument_another_one_holds():
+    """No listed value that BFCL's checker reads as one already listed or as one of the question's own accepted values
+    ("Austin, TX" and "austin tx"); no value outside the parameter's enum; other values from the same function's same
+    parameter only; no argument whose value another argument also holds (an end date equal to the start date); no number
+    inside a list of numbers, a time or after a minus sign; none inside a longer quoted phrase; none holding " and " (the list
+    would not say where it ends); a negative number gets negative neighbours."""
+    from posttrain.data.preparers.bfcl import Question
+    from posttrain.data.preparers.bfcl_added import multi_value
+
+    def question(qid, text, args, properties=None, name="f"):
+        doc = {"name": name, "parameters": {"type": "dict", "properties": properties or {}}}
+        return Question(qid, "live_simple", [{"role": "user", "content": text}], [doc], [{name: {p: v if isinstance(v, list) else [v]
+                                                                                                  for p, v in args.items()}}])
+
+    def listed(asked, donors=(), seeds=range(8)):
+        return [r for seed in seeds for r in multi_value([asked], [asked, *donors], 1, seed, lambda q: False, most_calls=4)]
+
+    def values(row, param):
+        return [call["f"][param][0] for call in row.ground_truth]
+
+    austin = question("a", "Weather in Austin, Texas now", {"city": ["Austin, Texas", "Austin, TX"]})
+    donors = [question("b", "x", {"city": "austin tx"}), question("c", "x", {"city": "AUSTIN, TEXAS"}), question("d", "x", {"city": "Rome, Italy"}),
+              question("e", "x", {"town": "Oslo, Norway"}), question("f", "x", {"city": "Paris, France"}, name="g")]
+    rows = listed(austin, donors)
+    assert rows and all(values(r, "city")[1:] == ["Rome, Italy"] for r in rows)  # the others read as Austin, or are another parameter's or function's
+    genre = {"genre": {"type": "string", "enum": ["Horror", "Comedy"]}}
+    rows = listed(question("h", "A Horror film", {"genre": "Horror"}, genre), [question("i", "x", {"genre": "horror"}), question("j", "x", {"genre": "Reggaeton"})])
+    assert rows and all(values(r, "genre") == ["Horror", "Comedy"] for r in rows)
+    dates = question("k", "Rent a car on 2023-04-12 for the day", {"start": "2023-04-12", "end": "2023-04-12"})
+    assert listed(dates, [question("l", "x", {"start": "2023-05-01"})]) == []
+    url = question("m", "The fabric PEK-ACI, please", {"fabricName": "PEK-ACI", "url": "http://x/?fabricName=PEK-ACI"})
+    assert listed(url, [question("n", "x", {"fabricName": "LAX-ACI"})]) == []
+    for text in ("Move it to 2,3,4 now", "Meet at 2:30 PM", "It is -2 outside"):
+        assert listed(question("o", text, {"v": 2})) == [], text
+    phrase = question("p", "Search 'history of kites and more' please", {"q": "kites"})
+    assert listed(phrase, [question("q", "x", {"q": "boats"})]) == []
+    assert listed(question("r", "Search for kites and planes today", {"q": "kites and planes"}), [question("s", "x", {"q": "boats"})]) == []
+    (row,) = listed(question("r", "Search for kites today", {"q": "kites"}), [question("s", "x", {"q": "boats and planes"}),
+                                                                              question("u", "x", {"q": "cars"})], seeds=[0])
+    assert values(row, "q") == ["kites", "cars"]
+    cold = listed(question("t", "Cool it to -10 degrees", {"t": -10}))
+    assert cold and all(v < 0 for row in cold for v in values(row, "t"))

@@ -90,8 +90,9 @@ and 7"), where the pairs ask several questions: a taught live_simple question (o
 its call's argument values once, word for word, asked for 2 to ``most_calls`` values of it (the value in the question
 replaced by the list), answered by one call per value. The other values come from other taught questions' answers for
 the same function and parameter or the parameter's enum, and for numbers from nearby numbers; one row per question at
-most. ``values_from`` (a comma list, default ``live_simple``; ``live_simple,live_multiple`` doubles the questions to draw
-from) says which taught questions are asked so: a live_multiple question keeps its functions, so its row asks for several
+most; values the checker would read as one, an argument another argument also holds, numbers inside lists or times and
+values inside longer quoted phrases are left out (:func:`~posttrain.data.preparers.bfcl_added.multi_value`).
+``values_from`` (a comma list, default ``live_simple``; ``live_simple,live_multiple`` doubles the questions to draw from) says which taught questions are asked so: a live_multiple question keeps its functions, so its row asks for several
 calls of one of them. ``dev_values=N`` writes ``dev_values.parquet`` the same way from the questions SFT holds back (the other
 values drawn from every question's answers), asking 2 to ``dev_most_calls`` values, for validation only: the development
 split's stand-in for BFCL's parallel rows, which ``dev_pairs`` (several questions) is not, so the capped split yields a few hundred at most (the report says how many). A listed value can make a sentence

@@ -14,7 +14,7 @@ import re
 from dataclasses import replace
 from typing import Any, Callable, Protocol, TypeVar
 
-from posttrain.rewards.bfcl import name_words, question_words, subject_words
+from posttrain.rewards.bfcl import ast_checker, bfcl_module, name_words, question_words, subject_words
 
 
 class Asked(Protocol):
@@ -239,14 +239,18 @@ def multi_value(asked: list[Question], donors: list[Question], count: int, seed:
                 most_calls: int = 4, kinds: tuple[str, ...] = VALUES_FROM[:1]) -> list[Question]:
     """Up to ``count`` rows of category :data:`VALUES_CATEGORY` (BFCL's parallel rule), as BFCL's held-out ``parallel``
     rows are (one function called for several values: "the weather in Boston and Paris"): a question of ``asked`` of
-    ``kinds`` (of :data:`VALUES_FROM`; one call, one user message; a live_multiple question keeps all its functions) with an argument whose value its question writes once, word for word
-    (a string of 3 characters or more, or a number), asked for 2 to ``most_calls`` values of it (a seeded even draw of
-    the number): the value in the question becomes the list of values ("Boston, MA; Paris, France and Rome, Italy", each
-    in the quotes the value stood in), the answer one call per value, each call otherwise the question's possible
-    answer. The other values are those ``donors``' possible answers give the same function's same parameter, or the
-    parameter's ``enum``; for a number with too few of them, nearby numbers of its type. One row per question at most
-    (a question with no such argument, or too few other values, is skipped); a row over the cap asks for one value
-    fewer, down to two."""
+    ``kinds`` (of :data:`VALUES_FROM`; one call, one user message; a live_multiple question keeps all its functions)
+    with an argument whose value its question writes once, word for word, and no other argument holds (a string of 3
+    characters or more without " and ", or a number), asked for 2 to ``most_calls`` values of it (a seeded even draw of the number
+    wanted; fewer where fewer other values exist): the value in the question becomes the list of values ("Boston, MA;
+    Paris, France and Rome, Italy", each in the quotes the value stood in), the answer one call per value, each call
+    otherwise the question's possible answer. The other values are those ``donors``' possible answers give the same
+    function's same parameter, or the parameter's ``enum`` (only enum values where it has one); for a number with too
+    few of them, nearby numbers of its type and sign; none that BFCL's checker reads as one already listed (its
+    ``standardize_string``: "Austin, TX" and "austin tx") or as one of the question's own accepted values. A value
+    inside a longer quoted phrase, in a list of numbers ("2,3,4") or a time ("2:30") is not listed. One row per
+    question at most (a question with no such argument, or too few other values, is skipped); a row over the cap asks
+    for one value fewer, down to two."""
     if count == 0:
         return []
     seen: dict[tuple[str, str], list[Any]] = {}
@@ -269,9 +273,11 @@ def multi_value(asked: list[Question], donors: list[Question], count: int, seed:
         for param, values in args.items():
             value = values[0] if values else None
             span = _written_once(value, text) if _plain(value) else None
-            if span is None:
+            if span is None or _held_elsewhere(value, {p: v for p, v in args.items() if p != param}):
                 continue
-            others = _other_values(value, seen.get((name, param), []) + _enum(question.functions, name, param), size - 1, rng)
+            enum = _enum(question.functions, name, param)
+            offered = [v for v in seen.get((name, param), []) + enum if not enum or v in enum]
+            others = _other_values(value, values, offered, size - 1, rng)
             if len(others) < 1:
                 continue
             row = _values_row(question, name, args, param, [value, *others], text, span, too_long)
@@ -282,8 +288,9 @@ def multi_value(asked: list[Question], donors: list[Question], count: int, seed:
 
 
 def _plain(value: Any) -> bool:
-    """A value a question can write as it is: a string of 3 characters or more, or a number (not a bool)."""
-    return (isinstance(value, str) and len(value.strip()) >= 3) or (isinstance(value, (int, float)) and not isinstance(value, bool))
+    """A value a question can write as it is and list: a string of 3 characters or more without " and " (a list of them
+    would not say where one ends), or a number (not a bool)."""
+    return (isinstance(value, str) and len(value.strip()) >= 3 and " and " not in value) or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def _spoken(value: Any) -> str:
@@ -293,16 +300,41 @@ def _spoken(value: Any) -> str:
     return str(value)
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Whether BFCL's checker reads ``a`` and ``b`` as one value: strings through its ``standardize_string``, numbers by value."""
+    if isinstance(a, str) and isinstance(b, str):
+        ast_checker()  # imports BFCL's checker module as posttrain.rewards.bfcl does
+        standardize = bfcl_module("bfcl_eval.eval_checker.ast_eval.ast_checker").standardize_string
+        return standardize(a) == standardize(b)
+    return not isinstance(a, str) and not isinstance(b, str) and a == b
+
+
+def _held_elsewhere(value: Any, others: dict[str, list[Any]]) -> bool:
+    """Whether another argument's accepted value is ``value`` or holds it as text (an end date equal to the start date,
+    a URL with the name in it): listing it would change one argument and leave the other."""
+    spoken = _spoken(value).lower()
+    return any(_same(v, value) or spoken in _spoken(v).lower() for values in others.values() for v in values if _plain(v))
+
+
+_QUOTES = "'\"`"
+
+
 def _written_once(value: Any, text: str) -> tuple[int, int, str] | None:
     """Where ``text`` writes ``value`` (start, end, the quote around it or ""), when it writes it exactly once as a whole
-    word (a number not inside a longer number); else None."""
+    word (a number not inside a longer number, a list of numbers or a time) and not inside a longer quoted phrase; else None."""
     spoken = re.escape(_spoken(value))
-    found = list(re.finditer(rf"(?<![\w.]){spoken}(?![\w]|\.\d)" if not isinstance(value, str) else rf"(?<!\w){spoken}(?!\w)", text))
+    pattern = (rf"(?<![\w.`]){spoken}(?!\w)" if isinstance(value, str)
+               else rf"(?<![\w.\-,:]){spoken}(?![\w]|[.,:]\d)")
+    found = list(re.finditer(pattern, text))
     if len(found) != 1:
         return None
     start, end = found[0].span()
-    quote = text[start - 1] if 0 < start and end < len(text) and text[start - 1] == text[end] and text[end] in "'\"" else ""
-    return (start - len(quote), end + len(quote), quote)
+    if 0 < start and end < len(text) and text[start - 1] == text[end] and text[end] in _QUOTES:
+        return (start - 1, end + 1, text[end])
+    quoted = (m.span(2) for m in re.finditer(rf"(?<!\w)([{_QUOTES}])(.+?)\1(?!\w)", text))
+    if any(a <= start and end <= b for a, b in quoted):  # a word of a longer quoted phrase
+        return None
+    return (start, end, "")
 
 
 def _enum(functions: list[dict[str, Any]], name: str, param: str) -> list[Any]:
@@ -310,22 +342,29 @@ def _enum(functions: list[dict[str, Any]], name: str, param: str) -> list[Any]:
     return list(doc.get("parameters", {}).get("properties", {}).get(param, {}).get("enum", []))
 
 
-def _other_values(value: Any, offered: list[Any], wanted: int, rng: random.Random) -> list[Any]:
-    """Up to ``wanted`` values other than ``value``, of its type: drawn from ``offered``, then, for a number, nearby
-    numbers (an int within a factor of two, a float of as many decimals)."""
+def _other_values(value: Any, accepted: list[Any], offered: list[Any], wanted: int, rng: random.Random) -> list[Any]:
+    """Up to ``wanted`` values of ``value``'s type that BFCL's checker reads as none of ``accepted`` (the question's own
+    accepted values) nor as one another: drawn from ``offered``, then, for a number, nearby numbers (within half its size,
+    at least 3, of it, of its sign; a float rounded to as many decimals)."""
     kind = str if isinstance(value, str) else (int, float)
-    pool = [v for v in dict.fromkeys(offered) if isinstance(v, kind) and not isinstance(v, bool) and _spoken(v) != _spoken(value)
-            and (not isinstance(v, str) or _plain(v))]
-    others = rng.sample(pool, min(wanted, len(pool)))
+    others: list[Any] = []
+
+    def fresh(v: Any) -> bool:
+        return not any(_same(v, taken) for taken in [*accepted, *others]) and _spoken(v) not in {_spoken(t) for t in [value, *others]}
+
+    pool = [v for v in dict.fromkeys(offered) if isinstance(v, kind) and not isinstance(v, bool) and (not isinstance(v, str) or _plain(v))]
+    for v in rng.sample(pool, len(pool)):
+        if len(others) < wanted and fresh(v):
+            others.append(v)
     if isinstance(value, str):
         return others
-    places = len(_spoken(value).partition(".")[2])
+    places, reach = len(_spoken(value).partition(".")[2]), max(3, abs(value) / 2)
     for _ in range(100):
         if len(others) == wanted:
             break
-        near = rng.uniform(value / 2, value * 2 + 3)
+        near = rng.uniform(value - reach, value + reach)
         near = round(near, places) if places else (float(round(near)) if isinstance(value, float) else round(near))
-        if near > 0 and _spoken(near) not in {_spoken(v) for v in [value, *others]}:
+        if near != 0 and (near > 0) == (value > 0 or value == 0) and fresh(near):
             others.append(near)
     return others
 
@@ -335,8 +374,6 @@ def _listed(values: list[Any], quote: str) -> str:
     words = [f"{quote}{_spoken(v)}{quote}" for v in values]
     between = "; " if any("," in w for w in words) else ", "
     return between.join(words[:-1]) + " and " + words[-1]
-
-
 def _values_row(question: Question, name: str, args: dict[str, Any], param: str, values: list[Any], text: str,
                 span: tuple[int, int, str], too_long: TooLong) -> Question | None:
     """``question`` asked for ``values`` of ``param`` (the first its own), one call each; the longest of the first 2 to all
