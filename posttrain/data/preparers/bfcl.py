@@ -85,18 +85,13 @@ job is rare (a wrong label, not caught otherwise). The report says how many the 
 live_simple question at most). ``dev_distractors=N`` writes ``dev_distractors.parquet`` from the questions SFT holds back
 (their added functions drawn from every question's), for validation only.
 ``multi_value=N`` adds up to N training rows of category ``synthetic_parallel_values`` (in train and SFT; BFCL's parallel
-rule), as BFCL's held-out ``parallel`` rows ask one function for several values ("the area of circles of radius 3, 5
-and 7"), where the pairs ask several questions: a taught live_simple question (one call) whose question writes one of
-its call's argument values once, word for word, asked for 2 to ``most_calls`` values of it (the value in the question
-replaced by the list), answered by one call per value. The other values come from other taught questions' answers for
-the same function and parameter or the parameter's enum, and for numbers from nearby numbers; one row per question at
-most; values the checker would read as one, an argument another argument also holds, numbers inside lists or times and
-values inside longer quoted phrases are left out (:func:`~posttrain.data.preparers.bfcl_added.multi_value`).
-``values_from`` (a comma list, default ``live_simple``; ``live_simple,live_multiple`` doubles the questions to draw from) says which taught questions are asked so: a live_multiple question keeps its functions, so its row asks for several
-calls of one of them. ``dev_values=N`` writes ``dev_values.parquet`` the same way from the questions SFT holds back (the other
-values drawn from every question's answers), asking 2 to ``dev_most_calls`` values, for validation only: the development
-split's stand-in for BFCL's parallel rows, which ``dev_pairs`` (several questions) is not, so the capped split yields a few hundred at most (the report says how many). A listed value can make a sentence
-read oddly ("in fahrenheit and celsius"); the answer is still one call per value.
+rule), as BFCL's held-out ``parallel`` rows ask one function for several values where the pairs ask several questions: a
+taught question that writes one of its call's argument values asked for 2 to ``most_calls`` values of it, one call per
+value (which values, and what is left out so the label stays right: :func:`~posttrain.data.preparers.bfcl_added.multi_value`).
+``values_from`` (a comma list, default ``live_simple``; ``live_simple,live_multiple`` doubles the questions to draw from;
+a live_multiple question keeps its functions) says which taught questions are asked so. ``dev_values=N`` writes
+``dev_values.parquet`` the same way from the questions SFT holds back, asking 2 to ``dev_most_calls`` values, for
+validation only: the development split's stand-in for BFCL's parallel rows, which ``dev_pairs`` (several questions) is not.
 The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 ``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
 functions (near misses, where RL learns to call wrongly: docs/bfcl_runs.md) the category ``live_irrelevance_near``, so a

@@ -8,6 +8,7 @@ says which rows the prompt cap leaves out."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
@@ -254,12 +255,11 @@ def multi_value(asked: list[Question], donors: list[Question], count: int, seed:
     if count == 0:
         return []
     seen: dict[tuple[str, str], list[Any]] = {}
-    for q in donors:
-        for call in q.ground_truth:
-            for name, args in call.items():
-                for param, values in args.items():
-                    if values and _plain(values[0]) and values[0] not in seen.setdefault((name, param), []):
-                        seen[(name, param)].append(values[0])
+    given = ((name, param, values[0]) for q in donors for call in q.ground_truth for name, args in call.items()
+             for param, values in args.items() if values and _plain(values[0]))
+    for name, param, value in given:
+        if value not in seen.setdefault((name, param), []):
+            seen[(name, param)].append(value)
     candidates = [q for q in asked if q.category in kinds and len(q.ground_truth) == 1 and _single_user_turn(q)]
     rng = random.Random(seed)
     rng.shuffle(candidates)
@@ -300,12 +300,17 @@ def _spoken(value: Any) -> str:
     return str(value)
 
 
+@functools.cache
+def _standardize() -> Callable[[str], str]:
+    """BFCL's checker's ``standardize_string``, its module imported as :func:`~posttrain.rewards.bfcl.ast_checker` does."""
+    ast_checker()
+    return bfcl_module("bfcl_eval.eval_checker.ast_eval.ast_checker").standardize_string
+
+
 def _same(a: Any, b: Any) -> bool:
     """Whether BFCL's checker reads ``a`` and ``b`` as one value: strings through its ``standardize_string``, numbers by value."""
     if isinstance(a, str) and isinstance(b, str):
-        ast_checker()  # imports BFCL's checker module as posttrain.rewards.bfcl does
-        standardize = bfcl_module("bfcl_eval.eval_checker.ast_eval.ast_checker").standardize_string
-        return standardize(a) == standardize(b)
+        return _standardize()(a) == _standardize()(b)
     return not isinstance(a, str) and not isinstance(b, str) and a == b
 
 
@@ -349,8 +354,8 @@ def _other_values(value: Any, accepted: list[Any], offered: list[Any], wanted: i
     kind = str if isinstance(value, str) else (int, float)
     others: list[Any] = []
 
-    def fresh(v: Any) -> bool:
-        return not any(_same(v, taken) for taken in [*accepted, *others]) and _spoken(v) not in {_spoken(t) for t in [value, *others]}
+    def fresh(v: Any) -> bool:  # ``accepted`` holds ``value`` itself
+        return not any(_same(v, taken) for taken in [*accepted, *others])
 
     pool = [v for v in dict.fromkeys(offered) if isinstance(v, kind) and not isinstance(v, bool) and (not isinstance(v, str) or _plain(v))]
     for v in rng.sample(pool, len(pool)):
