@@ -160,32 +160,6 @@ NO_FUNCTION_ANSWER = "None of the functions I have can do this."
 _DROPPED_KEYS = ("optional",)  # BFCL's own flag, not JSON Schema
 # near_irrelevance: the training rows of this category whose question shares a subject word with its functions
 NEAR_FROM, NEAR_CATEGORY = "live_irrelevance", "live_irrelevance_near"
-# the options that add training rows (with their SFT transcripts), and each added-rows option's report line
-ADDED_TO_TRAIN = ("parallel_pairs", "union_pairs", "swapped_irrelevance", "masked_irrelevance", "distractors", "multi_value")
-ADDED_LINES = {
-    "parallel_pairs": (f"{added_rows.PAIRS_CATEGORY} rows", f", two (to most_calls) {added_rows.PAIRED_CATEGORY} questions with the "
-                       "same functions asked together, in train and SFT"),
-    "union_pairs": (f"{added_rows.UNION_PAIRS_CATEGORY} rows", ", two (to most_calls) taught questions asked together with all "
-                    "their functions, in train and SFT"),
-    "swapped_irrelevance": (f"{added_rows.SWAPPED_CATEGORY} rows", f", a taught {' or '.join(added_rows.SWAPPED_FROM)} question "
-                            "asked with another's functions, in train and SFT"),
-    "dev_swapped": ("dev_swapped.parquet", f" {added_rows.SWAPPED_CATEGORY} rows, an SFT validation question asked with "
-                    "another's functions, for evaluation only"),
-    "masked_irrelevance": (f"{added_rows.MASKED_CATEGORY} rows", f", a taught {added_rows.MASKED_FROM} question asked without the "
-                           "functions its answer calls, in train and SFT"),
-    "dev_masked": ("dev_masked.parquet", f" {added_rows.MASKED_CATEGORY} rows, an SFT validation question asked without the "
-                   "functions its answer calls, for evaluation only"),
-    "dev_pairs": ("dev_pairs.parquet", f" {added_rows.UNION_PAIRS_CATEGORY} rows, two (to dev_most_calls) SFT validation "
-                  "questions asked together with both questions' functions, for evaluation only"),
-    "distractors": (f"{added_rows.DISTRACTED_CATEGORY} rows", (f", a taught {added_rows.DISTRACTED_FROM} question asked with its "
-                                                                "function among 1 to 3 others', in train and SFT")),
-    "multi_value": (f"{added_rows.VALUES_CATEGORY} rows", (", a taught question of values_from asked for 2 (to most_calls) "
-                                                         "values of one argument, in train and SFT")),
-    "dev_values": ("dev_values.parquet", f" {added_rows.VALUES_CATEGORY} rows, an SFT validation question asked for 2 (to "
-                   "dev_most_calls) values of one argument, for evaluation only"),
-    "dev_distractors": ("dev_distractors.parquet", (f" {added_rows.DISTRACTED_CATEGORY} rows, an SFT validation question asked "
-                                                    "with its function among 1 to 3 others', for evaluation only")),
-}
 
 
 @dataclass(frozen=True)
@@ -288,21 +262,26 @@ def prepare_bfcl(
         questions["train"] = _cap_no_call(questions["train"], no_call_share, seed, report)
     cap = max_prompt_tokens and (max_prompt_tokens, tokenizer)
     added = _added(questions["train"], written, held, seed, made, report, cap=cap, most_calls=most_calls, dev_most_calls=dev_most_calls,
-                   values_from=tuple(values_from),
-                   dev_cap=cap if dev_prompt_tokens is None else (dev_prompt_tokens, tokenizer))
-    questions["train"] += [q for option in ADDED_TO_TRAIN for q in added[option]]
-    written |= {q.id: conversation for option in ADDED_TO_TRAIN for q in added[option] if (conversation := transcript(q))}
+                   values_from=tuple(values_from), dev_cap=cap if dev_prompt_tokens is None else (dev_prompt_tokens, tokenizer))
+    questions["train"] += [q for option in added_rows.TRAIN_OPTIONS for q in added[option]]
+    written |= {q.id: conversation for option in added_rows.TRAIN_OPTIONS for q in added[option] if (conversation := transcript(q))}
     rows = {split: [_row(q, split, i, written if split == "train" else {}, held) for i, q in enumerate(items)]
             for split, items in questions.items()}
     sft = [({"messages": written[q.id], "extra_info": row["extra_info"]}, q.id in held)
            for q, row in zip(questions["train"], rows["train"]) if q.id in written]
     report.sft_sizes = (sum(not h for _, h in sft), sum(h for _, h in sft))
-    out_dir = Path(out_dir)
+    dev = {option: [_row(q, "dev", i, {}, held) for i, q in enumerate(added[option])]
+           for option in made if option.startswith("dev_") and made[option]}
+    return _write(Path(out_dir), rows, sft, dev, multi_turn_questions, report)
+
+
+def _write(out_dir: Path, rows: dict[str, list[dict[str, Any]]], sft: list[tuple[dict[str, Any], bool]],
+           dev: dict[str, list[dict[str, Any]]], multi_turn_questions: list[dict[str, Any]], report: Report) -> list[Path]:
+    """The files ``prepare_bfcl`` writes (the SFT transcripts split by whether they are held back, the ``dev_`` rows per option)."""
     paths = [write_rows(rows[split], out_dir / f"{split}.parquet") for split in ("train", "test")]
     paths.append(write_rows([row for row, h in sft if not h], out_dir / "sft.parquet"))
     paths.append(write_rows([row for row, h in sft if h], out_dir / "sft_val.parquet"))
-    for option in (o for o in made if o.startswith("dev_") and made[o]):
-        paths.append(write_rows([_row(q, "dev", i, {}, held) for i, q in enumerate(added[option])], out_dir / f"{option}.parquet"))
+    paths += [write_rows(dev_rows, out_dir / f"{option}.parquet") for option, dev_rows in dev.items()]
     paths += _write_multi_turn(multi_turn_questions, out_dir, report)
     (out_dir / "README.md").write_text(_readme(report.text()), encoding="utf-8")
     print(report.text())
@@ -472,7 +451,7 @@ class Report:
             lines.append(f"{split}: {sum(kept.values())} rows: " + ", ".join(f"{c} {n}" for c, n in kept.items()))
         for option, (written, asked, calls) in self.made.items():
             by_calls = f" (by calls asked: {', '.join(f'{n}: {calls[n]}' for n in sorted(calls))})" if len(calls) > 1 else ""
-            lines.append(f"{ADDED_LINES[option][0]} ({option}={asked}): {written}{ADDED_LINES[option][1]}{by_calls}")
+            lines.append(f"{added_rows.REPORT_LINES[option][0]} ({option}={asked}): {written}{added_rows.REPORT_LINES[option][1]}{by_calls}")
         if self.no_call_share is not None:
             lines.append(f"dropped from train for no_call_share={self.no_call_share}: {sum(self.cut.values())} "
                          f"({', '.join(f'{c} {n}' for c, n in self.cut.items()) or 'none'})")

@@ -48,6 +48,33 @@ VALUES_FROM, VALUES_CATEGORY = ("live_simple", "live_multiple"), "synthetic_para
 # distractors: questions of this category (one function, one call) asked with their function among others', answered by their call
 DISTRACTED_FROM, DISTRACTED_CATEGORY = "live_simple", "synthetic_multiple"
 
+# the options that add training rows (with their SFT transcripts), and each added-rows option's report line
+TRAIN_OPTIONS = ("parallel_pairs", "union_pairs", "swapped_irrelevance", "masked_irrelevance", "distractors", "multi_value")
+REPORT_LINES = {
+    "parallel_pairs": (f"{PAIRS_CATEGORY} rows", f", two (to most_calls) {PAIRED_CATEGORY} questions with the "
+                       "same functions asked together, in train and SFT"),
+    "union_pairs": (f"{UNION_PAIRS_CATEGORY} rows", ", two (to most_calls) taught questions asked together with all "
+                    "their functions, in train and SFT"),
+    "swapped_irrelevance": (f"{SWAPPED_CATEGORY} rows", f", a taught {' or '.join(SWAPPED_FROM)} question "
+                            "asked with another's functions, in train and SFT"),
+    "dev_swapped": ("dev_swapped.parquet", f" {SWAPPED_CATEGORY} rows, an SFT validation question asked with "
+                    "another's functions, for evaluation only"),
+    "masked_irrelevance": (f"{MASKED_CATEGORY} rows", f", a taught {MASKED_FROM} question asked without the "
+                           "functions its answer calls, in train and SFT"),
+    "dev_masked": ("dev_masked.parquet", f" {MASKED_CATEGORY} rows, an SFT validation question asked without the "
+                   "functions its answer calls, for evaluation only"),
+    "dev_pairs": ("dev_pairs.parquet", f" {UNION_PAIRS_CATEGORY} rows, two (to dev_most_calls) SFT validation "
+                  "questions asked together with both questions' functions, for evaluation only"),
+    "distractors": (f"{DISTRACTED_CATEGORY} rows", f", a taught {DISTRACTED_FROM} question asked with its function "
+                    "among 1 to 3 others', in train and SFT"),
+    "multi_value": (f"{VALUES_CATEGORY} rows", ", a taught question of values_from asked for 2 (to most_calls) values of "
+                    "one argument, in train and SFT"),
+    "dev_values": ("dev_values.parquet", f" {VALUES_CATEGORY} rows, an SFT validation question asked for 2 (to "
+                   "dev_most_calls) values of one argument, for evaluation only"),
+    "dev_distractors": ("dev_distractors.parquet", f" {DISTRACTED_CATEGORY} rows, an SFT validation question asked "
+                        "with its function among 1 to 3 others', for evaluation only"),
+}
+
 # verbs that start many functions' names: two names sharing only one of them do not do the same thing
 _NAME_VERBS = frozenset("get set list create update delete find search add remove fetch check send make show".split())
 
