@@ -97,6 +97,10 @@ The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 functions (near misses, where RL learns to call wrongly: docs/bfcl_runs.md) the category ``live_irrelevance_near``, so a
 batch can hold a share of them (``data.sampler.shares``) and a development split reports them apart; nothing else
 about them changes (BFCL's irrelevance rule still judges them), and the held-out rows keep their categories.
+``joined_values=true`` does the same for the one-call training questions that join two arguments' values with "and" ("a base
+of 10 units and height of 5 units": :func:`~posttrain.data.preparers.bfcl_added.joins_values`), the shape ``multi_value``'s
+rows list one argument's values in, though answered by one call: their category gains ``_joined`` (``live_simple_joined``,
+``live_multiple_joined``; BFCL's rule, read from the name, unchanged), after the added rows are drawn, which stay the same.
 
 SFT transcripts (``sft.parquet``, ``sft_val.parquet``: the names ``posttrain sft`` looks for beside the
 RL data; columns ``messages`` and the row's ``extra_info``, so a transcript carries its tools) come
@@ -235,7 +239,7 @@ def prepare_bfcl(
     masked_irrelevance: int = 0, dev_masked: int = 0, distractors: int = 0, dev_distractors: int = 0, multi_value: int = 0, dev_values: int = 0,
     values_from: str = added_rows.VALUES_FROM[0],
     dev_pairs: int = 0, dev_most_calls: int = 2, dev_prompt_tokens: int | None = None,
-    near_irrelevance: bool = False,
+    near_irrelevance: bool = False, joined_values: bool = False,
 ) -> list[Path]:
     """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet`` (unless
     ``multi_turn`` is empty) and ``README.md`` into ``out_dir`` (module docstring); prints the report, returns the paths."""
@@ -263,6 +267,7 @@ def prepare_bfcl(
     cap = max_prompt_tokens and (max_prompt_tokens, tokenizer)
     added = _added(questions["train"], written, held, seed, made, report, cap=cap, most_calls=most_calls, dev_most_calls=dev_most_calls,
                    values_from=tuple(values_from), dev_cap=cap if dev_prompt_tokens is None else (dev_prompt_tokens, tokenizer))
+    questions["train"] = _joined(questions["train"], report) if joined_values else questions["train"]
     questions["train"] += [q for option in added_rows.TRAIN_OPTIONS for q in added[option]]
     written |= {q.id: conversation for option in added_rows.TRAIN_OPTIONS for q in added[option] if (conversation := transcript(q))}
     rows = {split: [_row(q, split, i, written if split == "train" else {}, held) for i, q in enumerate(items)]
@@ -410,6 +415,15 @@ def _near_misses(train: list[Question], categories: list[str]) -> list[Question]
             else q for q in train]
 
 
+def _joined(train: list[Question], report: Report) -> list[Question]:
+    """``joined_values``: the questions :func:`~posttrain.data.preparers.bfcl_added.joins_values` finds take their category
+    with :data:`~posttrain.data.preparers.bfcl_added.JOINED_SUFFIX` (counted in ``report``); the rest stays. Done after
+    the added rows are drawn, so that they are the same with it or without."""
+    joined = [replace(q, category=q.category + added_rows.JOINED_SUFFIX) if added_rows.joins_values(q) else q for q in train]
+    report.joined = Counter(q.category for q in joined if q.category.endswith(added_rows.JOINED_SUFFIX))
+    return joined
+
+
 def _write_multi_turn(questions: list[dict[str, Any]], out_dir: Path, report: Report) -> list[Path]:
     report.multi_turn = Counter(q["category"] for q in questions)
     return [write_rows([multi_turn_row(q, i) for i, q in enumerate(questions)], out_dir / "test_multi_turn.parquet")] if questions else []
@@ -443,6 +457,7 @@ class Report:
     cut: Counter[str] = field(default_factory=Counter)  # training rows dropped for no_call_share, per category
     no_call_share: float | None = None
     made: dict[str, tuple[int, int, Counter]] = field(default_factory=dict)  # option -> rows written, asked for, by calls asked
+    joined: Counter[str] = field(default_factory=Counter)  # joined_values: training rows renamed, per new category
 
     def text(self) -> str:
         lines = []
@@ -452,6 +467,9 @@ class Report:
         for option, (written, asked, calls) in self.made.items():
             by_calls = f" (by calls asked: {', '.join(f'{n}: {calls[n]}' for n in sorted(calls))})" if len(calls) > 1 else ""
             lines.append(f"{added_rows.REPORT_LINES[option][0]} ({option}={asked}): {written}{added_rows.REPORT_LINES[option][1]}{by_calls}")
+        if self.joined:
+            lines.append(f"joined_values: {sum(self.joined.values())} train rows take a category of their own (of the above: "
+                         f"{', '.join(f'{c} {n}' for c, n in sorted(self.joined.items()))}), two arguments' values joined by 'and'")
         if self.no_call_share is not None:
             lines.append(f"dropped from train for no_call_share={self.no_call_share}: {sum(self.cut.values())} "
                          f"({', '.join(f'{c} {n}' for c, n in self.cut.items()) or 'none'})")

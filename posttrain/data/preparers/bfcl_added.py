@@ -45,6 +45,10 @@ MASKED_FROM, MASKED_CATEGORY = "live_multiple", "masked_irrelevance"
 # value (BFCL's parallel rule: "parallel" in the name); values_from chooses among them, the first alone by default
 VALUES_FROM, VALUES_CATEGORY = ("live_simple", "live_multiple"), "synthetic_parallel_values"
 
+# joined_values: one-call training questions whose text joins values of two different arguments with "and" take their
+# category with this suffix (the shape multi_value's rows list one argument's values in, answered by one call)
+JOINED_SUFFIX, _JOIN_GAP = "_joined", 40
+
 # distractors: questions of this category (one function, one call) asked with their function among others', answered by their call
 DISTRACTED_FROM, DISTRACTED_CATEGORY = "live_simple", "synthetic_multiple"
 
@@ -314,6 +318,21 @@ def multi_value(asked: list[Question], donors: list[Question], count: int, seed:
     return rows
 
 
+def joins_values(question: Asked) -> bool:
+    """Whether ``question`` (one user message, one call) writes the values of two different arguments of its call once
+    each with "and" between them and at most :data:`_JOIN_GAP` characters, no sentence end (".?!;"), between
+    ("a base of 10 units and height of 5 units", "a human and a chimp"): said as a ``multi_value`` row lists one
+    argument's values, answered by one call."""
+    if not _single_user_turn(question) or len(question.ground_truth) != 1:
+        return False
+    text = question.messages[-1]["content"]
+    (args,) = question.ground_truth[0].values()
+    spans = sorted(span[:2] for values in args.values() if values and _plain(values[0])
+                   and (span := _written_once(values[0], text)) is not None)
+    gaps = (text[end:start] for (_, end), (start, _) in zip(spans, spans[1:]))
+    return any(len(gap) <= _JOIN_GAP and re.search(r"\band\b", gap, re.IGNORECASE) and not re.search(r"[.?!;]", gap) for gap in gaps)
+
+
 def _plain(value: Any) -> bool:
     """A value a question can write as it is and list: a string of 3 characters or more without " and " (a list of them
     would not say where one ends), or a number (not a bool)."""
@@ -406,6 +425,8 @@ def _listed(values: list[Any], quote: str) -> str:
     words = [f"{quote}{_spoken(v)}{quote}" for v in values]
     between = "; " if any("," in w for w in words) else ", "
     return between.join(words[:-1]) + " and " + words[-1]
+
+
 def _values_row(question: Question, name: str, args: dict[str, Any], param: str, values: list[Any], text: str,
                 span: tuple[int, int, str], too_long: TooLong) -> Question | None:
     """``question`` asked for ``values`` of ``param`` (the first its own), one call each; the longest of the first 2 to all
