@@ -89,6 +89,19 @@ def _single_user_turn(question: Question) -> bool:
     return [m["role"] for m in question.messages] == ["user"]
 
 
+def _drawn(candidates: list[Any], count: int, rng: random.Random, make: Callable[[Any], Question | None]) -> list[Question]:
+    """The first ``count`` rows ``make`` gives (None: that candidate skipped), the candidates tried in an order ``rng``
+    shuffles them into: the seeded draw every added-rows option makes."""
+    rng.shuffle(candidates)
+    rows: list[Question] = []
+    for candidate in candidates:
+        if len(rows) == count:
+            break
+        if (row := make(candidate)) is not None:
+            rows.append(row)
+    return rows
+
+
 def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed: int, left_out: TooLong, *,
                    same_functions: bool = True, both_bring_functions: bool = False, most_calls: int = 2) -> list[Question]:
     """Up to ``count`` two-call questions, each two taught (ids in ``taught``) single-call questions of
@@ -111,19 +124,15 @@ def parallel_pairs(questions: list[Question], taught: set[str], count: int, seed
         if q.category in kinds and q.id in taught and len(q.ground_truth) == 1 and _single_user_turn(q):
             alike.setdefault(_alike_key(q, same_functions), []).append(q)
     candidates = [(a, b) for group in alike.values() for i, a in enumerate(group) for b in group[i + 1:] if a.ground_truth != b.ground_truth]
-    random.Random(seed).shuffle(candidates)
     sizes = random.Random(f"{seed} most_calls")
-    pairs: list[Question] = []
-    for a, b in candidates:
-        if len(pairs) == count:
-            break
+
+    def pair(a: Question, b: Question) -> Question | None:
         asked = [a, b] if most_calls == 2 else _more(a, b, alike[_alike_key(a, same_functions)], sizes.randint(2, most_calls), sizes)
         # a row over the cap asks one question fewer, down to the pair
         rows = (_together(asked[:n], same_functions, both_bring_functions) for n in range(len(asked), 1, -1))
-        pair = next((row for row in rows if row is not None and not left_out(row)), None)
-        if pair is not None:
-            pairs.append(pair)
-    return pairs
+        return next((row for row in rows if row is not None and not left_out(row)), None)
+
+    return _drawn(candidates, count, random.Random(seed), lambda candidate: pair(*candidate))
 
 
 def _together(asked: list[Question], same_functions: bool, both_bring_functions: bool) -> Question | None:
@@ -170,20 +179,17 @@ def swapped(pool: list[Question], count: int, seed: int, too_long: TooLong) -> l
         return []
     asked = [q for q in pool if q.category in SWAPPED_FROM and _single_user_turn(q)]
     rng = random.Random(seed)
-    rng.shuffle(asked)
-    rows: list[Question] = []
-    for question in asked:
-        if len(rows) == count:
-            break
+
+    def swap(question: Question) -> Question | None:
         own = subject_words(question.functions) | question_words(question.messages[0]["content"])
         donors = [d for d in pool if d.id != question.id and not own & subject_words(d.functions)]
         if not donors:
-            continue
+            return None
         donor = rng.choice(donors)
         row = replace(question, id=f"swap_{question.id}+{donor.id}", category=SWAPPED_CATEGORY, functions=donor.functions, ground_truth=[])
-        if not too_long(row):
-            rows.append(row)
-    return rows
+        return None if too_long(row) else row
+
+    return _drawn(asked, count, rng, swap)
 
 
 def _stem_words(name: str) -> set[str]:
@@ -201,20 +207,15 @@ def masked(pool: list[Question], count: int, seed: int, too_long: TooLong) -> li
     if count == 0:
         return []
     asked = [q for q in pool if q.category == MASKED_FROM and _single_user_turn(q)]
-    random.Random(seed).shuffle(asked)
-    rows: list[Question] = []
-    for question in asked:
-        if len(rows) == count:
-            break
+
+    def mask(question: Question) -> Question | None:
         needed = {name for call in question.ground_truth for name in call}
         needed_words = set().union(*(_stem_words(name) for name in needed))
         rest = [f for f in question.functions if f["name"] not in needed and not _stem_words(f["name"]) & needed_words]
-        if not rest:
-            continue
         row = replace(question, id=f"mask_{question.id}", category=MASKED_CATEGORY, functions=rest, ground_truth=[])
-        if not too_long(row):
-            rows.append(row)
-    return rows
+        return None if not rest or too_long(row) else row
+
+    return _drawn(asked, count, random.Random(seed), mask)
 
 
 def distractors(asked: list[Question], donors: list[Question], count: int, seed: int, too_long: TooLong, *,
@@ -240,17 +241,14 @@ def distractors(asked: list[Question], donors: list[Question], count: int, seed:
     candidates = [q for q in asked if q.category == DISTRACTED_FROM and len(q.functions) == 1 and len(q.ground_truth) == 1
                   and _single_user_turn(q)]
     rng = random.Random(seed)
-    rng.shuffle(candidates)
-    rows: list[Question] = []
-    for question in candidates:
-        if len(rows) == count:
-            break
+
+    def distract(question: Question) -> Question | None:
         own, text = question.functions[0], question.messages[0]["content"]
         own_subjects, spoken = subject_words([own]), question_words(text)
         unlike = (_stem_words(own["name"]) or name_words(own["name"])) | {w.lower() for w in re.findall(r"[A-Za-z]{3,}", text)}
         allowed = [name for name in offered if name != own["name"] and not stems[name] & unlike and not subjects[name] & spoken]
         if not allowed:
-            continue
+            return None
         size = rng.randint(1, most_functions - 1)
         near = [name for name in allowed if subjects[name] & own_subjects]
         chosen = rng.sample(near, min(size, len(near)))
@@ -258,13 +256,11 @@ def distractors(asked: list[Question], donors: list[Question], count: int, seed:
         chosen += rng.sample(far, min(size - len(chosen), len(far)))
         functions = [own] + [offered[name] for name in chosen]
         rng.shuffle(functions)
-        for n in range(len(functions), 1, -1):
-            kept = [f for f in functions if f is own or f["name"] in chosen[:n - 1]]
-            row = replace(question, id=f"distract_{question.id}", category=DISTRACTED_CATEGORY, functions=kept)
-            if not too_long(row):
-                rows.append(row)
-                break
-    return rows
+        rows = (replace(question, id=f"distract_{question.id}", category=DISTRACTED_CATEGORY,
+                        functions=[f for f in functions if f is own or f["name"] in chosen[:n - 1]]) for n in range(len(functions), 1, -1))
+        return next((row for row in rows if not too_long(row)), None)
+
+    return _drawn(candidates, count, rng, distract)
 
 
 def multi_value(asked: list[Question], donors: list[Question], count: int, seed: int, too_long: TooLong, *,
@@ -293,11 +289,8 @@ def multi_value(asked: list[Question], donors: list[Question], count: int, seed:
             seen[(name, param)].append(value)
     candidates = [q for q in asked if q.category in kinds and len(q.ground_truth) == 1 and _single_user_turn(q)]
     rng = random.Random(seed)
-    rng.shuffle(candidates)
-    rows: list[Question] = []
-    for question in candidates:
-        if len(rows) == count:
-            break
+
+    def ask_values(question: Question) -> Question | None:  # the first argument that can be listed, or None
         (name, args), = question.ground_truth[0].items()
         text = question.messages[0]["content"]
         size = rng.randint(2, most_calls)
@@ -309,13 +302,11 @@ def multi_value(asked: list[Question], donors: list[Question], count: int, seed:
             enum = _enum(question.functions, name, param)
             offered = [v for v in seen.get((name, param), []) + enum if not enum or v in enum]
             others = _other_values(value, values, offered, size - 1, rng)
-            if len(others) < 1:
-                continue
-            row = _values_row(question, name, args, param, [value, *others], text, span, too_long)
-            if row is not None:
-                rows.append(row)
-            break
-    return rows
+            if others:
+                return _values_row(question, name, args, param, [value, *others], text, span, too_long)
+        return None
+
+    return _drawn(candidates, count, rng, ask_values)
 
 
 def joins_values(question: Asked) -> bool:
