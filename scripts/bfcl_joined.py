@@ -21,7 +21,7 @@ from pathlib import Path
 
 from posttrain.data.preparers.bfcl import Question
 from posttrain.data.preparers.bfcl_added import joins_values
-from posttrain.errors import PosttrainError
+from posttrain.errors import InputError, PosttrainError
 from posttrain.rewards.bfcl_mistakes import RIGHT, episode_rows, judge
 
 SHAPES = ("joined", "other")
@@ -33,8 +33,12 @@ def tally(path: Path) -> dict[str, Counter]:
 
     parser = CallParser("hermes", None, [])
     counts = {shape: Counter() for shape in SHAPES}
-    for row in episode_rows(path):
-        truth = json.loads(row["ground_truth"])
+    for number, row in enumerate(episode_rows(path), 1):
+        try:
+            truth = json.loads(row["ground_truth"])
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{path}: BFCL row {number} has no ground_truth as JSON text (BFCL's possible answer): "
+                             "give an evaluation's episodes file") from None
         if len(truth) != 1:
             continue
         prompt = [m for m in row["messages"] if m["role"] != "assistant"]
@@ -47,6 +51,9 @@ def tally(path: Path) -> dict[str, Counter]:
 def main(arguments: list[str]) -> None:
     if not arguments or any("=" not in a for a in arguments):
         raise SystemExit(__doc__)
+    labels = [a.split("=", 1)[0] for a in arguments]
+    if len(set(labels)) < len(labels):
+        raise SystemExit(f"bfcl_joined: a label given twice ({', '.join(sorted({x for x in labels if labels.count(x) > 1}))}): one per file")
     try:
         tallies = {label: tally(Path(path)) for label, path in (a.split("=", 1) for a in arguments)}
     except (PosttrainError, OSError) as error:

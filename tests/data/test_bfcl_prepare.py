@@ -184,7 +184,8 @@ def test_joins_values_finds_two_arguments_values_joined_by_and():
     values, within 40 characters and one sentence, in a one-call question."""
     triangle = [{"area": {"base": [10], "height": [5], "unit": ["units", ""]}}]
     assert joins_values(_asked("Find the area of a triangle with a base of 10 units and height of 5 units.", triangle))
-    assert joins_values(_asked("How similar are a human and a chimp?", [{"similarity": {"species1": ["human"], "species2": ["chimp"]}}]))
+    chimp = [{"similarity": {"species1": ["Human"], "species2": ["Chimpanzee", "chimp"]}}]  # any case, any accepted value
+    assert joins_values(_asked("How similar are a Human and a chimp?", chimp))
     assert not joins_values(_asked("A triangle with a base of 10 units. And its height is 5 units.", triangle))  # two sentences
     assert not joins_values(_asked("A base of 10, and please remember that the height of the triangle is 5 units.", triangle))  # far
     assert not joins_values(_asked("A base of 10 or a height of 5.", triangle))  # no "and"
@@ -210,9 +211,18 @@ def test_joined_values_names_the_one_call_rows_that_join_two_arguments_values(tm
         assert a | {"extra_info": b["extra_info"]} == b
         question = Question("q", a["extra_info"]["category"], a["prompt"], json.loads(a["extra_info"]["bfcl_functions"]),
                             json.loads(a["reward_model"]["ground_truth"]))
-        assert joins_values(question) and bfcl.check_calls(bfcl.answer_calls(question.ground_truth, question.functions),
-                                                           question.ground_truth, a["extra_info"]).valid
+        right = bfcl.answer_calls(question.ground_truth, question.functions)
+        assert joins_values(question) and bfcl.check_calls(right, question.ground_truth, a["extra_info"]).valid
+        twice = [bfcl.check_calls(right * 2, question.ground_truth, row["extra_info"]) for row in (a, b)]  # the rule, by its verdict
+        assert not twice[0].valid and twice[0].error_type == twice[1].error_type
+    for row in before:  # every one-call row of the shape is renamed, no other
+        question = Question("q", row["extra_info"]["category"], row["prompt"], [], json.loads(row["reward_model"]["ground_truth"]))
+        assert (row["extra_info"]["id"] in {b["extra_info"]["id"] for _, b in renamed}) is (
+            joins_values(question) and row["extra_info"]["category"] in ("live_simple", "live_multiple"))
     assert any(r["extra_info"]["category"] == "synthetic_parallel_values" for r in joined)  # the added rows, the same with it or without
     assert _rows(tmp_path / "sft.parquet") != _rows(plain / "sft.parquet")  # the transcripts carry the category, nothing else changes
     assert [r["messages"] for r in _rows(tmp_path / "sft.parquet")] == [r["messages"] for r in _rows(plain / "sft.parquet")]
     assert _rows(tmp_path / "test.parquet") == _rows(plain / "test.parquet")
+    capsys.readouterr()
+    prepare("bfcl", tmp_path / "none", limit=3, sft_val_size=1, multi_turn="", train_categories="live_irrelevance", joined_values=True)
+    assert "joined_values: 0 train rows take a category of their own (of the above: none)" in capsys.readouterr().out

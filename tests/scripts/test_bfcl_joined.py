@@ -51,3 +51,12 @@ def test_bad_arguments_say_how_to_call_it(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_joined.py"), f"A={tmp_path / 'missing.jsonl'}"],
                           capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
     assert done.returncode == 1 and "bfcl_joined:" in done.stderr and "missing.jsonl" in done.stderr
+    question = load_category("simple_python")[0]
+    row = json.loads(_episode(question, "", 0))
+    (tmp_path / "no_truth.jsonl").write_text(json.dumps({k: v for k, v in row.items() if k != "ground_truth"}) + "\n")
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_joined.py"), f"A={tmp_path / 'no_truth.jsonl'}"],
+                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert done.returncode == 1 and "no_truth.jsonl: BFCL row 1 has no ground_truth as JSON text" in done.stderr
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bfcl_joined.py"), f"A={tmp_path / 'x'}", f"A={tmp_path / 'y'}"],
+                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert done.returncode == 1 and "a label given twice (A)" in done.stderr

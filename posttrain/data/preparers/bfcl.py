@@ -457,7 +457,7 @@ class Report:
     cut: Counter[str] = field(default_factory=Counter)  # training rows dropped for no_call_share, per category
     no_call_share: float | None = None
     made: dict[str, tuple[int, int, Counter]] = field(default_factory=dict)  # option -> rows written, asked for, by calls asked
-    joined: Counter[str] = field(default_factory=Counter)  # joined_values: training rows renamed, per new category
+    joined: Counter[str] | None = None  # joined_values: training rows renamed, per new category (None: not asked)
 
     def text(self) -> str:
         lines = []
@@ -467,9 +467,9 @@ class Report:
         for option, (written, asked, calls) in self.made.items():
             by_calls = f" (by calls asked: {', '.join(f'{n}: {calls[n]}' for n in sorted(calls))})" if len(calls) > 1 else ""
             lines.append(f"{added_rows.REPORT_LINES[option][0]} ({option}={asked}): {written}{added_rows.REPORT_LINES[option][1]}{by_calls}")
-        if self.joined:
+        if self.joined is not None:
             lines.append(f"joined_values: {sum(self.joined.values())} train rows take a category of their own (of the above: "
-                         f"{', '.join(f'{c} {n}' for c, n in sorted(self.joined.items()))}), two arguments' values joined by 'and'")
+                         f"{', '.join(f'{c} {n}' for c, n in sorted(self.joined.items())) or 'none'}), two arguments' values joined by 'and'")
         if self.no_call_share is not None:
             lines.append(f"dropped from train for no_call_share={self.no_call_share}: {sum(self.cut.values())} "
                          f"({', '.join(f'{c} {n}' for c, n in self.cut.items()) or 'none'})")

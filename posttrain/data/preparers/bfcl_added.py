@@ -90,8 +90,8 @@ def _single_user_turn(question: Question) -> bool:
 
 
 def _drawn(candidates: list[Any], count: int, rng: random.Random, make: Callable[[Any], Question | None]) -> list[Question]:
-    """The first ``count`` rows ``make`` gives (None: that candidate skipped), the candidates tried in an order ``rng``
-    shuffles them into: the seeded draw every added-rows option makes."""
+    """The first ``count`` rows ``make`` gives (None: that candidate skipped), the candidates tried in the order ``rng``
+    shuffles them into (in place): the seeded draw every added-rows option makes."""
     rng.shuffle(candidates)
     rows: list[Question] = []
     for candidate in candidates:
@@ -310,18 +310,19 @@ def multi_value(asked: list[Question], donors: list[Question], count: int, seed:
 
 
 def joins_values(question: Asked) -> bool:
-    """Whether ``question`` (one user message, one call) writes the values of two different arguments of its call once
-    each with "and" between them and at most :data:`_JOIN_GAP` characters, no sentence end (".?!;"), between
-    ("a base of 10 units and height of 5 units", "a human and a chimp"): said as a ``multi_value`` row lists one
-    argument's values, answered by one call."""
+    """Whether ``question`` (one user message, one call) writes values of two different arguments of its call (for each
+    argument the first of its accepted values the text writes once, in any case) with "and" between them and at most
+    :data:`_JOIN_GAP` characters, no sentence end (".?!;"), between ("a base of 10 units and height of 5 units", "a human
+    and a chimp"): said as a ``multi_value`` row lists one argument's values, answered by one call. An "and" joining two
+    clauses between two values ("..., CA, USA, and I can wait up to 600 seconds") counts too."""
     if not _single_user_turn(question) or len(question.ground_truth) != 1:
         return False
-    text = question.messages[-1]["content"]
+    text = question.messages[-1]["content"].lower()
     (args,) = question.ground_truth[0].values()
-    spans = sorted(span[:2] for values in args.values() if values and _plain(values[0])
-                   and (span := _written_once(values[0], text)) is not None)
+    found = ((_written_once(v.lower() if isinstance(v, str) else v, text) for v in values if _plain(v)) for values in args.values())
+    spans = sorted(span[:2] for spans in found if (span := next((s for s in spans if s is not None), None)) is not None)
     gaps = (text[end:start] for (_, end), (start, _) in zip(spans, spans[1:]))
-    return any(len(gap) <= _JOIN_GAP and re.search(r"\band\b", gap, re.IGNORECASE) and not re.search(r"[.?!;]", gap) for gap in gaps)
+    return any(len(gap) <= _JOIN_GAP and re.search(r"\band\b", gap) and not re.search(r"[.?!;]", gap) for gap in gaps)
 
 
 def _plain(value: Any) -> bool:
