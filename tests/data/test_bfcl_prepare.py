@@ -13,8 +13,7 @@ require("bfcl_eval", 'bfcl-eval is installed by scripts/setup.sh (pip install --
 
 from posttrain.cli import main  # noqa: E402
 from posttrain.data import prepare, read_rows  # noqa: E402
-from posttrain.data.preparers.bfcl import NO_FUNCTION_ANSWER, Question, load_category, tool_schemas  # noqa: E402
-from posttrain.data.preparers.bfcl_added import joins_values  # noqa: E402
+from posttrain.data.preparers.bfcl import NO_FUNCTION_ANSWER, load_category, tool_schemas  # noqa: E402
 from posttrain.errors import InputError  # noqa: E402
 from posttrain.models import cached_tiny_model, load_tokenizer, tokenize_prompts  # noqa: E402
 from posttrain.rewards import bfcl  # noqa: E402
@@ -173,56 +172,3 @@ def test_near_irrelevance_names_the_live_irrelevance_rows_whose_question_shares_
             shares = bool(bfcl.question_words(row["prompt"][-1]["content"]) & bfcl.subject_words(json.loads(row["extra_info"]["bfcl_functions"])))
             assert shares is (row["extra_info"]["category"] == "live_irrelevance_near")
     assert _rows(tmp_path / "test.parquet") == _rows(plain / "test.parquet")
-
-
-def _asked(text: str, calls: list[dict]) -> Question:
-    return Question("q", "live_simple", [{"role": "user", "content": text}], [], calls)
-
-
-def test_joins_values_finds_two_arguments_values_joined_by_and():
-    """The shape multi_value's rows list one argument's values in, said of two arguments: "and" between two arguments'
-    values, within 40 characters and one sentence, in a one-call question."""
-    triangle = [{"area": {"base": [10], "height": [5], "unit": ["units", ""]}}]
-    assert joins_values(_asked("Find the area of a triangle with a base of 10 units and height of 5 units.", triangle))
-    chimp = [{"similarity": {"species1": ["Human"], "species2": ["Chimpanzee", "chimp"]}}]  # any case, any accepted value
-    assert joins_values(_asked("How similar are a Human and a chimp?", chimp))
-    assert not joins_values(_asked("A triangle with a base of 10 units. And its height is 5 units.", triangle))  # two sentences
-    assert not joins_values(_asked("A base of 10, and please remember that the height of the triangle is 5 units.", triangle))  # far
-    assert not joins_values(_asked("A base of 10 or a height of 5.", triangle))  # no "and"
-    assert not joins_values(_asked("Circles of radius 3 and 5.", [{"area": {"radius": [3]}}]))  # one argument's value
-    assert not joins_values(_asked("A base of 10 and height of 5.", triangle * 2))  # two calls
-
-
-def test_joined_values_names_the_one_call_rows_that_join_two_arguments_values(tmp_path, capsys):
-    """joined_values=true: those training rows take their category with "_joined" (the checker's rule unchanged, their
-    transcripts still right); every row is otherwise the same, in the same order, the added rows too; held-out rows keep theirs."""
-    options = dict(limit=120, sft_val_size=8, multi_turn="", multi_value=20)
-    assert main(["prepare", "bfcl", "--out", str(tmp_path), "joined_values=true", *(f"{k}={v}" for k, v in options.items())]) == 0
-    assert re.search(r"joined_values: [1-9]\d* train rows take a category of their own \(of the above: live_multiple_joined [1-9]",
-                     capsys.readouterr().out)
-    plain = tmp_path / "plain"
-    prepare("bfcl", plain, **options)
-    joined, before = _rows(tmp_path / "train.parquet"), _rows(plain / "train.parquet")
-    renamed = [(a, b) for a, b in zip(joined, before) if a != b]
-    assert len(joined) == len(before) and {a["extra_info"]["category"] for a, _ in renamed} == {"live_simple_joined", "live_multiple_joined"}
-    for a, b in renamed:
-        assert a["extra_info"]["category"] == b["extra_info"]["category"] + "_joined"
-        assert {k: v for k, v in a["extra_info"].items() if k != "category"} == {k: v for k, v in b["extra_info"].items() if k != "category"}
-        assert a | {"extra_info": b["extra_info"]} == b
-        question = Question("q", a["extra_info"]["category"], a["prompt"], json.loads(a["extra_info"]["bfcl_functions"]),
-                            json.loads(a["reward_model"]["ground_truth"]))
-        right = bfcl.answer_calls(question.ground_truth, question.functions)
-        assert joins_values(question) and bfcl.check_calls(right, question.ground_truth, a["extra_info"]).valid
-        twice = [bfcl.check_calls(right * 2, question.ground_truth, row["extra_info"]) for row in (a, b)]  # the rule, by its verdict
-        assert not twice[0].valid and twice[0].error_type == twice[1].error_type
-    for row in before:  # every one-call row of the shape is renamed, no other
-        question = Question("q", row["extra_info"]["category"], row["prompt"], [], json.loads(row["reward_model"]["ground_truth"]))
-        assert (row["extra_info"]["id"] in {b["extra_info"]["id"] for _, b in renamed}) is (
-            joins_values(question) and row["extra_info"]["category"] in ("live_simple", "live_multiple"))
-    assert any(r["extra_info"]["category"] == "synthetic_parallel_values" for r in joined)  # the added rows, the same with it or without
-    assert _rows(tmp_path / "sft.parquet") != _rows(plain / "sft.parquet")  # the transcripts carry the category, nothing else changes
-    assert [r["messages"] for r in _rows(tmp_path / "sft.parquet")] == [r["messages"] for r in _rows(plain / "sft.parquet")]
-    assert _rows(tmp_path / "test.parquet") == _rows(plain / "test.parquet")
-    capsys.readouterr()
-    prepare("bfcl", tmp_path / "none", limit=3, sft_val_size=1, multi_turn="", train_categories="live_irrelevance", joined_values=True)
-    assert "joined_values: 0 train rows take a category of their own (of the above: none)" in capsys.readouterr().out

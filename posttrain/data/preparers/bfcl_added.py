@@ -319,8 +319,12 @@ def joins_values(question: Asked) -> bool:
         return False
     text = question.messages[-1]["content"].lower()
     (args,) = question.ground_truth[0].values()
-    found = ((_written_once(v.lower() if isinstance(v, str) else v, text) for v in values if _plain(v)) for values in args.values())
-    spans = sorted(span[:2] for spans in found if (span := next((s for s in spans if s is not None), None)) is not None)
+
+    def written(values: list[Any]) -> tuple[int, int, str] | None:  # the first of the values the text writes once
+        lowered = (v.lower() if isinstance(v, str) else v for v in values if _plain(v))
+        return next((span for v in lowered if (span := _written_once(v, text)) is not None), None)
+
+    spans = sorted(span[:2] for values in args.values() if (span := written(values)) is not None)
     gaps = (text[end:start] for (_, end), (start, _) in zip(spans, spans[1:]))
     return any(len(gap) <= _JOIN_GAP and re.search(r"\band\b", gap) and not re.search(r"[.?!;]", gap) for gap in gaps)
 
