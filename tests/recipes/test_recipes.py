@@ -206,7 +206,7 @@ def test_bfcl_rl_trains_on_the_rows_bfcl_sft_prepared_and_its_development_rows_a
 def test_the_bfcl_recipe_trains_the_configuration_whose_held_out_rows_docs_tools_reports():
     """The bfcl recipe's sft and rl stages give the very configurations of the measured run that docs/tools.md
     reports as the recipe's (its recipe file in docs/measured/recipes), but for validating before the first step
-    (that run's step 0 was its warm-up's); its no-call share is 0.35, split between live_irrelevance and the
+    (that run's step 0 was its warm-up's) and writing each step's kept samples (write-only); its no-call share is 0.35, split between live_irrelevance and the
     swapped rows its SFT stage also teaches (which the rl stage's data must hold), and the multi-turn recipe
     trains its policy with the very same sft and rl stages."""
     def stage_config(recipe: str, name: str):
@@ -217,7 +217,7 @@ def test_the_bfcl_recipe_trains_the_configuration_whose_held_out_rows_docs_tools
     for name in ("sft", "rl"):
         mine, theirs = flat(stage_config("bfcl", name)), flat(stage_config(measured, name))
         differ = {key: (mine.get(key), theirs.get(key)) for key in mine.keys() | theirs.keys() if mine.get(key) != theirs.get(key)}
-        assert set(differ) == ({"trainer.val_before_train"} if name == "rl" else set()), (name, differ)
+        assert set(differ) == ({"trainer.val_before_train", "trainer.rollout_data_dir"} if name == "rl" else set()), (name, differ)
     data, sft_data = stage_config("bfcl", "rl").data, stage_config("bfcl", "sft").data
     assert sum(data.sampler.shares.values()) == pytest.approx(0.35)
     assert set(data.sampler.shares) == {"live_irrelevance", "swapped_irrelevance"}
