@@ -313,6 +313,19 @@ def calls_count_credit(
     return {"score": min(wanted, len(given)) / max(wanted, len(given))}
 
 
+def no_extra_calls_credit(solution_str: str, ground_truth: str | list, extra_info: dict[str, Any] | None = None,
+                          calls: Sequence[dict[str, Any]] | None = None, **_: Any) -> dict[str, float]:
+    """A training reward of its own, not BFCL's (the rubric rule ``bfcl_no_extra_calls``): on a row that needs a call,
+    0.0 for an answer with more calls than the possible answer has, else 1.0 (no call included); 1.0 on a no-call row,
+    every answer alike. Why: beside ``bfcl_parameters_per_call`` a call too many on a one-call row earns its other
+    call's names and ranks above no call, so RL held it back little (docs/bfcl_runs.md, "Sampled at temperature 1.0");
+    this ranks it below. Its ``score`` has no ``acc``."""
+    given = _given_calls(calls)
+    if is_no_call_category(_row_field(extra_info or {}, "category")):
+        return {"score": 1.0}
+    return {"score": float(len(given) <= sum(len(call) for call in _json_value(ground_truth, "reward_model.ground_truth")))}
+
+
 def _per_call_credit(calls: Sequence[dict[str, Any]] | None, ground_truth: str | list, extra_info: dict[str, Any] | None,
                      share: Callable[[str, dict[str, list], dict[str, Any]], float]) -> dict[str, float]:
     """The per-call rules' score: 1.0 where BFCL's checker accepts the calls; 0.0 on a no-call row or for no

@@ -67,6 +67,7 @@ RULES: Mapping[str, ScoreFunction] = MappingProxyType({
     "bfcl_parameters_per_call": bfcl.calls_parameter_credit,  # the same for each call of a row of one call or several
     "bfcl_arguments_per_call": bfcl.calls_argument_credit,  # bfcl_arguments for each call of a row of one call or several
     "bfcl_calls_count": bfcl.calls_count_credit,  # min(calls written, calls wanted) / max of them, whatever the calls say
+    "bfcl_no_extra_calls": bfcl.no_extra_calls_credit,  # 0 for more calls than the row wants, else 1 (no-call rows: 1)
     "bfcl_decline": bfcl.decline_credit,  # 1 for an answer with no call: beside BFCL's verdict, declining ranks above a wrong call
 })
 

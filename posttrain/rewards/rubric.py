@@ -59,7 +59,7 @@ class RubricPart:
 def rule_function(rule: str, where: str) -> ScoreFunction:
     """The score function ``rule`` names: a data source (posttrain's registry), a rule of posttrain's
     (``registry.RULES``: ``bfcl_arguments``, ``bfcl_parameters``, ``bfcl_parameters_per_call``,
-    ``bfcl_arguments_per_call``, ``bfcl_calls_count``, ``bfcl_decline``) or ``FILE.py:FUNCTION``."""
+    ``bfcl_arguments_per_call``, ``bfcl_calls_count``, ``bfcl_no_extra_calls``, ``bfcl_decline``) or ``FILE.py:FUNCTION``."""
     if rule in DEFAULT_SCORE_FUNCTIONS or rule in RULES:
         return DEFAULT_SCORE_FUNCTIONS.get(rule) or RULES[rule]
     path, colon, name = str(rule).rpartition(":")

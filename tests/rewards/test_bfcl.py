@@ -282,6 +282,36 @@ def test_calls_count_credit_pays_as_many_calls_as_the_row_asks_whatever_they_say
     _check_irrelevance_calls_and_registry(bfcl.calls_count_credit, "bfcl_calls_count", parallel)
 
 
+def test_no_extra_calls_credit_takes_all_from_an_answer_with_a_call_too_many_and_ranks_it_below_no_call():
+    """On a one-call row a call too many earns 0 (right or not, any function), one call or none 1; on a two-call row
+    three calls 0, one or two 1; a no-call row 1 whatever the answer. Beside the checker and the names credit, on a
+    one-call row: the right call above no call above the right call written twice."""
+    from posttrain.rewards.registry import RULES
+    from posttrain.rewards.rubric import build_rubric
+
+    simple, parallel = load_category("simple_python", limit=1)[0], load_category("parallel", limit=1)[0]
+    irrelevance = load_category("live_irrelevance", limit=1)[0]
+    one, two = bfcl.answer_calls(simple.ground_truth, simple.functions), bfcl.answer_calls(parallel.ground_truth, parallel.functions)
+    other = {"name": "elsewhere", "arguments": "not an object"}
+
+    def credit(question, written: list[dict]) -> dict:
+        return bfcl.no_extra_calls_credit("", *_row(question), calls=written)
+
+    assert [credit(simple, c)["score"] for c in ([], one, [other], one * 2, [*one, other])] == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert [credit(parallel, c)["score"] for c in ([], two[:1], two, [*two, two[0]])] == [1.0, 1.0, 1.0, 0.0]
+    assert [credit(irrelevance, c)["score"] for c in ([], [other], [other] * 3)] == [1.0, 1.0, 1.0]
+    assert "acc" not in credit(simple, one)
+    with pytest.raises(InputError, match="env.name=tools"):
+        bfcl.no_extra_calls_credit("<tool_call>...</tool_call>", *_row(simple))
+    assert RULES["bfcl_no_extra_calls"] is bfcl.no_extra_calls_credit
+    rubric = build_rubric([{"name": "checker", "weight": 1.0, "rule": "bfcl"},
+                           {"name": "parameters", "weight": 0.5, "rule": "bfcl_parameters_per_call"},
+                           {"name": "extra", "weight": 0.5, "rule": "bfcl_no_extra_calls"}])
+    ground_truth, extra_info = _row(simple)
+    right, none, twice = (rubric(solution_str="", ground_truth=ground_truth, extra_info=extra_info, calls=c)["score"] for c in (one, [], one * 2))
+    assert right == 1.0 and none == pytest.approx(0.25) and twice == pytest.approx(0.125)
+
+
 def test_a_rubric_of_the_checker_and_argument_credit_keeps_bfcls_verdict_as_the_accuracy():
     from posttrain.rewards.rubric import build_rubric
 
