@@ -42,7 +42,7 @@ checker reads).
 :func:`decline_credit`, training rewards of their own, give part credit for a call's parameters, for naming
 the parameters it needs, and credit for making no call; :func:`calls_parameter_credit` and
 :func:`calls_argument_credit` give the first two for each call of a row of several, :func:`calls_count_credit`
-for writing as many calls as the row asks for);
+for writing as many calls as the row asks for, :func:`no_extra_calls_credit` takes all from writing more);
 :func:`answer_calls` writes a possible answer as calls (the first acceptable value of each parameter), as
 the SFT transcripts and the tests do.
 """
@@ -494,4 +494,4 @@ def _json_value(value: Any, field: str) -> Any:
 
 __all__ = ["BFCL_PIN", "INSTALL_HINT", "MODEL_NAME", "CheckerModelConfig", "Verdict", "answer_calls", "argument_credit", "ast_checker", "bfcl_module",
            "calls_argument_credit", "calls_count_credit", "calls_parameter_credit", "check_calls", "compute_score", "data_dir", "decline_credit", "installed_version",
-           "is_no_call_category", "model_output", "parameter_credit"]
+           "is_no_call_category", "model_output", "no_extra_calls_credit", "parameter_credit"]

@@ -218,6 +218,7 @@ def test_the_bfcl_recipe_trains_the_configuration_whose_held_out_rows_docs_tools
         mine, theirs = flat(stage_config("bfcl", name)), flat(stage_config(measured, name))
         differ = {key: (mine.get(key), theirs.get(key)) for key in mine.keys() | theirs.keys() if mine.get(key) != theirs.get(key)}
         assert set(differ) == ({"trainer.val_before_train", "trainer.rollout_data_dir"} if name == "rl" else set()), (name, differ)
+    assert flat(stage_config("bfcl", "rl"))["trainer.rollout_data_dir"] == "rollouts"  # rl/rollouts: scripts/bfcl_kept.py's folder
     data, sft_data = stage_config("bfcl", "rl").data, stage_config("bfcl", "sft").data
     assert sum(data.sampler.shares.values()) == pytest.approx(0.35)
     assert set(data.sampler.shares) == {"live_irrelevance", "swapped_irrelevance"}

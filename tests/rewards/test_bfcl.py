@@ -300,6 +300,8 @@ def test_no_extra_calls_credit_takes_all_from_an_answer_with_a_call_too_many_and
     assert [credit(simple, c)["score"] for c in ([], one, [other], one * 2, [*one, other])] == [1.0, 1.0, 1.0, 0.0, 0.0]
     assert [credit(parallel, c)["score"] for c in ([], two[:1], two, [*two, two[0]])] == [1.0, 1.0, 1.0, 0.0]
     assert [credit(irrelevance, c)["score"] for c in ([], [other], [other] * 3)] == [1.0, 1.0, 1.0]
+    swapped = _row(simple)[1] | {"category": "swapped_irrelevance"}  # a taught question asked with other functions
+    assert bfcl.no_extra_calls_credit("", "[]", swapped, calls=one)["score"] == 1.0
     assert "acc" not in credit(simple, one)
     with pytest.raises(InputError, match="env.name=tools"):
         bfcl.no_extra_calls_credit("<tool_call>...</tool_call>", *_row(simple))
