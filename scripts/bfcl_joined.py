@@ -21,8 +21,9 @@ from pathlib import Path
 
 from posttrain.data.preparers.bfcl import Question
 from posttrain.data.preparers.bfcl_added import joins_values
-from posttrain.errors import InputError, PosttrainError
+from posttrain.errors import InputError
 from posttrain.rewards.bfcl_mistakes import RIGHT, episode_rows, judge
+from posttrain.rewards.episodes_file import read_labelled
 
 SHAPES = ("joined", "other")
 
@@ -49,15 +50,7 @@ def tally(path: Path) -> dict[str, Counter]:
 
 
 def main(arguments: list[str]) -> None:
-    if not arguments or any("=" not in a for a in arguments):
-        raise SystemExit(__doc__)
-    labels = [a.split("=", 1)[0] for a in arguments]
-    if len(set(labels)) < len(labels):
-        raise SystemExit(f"bfcl_joined: a label given twice ({', '.join(sorted({x for x in labels if labels.count(x) > 1}))}): one per file")
-    try:
-        tallies = {label: tally(Path(path)) for label, path in (a.split("=", 1) for a in arguments)}
-    except (PosttrainError, OSError) as error:
-        raise SystemExit(f"bfcl_joined: {error}") from None
+    tallies = read_labelled(arguments, "bfcl_joined", __doc__, lambda path: tally(Path(path)))
     print("| evaluation | shape | one-call rows | right | several calls |\n|---|---|---|---|---|")
     for label, counts in tallies.items():
         for shape in SHAPES:

@@ -21,8 +21,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from posttrain.errors import InputError, PosttrainError
+from posttrain.errors import InputError
 from posttrain.rewards.bfcl_mistakes import episode_rows
+from posttrain.rewards.episodes_file import read_labelled
 
 WANTED = ("0", "1", "2", "3", "4 or more")
 
@@ -79,15 +80,7 @@ def tally(spec: str) -> dict[str, dict[str, list]]:
 
 
 def main(arguments: list[str]) -> None:
-    if not arguments or any("=" not in a for a in arguments):
-        raise SystemExit(__doc__)
-    labels = [a.split("=", 1)[0] for a in arguments]
-    if len(set(labels)) < len(labels):
-        raise SystemExit(f"bfcl_kept: a label given twice ({', '.join(sorted({x for x in labels if labels.count(x) > 1}))}): one per argument")
-    try:
-        tallies = {label: tally(spec) for label, spec in (a.split("=", 1) for a in arguments)}
-    except (PosttrainError, OSError) as error:
-        raise SystemExit(f"bfcl_kept: {error}") from None
+    tallies = read_labelled(arguments, "bfcl_kept", __doc__, tally)
     print("| label | wanted calls | kept groups | samples | fewer calls | reward with fewer | more calls | reward with more "
           "| advantage with more |\n|---|---|---|---|---|---|---|---|---|")
     for label, counts in tallies.items():
@@ -98,7 +91,7 @@ def main(arguments: list[str]) -> None:
             fewer, more, advantage = means
             print(f"| {label} | {wanted} | {len(set(entry['groups']))} | {n} | {sum(entry['fewer']) / n:.3f} | {fewer} | "
                   f"{sum(entry['more']) / n:.3f} | {more} | {advantage} |")
-    one = tallies[labels[-1]].get("1")
+    one = tallies[list(tallies)[-1]].get("1")
     print(f"\nbfcl_kept_extra_calls: {sum(one['more']) / len(one['more']):.3f}" if one else "\nbfcl_kept_extra_calls: none")
 
 
