@@ -29,7 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from posttrain.errors import PosttrainError
-from posttrain.rewards import arithmetic, bfcl, bfcl_mistakes, gsm8k, math_answer, reasoning_gym, search_answer, textarena_outcomes
+from posttrain.rewards import arithmetic, bfcl, bfcl_credits, bfcl_mistakes, gsm8k, math_answer, reasoning_gym, search_answer, textarena_outcomes
 
 ScoreFunction = Callable[..., "float | dict[str, Any]"]
 
@@ -62,13 +62,13 @@ DEFAULT_SCORE_FUNCTIONS: Mapping[str, ScoreFunction] = MappingProxyType(
 # Rules a rubric part may name (reward.rubric's rule) that are no data source's score function: training
 # rewards of their own, beside the data source's judge (rewards/rubric.py)
 RULES: Mapping[str, ScoreFunction] = MappingProxyType({
-    "bfcl_arguments": bfcl.argument_credit,  # part credit for the right function's parameters, judged one by one by BFCL's checker
-    "bfcl_parameters": bfcl.parameter_credit,  # the needed parameters a call to the right function names, whatever their values
-    "bfcl_parameters_per_call": bfcl.calls_parameter_credit,  # the same for each call of a row of one call or several
-    "bfcl_arguments_per_call": bfcl.calls_argument_credit,  # bfcl_arguments for each call of a row of one call or several
-    "bfcl_calls_count": bfcl.calls_count_credit,  # min(calls written, calls wanted) / max of them, whatever the calls say
-    "bfcl_no_extra_calls": bfcl.no_extra_calls_credit,  # 0 for more calls than the row wants, else 1 (no-call rows: 1)
-    "bfcl_decline": bfcl.decline_credit,  # 1 for an answer with no call: beside BFCL's verdict, declining ranks above a wrong call
+    "bfcl_arguments": bfcl_credits.argument_credit,  # part credit for the right function's parameters, judged one by one by BFCL's checker
+    "bfcl_parameters": bfcl_credits.parameter_credit,  # the needed parameters a call to the right function names, whatever their values
+    "bfcl_parameters_per_call": bfcl_credits.calls_parameter_credit,  # the same for each call of a row of one call or several
+    "bfcl_arguments_per_call": bfcl_credits.calls_argument_credit,  # bfcl_arguments for each call of a row of one call or several
+    "bfcl_calls_count": bfcl_credits.calls_count_credit,  # min(calls written, calls wanted) / max of them, whatever the calls say
+    "bfcl_no_extra_calls": bfcl_credits.no_extra_calls_credit,  # 0 for more calls than the row wants, else 1 (no-call rows: 1)
+    "bfcl_decline": bfcl_credits.decline_credit,  # 1 for an answer with no call: beside BFCL's verdict, declining ranks above a wrong call
 })
 
 # What a recipe's report adds for a data source's rows, beside their accuracies: its section's title, and

@@ -11,7 +11,7 @@ require("bfcl_eval", 'bfcl-eval is installed by scripts/setup.sh (pip install --
 
 from posttrain.data.preparers.bfcl import Question, load_category  # noqa: E402
 from posttrain.errors import InputError, MissingLibraryError  # noqa: E402
-from posttrain.rewards import DEFAULT_SCORE_FUNCTIONS, bfcl  # noqa: E402
+from posttrain.rewards import DEFAULT_SCORE_FUNCTIONS, bfcl, bfcl_credits  # noqa: E402
 
 ANSWER_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple",
                      "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
@@ -133,7 +133,7 @@ def test_argument_credit_is_the_share_of_parameters_the_checker_accepts_one_by_o
     ground_truth, extra_info = _row(simple)
 
     def credit(arguments: dict, name: str = "calculate_triangle_area", row: tuple = (ground_truth, extra_info)) -> float:
-        return bfcl.argument_credit("", *row, calls=[{"name": name, "arguments": arguments}])["score"]
+        return bfcl_credits.argument_credit("", *row, calls=[{"name": name, "arguments": arguments}])["score"]
 
     assert credit({"base": 10, "height": 5}) == 1.0  # the checker accepts the whole answer
     assert credit({"base": 11, "height": 5}) == 1 / 2  # base wrong, height right; unit may be left out and was: not judged
@@ -143,18 +143,18 @@ def test_argument_credit_is_the_share_of_parameters_the_checker_accepts_one_by_o
     assert credit({}) == 0.0  # writing nothing earns nothing
     assert credit({"base": 10, "height": 5, "colour": "red"}) == 2 / 3  # a parameter BFCL does not expect: refused, so below 1
     assert credit({"base": 10, "height": 5}, name="area") == 0.0  # a wrong function earns nothing
-    assert bfcl.argument_credit("", ground_truth, extra_info, calls=[])["score"] == 0.0  # neither does no call
-    assert "acc" not in bfcl.argument_credit("", ground_truth, extra_info, calls=[])  # accuracy stays the checker's (the rubric's rule)
+    assert bfcl_credits.argument_credit("", ground_truth, extra_info, calls=[])["score"] == 0.0  # neither does no call
+    assert "acc" not in bfcl_credits.argument_credit("", ground_truth, extra_info, calls=[])  # accuracy stays the checker's (the rubric's rule)
     irrelevance = load_category("live_irrelevance", limit=1)[0]
     call = [{"name": irrelevance.functions[0]["name"], "arguments": {}}]
-    assert bfcl.argument_credit("", *_row(irrelevance), calls=call)["score"] == 0.0
-    assert bfcl.argument_credit("", *_row(irrelevance), calls=[])["score"] == 1.0
+    assert bfcl_credits.argument_credit("", *_row(irrelevance), calls=call)["score"] == 0.0
+    assert bfcl_credits.argument_credit("", *_row(irrelevance), calls=[])["score"] == 1.0
     parallel = load_category("parallel", limit=1)[0]  # several calls: the checker's verdict only
     calls = bfcl.answer_calls(parallel.ground_truth, parallel.functions)
-    assert bfcl.argument_credit("", *_row(parallel), calls=calls)["score"] == 1.0
-    assert bfcl.argument_credit("", *_row(parallel), calls=calls[:1])["score"] == 0.0
+    assert bfcl_credits.argument_credit("", *_row(parallel), calls=calls)["score"] == 1.0
+    assert bfcl_credits.argument_credit("", *_row(parallel), calls=calls[:1])["score"] == 0.0
     with pytest.raises(InputError, match="env.name=tools"):
-        bfcl.argument_credit("<tool_call>...</tool_call>", ground_truth, extra_info)
+        bfcl_credits.argument_credit("<tool_call>...</tool_call>", ground_truth, extra_info)
 
 
 def test_parameter_credit_pays_naming_the_needed_parameters_whatever_their_values():
@@ -165,25 +165,25 @@ def test_parameter_credit_pays_naming_the_needed_parameters_whatever_their_value
     ground_truth, extra_info = _row(simple)
 
     def credit(arguments: dict, name: str = "calculate_triangle_area") -> float:
-        return bfcl.parameter_credit("", ground_truth, extra_info, calls=[{"name": name, "arguments": arguments}])["score"]
+        return bfcl_credits.parameter_credit("", ground_truth, extra_info, calls=[{"name": name, "arguments": arguments}])["score"]
 
     assert credit({"base": 11, "height": 6}) == 1.0 > credit({"base": 11}) == 1 / 2  # both named, values wrong; one left out
     assert credit({"base": 10, "height": 5}) == 1.0 and credit({}) == 0.0
     assert credit({"base": 11, "height": 6, "unit": "cm"}) == credit({"base": 11, "height": 6})  # the optional one: not counted
     assert credit({"base": 11, "height": 6, "colour": "red"}) == 2 / 3  # a name the possible answer does not have
     assert credit({"base": 11, "height": 6}, name="area") == 0.0  # a wrong function earns nothing
-    assert bfcl.parameter_credit("", ground_truth, extra_info, calls=[]) == {"score": 0.0}  # nor does no call; no acc
+    assert bfcl_credits.parameter_credit("", ground_truth, extra_info, calls=[]) == {"score": 0.0}  # nor does no call; no acc
     irrelevance = load_category("live_irrelevance", limit=1)[0]
-    assert bfcl.parameter_credit("", *_row(irrelevance), calls=[{"name": irrelevance.functions[0]["name"], "arguments": {}}])["score"] == 0.0
+    assert bfcl_credits.parameter_credit("", *_row(irrelevance), calls=[{"name": irrelevance.functions[0]["name"], "arguments": {}}])["score"] == 0.0
     parallel = load_category("parallel", limit=1)[0]
     calls = bfcl.answer_calls(parallel.ground_truth, parallel.functions)
-    assert bfcl.parameter_credit("", *_row(parallel), calls=calls[:1])["score"] == 0.0  # several calls: the checker's verdict only
-    assert bfcl.parameter_credit("", *_row(parallel), calls=calls)["score"] == 1.0
+    assert bfcl_credits.parameter_credit("", *_row(parallel), calls=calls[:1])["score"] == 0.0  # several calls: the checker's verdict only
+    assert bfcl_credits.parameter_credit("", *_row(parallel), calls=calls)["score"] == 1.0
     nothing_needed = json.dumps([{"calculate_triangle_area": {"base": ["", 10], "height": ["", 5]}}])
-    assert bfcl.parameter_credit("", nothing_needed, extra_info, calls=[{"name": "calculate_triangle_area", "arguments": {"base": 3}}]) == {
+    assert bfcl_credits.parameter_credit("", nothing_needed, extra_info, calls=[{"name": "calculate_triangle_area", "arguments": {"base": 3}}]) == {
         "score": 1.0}  # refused for a wrong value, but nothing needed is left out and no name is unexpected
     from posttrain.rewards.registry import RULES
-    assert RULES["bfcl_parameters"] is bfcl.parameter_credit
+    assert RULES["bfcl_parameters"] is bfcl_credits.parameter_credit
 
 
 def test_parameter_credit_per_call_ranks_two_calls_with_the_right_names_above_stopping_after_the_first():
@@ -195,7 +195,7 @@ def test_parameter_credit_per_call_ranks_two_calls_with_the_right_names_above_st
     assert len(calls) == 2 and calls[0]["name"] == calls[1]["name"]
 
     def credit(question, written: list[dict]) -> float:
-        return bfcl.calls_parameter_credit("", *_row(question), calls=written)["score"]
+        return bfcl_credits.calls_parameter_credit("", *_row(question), calls=written)["score"]
 
     wrong_values = [{"name": call["name"], "arguments": {key: "?" for key in call["arguments"]}} for call in calls]
     assert not bfcl.check_calls(wrong_values, *_row(parallel)).valid  # refused: the credit is for the names alone
@@ -206,14 +206,14 @@ def test_parameter_credit_per_call_ranks_two_calls_with_the_right_names_above_st
     simple = load_category("simple_python", limit=1)[0]
     for arguments in ({"base": 11, "height": 6}, {"base": 11}, {"base": 11, "height": 6, "colour": "red"}, {}):
         one = [{"name": "calculate_triangle_area", "arguments": arguments}]
-        assert credit(simple, one) == bfcl.parameter_credit("", *_row(simple), calls=one)["score"]
+        assert credit(simple, one) == bfcl_credits.parameter_credit("", *_row(simple), calls=one)["score"]
     two = [{"name": "calculate_triangle_area", "arguments": {"base": 11, "height": 6}}, {"name": "area", "arguments": {}}]
-    assert credit(simple, two) == 0.5 and bfcl.parameter_credit("", *_row(simple), calls=two)["score"] == 0.0
+    assert credit(simple, two) == 0.5 and bfcl_credits.parameter_credit("", *_row(simple), calls=two)["score"] == 0.0
     irrelevance = load_category("live_irrelevance", limit=1)[0]
     assert credit(irrelevance, [{"name": irrelevance.functions[0]["name"], "arguments": {}}]) == 0.0
     assert credit(irrelevance, []) == 1.0  # no call where none is right: the checker's verdict
     from posttrain.rewards.registry import RULES
-    assert RULES["bfcl_parameters_per_call"] is bfcl.calls_parameter_credit
+    assert RULES["bfcl_parameters_per_call"] is bfcl_credits.calls_parameter_credit
 
 
 def _check_irrelevance_calls_and_registry(rule, name: str, row) -> None:
@@ -237,20 +237,20 @@ def test_argument_credit_per_call_pays_each_calls_values_the_checker_accepts_not
     assert [call["arguments"] for call in calls] == [{"artist": "Taylor Swift", "duration": 20}, {"artist": "Maroon 5", "duration": 15}]
 
     def credit(question, written: list[dict]) -> float:
-        return bfcl.calls_argument_credit("", *_row(question), calls=written)["score"]
+        return bfcl_credits.calls_argument_credit("", *_row(question), calls=written)["score"]
 
     def play(artist, duration) -> dict:
         return {"name": "spotify.play", "arguments": {"artist": artist, "duration": duration}}
 
     wrong_values = [play("?", "?"), play("?", "?")]
     assert credit(parallel, calls) == 1.0 and credit(parallel, calls[::-1]) == 1.0
-    assert credit(parallel, wrong_values) == 0.0 < bfcl.calls_parameter_credit("", *_row(parallel), calls=wrong_values)["score"] == 1.0
+    assert credit(parallel, wrong_values) == 0.0 < bfcl_credits.calls_parameter_credit("", *_row(parallel), calls=wrong_values)["score"] == 1.0
     assert credit(parallel, calls[:1]) == 0.5  # stopping after the first call: half
     assert credit(parallel, [play("Maroon 5", 16), play("Taylor Swift", 20)]) == pytest.approx((1 + 1 / 2) / 2)  # matched across order
     assert credit(parallel, [play("Taylor Swift", 15), play("Maroon 5", 20)]) == pytest.approx((1 / 2 + 1 / 2) / 2)
     assert credit(parallel, [*calls, play("Adele", 3)]) == pytest.approx(2 / 3)  # a call too many: a share lost
     assert credit(parallel, [calls[0], {"name": "elsewhere", "arguments": calls[1]["arguments"]}]) == 0.5  # a wrong function: 0
-    assert credit(parallel, []) == 0.0 and "acc" not in bfcl.calls_argument_credit("", *_row(parallel), calls=[])
+    assert credit(parallel, []) == 0.0 and "acc" not in bfcl_credits.calls_argument_credit("", *_row(parallel), calls=[])
     both = load_category("parallel_multiple", limit=1)[0]  # sum_of_multiples(1, 1000, [3, 5]) and product_of_primes(5)
     right = bfcl.answer_calls(both.ground_truth, both.functions)
     assert credit(both, [right[1], {**right[0], "arguments": {**right[0]["arguments"], "upper_limit": 999}}]) == pytest.approx((2 / 3 + 1) / 2)
@@ -258,8 +258,8 @@ def test_argument_credit_per_call_pays_each_calls_values_the_checker_accepts_not
         name = bfcl.answer_calls(question.ground_truth, question.functions)[0]["name"]
         for arguments in ({"base": 10, "height": 6}, {"side1": 5, "side2": 3, "get_area": True}, {"side1": 5, "colour": "red"}, {}):
             one = [{"name": name, "arguments": arguments}]
-            assert credit(question, one) == bfcl.argument_credit("", *_row(question), calls=one)["score"]
-    _check_irrelevance_calls_and_registry(bfcl.calls_argument_credit, "bfcl_arguments_per_call", parallel)
+            assert credit(question, one) == bfcl_credits.argument_credit("", *_row(question), calls=one)["score"]
+    _check_irrelevance_calls_and_registry(bfcl_credits.calls_argument_credit, "bfcl_arguments_per_call", parallel)
 
 
 def test_calls_count_credit_pays_as_many_calls_as_the_row_asks_whatever_they_say():
@@ -269,7 +269,7 @@ def test_calls_count_credit_pays_as_many_calls_as_the_row_asks_whatever_they_say
     right = bfcl.answer_calls(parallel.ground_truth, parallel.functions)
 
     def credit(question, written: list[dict]) -> float:
-        return bfcl.calls_count_credit("", *_row(question), calls=written)["score"]
+        return bfcl_credits.calls_count_credit("", *_row(question), calls=written)["score"]
 
     wrong = {"name": "spotify.play", "arguments": {"artist": "?", "duration": "?"}}
     assert credit(parallel, right) == 1.0 and credit(parallel, [wrong, wrong]) == 1.0
@@ -278,8 +278,8 @@ def test_calls_count_credit_pays_as_many_calls_as_the_row_asks_whatever_they_say
     assert credit(parallel, [{"name": "elsewhere", "arguments": "not an object"}] * 2) == 1.0  # whatever the calls say
     simple = load_category("simple_python", limit=1)[0]
     assert credit(simple, [{"name": "elsewhere", "arguments": {}}]) == 1.0 and credit(simple, [wrong, wrong]) == 0.5
-    assert credit(simple, []) == 0.0 and "acc" not in bfcl.calls_count_credit("", *_row(simple), calls=[])
-    _check_irrelevance_calls_and_registry(bfcl.calls_count_credit, "bfcl_calls_count", parallel)
+    assert credit(simple, []) == 0.0 and "acc" not in bfcl_credits.calls_count_credit("", *_row(simple), calls=[])
+    _check_irrelevance_calls_and_registry(bfcl_credits.calls_count_credit, "bfcl_calls_count", parallel)
 
 
 def test_no_extra_calls_credit_takes_all_from_an_answer_with_a_call_too_many_and_ranks_it_below_no_call():
@@ -295,17 +295,17 @@ def test_no_extra_calls_credit_takes_all_from_an_answer_with_a_call_too_many_and
     other = {"name": "elsewhere", "arguments": "not an object"}
 
     def credit(question, written: list[dict]) -> dict:
-        return bfcl.no_extra_calls_credit("", *_row(question), calls=written)
+        return bfcl_credits.no_extra_calls_credit("", *_row(question), calls=written)
 
     assert [credit(simple, c)["score"] for c in ([], one, [other], one * 2, [*one, other])] == [1.0, 1.0, 1.0, 0.0, 0.0]
     assert [credit(parallel, c)["score"] for c in ([], two[:1], two, [*two, two[0]])] == [1.0, 1.0, 1.0, 0.0]
     assert [credit(irrelevance, c)["score"] for c in ([], [other], [other] * 3)] == [1.0, 1.0, 1.0]
     swapped = _row(simple)[1] | {"category": "swapped_irrelevance"}  # a taught question asked with other functions
-    assert bfcl.no_extra_calls_credit("", "[]", swapped, calls=one)["score"] == 1.0
+    assert bfcl_credits.no_extra_calls_credit("", "[]", swapped, calls=one)["score"] == 1.0
     assert "acc" not in credit(simple, one)
     with pytest.raises(InputError, match="env.name=tools"):
-        bfcl.no_extra_calls_credit("<tool_call>...</tool_call>", *_row(simple))
-    assert RULES["bfcl_no_extra_calls"] is bfcl.no_extra_calls_credit
+        bfcl_credits.no_extra_calls_credit("<tool_call>...</tool_call>", *_row(simple))
+    assert RULES["bfcl_no_extra_calls"] is bfcl_credits.no_extra_calls_credit
     rubric = build_rubric([{"name": "checker", "weight": 1.0, "rule": "bfcl"},
                            {"name": "parameters", "weight": 0.5, "rule": "bfcl_parameters_per_call"},
                            {"name": "extra", "weight": 0.5, "rule": "bfcl_no_extra_calls"}])
@@ -346,8 +346,8 @@ def test_decline_credit_ranks_declining_between_a_wrong_call_and_the_right_one_b
     def scored(calls, row=(ground_truth, extra_info)):
         return rubric(solution_str="", ground_truth=row[0], extra_info=row[1], calls=calls)
 
-    assert bfcl.decline_credit("", ground_truth, extra_info, calls=[]) == {"score": 1.0}  # no acc: BFCL's verdict keeps it
-    assert bfcl.decline_credit("", ground_truth, extra_info, calls=right_calls) == {"score": 0.0}
+    assert bfcl_credits.decline_credit("", ground_truth, extra_info, calls=[]) == {"score": 1.0}  # no acc: BFCL's verdict keeps it
+    assert bfcl_credits.decline_credit("", ground_truth, extra_info, calls=right_calls) == {"score": 0.0}
     right, declined, wrong = scored(right_calls), scored([]), scored(wrong_calls)
     assert (declined["rubric/decline"], wrong["rubric/decline"]) == (1.0, 0.0)
     assert (right["score"], right["acc"]) == (pytest.approx(1.0 / 1.25), 1.0)
@@ -356,4 +356,4 @@ def test_decline_credit_ranks_declining_between_a_wrong_call_and_the_right_one_b
     irrelevance = _row(load_category("irrelevance", limit=1)[0])
     assert scored([], irrelevance)["score"] == 1.0 and scored(wrong_calls, irrelevance)["score"] == 0.0
     with pytest.raises(InputError, match="env.name=tools"):
-        bfcl.decline_credit("<tool_call>...</tool_call>", ground_truth, extra_info)
+        bfcl_credits.decline_credit("<tool_call>...</tool_call>", ground_truth, extra_info)
