@@ -38,8 +38,8 @@ parameter may be left out; ``"[]"`` for irrelevance rows), ``extra_info["categor
 checker reads).
 
 :func:`check_calls` gives BFCL's whole verdict (its ``error_type`` for per-error-kind analysis);
-:func:`compute_score` is the score function (the training rewards of posttrain's own that part-credit an answer
-beside it are :mod:`posttrain.rewards.bfcl_credits`'s); :func:`answer_calls` writes a possible answer as calls
+:func:`compute_score` is the score function (the training rewards of posttrain's own beside it are
+:mod:`posttrain.rewards.bfcl_credits`'s); :func:`answer_calls` writes a possible answer as calls
 (the first acceptable value of each parameter), as the SFT transcripts and the tests do.
 """
 
@@ -169,6 +169,7 @@ def compute_score(
 
 
 def given_calls(calls: Sequence[dict[str, Any]] | None) -> Sequence[dict[str, Any]]:
+    """The calls the tool environment parsed; InputError, saying how to score BFCL rows, when none were given."""
     if calls is None:
         raise InputError(
             "data_source 'bfcl' is scored from the calls of the model's first turn, and none were given: score BFCL rows "
@@ -248,12 +249,14 @@ def shared_subject_words(messages: Sequence[dict[str, Any]], functions: list[dic
 
 
 def row_field(extra_info: dict[str, Any], key: str) -> Any:
+    """``extra_info[key]``; InputError naming the field and how to write the rows when it is missing or empty."""
     if not extra_info or extra_info.get(key) in (None, ""):
         raise InputError(f"a bfcl row lacks extra_info.{key}, which BFCL's checker needs; write the rows with `posttrain prepare bfcl --out DIR`")
     return extra_info[key]
 
 
 def json_value(value: Any, field: str) -> Any:
+    """``value`` read as JSON when it is text (the rows keep BFCL's answers and docs as JSON text), else as it is."""
     if not isinstance(value, str):
         return value
     try:

@@ -1,11 +1,11 @@
 """BFCL training rewards of posttrain's own, beside BFCL's verdict (:mod:`posttrain.rewards.bfcl`): rubric rules.
 
 BFCL's checker says right or wrong for a whole answer; a small policy is rarely right on a row of several calls
-or a function with many parameters, so its groups score alike and teach nothing. These rules give part credit a
-rubric sets beside ``rule: bfcl`` at a smaller weight (docs/rewards.md); each is 1.0 where BFCL's checker accepts
-the whole answer, none has an ``acc`` (the run's accuracy stays BFCL's verdict), and each judges a call only
-through BFCL's own checker (:func:`~posttrain.rewards.bfcl.check_calls`) or by counting and naming, never by a
-re-implemented rule:
+or a function with many parameters, so its groups score alike and teach nothing. These rules give part credit, or
+credit for one thing the answer does, that a rubric sets beside ``rule: bfcl`` at a smaller weight (docs/rewards.md);
+each but :func:`decline_credit` is 1.0 where BFCL's checker accepts the whole answer, none has an ``acc`` (the run's
+accuracy stays BFCL's verdict), and each judges a call only through BFCL's own checker
+(:func:`~posttrain.rewards.bfcl.check_calls`) or by counting and naming, never by a re-implemented rule:
 
 - :func:`argument_credit` (``bfcl_arguments``): a one-call answer's parameters, judged one by one by the checker;
 - :func:`parameter_credit` (``bfcl_parameters``): the needed parameters a one-call answer names (ToolRL's match);
