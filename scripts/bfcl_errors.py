@@ -7,7 +7,8 @@ Each file is an evaluation's episodes (``posttrain eval`` writes them: a recipe'
 ``episodes.jsonl``, a run under ``validation/``; ``--dump-episodes`` too). Prints, as Markdown, the
 call rates (on the rows that need a call, the share where the answer made a readable call), the calls
 right (of those calls, the share BFCL's checker accepts), the arguments per call (the mean number of
-arguments those calls wrote), the calls per answer (the mean number of readable calls where one was made) and each
+arguments those calls wrote), the calls per answer (the mean number of readable calls where one was made), the right
+number of calls by calls wanted, the first call alone (where one call is wanted and several were made) and each
 category's mistakes by kind, judged by BFCL's own checker (posttrain/rewards/bfcl_mistakes.py). A BFCL
 recipe's report.md ends with the same tables.
 """

@@ -19,8 +19,10 @@ omit) moves this. The **calls per answer**: on the rows that need a call and got
 readable calls; where two or more are due (the parallel categories), a policy that learns to stop after its first call
 moves this. The **right number of calls by calls wanted**: on the rows that need a call and got a readable one, apart by
 how many calls the possible answer has (1, 2, 3, 4 or more), the share whose answer made exactly that many readable
-calls (right or wrong); a policy taught only two-call rows answers a row that wants three or four with two. And the
-**no-call rows by shared subject words**:
+calls (right or wrong); a policy taught only two-call rows answers a row that wants three or four with two. The
+**first call alone** on the rows that want one call where the answer made several readable calls: the share BFCL's checker would
+accept had the answer stopped after its first call, so what a policy's extra calls cost (the evaluation itself judges the whole
+answer). And the **no-call rows by shared subject words**:
 on the rows whose right answer is no call, the share answered with none, apart for the rows whose
 question shares no subject word with the functions (:func:`bfcl.shared_subject_words`),
 one, or more: a near miss ("the dominant trait of a lion" with ``genetics.get_variant_frequency``) is
@@ -57,6 +59,7 @@ ARGUMENTS = "arguments per call where one is due"
 CALLS_PER_ANSWER = "calls per answer where one is due"
 SHARED = ("none", "one", "two or more")  # subject words a no-call row's question shares with its functions
 WANTED = ("1", "2", "3", "4 or more")  # calls a possible answer has
+FIRST_ALONE = "first call alone"  # a one-call row answered with several calls: would its first call pass
 
 
 def kind(verdict: bfcl.Verdict) -> str:
@@ -121,7 +124,8 @@ def _tally(files: Mapping[str, Path]) -> tuple[Tally, Tally, Tally, Tally]:
     """Each file's rows judged: category → label → kind counts; category → label → due, made, right,
     calls, arguments (rows that need a call; of them, with a readable call; accepted; their readable calls and
     those calls' arguments); label → shared-words bucket → {right: rows} for the no-call rows; label → calls-wanted
-    bucket → {exact: rows} for the rows that need a call and made a readable one."""
+    bucket → {exact: rows} for the rows that need a call and made a readable one, and label → :data:`FIRST_ALONE` →
+    {first call accepted: rows} for the one-call rows answered with several calls."""
     from posttrain.models.tool_formats import CallParser
 
     parser = CallParser("hermes", None, [])
@@ -138,6 +142,8 @@ def _tally(files: Mapping[str, Path]) -> tuple[Tally, Tally, Tally, Tally]:
             elif made:
                 asked = len(json.loads(row["ground_truth"]))
                 wanted[label][WANTED[min(asked, len(WANTED)) - 1]][len(made) == asked] += 1
+                if asked == 1 and len(made) > 1:
+                    wanted[label][FIRST_ALONE][bfcl.check_calls(made[:1], row["ground_truth"], row["extra_info"]).valid] += 1
             for category in (row["extra_info"]["category"], "all"):
                 kinds[category][label][found] += 1
                 if due:
@@ -182,13 +188,20 @@ def _shared_lines(shared: Mapping[str, Mapping[str, Counter]], labels: list[str]
 
 
 def _wanted_lines(wanted: Mapping[str, Mapping[str, Counter]], labels: list[str]) -> list[str]:
-    """The right number of calls by calls wanted (module docstring); none without such rows."""
+    """The right number of calls by calls wanted, then the first call alone (module docstring); none without such rows
+    (the second table none where no answer made several calls on a one-call row)."""
     if not wanted:
         return []
     lines = ["", "Right number of calls by calls wanted (on the rows that need a call on which the answer made a readable "
              "call, by the calls the possible answer has, the share with exactly that many readable calls):", "",
              "| | " + " | ".join(WANTED) + " |", "|---" * (len(WANTED) + 1) + "|"]
-    return lines + [f"| {label} | " + " | ".join(_share(wanted[label][bucket]) for bucket in WANTED) + " |" for label in labels]
+    lines += [f"| {label} | " + " | ".join(_share(wanted[label][bucket]) for bucket in WANTED) + " |" for label in labels]
+    if not any(wanted[label][FIRST_ALONE] for label in labels):
+        return lines
+    return lines + ["", "First call alone where one call is wanted (on the rows whose possible answer has one call and whose "
+                    "answer made several readable calls, the share BFCL's checker accepts from the first call alone; the "
+                    "evaluation judges the whole answer):", "", f"| | {FIRST_ALONE} |", "|---|---|",
+                    *(f"| {label} | {_share(wanted[label][FIRST_ALONE])} |" for label in labels)]
 
 
 def _share(counts: Counter) -> str:

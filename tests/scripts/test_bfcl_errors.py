@@ -163,6 +163,22 @@ def test_the_right_number_of_calls_is_counted_apart_by_the_calls_the_answer_want
         ["two", "0.000 (n=1)", "1.000 (n=1)", "0.000 (n=1)", "0.000 (n=1)"]]
 
 
+def test_the_first_call_alone_is_judged_where_one_call_is_wanted_and_several_were_made(tmp_path):
+    """Three simple_python rows (one call wanted each): ``extra`` answers the first with its right call then another
+    call, the second with a wrong first call then its right one, the third with its right call alone; ``whole`` answers
+    each with its right call. Only ``extra``'s first two rows count, and of those only the first's first call passes."""
+    simple = load_category("simple_python")[:3]
+    answers = [bfcl.answer_calls(q.ground_truth, q.functions) for q in simple]
+    wrong = {"name": simple[1].functions[0]["name"], "arguments": {}}
+    tables = errors_tables(tmp_path, simple, {"whole": [as_calls(calls) for calls in answers],
+                                              "extra": [as_calls([*answers[0], *answers[0]]), as_calls([wrong, *answers[1]]),
+                                                        as_calls(answers[2])]})
+    assert next(rows for title, rows in tables.items() if title.startswith("First call alone where one call is wanted")) == [
+        ["whole", "—"], ["extra", "0.500 (n=2)"]]
+    plain = errors_tables(tmp_path, simple, {"whole": [as_calls(calls) for calls in answers]})
+    assert not any(title.startswith("First call alone") for title in plain)
+
+
 def test_no_call_rows_are_told_apart_by_the_subject_words_their_question_shares_with_the_functions(tmp_path):
     """A question that shares no subject word with its function, one that shares one, one that shares more:
     each answered once with no call (right) and once with a call, in two evaluations."""
