@@ -20,7 +20,7 @@ readable calls; where two or more are due (the parallel categories), a policy th
 moves this. The **right number of calls by calls wanted**: on the rows that need a call and got a readable one, apart by
 how many calls the possible answer has (1, 2, 3, 4 or more), the share whose answer made exactly that many readable
 calls (right or wrong); a policy taught only two-call rows answers a row that wants three or four with two. The
-**first call alone** on the rows that want one call where the answer made several readable calls: the share BFCL's checker would
+**first call alone** on the rows that want one call where the answer made several calls, all readable: the share BFCL's checker would
 accept had the answer stopped after its first call, so what a policy's extra calls cost (the evaluation itself judges the whole
 answer). And the **no-call rows by shared subject words**:
 on the rows whose right answer is no call, the share answered with none, apart for the rows whose
@@ -125,7 +125,7 @@ def _tally(files: Mapping[str, Path]) -> tuple[Tally, Tally, Tally, Tally]:
     calls, arguments (rows that need a call; of them, with a readable call; accepted; their readable calls and
     those calls' arguments); label → shared-words bucket → {right: rows} for the no-call rows; label → calls-wanted
     bucket → {exact: rows} for the rows that need a call and made a readable one, and label → :data:`FIRST_ALONE` →
-    {first call accepted: rows} for the one-call rows answered with several calls."""
+    {first call accepted: rows} for the one-call rows answered with several calls, all readable."""
     from posttrain.models.tool_formats import CallParser
 
     parser = CallParser("hermes", None, [])
@@ -142,7 +142,7 @@ def _tally(files: Mapping[str, Path]) -> tuple[Tally, Tally, Tally, Tally]:
             elif made:
                 asked = len(json.loads(row["ground_truth"]))
                 wanted[label][WANTED[min(asked, len(WANTED)) - 1]][len(made) == asked] += 1
-                if asked == 1 and len(made) > 1:
+                if asked == 1 and len(made) > 1 and found != "unreadable call":  # else the first call written may be unread
                     wanted[label][FIRST_ALONE][bfcl.check_calls(made[:1], row["ground_truth"], row["extra_info"]).valid] += 1
             for category in (row["extra_info"]["category"], "all"):
                 kinds[category][label][found] += 1
@@ -199,7 +199,7 @@ def _wanted_lines(wanted: Mapping[str, Mapping[str, Counter]], labels: list[str]
     if not any(wanted[label][FIRST_ALONE] for label in labels):
         return lines
     return lines + ["", "First call alone where one call is wanted (on the rows whose possible answer has one call and whose "
-                    "answer made several readable calls, the share BFCL's checker accepts from the first call alone; the "
+                    "answer made several calls, all readable, the share BFCL's checker accepts from the first call alone; the "
                     "evaluation judges the whole answer):", "", f"| | {FIRST_ALONE} |", "|---|---|",
                     *(f"| {label} | {_share(wanted[label][FIRST_ALONE])} |" for label in labels)]
 

@@ -164,18 +164,22 @@ def test_the_right_number_of_calls_is_counted_apart_by_the_calls_the_answer_want
 
 
 def test_the_first_call_alone_is_judged_where_one_call_is_wanted_and_several_were_made(tmp_path):
-    """Three simple_python rows (one call wanted each): ``extra`` answers the first with its right call then another
-    call, the second with a wrong first call then its right one, the third with its right call alone; ``whole`` answers
-    each with its right call. Only ``extra``'s first two rows count, and of those only the first's first call passes."""
-    simple = load_category("simple_python")[:3]
-    answers = [bfcl.answer_calls(q.ground_truth, q.functions) for q in simple]
+    """Four simple_python rows (one call wanted each) and a parallel row wanting two: ``extra`` answers the first with its
+    right call then another call, the second with a wrong first call then its right one, the third with its right call
+    alone, the fourth with an unreadable call before its right one (its first call written is not read: not counted), and
+    the parallel row with its two calls and a third; ``whole`` answers each with its right calls. Only ``extra``'s first
+    two rows count, and of those only the first's first call passes."""
+    simple = load_category("simple_python")[:4]
+    parallel = next(q for q in load_category("parallel") if len(q.ground_truth) == 2)
+    answers = [bfcl.answer_calls(q.ground_truth, q.functions) for q in [*simple, parallel]]
     wrong = {"name": simple[1].functions[0]["name"], "arguments": {}}
-    tables = errors_tables(tmp_path, simple, {"whole": [as_calls(calls) for calls in answers],
-                                              "extra": [as_calls([*answers[0], *answers[0]]), as_calls([wrong, *answers[1]]),
-                                                        as_calls(answers[2])]})
+    tables = errors_tables(tmp_path, [*simple, parallel], {
+        "whole": [as_calls(calls) for calls in answers],
+        "extra": [as_calls([*answers[0], *answers[0]]), as_calls([wrong, *answers[1]]), as_calls(answers[2]),
+                  "<tool_call>{not json</tool_call>" + as_calls(answers[3] * 2), as_calls([*answers[4], answers[4][0]])]})
     assert next(rows for title, rows in tables.items() if title.startswith("First call alone where one call is wanted")) == [
         ["whole", "—"], ["extra", "0.500 (n=2)"]]
-    plain = errors_tables(tmp_path, simple, {"whole": [as_calls(calls) for calls in answers]})
+    plain = errors_tables(tmp_path, simple, {"whole": [as_calls(calls) for calls in answers[:4]]})
     assert not any(title.startswith("First call alone") for title in plain)
 
 
