@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from posttrain.data.format import IN_SFT, PromptRow, read_rows
+from posttrain.data.format import IN_SFT, RL_ONLY, PromptRow, read_rows
 from posttrain.errors import InputError, PromptTooLongError
 from posttrain.models import tokenize_prompts
 
@@ -116,10 +116,13 @@ def split_dev(dataset: RLDataset, size: int, seed: int) -> tuple[RLDataset, RLDa
     """(the training rows, ``size`` development rows held back from them): a draw seeded by ``seed``, the
     same for the same rows and seed; each part keeps the rows' order. A row whose ``extra_info.in_sft`` is
     true (a preparer's mark: an SFT warm-up learnt its question) is never held back, so the development
-    rows measure what the policy has not been taught."""
-    candidates = [index for index, sample in enumerate(dataset.samples) if not (sample.extra_info or {}).get(IN_SFT)]
+    rows measure what the policy has not been taught; nor is one whose ``extra_info.rl_only`` is true (kept
+    for RL alone beyond the warm-up data's cap), so the development rows stay those of the capped data."""
+    candidates = [index for index, sample in enumerate(dataset.samples)
+                  if not any((sample.extra_info or {}).get(mark) for mark in (IN_SFT, RL_ONLY))]
     if not 0 < size < len(dataset) or size > len(candidates):
-        taught = f" ({len(dataset) - len(candidates)} of them are SFT items, extra_info.{IN_SFT}, never held back)" if len(candidates) < len(dataset) else ""
+        taught = (f" ({len(dataset) - len(candidates)} of them are SFT items or RL-only rows, extra_info.{IN_SFT} or "
+                  f"extra_info.{RL_ONLY}, never held back)") if len(candidates) < len(dataset) else ""
         raise InputError(f"data.dev_size={size}: hold back at least 1 and at most {min(len(candidates), len(dataset) - 1)} "
                          f"of the {len(dataset)} training prompts{taught}")
     held = {candidates[i] for i in np.random.default_rng(seed).permutation(len(candidates))[:size].tolist()}

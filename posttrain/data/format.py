@@ -48,6 +48,9 @@ MAX_LISTED_PROBLEMS = 10
 # extra_info field a preparer sets true on a training row whose question an SFT warm-up learnt from
 # (data.dev_size never holds such a row back: posttrain/data/dataset.py split_dev)
 IN_SFT = "in_sft"
+# extra_info field a preparer sets true on a training row kept for RL alone, beyond the cap the SFT warm-up's data
+# had (posttrain prepare bfcl rl_prompt_tokens): never held back either, so the development rows stay the capped data's
+RL_ONLY = "rl_only"
 # extra_info field: the text of a right answer to the row, which algorithm.guidance gives a group of answers with
 # none right (posttrain/rollout/guidance.py); a preparer writes it where it has one
 REFERENCE_ANSWER = "reference_answer"

@@ -112,6 +112,42 @@ def test_prompts_over_the_cap_are_dropped_from_train_only(tmp_path, capsys):
     assert len(_rows(tmp_path / "sft.parquet")) + len(_rows(tmp_path / "sft_val.parquet")) == 50 - expected_dropped
 
 
+def test_rl_prompt_tokens_keeps_the_longer_rows_for_rl_alone(tmp_path, capsys):
+    """rl_prompt_tokens: the rows over max_prompt_tokens but within it join train.parquet marked rl_only, with no SFT
+    transcript; the SFT files, the added rows, and the rows SFT holds back are those of max_prompt_tokens alone."""
+    tokenizer_dir = cached_tiny_model("llama")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    options = {"limit": 30, "sft_val_size": 4, "max_prompt_tokens": 300, "tokenizer": str(tokenizer_dir), "multi_turn": "",
+               "parallel_pairs": 3}
+    prepare("bfcl", tmp_path / "capped", **options)
+    capsys.readouterr()
+    prepare("bfcl", tmp_path / "rl", rl_prompt_tokens=450, **options)
+    printed = capsys.readouterr().out
+    lengths = {q.id: len(tokenize_prompts([q.messages], tokenizer, tool_schemas(q.functions))[0])
+               for category in TRAIN for q in load_category(category, limit=30)}
+    longer = {i for i, n in lengths.items() if 300 < n <= 450}
+    assert 0 < len(longer) and any(n > 450 for n in lengths.values())
+    for name in ("sft.parquet", "sft_val.parquet"):
+        assert _rows(tmp_path / "rl" / name) == _rows(tmp_path / "capped" / name)
+    capped, train = _rows(tmp_path / "capped" / "train.parquet"), _rows(tmp_path / "rl" / "train.parquet")
+    assert any(r["extra_info"]["category"] == "synthetic_parallel" for r in capped)
+    # the capped file's rows, added ones included, come first as they were; the longer rows after them
+    assert [r | {"extra_info": r["extra_info"] | {"rl_only": False}} for r in capped] == train[:len(capped)]
+    assert {r["extra_info"]["id"] for r in train[len(capped):]} == longer
+    for row in train[len(capped):]:
+        info = row["extra_info"]
+        assert info["rl_only"] and not info["in_sft"] and info.get("reference_answer") is None
+    assert f"of them kept for RL alone, longer than 300 prompt tokens and within 450 (rl_prompt_tokens; no SFT transcript, " \
+           f"never a development row): {len(longer)} (" in printed
+    assert f"dropped from train as longer than 450 prompt tokens: {sum(n > 450 for n in lengths.values())} (" in printed
+    for bad, message in (({"rl_prompt_tokens": 400}, "give max_prompt_tokens"),
+                         ({"rl_prompt_tokens": 300, "max_prompt_tokens": 300}, "an rl_prompt_tokens above it"),
+                         ({"rl_prompt_tokens": 400, "max_prompt_tokens": 300, "no_call_share": 0.1}, "data.sampler.shares")):
+        with pytest.raises(InputError, match=message):
+            prepare("bfcl", tmp_path / "bad", limit=2, **bad)
+    assert not (tmp_path / "bad").exists()
+
+
 def test_bad_options_are_refused_before_writing(tmp_path):
     with pytest.raises(InputError, match="'simple_java'.*not among BFCL's single-turn Python categories"):
         prepare("bfcl", tmp_path / "a", test_categories="simple_python,simple_java")

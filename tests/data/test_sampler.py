@@ -326,3 +326,32 @@ def test_development_rows_are_never_rows_an_sft_warm_up_learnt(tmp_path, tokeniz
     config.dev_size = 6
     with pytest.raises(InputError, match=r"at most 5 of the 20 training prompts \(15 of them are SFT items"):
         build_run_data(config, tokenizer)
+
+
+def test_rows_kept_for_rl_alone_never_change_the_development_rows(tmp_path, tokenizer):
+    """Rows marked ``extra_info.rl_only`` (kept for RL beyond the warm-up data's cap) are trained on and never
+    held back: the development rows are the same as without them, wherever they sit in the file."""
+    from posttrain.trainer.data_setup import build_run_data
+
+    rows = [verl_row(i, f"question {i}") for i in range(20)]
+    for row in rows:
+        row["extra_info"]["in_sft"] = row["extra_info"]["index"] % 4 != 0
+    longer = [verl_row(100 + i, f"a longer question {i}") for i in range(6)]
+    for row in longer:
+        row["extra_info"] |= {"in_sft": False, "rl_only": True}
+    config = PosttrainConfig().data
+    config.train_batch_size, config.seed, config.dev_size = 4, 3, 4
+
+    def dev_and_train(name: str, file_rows: list[dict]) -> tuple[list[int], list[int]]:
+        config.train_files = [str(write_parquet(tmp_path / name, file_rows))]
+        data = build_run_data(config, tokenizer)
+        return ([s.extra_info["index"] for s in data.val_dataset], sorted(s.extra_info["index"] for s in data.train.dataset.samples))
+
+    dev, _ = dev_and_train("capped.parquet", rows)
+    for name, file_rows in (("after.parquet", rows + longer), ("between.parquet", rows[:7] + longer + rows[7:])):
+        with_longer, train = dev_and_train(name, file_rows)
+        assert with_longer == dev
+        assert set(range(100, 106)) <= set(train)
+    config.dev_size = 6
+    with pytest.raises(InputError, match=r"\(21 of them are SFT items or RL-only rows"):
+        build_run_data(config, tokenizer)

@@ -26,7 +26,14 @@ Function names keep their dots (``math.factorial``): the checker is told the mod
 
 ``max_prompt_tokens`` drops the training rows whose prompt, rendered with its tools as posttrain renders
 it (``tokenize_prompts``), is longer, with ``tokenizer`` (default: the default model's); held-out rows
-are never dropped (their longest is reported). ``limit`` keeps the first N questions of each category.
+are never dropped (their longest is reported). ``rl_prompt_tokens=N`` (above ``max_prompt_tokens``) keeps the
+training rows whose prompt is longer than ``max_prompt_tokens`` but within N as RL rows alone (``extra_info.rl_only``
+true, ``in_sft`` false): no SFT transcript, no added row drawn from them, never a development row (``data.dev_size``
+skips them), so the SFT transcripts, the questions SFT holds back and the development split are those of
+``max_prompt_tokens`` alone, while an RL stage trains on the longer prompts too (live_multiple's functions run long:
+768 tokens keep 282 of its 1,053 rows; the held-out rows' longest prompt is reported). It cannot be given with
+``no_call_share`` (whose draw it would change); ``data.sampler.shares`` sets the no-call rows' share of a batch.
+``limit`` keeps the first N questions of each category.
 ``no_call_share`` keeps at most that share of training rows whose answer is no call (live_irrelevance is
 46 % of the capped training rows; GRPO on them all learnt to call nothing within two steps), a seeded draw,
 the rest dropped and counted; the SFT transcripts come from the rows kept. ``parallel_pairs=N`` adds N
@@ -139,12 +146,13 @@ import functools
 import json
 import random
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from posttrain.data.format import IN_SFT, REFERENCE_ANSWER, make_row, write_rows
+from posttrain.data.format import IN_SFT, REFERENCE_ANSWER, RL_ONLY, make_row, write_rows
 from posttrain.data.preparers import bfcl_added as added_rows
+from posttrain.data.preparers.bfcl_report import Report, readme
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
 from posttrain.models import DEFAULT_MODEL, load_tokenizer, tokenize_prompts
@@ -228,6 +236,7 @@ def prepare_bfcl(
     train_categories: str = TRAIN_CATEGORIES,
     test_categories: str = TEST_CATEGORIES,
     max_prompt_tokens: int | None = None,
+    rl_prompt_tokens: int | None = None,
     tokenizer: str = DEFAULT_MODEL,
     limit: int | None = None,
     sft_val_size: int = 64,
@@ -248,14 +257,14 @@ def prepare_bfcl(
     made = {"parallel_pairs": parallel_pairs, "union_pairs": union_pairs, "swapped_irrelevance": swapped_irrelevance,
             "dev_swapped": dev_swapped, "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked, "dev_pairs": dev_pairs,
             "distractors": distractors, "dev_distractors": dev_distractors, "multi_value": multi_value, "dev_values": dev_values}
-    _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made, most_calls, dev_most_calls, dev_prompt_tokens)
+    _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made, most_calls, dev_most_calls, dev_prompt_tokens,
+                   rl_prompt_tokens)
     values_from = _categories(values_from, "values_from", added_rows.VALUES_FROM)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
     questions["train"] = _near_misses(questions["train"], splits["train"]) if near_irrelevance else questions["train"]
     report = Report(splits, {split: Counter(q.category for q in items) for split, items in questions.items()},
                     {split: {doc["name"] for q in items for doc in q.functions} for split, items in questions.items()})
-    if max_prompt_tokens is not None:
-        questions["train"] = _drop_long(questions, max_prompt_tokens, tokenizer, report)
+    questions["train"], rl_only = _drop_long(questions, max_prompt_tokens, tokenizer, report, rl_prompt_tokens)
     written = {q.id: t for q in questions["train"] if (t := transcript(q)) is not None}
     report.unwritten = [q.id for q in questions["train"] if q.id not in written and not bfcl.is_no_call_category(q.category)]
     if sft_val_size >= len(written):
@@ -267,10 +276,13 @@ def prepare_bfcl(
     cap = max_prompt_tokens and (max_prompt_tokens, tokenizer)
     added = _added(questions["train"], written, held, seed, made, report, cap=cap, most_calls=most_calls, dev_most_calls=dev_most_calls,
                    values_from=tuple(values_from), dev_cap=cap if dev_prompt_tokens is None else (dev_prompt_tokens, tokenizer))
-    questions["train"] = _joined(questions["train"], report) if joined_values else questions["train"]
-    questions["train"] += [q for option in added_rows.TRAIN_OPTIONS for q in added[option]]
+    # the RL-only rows go last, after every draw above (which they leave as it was), so the other rows keep their index
+    taught = len(questions["train"])
+    questions["train"] = _joined(questions["train"] + rl_only, report) if joined_values else questions["train"] + rl_only
+    questions["train"][taught:taught] = [q for option in added_rows.TRAIN_OPTIONS for q in added[option]]
     written |= {q.id: conversation for option in added_rows.TRAIN_OPTIONS for q in added[option] if (conversation := transcript(q))}
-    rows = {split: [_row(q, split, i, written if split == "train" else {}, held) for i, q in enumerate(items)]
+    rl_ids = {q.id for q in rl_only}
+    rows = {split: [_row(q, split, i, written if split == "train" else {}, held, rl_only=q.id in rl_ids) for i, q in enumerate(items)]
             for split, items in questions.items()}
     sft = [({"messages": written[q.id], "extra_info": row["extra_info"]}, q.id in held)
            for q, row in zip(questions["train"], rows["train"]) if q.id in written]
@@ -288,7 +300,7 @@ def _write(out_dir: Path, rows: dict[str, list[dict[str, Any]]], sft: list[tuple
     paths.append(write_rows([row for row, h in sft if h], out_dir / "sft_val.parquet"))
     paths += [write_rows(dev_rows, out_dir / f"{option}.parquet") for option, dev_rows in dev.items()]
     paths += _write_multi_turn(multi_turn_questions, out_dir, report)
-    (out_dir / "README.md").write_text(_readme(report.text()), encoding="utf-8")
+    (out_dir / "README.md").write_text(readme(report.text()), encoding="utf-8")
     print(report.text())
     return paths
 
@@ -365,16 +377,25 @@ def _categories(text: str, option: str, offered: tuple[str, ...] = CATEGORIES, *
 
 def _check_options(splits: dict[str, list[str]], max_prompt_tokens: int | None, limit: int | None, sft_val_size: int,
                    no_call_share: float | None, made: dict[str, int], most_calls: int = 2, dev_most_calls: int = 2,
-                   dev_prompt_tokens: int | None = None) -> None:
+                   dev_prompt_tokens: int | None = None, rl_prompt_tokens: int | None = None) -> None:
     both = sorted(set(splits["train"]) & set(splits["test"]))
     if both:
         raise InputError(f"{both} are in both train_categories and test_categories; a held-out category must not be trained on")
-    optional = {"max_prompt_tokens": max_prompt_tokens, "limit": limit, "dev_prompt_tokens": dev_prompt_tokens}
+    optional = {"max_prompt_tokens": max_prompt_tokens, "limit": limit, "dev_prompt_tokens": dev_prompt_tokens,
+                "rl_prompt_tokens": rl_prompt_tokens}
     check_counts(1, **{k: v for k, v in optional.items() if v is not None})
     check_counts(0, sft_val_size=sft_val_size, **made)
     check_counts(2, most_calls=most_calls, dev_most_calls=dev_most_calls)
     if no_call_share is not None and not 0 < no_call_share <= 1:
         raise InputError(f"no_call_share={no_call_share}: give the largest share of training rows whose answer is no call, in (0, 1]")
+    if rl_prompt_tokens is not None:
+        if max_prompt_tokens is None or rl_prompt_tokens <= max_prompt_tokens:
+            raise InputError(f"rl_prompt_tokens={rl_prompt_tokens} keeps the rows longer than max_prompt_tokens for RL alone: give "
+                             f"max_prompt_tokens (now {max_prompt_tokens}) and an rl_prompt_tokens above it")
+        if no_call_share is not None:
+            raise InputError(f"rl_prompt_tokens={rl_prompt_tokens} with no_call_share={no_call_share}: the RL-only rows would change "
+                             "the share's draw; leave no_call_share out and set the no-call rows' share of a batch with "
+                             "data.sampler.shares (as bfcl_grpo does)")
 
 
 def _prompt_length(question: Question, tokenizer: Any) -> int:
@@ -382,16 +403,22 @@ def _prompt_length(question: Question, tokenizer: Any) -> int:
     return len(tokenize_prompts([question.messages], tokenizer, tool_schemas(question.functions))[0])
 
 
-def _drop_long(questions: dict[str, list[Question]], max_prompt_tokens: int, tokenizer_name: str, report: Report) -> list[Question]:
-    """The training questions whose prompt fits ``max_prompt_tokens``; counts go into ``report``."""
+def _drop_long(questions: dict[str, list[Question]], max_prompt_tokens: int | None, tokenizer_name: str, report: Report,
+               rl_prompt_tokens: int | None = None) -> tuple[list[Question], list[Question]]:
+    """(the training questions whose prompt fits ``max_prompt_tokens`` (all where None), those longer but within
+    ``rl_prompt_tokens``: RL's alone); counts go into ``report``."""
+    if max_prompt_tokens is None:
+        return questions["train"], []
     tokenizer = load_tokenizer(tokenizer_name)
     lengths = {split: [_prompt_length(q, tokenizer) for q in items] for split, items in questions.items()}
-    kept = [q for q, n in zip(questions["train"], lengths["train"]) if n <= max_prompt_tokens]
-    report.max_prompt_tokens = max_prompt_tokens
-    report.dropped = Counter(q.category for q, n in zip(questions["train"], lengths["train"]) if n > max_prompt_tokens)
+    train = list(zip(questions["train"], lengths["train"]))
+    outer = rl_prompt_tokens or max_prompt_tokens
+    report.max_prompt_tokens, report.rl_prompt_tokens = max_prompt_tokens, rl_prompt_tokens
+    report.dropped = Counter(q.category for q, n in train if n > outer)
+    report.rl_only = Counter(q.category for q, n in train if max_prompt_tokens < n <= outer)
     report.test_over = sum(n > max_prompt_tokens for n in lengths["test"])
     report.longest = {split: max(values, default=0) for split, values in lengths.items()}
-    return kept
+    return [q for q, n in train if n <= max_prompt_tokens], [q for q, n in train if max_prompt_tokens < n <= outer]
 
 
 def _cap_no_call(questions: list[Question], share: float, seed: int, report: Report) -> list[Question]:
@@ -429,67 +456,15 @@ def _write_multi_turn(questions: list[dict[str, Any]], out_dir: Path, report: Re
     return [write_rows([multi_turn_row(q, i) for i, q in enumerate(questions)], out_dir / "test_multi_turn.parquet")] if questions else []
 
 
-def _row(question: Question, split: str, index: int, written: dict[str, Any], held: set[str]) -> dict[str, Any]:
+def _row(question: Question, split: str, index: int, written: dict[str, Any], held: set[str], rl_only: bool = False) -> dict[str, Any]:
     extra_info = {"split": split, "index": index, "id": question.id, "category": question.category,
-                  IN_SFT: question.id in written and question.id not in held,
+                  IN_SFT: question.id in written and question.id not in held, RL_ONLY: rl_only,
                   "tools": json.dumps(tool_schemas(question.functions), ensure_ascii=False),
                   "bfcl_functions": json.dumps(question.functions, ensure_ascii=False)}
     if question.id in written:  # its SFT transcript's answer, for algorithm.guidance (rollout/guidance.py)
         extra_info[REFERENCE_ANSWER] = written[question.id][-1]["content"]
     return make_row(data_source=DATA_SOURCE, messages=question.messages, ground_truth=json.dumps(question.ground_truth, ensure_ascii=False),
                     ability=ABILITY, extra_info=extra_info)
-
-
-@dataclass
-class Report:
-    """What ``prepare_bfcl`` wrote and left out, as text for the console and README.md."""
-
-    splits: dict[str, list[str]]  # split -> its categories
-    counts: dict[str, Counter[str]]  # split -> rows per category, before the length cap
-    names: dict[str, set[str]]  # split -> its function names
-    max_prompt_tokens: int | None = None
-    dropped: Counter[str] = field(default_factory=Counter)  # training rows over max_prompt_tokens, per category
-    test_over: int = 0  # held-out rows over max_prompt_tokens (kept)
-    longest: dict[str, int] = field(default_factory=dict)  # split -> its longest prompt, in tokens
-    unwritten: list[str] = field(default_factory=list)  # ids of training answers no call satisfies
-    sft_sizes: tuple[int, int] = (0, 0)  # transcripts for SFT training, validation
-    multi_turn: Counter[str] = field(default_factory=Counter)  # test_multi_turn.parquet's rows per category
-    cut: Counter[str] = field(default_factory=Counter)  # training rows dropped for no_call_share, per category
-    no_call_share: float | None = None
-    made: dict[str, tuple[int, int, Counter]] = field(default_factory=dict)  # option -> rows written, asked for, by calls asked
-    joined: Counter[str] | None = None  # joined_values: training rows renamed, per new category (None: not asked)
-
-    def text(self) -> str:
-        lines = []
-        for split, categories in self.splits.items():
-            kept = {c: self.counts[split][c] - self.dropped[c] - self.cut[c] for c in categories}
-            lines.append(f"{split}: {sum(kept.values())} rows: " + ", ".join(f"{c} {n}" for c, n in kept.items()))
-        for option, (written, asked, calls) in self.made.items():
-            by_calls = f" (by calls asked: {', '.join(f'{n}: {calls[n]}' for n in sorted(calls))})" if len(calls) > 1 else ""
-            lines.append(f"{added_rows.REPORT_LINES[option][0]} ({option}={asked}): {written}{added_rows.REPORT_LINES[option][1]}{by_calls}")
-        if self.joined is not None:
-            lines.append(f"joined_values: {sum(self.joined.values())} train rows take a category of their own (of the above: "
-                         f"{', '.join(f'{c} {n}' for c, n in sorted(self.joined.items())) or 'none'}), two arguments' values joined by 'and'")
-        if self.no_call_share is not None:
-            lines.append(f"dropped from train for no_call_share={self.no_call_share}: {sum(self.cut.values())} "
-                         f"({', '.join(f'{c} {n}' for c, n in self.cut.items()) or 'none'})")
-        if self.max_prompt_tokens is not None:
-            lines.append(f"dropped from train as longer than {self.max_prompt_tokens} prompt tokens: {sum(self.dropped.values())} "
-                         f"({', '.join(f'{c} {n}' for c, n in self.dropped.items()) or 'none'}); held-out rows longer, kept: "
-                         f"{self.test_over}; longest prompt: train {self.longest['train']} (before the cap), test {self.longest['test']}")
-        shared = sorted(self.names["train"] & self.names["test"])
-        lines.append(f"function names in both splits: {len(shared)}" + (f" (e.g. {', '.join(shared[:5])})" if shared else ""))
-        lines.append(f"SFT transcripts: {self.sft_sizes[0]} train, {self.sft_sizes[1]} validation; possible answers no call satisfies "
-                     f"(no transcript): {len(self.unwritten)}" + (f" ({', '.join(self.unwritten)})" if self.unwritten else ""))
-        if self.multi_turn:
-            lines.append(f"test_multi_turn: {sum(self.multi_turn.values())} rows: " + ", ".join(f"{c} {n}" for c, n in self.multi_turn.items()))
-        return "\n".join(lines)
-
-
-def _readme(report: str) -> str:
-    return (f"# BFCL, prepared by `posttrain prepare bfcl`\n\nFrom the PyPI package bfcl-eval {bfcl.installed_version()} "
-            "(the Berkeley Function Calling Leaderboard's data, possible answers and AST checker; license Apache-2.0), "
-            f"its files under bfcl_eval/data as installed.\n\n```\n{report}\n```\n")
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
