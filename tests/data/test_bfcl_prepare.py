@@ -108,17 +108,18 @@ def test_prompts_over_the_cap_are_dropped_from_train_only(tmp_path, capsys):
     assert 0 < expected_dropped < 50
     assert f"dropped from train as longer than 300 prompt tokens: {expected_dropped} (" in printed
     assert len(_rows(tmp_path / "test.parquet")) == 50  # held-out rows are never dropped ...
-    assert "held-out rows longer, kept: 0;" not in printed  # ... though some are longer
+    assert re.search(r"held-out rows longer than 300, kept: [1-9]", printed)  # ... though some are longer
     assert len(_rows(tmp_path / "sft.parquet")) + len(_rows(tmp_path / "sft_val.parquet")) == 50 - expected_dropped
 
 
 def test_rl_prompt_tokens_keeps_the_longer_rows_for_rl_alone(tmp_path, capsys):
     """rl_prompt_tokens: the rows over max_prompt_tokens but within it join train.parquet marked rl_only, with no SFT
-    transcript; the SFT files, the added rows, and the rows SFT holds back are those of max_prompt_tokens alone."""
+    transcript; the SFT files, the added and development rows, and the rows SFT holds back are those of max_prompt_tokens
+    alone; joined_values renames the longer rows as it does the others."""
     tokenizer_dir = cached_tiny_model("llama")
     tokenizer = load_tokenizer(tokenizer_dir)
-    options = {"limit": 30, "sft_val_size": 4, "max_prompt_tokens": 300, "tokenizer": str(tokenizer_dir), "multi_turn": "",
-               "parallel_pairs": 3}
+    options = {"limit": 30, "sft_val_size": 8, "max_prompt_tokens": 300, "tokenizer": str(tokenizer_dir), "multi_turn": "",
+               "parallel_pairs": 3, "dev_swapped": 3, "joined_values": True}
     prepare("bfcl", tmp_path / "capped", **options)
     capsys.readouterr()
     prepare("bfcl", tmp_path / "rl", rl_prompt_tokens=450, **options)
@@ -127,17 +128,22 @@ def test_rl_prompt_tokens_keeps_the_longer_rows_for_rl_alone(tmp_path, capsys):
                for category in TRAIN for q in load_category(category, limit=30)}
     longer = {i for i, n in lengths.items() if 300 < n <= 450}
     assert 0 < len(longer) and any(n > 450 for n in lengths.values())
-    for name in ("sft.parquet", "sft_val.parquet"):
+    for name in ("sft.parquet", "sft_val.parquet", "dev_swapped.parquet", "test.parquet"):
         assert _rows(tmp_path / "rl" / name) == _rows(tmp_path / "capped" / name)
+    assert len(_rows(tmp_path / "rl" / "dev_swapped.parquet")) > 0
     capped, train = _rows(tmp_path / "capped" / "train.parquet"), _rows(tmp_path / "rl" / "train.parquet")
     assert any(r["extra_info"]["category"] == "synthetic_parallel" for r in capped)
     # the capped file's rows, added ones included, come first as they were; the longer rows after them
-    assert [r | {"extra_info": r["extra_info"] | {"rl_only": False}} for r in capped] == train[:len(capped)]
+    assert capped == train[:len(capped)] and not any(r["extra_info"]["rl_only"] for r in capped)
     assert {r["extra_info"]["id"] for r in train[len(capped):]} == longer
     for row in train[len(capped):]:
         info = row["extra_info"]
         assert info["rl_only"] and not info["in_sft"] and info.get("reference_answer") is None
-    assert f"of them kept for RL alone, longer than 300 prompt tokens and within 450 (rl_prompt_tokens; no SFT transcript, " \
+    joined = [r for r in train[len(capped):] if r["extra_info"]["category"].endswith("_joined")]
+    assert joined and all(r["extra_info"]["category"].removesuffix("_joined") + "_" in r["extra_info"]["id"] for r in joined)
+    added = sum(r["extra_info"]["category"] == "synthetic_parallel" for r in train)
+    assert f"train: {len(train) - added} rows: " in printed
+    assert f"of the train rows, kept for RL alone, longer than 300 prompt tokens and within 450 (rl_prompt_tokens; no SFT transcript, " \
            f"never a development row): {len(longer)} (" in printed
     assert f"dropped from train as longer than 450 prompt tokens: {sum(n > 450 for n in lengths.values())} (" in printed
     for bad, message in (({"rl_prompt_tokens": 400}, "give max_prompt_tokens"),

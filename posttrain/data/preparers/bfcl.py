@@ -28,8 +28,8 @@ Function names keep their dots (``math.factorial``): the checker is told the mod
 it (``tokenize_prompts``), is longer, with ``tokenizer`` (default: the default model's); held-out rows
 are never dropped (their longest is reported). ``rl_prompt_tokens=N`` (above ``max_prompt_tokens``) keeps the
 training rows whose prompt is longer than ``max_prompt_tokens`` but within N as RL rows alone (``extra_info.rl_only``
-true, ``in_sft`` false): no SFT transcript, no added row drawn from them, never a development row (``data.dev_size``
-skips them), so the SFT transcripts, the questions SFT holds back and the development split are those of
+true, ``in_sft`` false): no SFT transcript (so no ``reference_answer`` for ``algorithm.guidance``), no added row drawn
+from them, never a development row (``data.dev_size`` skips them; ``joined_values`` renames them as it does the others), so the SFT transcripts, the questions SFT holds back and the development split are those of
 ``max_prompt_tokens`` alone, while an RL stage trains on the longer prompts too (live_multiple's functions run long:
 768 tokens keep 282 of its 1,053 rows; the held-out rows' longest prompt is reported). It cannot be given with
 ``no_call_share`` (whose draw it would change); ``data.sampler.shares`` sets the no-call rows' share of a batch.
@@ -277,9 +277,9 @@ def prepare_bfcl(
     added = _added(questions["train"], written, held, seed, made, report, cap=cap, most_calls=most_calls, dev_most_calls=dev_most_calls,
                    values_from=tuple(values_from), dev_cap=cap if dev_prompt_tokens is None else (dev_prompt_tokens, tokenizer))
     # the RL-only rows go last, after every draw above (which they leave as it was), so the other rows keep their index
-    taught = len(questions["train"])
+    capped_end = len(questions["train"])
     questions["train"] = _joined(questions["train"] + rl_only, report) if joined_values else questions["train"] + rl_only
-    questions["train"][taught:taught] = [q for option in added_rows.TRAIN_OPTIONS for q in added[option]]
+    questions["train"][capped_end:capped_end] = [q for option in added_rows.TRAIN_OPTIONS for q in added[option]]
     written |= {q.id: conversation for option in added_rows.TRAIN_OPTIONS for q in added[option] if (conversation := transcript(q))}
     rl_ids = {q.id for q in rl_only}
     rows = {split: [_row(q, split, i, written if split == "train" else {}, held, rl_only=q.id in rl_ids) for i, q in enumerate(items)]

@@ -36,6 +36,10 @@ class Report:
         for split, categories in self.splits.items():
             kept = {c: self.counts[split][c] - self.dropped[c] - self.cut[c] for c in categories}
             lines.append(f"{split}: {sum(kept.values())} rows: " + ", ".join(f"{c} {n}" for c, n in kept.items()))
+            if split == "train" and self.rl_prompt_tokens is not None:
+                lines.append(f"of the train rows, kept for RL alone, longer than {self.max_prompt_tokens} prompt tokens and within "
+                             f"{self.rl_prompt_tokens} (rl_prompt_tokens; no SFT transcript, never a development row): "
+                             f"{sum(self.rl_only.values())} ({', '.join(f'{c} {n}' for c, n in self.rl_only.items()) or 'none'})")
         for option, (written, asked, calls) in self.made.items():
             by_calls = f" (by calls asked: {', '.join(f'{n}: {calls[n]}' for n in sorted(calls))})" if len(calls) > 1 else ""
             lines.append(f"{added_rows.REPORT_LINES[option][0]} ({option}={asked}): {written}{added_rows.REPORT_LINES[option][1]}{by_calls}")
@@ -45,13 +49,10 @@ class Report:
         if self.no_call_share is not None:
             lines.append(f"dropped from train for no_call_share={self.no_call_share}: {sum(self.cut.values())} "
                          f"({', '.join(f'{c} {n}' for c, n in self.cut.items()) or 'none'})")
-        if self.rl_prompt_tokens is not None:
-            lines.append(f"of them kept for RL alone, longer than {self.max_prompt_tokens} prompt tokens and within "
-                         f"{self.rl_prompt_tokens} (rl_prompt_tokens; no SFT transcript, never a development row): "
-                         f"{sum(self.rl_only.values())} ({', '.join(f'{c} {n}' for c, n in self.rl_only.items()) or 'none'})")
         if self.max_prompt_tokens is not None:
             lines.append(f"dropped from train as longer than {self.rl_prompt_tokens or self.max_prompt_tokens} prompt tokens: {sum(self.dropped.values())} "
-                         f"({', '.join(f'{c} {n}' for c, n in self.dropped.items()) or 'none'}); held-out rows longer, kept: "
+                         f"({', '.join(f'{c} {n}' for c, n in self.dropped.items()) or 'none'}); held-out rows longer than "
+                         f"{self.max_prompt_tokens}, kept: "
                          f"{self.test_over}; longest prompt: train {self.longest['train']} (before the cap), test {self.longest['test']}")
         shared = sorted(self.names["train"] & self.names["test"])
         lines.append(f"function names in both splits: {len(shared)}" + (f" (e.g. {', '.join(shared[:5])})" if shared else ""))
