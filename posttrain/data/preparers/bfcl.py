@@ -28,11 +28,12 @@ Function names keep their dots (``math.factorial``): the checker is told the mod
 it (``tokenize_prompts``), is longer, with ``tokenizer`` (default: the default model's); held-out rows
 are never dropped (their longest is reported). ``rl_prompt_tokens=N`` (above ``max_prompt_tokens``) keeps the
 training rows whose prompt is longer than ``max_prompt_tokens`` but within N as RL rows alone (``extra_info.rl_only``
-true, ``in_sft`` false): no SFT transcript (so no ``reference_answer`` for ``algorithm.guidance``), no added row drawn
-from them, never a development row (``data.dev_size`` skips them; ``joined_values`` renames them as it does the others), so the SFT transcripts, the questions SFT holds back and the development split are those of
+true, ``in_sft`` false, after every other row): no SFT transcript (so no ``reference_answer`` for ``algorithm.guidance``),
+no added row drawn from them, never a development row (``data.dev_size`` skips them; ``joined_values`` renames them as
+it does the others), so the SFT transcripts, the questions SFT holds back and the development split are those of
 ``max_prompt_tokens`` alone, while an RL stage trains on the longer prompts too (live_multiple's functions run long:
-768 tokens keep 282 of its 1,053 rows; the held-out rows' longest prompt is reported). It cannot be given with
-``no_call_share`` (whose draw it would change); ``data.sampler.shares`` sets the no-call rows' share of a batch.
+the report counts the rows each cap keeps). It cannot be given with ``no_call_share`` (whose draw it would change);
+``data.sampler.shares`` sets the no-call rows' share of a batch.
 ``limit`` keeps the first N questions of each category.
 ``no_call_share`` keeps at most that share of training rows whose answer is no call (live_irrelevance is
 46 % of the capped training rows; GRPO on them all learnt to call nothing within two steps), a seeded draw,
@@ -414,11 +415,12 @@ def _drop_long(questions: dict[str, list[Question]], max_prompt_tokens: int | No
     train = list(zip(questions["train"], lengths["train"]))
     outer = rl_prompt_tokens or max_prompt_tokens
     report.max_prompt_tokens, report.rl_prompt_tokens = max_prompt_tokens, rl_prompt_tokens
+    rl_only = [q for q, n in train if max_prompt_tokens < n <= outer]
     report.dropped = Counter(q.category for q, n in train if n > outer)
-    report.rl_only = Counter(q.category for q, n in train if max_prompt_tokens < n <= outer)
+    report.rl_only = Counter(q.category for q in rl_only)
     report.test_over = sum(n > max_prompt_tokens for n in lengths["test"])
     report.longest = {split: max(values, default=0) for split, values in lengths.items()}
-    return [q for q, n in train if n <= max_prompt_tokens], [q for q, n in train if max_prompt_tokens < n <= outer]
+    return [q for q, n in train if n <= max_prompt_tokens], rl_only
 
 
 def _cap_no_call(questions: list[Question], share: float, seed: int, report: Report) -> list[Question]:
