@@ -28,6 +28,7 @@ from posttrain.config import PosttrainConfig, load_config
 from posttrain.config.schema import SFTConfig
 from posttrain.config.validate import CHOICES, advantage_estimator_of, critic_enabled, get, validate_config
 from posttrain.errors import InputError, InvalidSettings, Problem
+from posttrain.trainer.data_setup import builtin_option_problems
 
 COMMANDS = ("train", "eval", "sft")  # the commands that run a config; ``posttrain config`` checks for one of them
 
@@ -61,7 +62,7 @@ def check_config(config: PosttrainConfig, command: str) -> list[Problem]:
         problems.append(Problem("trainer.logger", config.trainer.logger, unknown))
     problems += check_environment(config) if config.env.name is not None else unused_tools(config)
     problems += guidance_rollout(config)
-    problems += check_mixture(config, command)
+    problems += check_mixture(config, command) + builtin_option_problems(config.data)
     if command == "sft":
         sft = config.sft
         problems += engine_problems(config, "sft", sft.optim, sft.grad_clip)

@@ -88,7 +88,9 @@ def _with_source(problem: Problem, sources: dict[str, str]) -> Problem:
         return problem
     key = _field_key(problem.key)
     key = "mixture" if key.startswith("mixture[") else key  # a source's key: where the mixture (a list, set whole) was set
-    return replace(problem, source=sources.get(key, "default"))
+    # a section's key (data.builtin_options): wherever a key beneath it was set
+    beneath = ", ".join(dict.fromkeys(source for name, source in sources.items() if name.startswith(key + ".")))
+    return replace(problem, source=sources.get(key) or beneath or "default")
 
 
 ASYNC_SECTION = ("async", "async_")  # what users write, and the field's name (``async`` is a Python keyword)

@@ -67,6 +67,7 @@ from pathlib import Path
 import yaml
 
 from posttrain.errors import PosttrainError
+from posttrain.recipes.checks import check_stages
 from posttrain.recipes.further import fingerprint as stage_fingerprint
 from posttrain.recipes.further import runs_so_far
 
@@ -364,7 +365,7 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
     again = shlex.join(["posttrain", "recipe", *sys.argv[2:]]) if sys.argv[1:2] == ["recipe"] else f"posttrain recipe {name}"
     say(f"[bold]posttrain recipe {recipe.name}[/]: {len(recipe.stages)} stages → {escape(str(root))}")
     upstream = ""  # what the stages before produced: a change there runs every later stage again
-    check_same_evaluations(recipe, given, dirs, recipe.overrides + common)  # before any stage runs
+    check_before_running(recipe, given, unneeded, dirs, recipe.overrides + common, per_stage, stages=not report_only)
     for number, stage in enumerate(recipe.stages, start=1):
         directory = dirs[stage.name]
         if stage.name in given or stage.name in unneeded:
@@ -406,6 +407,18 @@ def run_recipe(name: str, arguments: list[str], root: Path | None = None, use: l
                                     "runs": runs + 1, "use": uses(given)}))
     write_report(recipe, root, dirs, seconds, given, console, report_only)
     return 0
+
+
+def check_before_running(recipe: Recipe, given: dict[str, Path], unneeded: set[str], dirs: dict[str, Path],
+                         overrides: list[str], per_stage: dict[str, list[str]], stages: bool = True) -> None:
+    """RecipeError, before any stage runs, for a given evaluation that is not this recipe's, or (``stages``) a stage to
+    run whose config is refused (``recipes/checks.py``)."""
+    check_same_evaluations(recipe, given, dirs, overrides)
+    to_run = [stage for stage in recipe.stages if stages and stage.name not in given and stage.name not in unneeded]
+    refused = check_stages((stage.name, stage.command, stage_argv(stage, dirs[stage.name], dirs, overrides, per_stage[stage.name]))
+                           for stage in to_run)
+    if refused:
+        raise RecipeError("no stage was run: fix these stages' settings first\n" + "\n".join(refused))
 
 
 def uses(given: dict[str, Path]) -> list[str]:

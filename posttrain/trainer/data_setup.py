@@ -16,9 +16,9 @@ from posttrain.config.mixture import MixtureSource
 from posttrain.config.schema import DataConfig
 from posttrain.data import PromptDataLoader, RLDataset, prepare, split_dev
 from posttrain.data.loader import row_of_uid
-from posttrain.data.preparers import get_preparer
+from posttrain.data.preparers import PREPARERS, check_options, get_preparer
 from posttrain.data.sampler import Curriculum, StratifiedSampler, row_value
-from posttrain.errors import InputError
+from posttrain.errors import InputError, Problem
 from posttrain.models import build_atomically, cache_root
 from posttrain.protocol import Batch
 from posttrain.rollout.batching import sample_accuracy
@@ -55,6 +55,20 @@ def resolve_files(data: DataConfig, training: bool = True) -> tuple[list[str], l
     tag = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode() + _dataset_sources(data.builtin, options)).hexdigest()[:10]
     directory = build_atomically(cache_root() / "data" / f"{data.builtin}-{tag}", lambda tmp: _prepare(data.builtin, tmp, options))
     return [str(directory / "train.parquet")], split_files(data, "val_files", directory) or [str(directory / "test.parquet")]
+
+
+def builtin_option_problems(data: DataConfig) -> list[Problem]:
+    """What the built-in dataset's preparer would refuse of ``data.builtin`` and ``data.builtin_options`` before it
+    reads a file (``preparers.check_options``): found by the config check, not when the run prepares its data."""
+    if not data.builtin or data.train_files:  # train_files: the built-in dataset is not read
+        return []
+    if data.builtin not in PREPARERS:
+        return [Problem("data.builtin", data.builtin, f"unknown dataset; choose one of {', '.join(sorted(PREPARERS))}")]
+    try:
+        check_options(data.builtin, dict(data.builtin_options))
+    except InputError as error:
+        return [Problem("data.builtin_options", dict(data.builtin_options), str(error))]
+    return []
 
 
 def split_files(data: DataConfig, key: str, directory: Path | None) -> list[str]:

@@ -358,3 +358,19 @@ def test_a_shared_prompt_on_a_model_with_sliding_window_layers_is_refused(tmp_pa
         load_run_config([], [f"actor_rollout_ref.model.path={tmp_path}", "actor_rollout_ref.model.share_prompt=false"])
     except ConfigError as error:
         assert not [p for p in error.problems if "share_prompt" in p.key], str(error)
+
+
+def test_a_built_in_dataset_option_its_preparer_would_refuse_is_refused_by_the_config_check():
+    # found now, not when the run prepares its data (after Ray, or after a recipe's earlier stages)
+    with pytest.raises(ConfigError) as info:
+        load_run_config([preset_path("bfcl_grpo")], ["data.builtin_options.rl_prompt_tokens=700"])
+    (problem,) = info.value.problems
+    assert problem.key == "data.builtin_options" and "rl_prompt_tokens=700" in problem.message
+    assert "max_prompt_tokens (now 768)" in problem.message
+    # a section's key is labelled with wherever its keys were set: the preset and the command line
+    assert "bfcl_grpo.yaml" in problem.source and "command line" in problem.source
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'max_prompt_tokenz'"):
+        load_run_config([preset_path("bfcl_grpo")], ["data.builtin_options.max_prompt_tokenz=900"])
+    with pytest.raises(ConfigError, match="unknown dataset; choose one of arithmetic, bfcl"):
+        load_run_config([], ["data.builtin=bfcl2"])
+    load_run_config([preset_path("bfcl_grpo")], ["data.builtin_options.rl_prompt_tokens=1100"])  # above the cap: fine

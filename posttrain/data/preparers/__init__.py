@@ -31,6 +31,11 @@ PREPARERS: dict[str, str] = {
     "reasoning-gym": "posttrain.data.preparers.reasoning_gym:prepare_reasoning_gym",
     "textarena": "posttrain.data.preparers.textarena:prepare_textarena",
 }
+# name -> "module:function": the refusals a preparer makes from its options alone, before it reads a file,
+# for a config check to make without preparing (``check_options``; cli/preflight.py, a recipe before its stages)
+OPTION_CHECKS: dict[str, str] = {
+    "bfcl": "posttrain.data.preparers.bfcl:check_bfcl_options",
+}
 # the option a preparer that reads an input file takes it in (``--in FILE`` on the command line)
 SOURCE_FILE_OPTION = "source_file"
 
@@ -63,10 +68,7 @@ def prepare(name: str, out_dir: str | Path, **options: Any) -> list[Path]:
     anything is written, for bad options or an ``out_dir`` that cannot be written; after, for a write
     that failed (a full disk)."""
     preparer = get_preparer(name)
-    try:
-        inspect.signature(preparer).bind(Path(out_dir), **options)
-    except TypeError as error:
-        raise InputError(f"bad options {sorted(options)} for dataset {name!r} ({error}); its options are: {describe_options(name)}") from None
+    _bind(name, preparer, Path(out_dir), options)
     check_output_dir(Path(out_dir))
     try:
         return preparer(Path(out_dir), **options)
@@ -74,6 +76,22 @@ def prepare(name: str, out_dir: str | Path, **options: Any) -> list[Path]:
         raise
     except OSError as error:  # a write that failed after the checks
         raise InputError(f"--out {out_dir}: writing dataset {name!r} failed ({error}); free space or pass --out another directory") from error
+
+
+def check_options(name: str, options: dict[str, Any]) -> None:
+    """InputError for what ``prepare(name, ..., **options)`` would refuse before reading a file: an unknown dataset
+    or option, and what the preparer's own check (:data:`OPTION_CHECKS`) finds, without preparing anything."""
+    _bind(name, get_preparer(name), Path("."), options)
+    if name in OPTION_CHECKS:
+        module, function = OPTION_CHECKS[name].split(":")
+        getattr(importlib.import_module(module), function)(**options)
+
+
+def _bind(name: str, preparer: Preparer, out_dir: Path, options: dict[str, Any]) -> None:
+    try:
+        inspect.signature(preparer).bind(out_dir, **options)
+    except TypeError as error:
+        raise InputError(f"bad options {sorted(options)} for dataset {name!r} ({error}); its options are: {describe_options(name)}") from None
 
 
 def parse_options(name: str, assignments: Sequence[str]) -> dict[str, Any]:

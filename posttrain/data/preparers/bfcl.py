@@ -144,6 +144,7 @@ Only ``multi_turn_base`` is offered: ``miss_func`` adds functions in later turns
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import random
 from collections import Counter
@@ -253,13 +254,8 @@ def prepare_bfcl(
 ) -> list[Path]:
     """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet`` (unless
     ``multi_turn`` is empty) and ``README.md`` into ``out_dir`` (module docstring); prints the report, returns the paths."""
+    splits, made = _checked(dict(locals()))  # every refusal the options alone call for, before a file is read
     multi_turn_questions = [q for c in _categories(multi_turn, "multi_turn", MULTI_TURN_CATEGORIES, empty=True) for q in load_multi_turn(c, limit)]
-    splits = {"train": _categories(train_categories, "train_categories"), "test": _categories(test_categories, "test_categories")}
-    made = {"parallel_pairs": parallel_pairs, "union_pairs": union_pairs, "swapped_irrelevance": swapped_irrelevance,
-            "dev_swapped": dev_swapped, "masked_irrelevance": masked_irrelevance, "dev_masked": dev_masked, "dev_pairs": dev_pairs,
-            "distractors": distractors, "dev_distractors": dev_distractors, "multi_value": multi_value, "dev_values": dev_values}
-    _check_options(splits, max_prompt_tokens, limit, sft_val_size, no_call_share, made, most_calls, dev_most_calls, dev_prompt_tokens,
-                   rl_prompt_tokens)
     values_from = _categories(values_from, "values_from", added_rows.VALUES_FROM)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
     questions["train"] = _near_misses(questions["train"], splits["train"]) if near_irrelevance else questions["train"]
@@ -374,6 +370,27 @@ def _categories(text: str, option: str, offered: tuple[str, ...] = CATEGORIES, *
         raise InputError(f"{option}={text!r}: {unknown or 'no category'} not among BFCL's {kind}; "
                          f"give a comma list of {', '.join(offered)}" + (f" (or {option}= for none)" if empty else ""))
     return names
+
+
+def check_bfcl_options(**options: Any) -> None:
+    """InputError for what :func:`prepare_bfcl` refuses from its options alone, before it reads a file
+    (``preparers.check_options``: the config check's, so that a recipe refuses a stage's options before it runs)."""
+    bound = inspect.signature(prepare_bfcl).bind(Path("."), **options)
+    bound.apply_defaults()
+    _checked(bound.arguments)
+
+
+def _checked(o: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """(the train and test categories, the counts of added rows) from prepare_bfcl's arguments, once every refusal
+    the options alone call for has passed."""
+    splits = {"train": _categories(o["train_categories"], "train_categories"), "test": _categories(o["test_categories"], "test_categories")}
+    _categories(o["multi_turn"], "multi_turn", MULTI_TURN_CATEGORIES, empty=True)
+    _categories(o["values_from"], "values_from", added_rows.VALUES_FROM)
+    made = {name: o[name] for name in ("parallel_pairs", "union_pairs", "swapped_irrelevance", "dev_swapped", "masked_irrelevance",
+                                       "dev_masked", "dev_pairs", "distractors", "dev_distractors", "multi_value", "dev_values")}
+    _check_options(splits, o["max_prompt_tokens"], o["limit"], o["sft_val_size"], o["no_call_share"], made, o["most_calls"],
+                   o["dev_most_calls"], o["dev_prompt_tokens"], o["rl_prompt_tokens"])
+    return splits, made
 
 
 def _check_options(splits: dict[str, list[str]], max_prompt_tokens: int | None, limit: int | None, sft_val_size: int,
