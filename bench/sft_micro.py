@@ -10,7 +10,8 @@ which sums are taken.
 It times ``TrainingEngine.train_mini_batch`` with ``sft_objective``, as ``PolicyWorker.sft_step``
 runs it, on the first ``--steps`` batches the SFT stage itself draws (its preset, overrides, seed and
 batch size), once per micro-batch size in ``--micro``, in turns (the order reversed every other
-round), median of ``--repeats`` rounds. The engine is the stage's (its model, dtype and packing);
+round), median of ``--repeats`` rounds. The engine is the stage's, built as PolicyWorker builds it (its model, dtype,
+attention implementation and packing);
 the weights change with every update, which does not change the time. Wall and CPU seconds of this
 process, on ``--threads`` torch threads (the worker's own: 2 on this machine).
 
@@ -67,12 +68,14 @@ def main() -> None:
     sizes = [int(size) for size in args.micro.split(",")]
     config, batches = stage_batches(args.preset, args.overrides, args.steps)
     sft, arr = config.sft, config.actor_rollout_ref
+    # as PolicyWorker builds it for the stage (its attention implementation above all: bfcl_sft's is sdpa)
     engine = training_engine(arr.model.path, arr.model, sft.optim, dtype=arr.actor.dtype, grad_clip=sft.grad_clip,
-                             total_steps=1000, seed=config.trainer.seed, device="cpu", compile=arr.actor.compile)
+                             total_steps=1000, seed=config.trainer.seed, device="cpu",
+                             attn_implementation=arr.actor.attn_implementation, compile=arr.actor.compile)
     lengths = [int(length) for batch in batches for length in batch["attention_mask"].sum(dim=1)]
     print(f"{args.preset} {' '.join(args.overrides)}: {len(batches)} batches of {sft.train_batch_size} transcripts, "
-          f"{min(lengths)}-{max(lengths)} tokens (mean {statistics.mean(lengths):.0f}); dtype {arr.actor.dtype}; "
-          f"{args.threads} threads")
+          f"{min(lengths)}-{max(lengths)} tokens (mean {statistics.mean(lengths):.0f}); dtype {arr.actor.dtype}; attention "
+          f"{arr.actor.attn_implementation}; {args.threads} threads")
 
     def steps(size: int) -> None:
         for batch in batches:

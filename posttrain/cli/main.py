@@ -44,10 +44,9 @@ from posttrain import install
 from posttrain.cli.preflight import COMMANDS, load_run_config
 from posttrain.cli.report import report_error
 from posttrain.config import preset_names, preset_path, to_yaml
+from posttrain.config.loader import DEFAULT_PRESET
 from posttrain.errors import InputError, PosttrainError
 
-
-DEFAULT_PRESET = "arithmetic_grpo"
 
 
 def _resolved_config(args: argparse.Namespace):

@@ -82,10 +82,10 @@ def check_mixture(config: PosttrainConfig, command: str) -> list[Problem]:
     if command == "sft":
         return [Problem("mixture", [source.get("name") for source in config.mixture],
                         "posttrain sft trains on one set of transcripts: give sft.train_files and leave the mixture out")]
-    top = {(p.key, p.message) for p in validate_config(config, command) + check_paths(config)}  # the run's own, reported once
+    top = {(p.key, p.message) for p in validate_config(config, command) + check_paths(config) + builtin_option_problems(config.data)}  # the run's own, reported once
     for index, source in enumerate(mixture_sources(config)):
         own = source.config
-        found = validate_config(own, command) + check_paths(own)
+        found = validate_config(own, command) + check_paths(own) + builtin_option_problems(own.data)
         found += check_environment(own) if own.env.name is not None else unused_tools(own)
         problems += [replace(p, key=f"mixture[{index}].{p.key}") for p in found if (p.key, p.message) not in top]
     return problems

@@ -23,6 +23,7 @@ from posttrain.config.validate import validate_config
 from posttrain.errors import ConfigError, Problem
 
 PRESETS_DIR = Path(__file__).parent / "presets"
+DEFAULT_PRESET = "arithmetic_grpo"  # train's and eval's preset when none is named (cli/main.py, recipes/checks.py)
 Checks = Callable[[PosttrainConfig], list[Problem]]
 
 

@@ -5,7 +5,8 @@ then every override) and checked by the config's own rules (``config/validate.py
 dataset's preparer (``trainer/data_setup.py``'s ``builtin_option_problems``, which ``posttrain config`` runs too). A mistake in a late stage's
 overrides (a key misspelt, an option its preparer refuses) then stops the recipe at its start, not after the
 hours of the stages before it. The checks that need a stage's inputs (the model an earlier stage exports, a
-checkpoint) are left to the stage's own start, since those do not exist yet.
+checkpoint) are left to the stage's own start, since those do not exist yet. A stage that finished is checked too
+(whether it will be skipped is decided as the stages run): a rule added since refuses it, which its own rerun would.
 """
 
 from __future__ import annotations
@@ -19,24 +20,27 @@ CONFIG_COMMANDS = ("sft", "train", "eval")
 
 
 def stage_problems(argv: list[str], command: str) -> str | None:
-    """What is wrong with the config of a stage run as ``argv`` (``stage_argv``'s), or None."""
+    """What is wrong with the config of a stage run as ``argv`` (``stage_argv``'s), or None. A stage with no preset
+    is checked from the one its command starts from (``DEFAULT_PRESET`` for train and eval, as the CLI's)."""
     from posttrain.config import load_config
-    from posttrain.config.loader import preset_path
+    from posttrain.config.loader import DEFAULT_PRESET, preset_path
     from posttrain.config.validate import validate_config
     from posttrain.trainer.data_setup import builtin_option_problems
 
-    files: list[Path] = []
+    presets: list[str] = []
     settings: list[str] = []
     rest = iter(argv[4:])  # after python -m posttrain.cli COMMAND
     for item in rest:
         if item == "--preset":
-            files.append(preset_path(next(rest)))
+            presets.append(next(rest))
         elif item.startswith("--"):
             next(rest, None)  # --dump-episodes PATH, --checkpoint DIR
         else:
             settings.append(item)
+    presets = presets or ([DEFAULT_PRESET] if command in ("train", "eval") else [])
     try:
-        load_config(files, settings, checks=lambda config: validate_config(config, command) + builtin_option_problems(config.data))
+        load_config([preset_path(name) for name in presets], settings,
+                    checks=lambda config: validate_config(config, command) + builtin_option_problems(config.data))
     except ConfigError as error:
         return str(error)
     return None

@@ -374,3 +374,22 @@ def test_a_built_in_dataset_option_its_preparer_would_refuse_is_refused_by_the_c
     with pytest.raises(ConfigError, match="unknown dataset; choose one of arithmetic, bfcl"):
         load_run_config([], ["data.builtin=bfcl2"])
     load_run_config([preset_path("bfcl_grpo")], ["data.builtin_options.rl_prompt_tokens=1100"])  # above the cap: fine
+
+
+@pytest.mark.parametrize("option, fragment", [
+    ("data.builtin_options.no_call_share=often", "'<' not supported between instances of 'int' and 'str'"),
+    ("data.builtin_options.train_categories=[live_simple,live_multiple]", "'list' object has no attribute 'split'"),
+])
+def test_a_built_in_dataset_option_of_the_wrong_type_is_a_problem_not_a_crash(option, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_run_config([preset_path("bfcl_grpo")], [option])
+    assert [p.key for p in info.value.problems] == ["data.builtin_options"] and fragment in info.value.problems[0].message
+
+
+def test_a_mixture_sources_built_in_dataset_options_are_checked_naming_the_source():
+    sources = ["{name: right, weight: 1, data: {builtin: arithmetic}}",
+               "{name: wrong, weight: 1, data: {builtin: arithmetic, builtin_options: {digitz: 2}}}"]
+    with pytest.raises(ConfigError) as info:
+        load_run_config([], [f"mixture=[{', '.join(sources)}]"])
+    problems = {p.key: p.message for p in info.value.problems}
+    assert list(problems) == ["mixture[1].data.builtin_options"] and "unexpected keyword argument 'digitz'" in problems["mixture[1].data.builtin_options"]

@@ -29,3 +29,13 @@ def test_a_late_stage_refused_stops_the_recipe_before_any_stage_runs(tmp_path):
     assert "stage 'rl_eval':" in message and "trainer.total_trainng_steps" in message
     assert "stage 'sft'" not in message and "stage 'base_eval'" not in message  # their settings are fine
     assert list(tmp_path.iterdir()) == []  # not even the first stage began
+
+
+def test_a_stage_with_no_preset_is_checked_from_the_preset_its_command_starts_from(tmp_path):
+    # `posttrain train` with no --preset starts from arithmetic_grpo, whose dataset has no option digitz
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("description: one stage\nstages:\n  - name: rl\n    command: train\n"
+                      "    overrides: [data.builtin_options.digitz=2]\n")
+    with pytest.raises(RecipeError, match=r"(?s)stage 'rl':.*unexpected keyword argument 'digitz'"):
+        run_recipe(str(recipe), [], root=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

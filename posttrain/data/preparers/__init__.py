@@ -84,7 +84,10 @@ def check_options(name: str, options: dict[str, Any]) -> None:
     _bind(name, get_preparer(name), Path("."), options)
     if name in OPTION_CHECKS:
         module, function = OPTION_CHECKS[name].split(":")
-        getattr(importlib.import_module(module), function)(**options)
+        try:
+            getattr(importlib.import_module(module), function)(**options)
+        except (TypeError, ValueError, AttributeError) as error:  # an option of another type than the preparer reads
+            raise InputError(f"bad options {options} for dataset {name!r}: {error}; its options are: {describe_options(name)}") from None
 
 
 def _bind(name: str, preparer: Preparer, out_dir: Path, options: dict[str, Any]) -> None:

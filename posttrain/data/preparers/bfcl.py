@@ -380,16 +380,16 @@ def check_bfcl_options(**options: Any) -> None:
     _checked(bound.arguments)
 
 
-def _checked(o: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, int]]:
+def _checked(given: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, int]]:
     """(the train and test categories, the counts of added rows) from prepare_bfcl's arguments, once every refusal
     the options alone call for has passed."""
-    splits = {"train": _categories(o["train_categories"], "train_categories"), "test": _categories(o["test_categories"], "test_categories")}
-    _categories(o["multi_turn"], "multi_turn", MULTI_TURN_CATEGORIES, empty=True)
-    _categories(o["values_from"], "values_from", added_rows.VALUES_FROM)
-    made = {name: o[name] for name in ("parallel_pairs", "union_pairs", "swapped_irrelevance", "dev_swapped", "masked_irrelevance",
-                                       "dev_masked", "dev_pairs", "distractors", "dev_distractors", "multi_value", "dev_values")}
-    _check_options(splits, o["max_prompt_tokens"], o["limit"], o["sft_val_size"], o["no_call_share"], made, o["most_calls"],
-                   o["dev_most_calls"], o["dev_prompt_tokens"], o["rl_prompt_tokens"])
+    splits = {split: _categories(given[f"{split}_categories"], f"{split}_categories") for split in ("train", "test")}
+    _categories(given["multi_turn"], "multi_turn", MULTI_TURN_CATEGORIES, empty=True)
+    _categories(given["values_from"], "values_from", added_rows.VALUES_FROM)
+    made = {name: given[name] for name in ("parallel_pairs", "union_pairs", "swapped_irrelevance", "dev_swapped", "masked_irrelevance",
+                                           "dev_masked", "dev_pairs", "distractors", "dev_distractors", "multi_value", "dev_values")}
+    _check_options(splits, given["max_prompt_tokens"], given["limit"], given["sft_val_size"], given["no_call_share"], made,
+                   given["most_calls"], given["dev_most_calls"], given["dev_prompt_tokens"], given["rl_prompt_tokens"])
     return splits, made
 
 
