@@ -48,7 +48,6 @@ from posttrain.config.loader import DEFAULT_PRESET
 from posttrain.errors import InputError, PosttrainError
 
 
-
 def _resolved_config(args: argparse.Namespace):
     """The config, checked as the command that runs it checks it (``config``: as ``--for``'s, or the
     command it implies)."""

@@ -82,7 +82,8 @@ def check_mixture(config: PosttrainConfig, command: str) -> list[Problem]:
     if command == "sft":
         return [Problem("mixture", [source.get("name") for source in config.mixture],
                         "posttrain sft trains on one set of transcripts: give sft.train_files and leave the mixture out")]
-    top = {(p.key, p.message) for p in validate_config(config, command) + check_paths(config) + builtin_option_problems(config.data)}  # the run's own, reported once
+    own_problems = validate_config(config, command) + check_paths(config) + builtin_option_problems(config.data)
+    top = {(p.key, p.message) for p in own_problems}  # the run's own, reported once
     for index, source in enumerate(mixture_sources(config)):
         own = source.config
         found = validate_config(own, command) + check_paths(own) + builtin_option_problems(own.data)

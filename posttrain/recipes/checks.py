@@ -2,17 +2,17 @@
 
 Each stage that takes a config (sft, train, eval) is loaded as its command line would load it (its preset,
 then every override) and checked by the config's own rules (``config/validate.py``) and by its built-in
-dataset's preparer (``trainer/data_setup.py``'s ``builtin_option_problems``, which ``posttrain config`` runs too). A mistake in a late stage's
-overrides (a key misspelt, an option its preparer refuses) then stops the recipe at its start, not after the
-hours of the stages before it. The checks that need a stage's inputs (the model an earlier stage exports, a
-checkpoint) are left to the stage's own start, since those do not exist yet. A stage that finished is checked too
-(whether it will be skipped is decided as the stages run): a rule added since refuses it, which its own rerun would.
+dataset's preparer (``builtin_option_problems`` in ``trainer/data_setup.py``, which ``posttrain config`` runs
+too). A mistake in a late stage's overrides (a key misspelt, an option its preparer refuses) then stops the
+recipe at its start, not after the hours of the stages before it. The checks that need a stage's inputs (the
+model an earlier stage exports, a checkpoint) are left to the stage's own start, since those do not exist yet.
+A stage that finished is checked too (whether it will be skipped is decided as the stages run): a rule added
+since refuses it, which its own rerun would.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 from posttrain.errors import ConfigError
 
