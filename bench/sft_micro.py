@@ -9,8 +9,8 @@ which sums are taken.
 
 It times ``TrainingEngine.train_mini_batch`` with ``sft_objective``, as ``PolicyWorker.sft_step``
 runs it, on the first ``--steps`` batches the SFT stage itself draws (its preset, overrides, seed and
-batch size), once per micro-batch size in ``--micro``, in turns (the order reversed every other
-round), median of ``--repeats`` rounds. The engine is the stage's, built as PolicyWorker builds it (its model, dtype,
+batch size), once per micro-batch size in ``--micro``, in turns (``bench.train.interleaved_medians``: each size once
+first, then rounds in an order reversed every other round), median of ``--repeats`` rounds. The engine is the stage's, built as PolicyWorker builds it (its model, dtype,
 attention implementation and packing);
 the weights change with every update, which does not change the time. Wall and CPU seconds of this
 process, on ``--threads`` torch threads (the worker's own: 2 on this machine).
@@ -21,13 +21,14 @@ Headline: sft_step_speedup = the first size's median wall seconds a step / the f
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from bench.train import interleaved_medians
 from posttrain.config import load_config
 from posttrain.config.loader import preset_path
 from posttrain.data import PromptDataLoader
@@ -81,14 +82,9 @@ def main() -> None:
         for batch in batches:
             engine.train_mini_batch(batch, sft_objective, micro_batch_size=size, loss_agg_mode="token-mean")
 
-    steps(sizes[0])  # warm-up
-    times: dict[int, list[tuple[float, float]]] = {size: [] for size in sizes}
-    for round_index in range(args.repeats):
-        for size in sizes if round_index % 2 == 0 else sizes[::-1]:
-            wall, cpu = time.perf_counter(), time.process_time()
-            steps(size)
-            times[size].append(((time.perf_counter() - wall) / len(batches), (time.process_time() - cpu) / len(batches)))
-    medians = {size: (statistics.median(t[0] for t in runs), statistics.median(t[1] for t in runs)) for size, runs in times.items()}
+    # one update of every size first, then rounds in turns (the order reversed every other round), medians
+    timed = interleaved_medians([functools.partial(steps, size) for size in sizes], args.repeats)
+    medians = {size: (wall / len(batches), cpu / len(batches)) for size, (wall, cpu) in zip(sizes, timed)}
     for size, (wall, cpu) in medians.items():
         print(f"micro-batch {size}: {wall:.1f} s a step (CPU {cpu:.1f} s); {medians[sizes[0]][0] / wall:.3f}x the first")
     fastest = min(sizes, key=lambda size: medians[size][0])
