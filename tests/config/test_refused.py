@@ -376,6 +376,26 @@ def test_a_built_in_dataset_option_its_preparer_would_refuse_is_refused_by_the_c
     load_run_config([preset_path("bfcl_grpo")], ["data.builtin_options.rl_prompt_tokens=1100"])  # above the cap: fine
 
 
+@pytest.mark.parametrize("preset, option, fragment", [
+    ("rg_grpo", "levels=1", "a curriculum steps between at least two levels"),
+    ("rg_grpo", "tasks=chain_summ", "has no task ['chain_summ']"),
+    ("textarena_grpo", "test_seed=100", "overlap: the training games use seeds 0..255"),
+    ("textarena_grpo", "levels=[{max_number: 4}, {max_numbr: 10}]", "does not take them"),
+    ("arithmetic_grpo", "train_size=500", "only 300 exist with 1 digit(s)"),
+    ("tool_grpo", "sft_direct_fraction=1.5", "sft_direct_fraction=1.5 must lie in [0, 1]"),
+    ("doctor_grpo", "sft_questions=4", "pass 1, 2 or 3"),
+    ("search_grpo", "two_hop_fraction=1.5", "two_hop_fraction=1.5: must lie in [0, 1]"),
+    ("gsm8k_grpo", "limit=0", "limit=0: must be at least 1"),
+    (None, "val_fraction=1.5", "val_fraction=1.5: must lie strictly between 0 and 1"),  # the doctor's cases file: no preset
+])
+def test_each_built_in_datasets_own_option_rules_are_refused_by_the_config_check(preset, option, fragment):
+    # the rule each preparer applies to its options alone (its module's checked_options), found before anything is prepared
+    doctor = [] if preset else ["data.builtin=doctor", "data.builtin_options.source_file=cases.json"]
+    with pytest.raises(ConfigError) as info:
+        load_run_config([preset_path(preset)] if preset else [], [*doctor, f"data.builtin_options.{option}"])
+    assert [p.key for p in info.value.problems] == ["data.builtin_options"] and fragment in info.value.problems[0].message
+
+
 @pytest.mark.parametrize("option, fragment", [
     ("data.builtin_options.no_call_share=often", "'<' not supported between instances of 'int' and 'str'"),
     ("data.builtin_options.train_categories=[live_simple,live_multiple]", "'list' object has no attribute 'split'"),

@@ -3,6 +3,8 @@
 
 import json
 import os
+import re
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -10,9 +12,10 @@ import pytest
 
 from posttrain.cli import main
 from posttrain.data import parse_options, prepare, preparer_names, read_rows
-from posttrain.data.preparers import get_preparer
+from posttrain.data.preparers import check_options, get_preparer
 from posttrain.data.preparers.arithmetic import Problem, generate_problems
 from posttrain.data.preparers.gsm8k import INSTRUCTION, VENDORED_DIR, final_answer
+from posttrain.errors import InputError
 
 
 def _rows(path):
@@ -22,6 +25,8 @@ def _rows(path):
 def test_registry_and_option_errors(tmp_path):
     assert preparer_names() == ["arithmetic", "bfcl", "doctor", "gsm8k", "reasoning-gym", "synthetic-doctor", "synthetic-search", "textarena", "tool-arithmetic"]
     assert all(callable(get_preparer(name)) for name in preparer_names())  # each "module:function", imported when asked for, resolves
+    # and its module has the check of its options alone that the config check runs (preparers' module docstring)
+    assert all(callable(sys.modules[get_preparer(name).__module__].checked_options) for name in preparer_names())
     with pytest.raises(ValueError, match="unknown dataset 'mnist'.*'arithmetic', 'bfcl', 'doctor', 'gsm8k'"):
         prepare("mnist", tmp_path)
     with pytest.raises(ValueError, match="bad options \\['size'\\].*train_size=240"):
@@ -164,6 +169,8 @@ def test_prepare_refuses_sizes_below_their_minimum_writing_nothing(tmp_path, cap
     error = capsys.readouterr().err
     assert error.startswith(f"posttrain: {message}") and "Traceback" not in error
     assert not (tmp_path / "out").exists()
+    with pytest.raises(InputError, match=re.escape(message)):  # the config check's refusal is the same, without preparing
+        check_options(name, parse_options(name, [option]))
 
 
 def test_prepare_refuses_an_out_that_is_a_file_or_lies_under_one(tmp_path, capsys):

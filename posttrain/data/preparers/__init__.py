@@ -3,6 +3,12 @@
 A preparer is a function ``(out_dir: Path, *, option=default, ...) -> list[Path]`` registered in
 :data:`PREPARERS`. Its keyword options are its documentation: :func:`parse_options` turns
 ``key=value`` strings from the command line into them, using the options' type annotations.
+
+Its module also has ``checked_options(given: dict) -> ...``: the refusals the preparer makes from its options
+alone, before it reads a file or builds a row. It takes the preparer's keyword arguments, defaults filled in, and
+raises InputError (returning what it parsed, for the preparer). The preparer calls it on its own arguments first;
+:func:`check_options` calls it without preparing, for the config check (cli/preflight.py, a recipe before its
+stages), so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -30,11 +36,6 @@ PREPARERS: dict[str, str] = {
     "bfcl": "posttrain.data.preparers.bfcl:prepare_bfcl",
     "reasoning-gym": "posttrain.data.preparers.reasoning_gym:prepare_reasoning_gym",
     "textarena": "posttrain.data.preparers.textarena:prepare_textarena",
-}
-# name -> "module:function": the refusals a preparer makes from its options alone, before it reads a file,
-# for a config check to make without preparing (``check_options``; cli/preflight.py, a recipe before its stages)
-OPTION_CHECKS: dict[str, str] = {
-    "bfcl": "posttrain.data.preparers.bfcl:check_bfcl_options",
 }
 # the option a preparer that reads an input file takes it in (``--in FILE`` on the command line)
 SOURCE_FILE_OPTION = "source_file"
@@ -80,19 +81,19 @@ def prepare(name: str, out_dir: str | Path, **options: Any) -> list[Path]:
 
 def check_options(name: str, options: dict[str, Any]) -> None:
     """InputError for what ``prepare(name, ..., **options)`` would refuse before reading a file: an unknown dataset
-    or option, and what the preparer's own check (:data:`OPTION_CHECKS`) finds, without preparing anything."""
-    _bind(name, get_preparer(name), Path("."), options)
-    if name in OPTION_CHECKS:
-        module, function = OPTION_CHECKS[name].split(":")
-        try:
-            getattr(importlib.import_module(module), function)(**options)
-        except (TypeError, ValueError, AttributeError) as error:  # an option of another type than the preparer reads
-            raise InputError(f"bad options {options} for dataset {name!r}: {error}; its options are: {describe_options(name)}") from None
-
-
-def _bind(name: str, preparer: Preparer, out_dir: Path, options: dict[str, Any]) -> None:
+    or option, and what the preparer's own ``checked_options`` finds (module docstring), without preparing anything."""
+    bound = _bind(name, get_preparer(name), Path("."), options)
+    bound.apply_defaults()
+    checked_options = importlib.import_module(PREPARERS[name].split(":")[0]).checked_options
     try:
-        inspect.signature(preparer).bind(out_dir, **options)
+        checked_options(dict(list(bound.arguments.items())[1:]))  # all but out_dir
+    except (TypeError, ValueError, AttributeError) as error:  # an option of another type than the preparer reads
+        raise InputError(f"bad options {options} for dataset {name!r}: {error}; its options are: {describe_options(name)}") from None
+
+
+def _bind(name: str, preparer: Preparer, out_dir: Path, options: dict[str, Any]) -> inspect.BoundArguments:
+    try:
+        return inspect.signature(preparer).bind(out_dir, **options)
     except TypeError as error:
         raise InputError(f"bad options {sorted(options)} for dataset {name!r} ({error}); its options are: {describe_options(name)}") from None
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from posttrain.data.format import REFERENCE_ANSWER, make_row, write_rows
 from posttrain.data.preparers.options import check_counts
@@ -74,7 +75,7 @@ def reference_text(problem: Problem) -> str:
 
 def generate_problems(count: int, *, digits: int, num_operands: int, operators: str, seed: int) -> list[Problem]:
     """``count`` distinct problems in a fixed order for ``seed``."""
-    _check_options(count, digits, num_operands, operators)
+    check_problem_space(count, digits, num_operands, operators)
     low, high = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
     rng = random.Random(seed)
     seen: set[Problem] = set()
@@ -95,7 +96,8 @@ def generate_problems(count: int, *, digits: int, num_operands: int, operators: 
     )
 
 
-def _check_options(count: int, digits: int, num_operands: int, operators: str) -> None:
+def check_problem_space(count: int, digits: int, num_operands: int, operators: str) -> None:
+    """InputError unless ``count`` distinct problems of these digits, operands and operators exist."""
     if digits < 1 or num_operands < 2 or count < 1:
         raise InputError(f"need digits >= 1, num_operands >= 2 and at least one problem; got {digits=}, {num_operands=}, {count=}")
     unknown = sorted(set(operators) - set(SUPPORTED_OPERATORS))
@@ -126,8 +128,7 @@ def prepare_arithmetic(
     ``levels``: digits per difficulty level, comma-separated (``"1,2,3"``; in a preset also a list): ``train_size`` and ``val_size``
     problems of each, ``extra_info.level`` their digits (for ``data.sampler.curriculum.key=extra_info.level``),
     in place of ``digits``."""
-    check_counts(1, train_size=train_size, val_size=val_size)
-    per_level = _levels(levels) if levels is not None else [digits]
+    per_level = checked_options(dict(locals()))
     splits: dict[str, list[dict]] = {"train": [], "test": []}
     for level, level_digits in enumerate(per_level):
         problems = generate_problems(train_size + val_size, digits=level_digits, num_operands=num_operands, operators=operators,
@@ -135,6 +136,16 @@ def prepare_arithmetic(
         for split, items in (("train", problems[:train_size]), ("test", problems[train_size:])):
             splits[split] += [_row(p, split, len(splits[split]), None if levels is None else level_digits) for p in items]
     return [write_rows(rows, Path(out_dir) / f"{split}.parquet") for split, rows in splits.items()]
+
+
+def checked_options(given: dict[str, Any]) -> list[int]:
+    """The digits of each level (``[digits]`` without levels) from prepare_arithmetic's arguments, once every refusal
+    they call for alone has passed, the space of distinct problems included (also ``preparers.check_options``'s)."""
+    check_counts(1, train_size=given["train_size"], val_size=given["val_size"])
+    per_level = _levels(given["levels"]) if given["levels"] is not None else [given["digits"]]
+    for digits in per_level:
+        check_problem_space(given["train_size"] + given["val_size"], digits, given["num_operands"], given["operators"])
+    return per_level
 
 
 def _levels(levels: str | list[int]) -> list[int]:

@@ -144,7 +144,6 @@ Only ``multi_turn_base`` is offered: ``miss_func`` adds functions in later turns
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import random
 from collections import Counter
@@ -254,7 +253,7 @@ def prepare_bfcl(
 ) -> list[Path]:
     """Write ``train.parquet``, ``test.parquet``, ``sft.parquet``, ``sft_val.parquet``, ``test_multi_turn.parquet`` (unless
     ``multi_turn`` is empty) and ``README.md`` into ``out_dir`` (module docstring); prints the report, returns the paths."""
-    splits, made = _checked(dict(locals()))  # every refusal the options alone call for, before a file is read
+    splits, made = checked_options(dict(locals()))  # every refusal the options alone call for, before a file is read
     multi_turn_questions = [q for c in _categories(multi_turn, "multi_turn", MULTI_TURN_CATEGORIES, empty=True) for q in load_multi_turn(c, limit)]
     values_from = _categories(values_from, "values_from", added_rows.VALUES_FROM)
     questions = {split: [q for c in categories for q in load_category(c, limit)] for split, categories in splits.items()}
@@ -372,17 +371,10 @@ def _categories(text: str, option: str, offered: tuple[str, ...] = CATEGORIES, *
     return names
 
 
-def check_bfcl_options(**options: Any) -> None:
-    """InputError for what :func:`prepare_bfcl` refuses from its options alone, before it reads a file
-    (``preparers.check_options``: the config check's, so that a recipe refuses a stage's options before it runs)."""
-    bound = inspect.signature(prepare_bfcl).bind(Path("."), **options)
-    bound.apply_defaults()
-    _checked(bound.arguments)
-
-
-def _checked(given: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, int]]:
+def checked_options(given: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, int]]:
     """(the train and test categories, the counts of added rows) from prepare_bfcl's arguments, once every refusal
-    the options alone call for has passed."""
+    the options alone call for has passed (also ``preparers.check_options``'s, so that a recipe refuses a stage's
+    options before it runs)."""
     splits = {split: _categories(given[f"{split}_categories"], f"{split}_categories") for split in ("train", "test")}
     _categories(given["multi_turn"], "multi_turn", MULTI_TURN_CATEGORIES, empty=True)
     _categories(given["values_from"], "values_from", added_rows.VALUES_FROM)

@@ -150,10 +150,15 @@ def split_cases(cases: list[Case], val_fraction: float, seed: int) -> dict[str, 
     return {"train": [c for i, c in enumerate(cases) if i not in test], "test": [c for i, c in enumerate(cases) if i in test]}
 
 
+def checked_options(given: dict[str, Any]) -> None:
+    """InputError for what prepare_doctor's arguments alone call for (also ``preparers.check_options``'s)."""
+    if not 0.0 < given["val_fraction"] < 1.0:
+        raise InputError(f"val_fraction={given['val_fraction']}: must lie strictly between 0 and 1, e.g. val_fraction=0.1")
+
+
 def prepare_doctor(out_dir: Path, *, source_file: Path, val_fraction: float = 0.1, seed: int = 0) -> list[Path]:
     """Write ``train.parquet`` and ``test.parquet`` (returned) from the cases in ``source_file``."""
-    if not 0.0 < val_fraction < 1.0:
-        raise InputError(f"val_fraction={val_fraction}: must lie strictly between 0 and 1, e.g. val_fraction=0.1")
+    checked_options(dict(locals()))
     splits = split_cases(read_cases(Path(source_file)), val_fraction, seed)
     out_dir = Path(out_dir)
     return [write_rows([case_row(case, DATA_SOURCE, split, i) for i, case in enumerate(cases)], out_dir / f"{split}.parquet")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from posttrain.data.format import make_row, write_rows
 from posttrain.data.preparers.options import check_counts
@@ -35,14 +36,19 @@ def final_answer(worked_answer: str) -> str:
     return found.group(1).replace(",", "")
 
 
+def checked_options(given: dict[str, Any]) -> None:
+    """InputError for what prepare_gsm8k's arguments alone call for (also ``preparers.check_options``'s)."""
+    if given["limit"] is not None:
+        check_counts(1, limit=given["limit"])
+
+
 def prepare_gsm8k(out_dir: Path, *, limit: int | None = None, source_dir: Path = VENDORED_DIR) -> list[Path]:
     """Write ``train.parquet`` and ``test.parquet`` into ``out_dir``; returns their paths.
 
     ``limit`` keeps only the first ``limit`` problems of each split (small runs on a CPU). A
     ``source_dir`` other than the vendored copy is read as it is (``train.jsonl``, ``test.jsonl``).
     """
-    if limit is not None:
-        check_counts(1, limit=limit)
+    checked_options(dict(locals()))
     written = []
     for split in ("train", "test"):
         problems = _read_jsonl(Path(source_dir) / f"{split}.jsonl") if Path(source_dir) != VENDORED_DIR else _problems(split)

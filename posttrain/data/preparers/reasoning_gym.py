@@ -74,25 +74,11 @@ def prepare_reasoning_gym(
     sft_solution: str = "answer",
 ) -> list[Path]:
     """Write the files of the module docstring into ``out_dir``; returns their paths."""
-    check_counts(1, size=size, test_size=test_size)
-    check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size, levels=levels)
-    if levels == 1:
-        raise InputError("levels=1: a curriculum steps between at least two levels; pass levels=N with N >= 2, or 0 for none")
-    if sft_size + sft_val_size > size:
-        raise InputError(f"sft_size + sft_val_size = {sft_size + sft_val_size} transcripts per task are drawn from its {size} training items; lower them")
-    check_seeds(seed, size * max(levels, 1), test_seed, test_size * TEST_SCAN_FACTOR)
-    names = parse_tasks(tasks)
-    task_configs = parse_configs(configs, names)
-    if sft_solution not in SFT_SOLUTIONS:
-        raise InputError(f"sft_solution={sft_solution!r}: pass one of {', '.join(SFT_SOLUTIONS)}")
-    if sft_solution == "worked" and sft_size + sft_val_size:
-        rg_worked.check_configs(task_configs)
-    system = system_message(system_prompt)
+    names, task_configs, system, by_task_level = checked_options(dict(locals()))
     train_rows, test_rows, sft, sft_val = [], [], [], []
     for task in names:
-        configs_by_level = level_configs(task, levels, task_configs[task]) if levels else {None: task_configs[task]}
         by_level = {level: [rg.ItemRef(task, seed + (level or 0) * size, size, index, config) for index in range(size)]
-                    for level, config in configs_by_level.items()}
+                    for level, config in by_task_level[task].items()}
         train = [item for items in by_level.values() for item in items]
         train_questions = {_question(item) for item in train}
         test = held_out_items(task, task_configs[task], test_seed, test_size, train_questions)
@@ -106,6 +92,28 @@ def prepare_reasoning_gym(
     paths = [write_rows(train_rows, out_dir / "train.parquet"), write_rows(test_rows, out_dir / "test.parquet")]
     paths += [write_conversations(c, out_dir / f"{name}.parquet") for name, c in (("sft", sft), ("sft_val", sft_val)) if c]
     return paths
+
+
+def checked_options(given: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]], list[dict[str, str]], dict[str, dict[int | None, dict[str, Any]]]]:
+    """(the task names, each task's config, the system message, each task's config per level: ``{None: config}``
+    without levels) from prepare_reasoning_gym's arguments, once every refusal they call for alone has passed
+    (also ``preparers.check_options``'s: a run or a recipe refuses them before it prepares anything)."""
+    size, levels, sft_size, sft_val_size = given["size"], given["levels"], given["sft_size"], given["sft_val_size"]
+    check_counts(1, size=size, test_size=given["test_size"])
+    check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size, levels=levels)
+    if levels == 1:
+        raise InputError("levels=1: a curriculum steps between at least two levels; pass levels=N with N >= 2, or 0 for none")
+    if sft_size + sft_val_size > size:
+        raise InputError(f"sft_size + sft_val_size = {sft_size + sft_val_size} transcripts per task are drawn from its {size} training items; lower them")
+    check_seeds(given["seed"], size * max(levels, 1), given["test_seed"], given["test_size"] * TEST_SCAN_FACTOR)
+    names = parse_tasks(given["tasks"])
+    task_configs = parse_configs(given["configs"], names)
+    if given["sft_solution"] not in SFT_SOLUTIONS:
+        raise InputError(f"sft_solution={given['sft_solution']!r}: pass one of {', '.join(SFT_SOLUTIONS)}")
+    if given["sft_solution"] == "worked" and sft_size + sft_val_size:
+        rg_worked.check_configs(task_configs)
+    by_task_level = {task: level_configs(task, levels, task_configs[task]) if levels else {None: task_configs[task]} for task in names}
+    return names, task_configs, system_message(given["system_prompt"]), by_task_level
 
 
 def check_seeds(seed: int, size: int, test_seed: int, test_span: int) -> None:

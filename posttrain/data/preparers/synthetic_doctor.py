@@ -55,6 +55,7 @@ import itertools
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from posttrain.agents.doctor.case import QA, Case
 from posttrain.agents.doctor.prompts import doctor_instruction
@@ -366,8 +367,10 @@ def write_patient_transcripts(train: list[tuple[CaseKey, Case]], out_dir: Path, 
     return write_conversations(transcripts, out_dir / "patient_sft.parquet")
 
 
-def _check_options(train_size: int, val_size: int, sft_size: int, sft_val_size: int, sft_questions: int,
-                   sft_extra_question_fraction: float, patient_sft_size: int = 0) -> None:
+def checked_options(given: dict[str, Any]) -> None:
+    """InputError for what prepare_synthetic_doctor's arguments alone call for (also ``preparers.check_options``'s)."""
+    train_size, val_size, sft_size, sft_val_size = given["train_size"], given["val_size"], given["sft_size"], given["sft_val_size"]
+    sft_questions, sft_extra_question_fraction, patient_sft_size = given["sft_questions"], given["sft_extra_question_fraction"], given["patient_sft_size"]
     check_counts(1, train_size=train_size, val_size=val_size)
     check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size, patient_sft_size=patient_sft_size)
     if sft_size and sft_size + sft_val_size > train_size:
@@ -393,7 +396,7 @@ def prepare_synthetic_doctor(
 ) -> list[Path]:
     """Write ``train.parquet`` and ``test.parquet`` (returned); with ``sft_size > 0`` also ``sft.parquet``
     and ``sft_val.parquet``, with ``patient_sft_size > 0`` also ``patient_sft.parquet`` (returned after them)."""
-    _check_options(train_size, val_size, sft_size, sft_val_size, sft_questions, sft_extra_question_fraction, patient_sft_size)
+    checked_options(dict(locals()))
     splits = draw_splits(train_size, val_size, seed)
     built = {split: [(key, build_case(key, seed)) for key in keys] for split, keys in splits.items()}
     out_dir = Path(out_dir)

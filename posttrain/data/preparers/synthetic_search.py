@@ -52,6 +52,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from posttrain.data.format import make_row, write_conversations, write_rows
 from posttrain.data.preparers.options import check_counts
@@ -274,9 +275,13 @@ def _check_supply(available: int, wanted: int, hops: str, world: World) -> None:
         )
 
 
-def _check_fraction(key: str, fraction: float) -> None:
-    if not 0.0 <= fraction <= 1.0:
-        raise InputError(f"{key}={fraction}: must lie in [0, 1], e.g. {key}=0.5")
+def checked_options(given: dict[str, Any]) -> None:
+    """InputError for what prepare_synthetic_search's arguments alone call for (also ``preparers.check_options``'s)."""
+    check_counts(1, **{key: given[key] for key in ("num_people", "num_places", "num_organisations", "train_size", "val_size", "sft_topk")})
+    check_counts(0, sft_size=given["sft_size"], sft_val_size=given["sft_val_size"])
+    for key in ("two_hop_fraction", "sft_two_hop_fraction"):
+        if not 0.0 <= given[key] <= 1.0:
+            raise InputError(f"{key}={given[key]}: must lie in [0, 1], e.g. {key}=0.5")
 
 
 def prepare_synthetic_search(
@@ -297,11 +302,7 @@ def prepare_synthetic_search(
 ) -> list[Path]:
     """Write ``train.parquet`` and ``test.parquet`` (returned) and, beside them, ``corpus.jsonl`` (:data:`CORPUS_FILE`);
     with ``sft_size > 0`` also ``sft.parquet`` and ``sft_val.parquet`` (returned after them)."""
-    check_counts(1, num_people=num_people, num_places=num_places, num_organisations=num_organisations,
-                 train_size=train_size, val_size=val_size, sft_topk=sft_topk)
-    check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size)
-    _check_fraction("two_hop_fraction", two_hop_fraction)
-    _check_fraction("sft_two_hop_fraction", sft_two_hop_fraction)
+    checked_options(dict(locals()))
     world = build_world(num_people, num_places, num_organisations, seed)
     # questions draw from their own stream, so the world does not change with the split sizes
     splits = split_questions(world, train_size, val_size, two_hop_fraction, random.Random(f"questions-{seed}"))

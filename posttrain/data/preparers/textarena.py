@@ -30,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from posttrain.agents.textarena_env import Game, GameRef, check_game, normalise_kwargs, normalise_levels
+from posttrain.agents.textarena_env import Game, GameRef, make_game, normalise_kwargs, normalise_levels
 from posttrain.data.format import make_row, write_rows
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
@@ -49,20 +49,30 @@ def prepare_textarena(
     levels: str | list[dict[str, Any]] | None = None,
 ) -> list[Path]:
     """Write the files of the module docstring into ``out_dir``; returns their paths."""
-    check_counts(1, size=size, test_size=test_size)
-    level_kwargs = normalise_levels(levels)
-    trained = size * max(1, len(level_kwargs))  # training seeds
-    if seed < test_seed + test_size and test_seed < seed + trained:
-        raise InputError(f"seed={seed} size={size}{f' levels={len(level_kwargs)}' if level_kwargs else ''} and test_seed={test_seed} "
-                         f"test_size={test_size} overlap: the training games use seeds {seed}..{seed + trained - 1} and the held-out "
-                         f"ones {test_seed}..{test_seed + test_size - 1}; pass test_seed >= {seed + trained}")
-    check_game(id)
-    game_kwargs = normalise_kwargs(kwargs)
+    level_kwargs, game_kwargs = checked_options(dict(locals()))
     out_dir = Path(out_dir)
     train = [_row(GameRef(id, seed + level * size + index, level_game), "train", level * size + index, level if level_kwargs else None)
              for level, level_game in enumerate(level_kwargs or [game_kwargs]) for index in range(size)]
     test = [_row(GameRef(id, test_seed + index, game_kwargs), "test", index) for index in range(test_size)]
     return [write_rows(train, out_dir / "train.parquet"), write_rows(test, out_dir / "test.parquet")]
+
+
+def checked_options(given: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(each level's game keyword arguments, the held-out games' ones) from prepare_textarena's arguments, once every
+    refusal they call for alone has passed: seeds, the game, and keyword arguments the game takes (also
+    ``preparers.check_options``'s: a run or a recipe refuses them before it prepares anything)."""
+    size, seed, test_size, test_seed = given["size"], given["seed"], given["test_size"], given["test_seed"]
+    check_counts(1, size=size, test_size=test_size)
+    level_kwargs = normalise_levels(given["levels"])
+    trained = size * max(1, len(level_kwargs))  # training seeds
+    if seed < test_seed + test_size and test_seed < seed + trained:
+        raise InputError(f"seed={seed} size={size}{f' levels={len(level_kwargs)}' if level_kwargs else ''} and test_seed={test_seed} "
+                         f"test_size={test_size} overlap: the training games use seeds {seed}..{seed + trained - 1} and the held-out "
+                         f"ones {test_seed}..{test_seed + test_size - 1}; pass test_seed >= {seed + trained}")
+    game_kwargs = normalise_kwargs(given["kwargs"])
+    for each in [game_kwargs, *level_kwargs]:
+        make_game(given["id"], each)  # the game's own constructor refuses keyword arguments it does not take
+    return level_kwargs, game_kwargs
 
 
 def _row(ref: GameRef, split: str, index: int, level: int | None = None) -> dict[str, Any]:

@@ -20,9 +20,10 @@ the tool is what pays; the SFT data shows both behaviours and never says which t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from posttrain.data.format import make_row, write_conversations, write_rows
-from posttrain.data.preparers.arithmetic import DATA_SOURCE, Problem, generate_problems
+from posttrain.data.preparers.arithmetic import DATA_SOURCE, Problem, check_problem_space, generate_problems
 from posttrain.data.preparers.options import check_counts
 from posttrain.errors import InputError
 from posttrain.models.tool_formats.builtin import tool_calls_text, tool_responses
@@ -49,6 +50,19 @@ def transcript(problem: Problem, direct: bool) -> list[dict[str, str]]:
     ]
 
 
+def checked_options(given: dict[str, Any]) -> None:
+    """InputError for what prepare_tool_arithmetic's arguments alone call for (also ``preparers.check_options``'s)."""
+    train_size, sft_size, sft_val_size, fraction = given["train_size"], given["sft_size"], given["sft_val_size"], given["sft_direct_fraction"]
+    check_counts(1, train_size=train_size, val_size=given["val_size"], longer_size=given["longer_size"], digits=given["digits"])
+    check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size)
+    if not 0 <= fraction <= 1:
+        raise InputError(f"sft_direct_fraction={fraction} must lie in [0, 1]")
+    if sft_size + sft_val_size > train_size:
+        raise InputError(f"sft_size + sft_val_size = {sft_size + sft_val_size} transcripts are drawn from the {train_size} train problems; lower them")
+    for digits, count in ((given["digits"], train_size + given["val_size"]), (given["digits"] + 1, given["longer_size"])):
+        check_problem_space(count, digits, given["num_operands"], given["operators"])
+
+
 def prepare_tool_arithmetic(
     out_dir: Path,
     *,
@@ -64,12 +78,7 @@ def prepare_tool_arithmetic(
     seed: int = 0,
 ) -> list[Path]:
     """Write the files of the module docstring into ``out_dir``; returns their paths."""
-    check_counts(1, train_size=train_size, val_size=val_size, longer_size=longer_size, digits=digits)
-    check_counts(0, sft_size=sft_size, sft_val_size=sft_val_size)
-    if not 0 <= sft_direct_fraction <= 1:
-        raise InputError(f"sft_direct_fraction={sft_direct_fraction} must lie in [0, 1]")
-    if sft_size + sft_val_size > train_size:
-        raise InputError(f"sft_size + sft_val_size = {sft_size + sft_val_size} transcripts are drawn from the {train_size} train problems; lower them")
+    checked_options(dict(locals()))
     problems = generate_problems(train_size + val_size, digits=digits, num_operands=num_operands, operators=operators, seed=seed)
     longer = generate_problems(longer_size, digits=digits + 1, num_operands=num_operands, operators=operators, seed=seed + 1)
     out_dir = Path(out_dir)
