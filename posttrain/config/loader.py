@@ -40,6 +40,7 @@ def preset_path(name: str) -> Path:
 
 def load_config(
     yaml_files: Iterable[str | Path] = (), overrides: Sequence[str] = (), checks: Checks | None = validate_config,
+    overrides_source: str = "command line",
 ) -> PosttrainConfig:
     """Defaults, then each YAML file, then dotted ``key=value`` overrides; all problems at once: the
     loader's own (files, unknown keys, types) and those ``checks`` finds in the result (None: none).
@@ -47,7 +48,7 @@ def load_config(
 
     A value of the wrong type keeps the key's earlier value, and the checks still run, so a type
     error never hides a value error elsewhere. Each problem says where its key was last set: a file,
-    ``command line``, or ``default``.
+    ``overrides_source`` (``command line``; a recipe names its stage's overrides), or ``default``.
     """
     merged = OmegaConf.structured(PosttrainConfig)
     problems: list[Problem] = []
@@ -63,7 +64,7 @@ def load_config(
             problems.append(Problem("config file", str(path), f"not valid YAML: {str(err).splitlines()[0]}", source=str(path)))
             continue
         problems += _apply(merged, _flatten(loaded), str(path), sources)
-    problems += _apply(merged, _parse_overrides(overrides, problems), "command line", sources)
+    problems += _apply(merged, _parse_overrides(overrides, problems, overrides_source), overrides_source, sources)
     try:
         config: PosttrainConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:  # e.g. a ${...} interpolation pointing nowhere
@@ -117,18 +118,18 @@ def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix.rstrip("."), value)]
 
 
-def _parse_overrides(overrides: Sequence[str], problems: list[Problem]) -> list[tuple[str, Any]]:
+def _parse_overrides(overrides: Sequence[str], problems: list[Problem], source: str) -> list[tuple[str, Any]]:
     pairs = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            problems.append(Problem(item, None, "overrides are key=value, e.g. data.train_batch_size=16", source="command line"))
+            problems.append(Problem(item, None, "overrides are key=value, e.g. data.train_batch_size=16", source=source))
             continue
         try:
             # resolve=False keeps ${...} interpolations for the merged config to resolve.
             value = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={raw}"]), resolve=False)["value"] if raw else ""
         except (OmegaConfBaseException, yaml.YAMLError) as err:
-            problems.append(Problem(key, raw, f"cannot parse the value: {str(err).splitlines()[0]}", source="command line"))
+            problems.append(Problem(key, raw, f"cannot parse the value: {str(err).splitlines()[0]}", source=source))
             continue
         pairs.append((key.strip(), value))
     return pairs

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from posttrain.errors import ConfigError
 
 CONFIG_COMMANDS = ("sft", "train", "eval")
+# where a stage's settings come from, as a refused one is labelled (the recipe builds the stage's command line)
+STAGE_SETTINGS = "the recipe's settings for the stage: its overrides, the stage's own or STAGE:key=value"
 
 
 def stage_problems(argv: list[str], command: str) -> str | None:
@@ -39,7 +41,7 @@ def stage_problems(argv: list[str], command: str) -> str | None:
             settings.append(item)
     presets = presets or ([DEFAULT_PRESET] if command in ("train", "eval") else [])
     try:
-        load_config([preset_path(name) for name in presets], settings,
+        load_config([preset_path(name) for name in presets], settings, overrides_source=STAGE_SETTINGS,
                     checks=lambda config: validate_config(config, command) + builtin_option_problems(config.data))
     except ConfigError as error:
         return str(error)
