@@ -104,14 +104,18 @@ def check_game(game_id: str) -> None:
                          f"{game} is not one of them (it needs two or more players, or does not start under this Python)")
 
 
-def make_game(game_id: str, kwargs: Mapping[str, Any]) -> Any:
-    """``textarena.make(game_id, **kwargs)``, after :func:`check_game`; bad keyword arguments are an InputError."""
+def make_game(game_id: str, kwargs: Mapping[str, Any], option: str = "kwargs") -> Any:
+    """``textarena.make(game_id, **kwargs)``, after :func:`check_game`; keyword arguments the game refuses are an
+    InputError naming ``option`` (where they were given: ``kwargs``, ``levels[1]``)."""
     check_game(game_id)
     try:
         return library().make(game_id, **kwargs)
     except TypeError as error:
-        raise InputError(f"kwargs={dict(kwargs)}: TextArena's {game_id} does not take them ({error}); "
+        raise InputError(f"{option}={dict(kwargs)}: TextArena's {game_id} does not take them ({error}); "
                          "give the keyword arguments of its game class, e.g. {max_number: 10} for GuessTheNumber") from None
+    except Exception as error:  # noqa: BLE001 - a game's constructor raises what it likes (an assert, a missing file) for a value it refuses
+        raise InputError(f"{option}={dict(kwargs)}: TextArena's {game_id} refuses them ({type(error).__name__}: {error}); "
+                         "give values its game class accepts") from None
 
 
 def normalise_levels(levels: Sequence[Mapping[str, Any]] | str | None) -> list[dict[str, Any]]:
@@ -249,8 +253,8 @@ class TextArenaEnv(Environment):
                  levels: Sequence[Mapping[str, Any]] | str | None = None) -> None:
         self.allowed = _allowed({"kwargs": kwargs, "levels": levels})
         self.game = Game(id, self.allowed[0])
-        for level in self.allowed[1:]:
-            make_game(id, level)  # each level's arguments are the game's, checked before any episode
+        for index, level in enumerate(self.allowed[1:]):
+            make_game(id, level, f"levels[{index}]")  # each level's arguments are the game's, checked before any episode
 
     @classmethod
     def check_sample(cls, sample: EpisodeSample, options: Mapping[str, Any]) -> None:

@@ -18,7 +18,7 @@ from posttrain.errors import ConfigError
 
 CONFIG_COMMANDS = ("sft", "train", "eval")
 # where a stage's settings come from, as a refused one is labelled (the recipe builds the stage's command line)
-STAGE_SETTINGS = "the recipe's settings for the stage: its overrides, the stage's own or STAGE:key=value"
+STAGE_SETTINGS = "the recipe's settings for this stage"
 
 
 def stage_problems(argv: list[str], command: str) -> str | None:

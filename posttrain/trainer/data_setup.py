@@ -18,7 +18,7 @@ from posttrain.data import PromptDataLoader, RLDataset, prepare, split_dev
 from posttrain.data.loader import row_of_uid
 from posttrain.data.preparers import PREPARERS, check_options, get_preparer
 from posttrain.data.sampler import Curriculum, StratifiedSampler, row_value
-from posttrain.errors import InputError, Problem
+from posttrain.errors import InputError, PosttrainError, Problem
 from posttrain.models import build_atomically, cache_root
 from posttrain.protocol import Batch
 from posttrain.rollout.batching import sample_accuracy
@@ -66,7 +66,7 @@ def builtin_option_problems(data: DataConfig) -> list[Problem]:
         return [Problem("data.builtin", data.builtin, f"unknown dataset; choose one of {', '.join(sorted(PREPARERS))}")]
     try:
         check_options(data.builtin, dict(data.builtin_options))
-    except InputError as error:
+    except PosttrainError as error:  # a refused option, or a library the preparer needs that is not installed
         return [Problem("data.builtin_options", dict(data.builtin_options), str(error))]
     return []
 

@@ -380,7 +380,7 @@ def test_a_built_in_dataset_option_its_preparer_would_refuse_is_refused_by_the_c
     ("rg_grpo", "levels=1", "a curriculum steps between at least two levels"),
     ("rg_grpo", "tasks=chain_summ", "has no task ['chain_summ']"),
     ("textarena_grpo", "test_seed=100", "overlap: the training games use seeds 0..255"),
-    ("textarena_grpo", "levels=[{max_number: 4}, {max_numbr: 10}]", "does not take them"),
+    ("textarena_grpo", "levels=[{max_number: 4}, {max_numbr: 10}]", "levels[1]={'max_numbr': 10}: TextArena's GuessTheNumber-v0 does not take them"),
     ("arithmetic_grpo", "train_size=500", "only 300 exist with 1 digit(s)"),
     ("tool_grpo", "sft_direct_fraction=1.5", "sft_direct_fraction=1.5 must lie in [0, 1]"),
     ("doctor_grpo", "sft_questions=4", "pass 1, 2 or 3"),
@@ -394,6 +394,30 @@ def test_each_built_in_datasets_own_option_rules_are_refused_by_the_config_check
     with pytest.raises(ConfigError) as info:
         load_run_config([preset_path(preset)] if preset else [], [*doctor, f"data.builtin_options.{option}"])
     assert [p.key for p in info.value.problems] == ["data.builtin_options"] and fragment in info.value.problems[0].message
+
+
+def test_a_game_constructor_that_refuses_its_values_is_a_problem_not_a_crash():
+    # ThreeCardMonte asserts num_cups >= 3 in its constructor: an AssertionError of the library's, named as the option's
+    with pytest.raises(ConfigError) as info:
+        load_run_config([preset_path("textarena_grpo")], ["data.builtin_options.id=ThreeCardMonte-v0", "env.options.id=ThreeCardMonte-v0",
+                                                          "data.builtin_options.kwargs={num_cups: 2}", "env.options.kwargs={num_cups: 2}"])
+    messages = " ".join(p.message for p in info.value.problems)
+    assert "kwargs={'num_cups': 2}: TextArena's ThreeCardMonte-v0 refuses them (AssertionError" in messages
+
+
+def test_a_preparers_missing_library_is_one_problem_beside_the_others(monkeypatch):
+    # reasoning-gym not installed: said once, and a mistake elsewhere in the config is still reported with it
+    from posttrain.errors import MissingLibraryError
+    from posttrain.rewards import reasoning_gym
+
+    def not_installed():
+        raise MissingLibraryError("reasoning-gym tasks need it, and reasoning-gym is not installed; pip install reasoning-gym")
+    monkeypatch.setattr(reasoning_gym, "task_names", not_installed)
+    with pytest.raises(ConfigError) as info:
+        load_run_config([preset_path("rg_grpo")], ["algorithm.adv_estimator=gpro"])
+    keys = [p.key for p in info.value.problems]
+    assert "algorithm.adv_estimator" in keys and "data.builtin_options" in keys
+    assert "reasoning-gym is not installed" in next(p.message for p in info.value.problems if p.key == "data.builtin_options")
 
 
 @pytest.mark.parametrize("option, fragment", [

@@ -3,7 +3,6 @@
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -169,8 +168,9 @@ def test_prepare_refuses_sizes_below_their_minimum_writing_nothing(tmp_path, cap
     error = capsys.readouterr().err
     assert error.startswith(f"posttrain: {message}") and "Traceback" not in error
     assert not (tmp_path / "out").exists()
-    with pytest.raises(InputError, match=re.escape(message)):  # the config check's refusal is the same, without preparing
+    with pytest.raises(InputError) as info:  # the config check's refusal is the same, without preparing
         check_options(name, parse_options(name, [option]))
+    assert str(info.value).startswith(message)
 
 
 def test_prepare_refuses_an_out_that_is_a_file_or_lies_under_one(tmp_path, capsys):

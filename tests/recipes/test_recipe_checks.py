@@ -28,7 +28,7 @@ def test_a_late_stage_refused_stops_the_recipe_before_any_stage_runs(tmp_path):
     assert "stage 'rl':" in message and "rl_prompt_tokens=700 keeps the rows longer than max_prompt_tokens" in message
     assert "stage 'rl_eval':" in message and "trainer.total_trainng_steps" in message
     assert "stage 'sft'" not in message and "stage 'base_eval'" not in message  # their settings are fine
-    assert "the recipe's settings for the stage" in message and "command line)" not in message  # labelled as the recipe's, not a command line
+    assert "the recipe's settings for this stage" in message and "command line)" not in message  # labelled as the recipe's, not a command line
     assert list(tmp_path.iterdir()) == []  # not even the first stage began
 
 

@@ -86,7 +86,9 @@ def check_options(name: str, options: dict[str, Any]) -> None:
     bound.apply_defaults()
     checked_options = importlib.import_module(PREPARERS[name].split(":")[0]).checked_options
     try:
-        checked_options(dict(list(bound.arguments.items())[1:]))  # all but out_dir
+        checked_options({key: value for key, value in bound.arguments.items() if key != "out_dir"})
+    except InputError:
+        raise  # the preparer's own refusal, as it words it
     except (TypeError, ValueError, AttributeError) as error:  # an option of another type than the preparer reads
         raise InputError(f"bad options {options} for dataset {name!r}: {error}; its options are: {describe_options(name)}") from None
 

@@ -70,8 +70,9 @@ def checked_options(given: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[s
                          f"test_size={test_size} overlap: the training games use seeds {seed}..{seed + trained - 1} and the held-out "
                          f"ones {test_seed}..{test_seed + test_size - 1}; pass test_seed >= {seed + trained}")
     game_kwargs = normalise_kwargs(given["kwargs"])
-    for each in [game_kwargs, *level_kwargs]:
-        make_game(given["id"], each)  # the game's own constructor refuses keyword arguments it does not take
+    make_game(given["id"], game_kwargs)  # the game's own constructor refuses keyword arguments it does not take
+    for index, level in enumerate(level_kwargs):
+        make_game(given["id"], level, f"levels[{index}]")
     return level_kwargs, game_kwargs
 
 
