@@ -56,6 +56,7 @@ from posttrain.rewards import reasoning_gym as rg
 TEST_SCAN_FACTOR = 10  # held-out items looked at per item kept, at most
 NO_SYSTEM_PROMPT = "none"
 SFT_SOLUTIONS = ("answer", "worked")
+Config = dict[str, Any]  # a task's config fields, as reasoning-gym's dataset takes them
 
 
 def prepare_reasoning_gym(
@@ -94,7 +95,7 @@ def prepare_reasoning_gym(
     return paths
 
 
-def checked_options(given: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]], list[dict[str, str]], dict[str, dict[int | None, dict[str, Any]]]]:
+def checked_options(given: dict[str, Any]) -> tuple[list[str], dict[str, Config], list[dict[str, str]], dict[str, dict[int | None, Config]]]:
     """(the task names, each task's config, the system message, each task's config per level: ``{None: config}``
     without levels) from prepare_reasoning_gym's arguments, once every refusal they call for alone has passed
     (also ``preparers.check_options``'s: a run or a recipe refuses them before it prepares anything)."""
