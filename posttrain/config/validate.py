@@ -218,12 +218,17 @@ def check_skip_first(config: PosttrainConfig) -> list[Problem]:
 
 
 def check_kl_first(config: PosttrainConfig) -> list[Problem]:
-    """``actor.kl_loss_first_tokens`` narrows a KL loss: it needs one, and a count below the response length."""
+    """``actor.kl_loss_first_tokens`` narrows a KL loss and ``kl_loss_first_token_weight`` weights its first token: both
+    need one, and the count must be below the response length."""
     actor, limit = config.actor_rollout_ref.actor, config.data.max_response_length
     key, count = "actor_rollout_ref.actor.kl_loss_first_tokens", actor.kl_loss_first_tokens
     if count > 0 and not actor.use_kl_loss:
         return [Problem(key, count, "applies only with actor_rollout_ref.actor.use_kl_loss=true (it chooses the tokens the KL loss "
                                     "counts); set that, or remove it")]
+    weight_key, weight = "actor_rollout_ref.actor.kl_loss_first_token_weight", actor.kl_loss_first_token_weight
+    if weight != 1 and not actor.use_kl_loss:
+        return [Problem(weight_key, weight, "applies only with actor_rollout_ref.actor.use_kl_loss=true (it weights the KL loss "
+                                            "on each response's first token); set that, or remove it")]
     if count >= limit > 0:
         return [Problem(key, count, f"must be below data.max_response_length={limit}: at {count} every response token takes the "
                                     "KL loss, which 0 (the default) already says; use 0, or a small count (1: the first token)")]
@@ -420,6 +425,7 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("actor_rollout_ref.actor.kl_loss_coef", lambda v: v >= 0, "must be >= 0"),
     ("actor_rollout_ref.actor.policy_loss_skip_first", lambda v: v >= 0, "must be >= 0"),
     ("actor_rollout_ref.actor.kl_loss_first_tokens", lambda v: v >= 0, "must be >= 0 (0: every response token)"),
+    ("actor_rollout_ref.actor.kl_loss_first_token_weight", lambda v: v >= 0, "must be >= 0 (1: the first token as any other)"),
     ("algorithm.kl_ctrl.kl_coef", lambda v: v >= 0, "must be >= 0"),
     ("algorithm.kl_ctrl.target_kl", lambda v: v > 0, "must be > 0"),
     ("algorithm.kl_ctrl.horizon", lambda v: v >= 1, "must be >= 1"),

@@ -7,7 +7,8 @@ losses add up to the mini-batch loss) and metrics that are means over the micro-
 Policy: the configured policy loss (PPO clip / GSPO / CISPO), minus ``entropy_coeff`` × entropy,
 plus ``kl_loss_coef`` × KL(π ‖ π_ref) when the KL is a loss rather than a reward penalty (GRPO).
 ``policy_loss_skip_first`` leaves each response's first N tokens out of the policy loss only;
-``kl_loss_first_tokens`` puts the KL loss on each response's first N tokens only.
+``kl_loss_first_tokens`` puts the KL loss on each response's first N tokens only; ``kl_loss_first_token_weight``
+counts each response's first token that many times in it.
 With ``importance_cap`` set (asynchronous training: samples from older weights μ), each token's loss
 is weighted by min(π_old / μ, cap) from the rollout's BEHAVIOUR_LOGPROBS while the ratio is still
 taken against π_old, the proximal policy: decoupled PPO (:mod:`posttrain.algos.off_policy`). For a
@@ -45,6 +46,7 @@ class PolicyObjective:
     importance_cap: float | None = None  # None: no behaviour-policy correction
     skip_first: int = 0  # each response's first N tokens take no policy loss (KL and entropy still count them)
     kl_first: int = 0  # 0: the KL loss on every response token; N: on each response's first N tokens only
+    kl_first_weight: float = 1.0  # the KL loss's weight on each response's first token (a later token's: 1)
 
     @classmethod
     def from_config(cls, actor: ActorConfig, max_response_length: int, importance_cap: float | None = None) -> PolicyObjective:
@@ -63,7 +65,7 @@ class PolicyObjective:
         return cls(
             actor.policy_loss, options, actor.loss_agg_mode, max_response_length, actor.loss_scale_factor, actor.entropy_coeff,
             actor.kl_loss_coef if actor.use_kl_loss else None, actor.kl_loss_type, importance_cap, actor.policy_loss_skip_first,
-            actor.kl_loss_first_tokens,
+            actor.kl_loss_first_tokens, actor.kl_loss_first_token_weight,
         )
 
     def rows_without_gradient(self, batch: Batch) -> Tensor | None:
@@ -102,10 +104,13 @@ class PolicyObjective:
         if self.kl_loss_coef is not None:
             kl = get_kl_estimator(self.kl_loss_type)(outputs.logprobs, batch[keys.REF_LOGPROBS])
             anchored = first_tokens(mask, self.kl_first) if self.kl_first else mask
+            first = first_tokens(mask, 1)
+            weights = anchored + (self.kl_first_weight - 1) * first if self.kl_first_weight != 1 else anchored
             # zeroed outside the anchored tokens but aggregated over the whole mask: each row's and token's weight
             # as with the KL on every token, in every loss_agg_mode (seq-mean-token-mean divides by the row's length)
-            loss = loss + self.kl_loss_coef * self._aggregate(kl * anchored, mask, normalizer)
+            loss = loss + self.kl_loss_coef * self._aggregate(kl * weights, mask, normalizer)
             metrics["kl_loss"] = masked_mean(kl, anchored).detach()
+            metrics["kl_first_token"] = masked_mean(kl, first).detach()
         return loss, metrics
 
     def _behaviour_weights(self, old: Tensor, batch: Batch) -> tuple[dict[str, Tensor], dict[str, Tensor]]:

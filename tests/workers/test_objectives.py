@@ -184,3 +184,35 @@ def test_kl_loss_first_tokens_puts_the_kl_on_each_responses_first_tokens_only(mo
     assert (every[mask.bool()] != 0).all()
     torch.testing.assert_close(first[first_two], every[first_two])
     assert (first[~first_two] == 0).all()
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_kl_loss_first_token_weight_multiplies_the_kl_gradient_on_each_responses_first_token_only(mode):
+    # Gradient with respect to each token's log-probability, the policy loss left out (zero advantages): with the first
+    # token's weight 20, each row's first scored token (row 1's at column 3, row 2's at column 0 before a gap) gets 20
+    # times the KL gradient it gets at weight 1, every other token the same; with kl_loss_first_tokens=2 as well, the
+    # second token keeps its own weight and the rest none.
+    batch = make_batch(4, seed=12)
+    mask = batch[keys.RESPONSE_MASK].clone()
+    mask[1] = torch.tensor([0, 0, 0, 1, 1, 1, 1, 0], dtype=mask.dtype)
+    mask[2] = torch.tensor([1, 0, 0, 1, 1, 1, 0, 0], dtype=mask.dtype)
+    batch = Batch(batch.tensors | {keys.RESPONSE_MASK: mask, keys.REF_LOGPROBS: batch[keys.OLD_LOGPROBS] - 0.3,
+                                   keys.ADVANTAGES: torch.zeros_like(batch[keys.ADVANTAGES])}, batch.non_tensors, batch.meta)
+
+    def grad(**options) -> torch.Tensor:
+        logprobs = batch[keys.OLD_LOGPROBS].clone().requires_grad_(True)
+        actor = ActorConfig(use_kl_loss=True, kl_loss_coef=0.5, loss_agg_mode=mode, **options)
+        _objective_loss(PolicyObjective.from_config(actor, 8), batch, logprobs)[0].backward()
+        return logprobs.grad
+
+    alike, weighted = grad(), grad(kl_loss_first_token_weight=20.0)
+    first = (mask.cumsum(dim=-1) == 1) & mask.bool()
+    assert first[1].tolist() == [False] * 3 + [True] + [False] * 4 and first[2].tolist() == [True] + [False] * 7
+    assert (alike[mask.bool()] != 0).all()
+    torch.testing.assert_close(weighted[first], 20 * alike[first])
+    torch.testing.assert_close(weighted[~first], alike[~first])
+    narrowed = grad(kl_loss_first_token_weight=20.0, kl_loss_first_tokens=2)
+    second = (mask.cumsum(dim=-1) == 2) & mask.bool()
+    torch.testing.assert_close(narrowed[first], 20 * alike[first])
+    torch.testing.assert_close(narrowed[second], alike[second])
+    assert (narrowed[~(first | second)] == 0).all()
