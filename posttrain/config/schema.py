@@ -106,8 +106,9 @@ class ActorConfig:
     kl_loss_first_tokens: int = 0
     # with use_kl_loss: the KL loss counts each response's first token this many times a later token (1: alike). At the
     # same coefficient the first token's pull is one token's in a whole answer's; a weight of about the answer's length
-    # holds a tool-calling warm-up's call/no-call decision as the whole answer is held, against the drift the other
-    # tokens' updates give it (docs/bfcl_runs.md, "The first token's KL weighted")
+    # pulls a tool-calling warm-up's call/no-call decision back as firmly as the whole answer. It acts on the rows the
+    # update sees: under dynamic sampling only the groups whose answers differ, so BFCL's no-call rows answered rightly
+    # were never held, and the decision still drifted (docs/bfcl_runs.md, "The first token's KL weighted")
     kl_loss_first_token_weight: float = 1.0
     grad_clip: Optional[float] = 1.0  # max gradient norm; null: measured, never clipped
     dtype: str = "auto"  # autocast dtype: auto (bfloat16 where native: CUDA, AVX-512 BF16/AMX CPUs; else float32) | bfloat16 | float32
