@@ -105,7 +105,7 @@ class PolicyObjective:
             kl = get_kl_estimator(self.kl_loss_type)(outputs.logprobs, batch[keys.REF_LOGPROBS])
             anchored = first_tokens(mask, self.kl_first) if self.kl_first else mask
             first = first_tokens(mask, 1)
-            weights = anchored + (self.kl_first_weight - 1) * first if self.kl_first_weight != 1 else anchored
+            weights = anchored + (self.kl_first_weight - 1) * first  # the first token's weight: kl_first_weight
             # zeroed outside the anchored tokens but aggregated over the whole mask: each row's and token's weight
             # as with the KL on every token, in every loss_agg_mode (seq-mean-token-mean divides by the row's length)
             loss = loss + self.kl_loss_coef * self._aggregate(kl * weights, mask, normalizer)

@@ -164,20 +164,11 @@ def test_kl_loss_first_tokens_puts_the_kl_on_each_responses_first_tokens_only(mo
     # on the first 2 tokens, each row's first two scored tokens (row 1's start at column 3, row 2's have a gap as an
     # agent episode's turns do) get exactly the KL gradient they get with the KL on every token (the same per-token
     # weight and normaliser, whatever the aggregation), the others none.
-    batch = make_batch(4, seed=11)
-    mask = batch[keys.RESPONSE_MASK].clone()
-    mask[1] = torch.tensor([0, 0, 0, 1, 1, 1, 1, 0], dtype=mask.dtype)
-    mask[2] = torch.tensor([1, 0, 0, 1, 1, 1, 0, 0], dtype=mask.dtype)
-    batch = Batch(batch.tensors | {keys.RESPONSE_MASK: mask, keys.REF_LOGPROBS: batch[keys.OLD_LOGPROBS] - 0.3,
-                                   keys.ADVANTAGES: torch.zeros_like(batch[keys.ADVANTAGES])}, batch.non_tensors, batch.meta)
+    batch = _kl_only_batch(seed=11)
+    mask = batch[keys.RESPONSE_MASK]
 
-    def grad(actor: ActorConfig) -> torch.Tensor:
-        logprobs = batch[keys.OLD_LOGPROBS].clone().requires_grad_(True)
-        _objective_loss(PolicyObjective.from_config(actor, 8), batch, logprobs)[0].backward()
-        return logprobs.grad
-
-    every = grad(ActorConfig(use_kl_loss=True, kl_loss_coef=0.5, loss_agg_mode=mode))
-    first = grad(ActorConfig(use_kl_loss=True, kl_loss_coef=0.5, loss_agg_mode=mode, kl_loss_first_tokens=2))
+    every = _logprob_grad(batch, ActorConfig(use_kl_loss=True, kl_loss_coef=0.5, loss_agg_mode=mode))
+    first = _logprob_grad(batch, ActorConfig(use_kl_loss=True, kl_loss_coef=0.5, loss_agg_mode=mode, kl_loss_first_tokens=2))
     first_two = (mask.cumsum(dim=-1) <= 2) & mask.bool()
     assert first_two[1, 3:5].all() and not first_two[1, :3].any()
     assert first_two[2].tolist() == [True, False, False, True, False, False, False, False]
@@ -192,18 +183,11 @@ def test_kl_loss_first_token_weight_multiplies_the_kl_gradient_on_each_responses
     # token's weight 20, each row's first scored token (row 1's at column 3, row 2's at column 0 before a gap) gets 20
     # times the KL gradient it gets at weight 1, every other token the same; with kl_loss_first_tokens=2 as well, the
     # second token keeps its own weight and the rest none.
-    batch = make_batch(4, seed=12)
-    mask = batch[keys.RESPONSE_MASK].clone()
-    mask[1] = torch.tensor([0, 0, 0, 1, 1, 1, 1, 0], dtype=mask.dtype)
-    mask[2] = torch.tensor([1, 0, 0, 1, 1, 1, 0, 0], dtype=mask.dtype)
-    batch = Batch(batch.tensors | {keys.RESPONSE_MASK: mask, keys.REF_LOGPROBS: batch[keys.OLD_LOGPROBS] - 0.3,
-                                   keys.ADVANTAGES: torch.zeros_like(batch[keys.ADVANTAGES])}, batch.non_tensors, batch.meta)
+    batch = _kl_only_batch(seed=12)
+    mask = batch[keys.RESPONSE_MASK]
 
     def grad(**options) -> torch.Tensor:
-        logprobs = batch[keys.OLD_LOGPROBS].clone().requires_grad_(True)
-        actor = ActorConfig(use_kl_loss=True, kl_loss_coef=0.5, loss_agg_mode=mode, **options)
-        _objective_loss(PolicyObjective.from_config(actor, 8), batch, logprobs)[0].backward()
-        return logprobs.grad
+        return _logprob_grad(batch, ActorConfig(use_kl_loss=True, kl_loss_coef=0.5, loss_agg_mode=mode, **options))
 
     alike, weighted = grad(), grad(kl_loss_first_token_weight=20.0)
     first = (mask.cumsum(dim=-1) == 1) & mask.bool()
@@ -216,3 +200,22 @@ def test_kl_loss_first_token_weight_multiplies_the_kl_gradient_on_each_responses
     torch.testing.assert_close(narrowed[first], 20 * alike[first])
     torch.testing.assert_close(narrowed[second], alike[second])
     assert (narrowed[~(first | second)] == 0).all()
+
+
+def _kl_only_batch(seed: int) -> Batch:
+    """A batch of 4 whose policy loss is 0 (zero advantages) and whose KL to the reference is not (REF_LOGPROBS 0.3
+    below OLD_LOGPROBS): row 1's response starts at column 3, row 2's has a gap after its first token, as an agent
+    episode's turns do."""
+    batch = make_batch(4, seed=seed)
+    mask = batch[keys.RESPONSE_MASK].clone()
+    mask[1] = torch.tensor([0, 0, 0, 1, 1, 1, 1, 0], dtype=mask.dtype)
+    mask[2] = torch.tensor([1, 0, 0, 1, 1, 1, 0, 0], dtype=mask.dtype)
+    return Batch(batch.tensors | {keys.RESPONSE_MASK: mask, keys.REF_LOGPROBS: batch[keys.OLD_LOGPROBS] - 0.3,
+                                  keys.ADVANTAGES: torch.zeros_like(batch[keys.ADVANTAGES])}, batch.non_tensors, batch.meta)
+
+
+def _logprob_grad(batch: Batch, actor: ActorConfig) -> torch.Tensor:
+    """The policy objective's gradient with respect to each token's log-probability, at OLD_LOGPROBS."""
+    logprobs = batch[keys.OLD_LOGPROBS].clone().requires_grad_(True)
+    _objective_loss(PolicyObjective.from_config(actor, 8), batch, logprobs)[0].backward()
+    return logprobs.grad
