@@ -77,6 +77,7 @@ class AdvantageEstimator:
     function: Callable[..., adv.AdvantageOutput]
     inputs: tuple[str, ...]
     options: Mapping[str, str] = field(default_factory=dict)  # keyword → config key, e.g. {"gamma": "algorithm.gamma"}
+    constant_group_zero: bool = False  # a group whose scores are all equal gets advantage exactly 0 (whatever the batch)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.inputs) - set(_FIELD_HINTS) - set(_ALWAYS))
@@ -117,14 +118,15 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     for estimator in (
         AdvantageEstimator("gae", adv.gae_advantages, ("token_rewards", "values", "response_mask"),
                            {"gamma": "algorithm.gamma", "lam": "algorithm.lam"}),
-        AdvantageEstimator("grpo", adv.grpo_advantages, _OUTCOME, {"scale_by_std": "algorithm.norm_adv_by_std_in_grpo"}),
-        AdvantageEstimator("drgrpo", adv.drgrpo_advantages, _OUTCOME),
-        AdvantageEstimator("rloo", adv.rloo_advantages, _OUTCOME),
+        AdvantageEstimator("grpo", adv.grpo_advantages, _OUTCOME, {"scale_by_std": "algorithm.norm_adv_by_std_in_grpo"},
+                           constant_group_zero=True),
+        AdvantageEstimator("drgrpo", adv.drgrpo_advantages, _OUTCOME, constant_group_zero=True),
+        AdvantageEstimator("rloo", adv.rloo_advantages, _OUTCOME, constant_group_zero=True),
         AdvantageEstimator("reinforce_plus_plus", adv.reinforce_plus_plus_advantages,
                            ("token_rewards", "response_mask")),
         AdvantageEstimator("reinforce_plus_plus_baseline", adv.reinforce_plus_plus_baseline_advantages, _OUTCOME),
         AdvantageEstimator("remax", adv.remax_advantages, ("token_rewards", "response_mask", "baseline_scores")),
-        AdvantageEstimator("grpo_passk", adv.grpo_passk_advantages, _OUTCOME),
+        AdvantageEstimator("grpo_passk", adv.grpo_passk_advantages, _OUTCOME, constant_group_zero=True),
     )
 }
 

@@ -62,7 +62,7 @@ def validate_config(config: PosttrainConfig, command: str = "train") -> list[Pro
     if command == "train":
         problems += MODE_RULES.get(config.trainer.mode, _no_rules)(config)  # an unknown mode is _check_choices' problem
     problems += check_loss_scale_factor(config) + check_call_timeout(config) + check_overlong_buffer(config) + check_reward_norm(config)
-    problems += check_dynamic_sampling(config) + check_guidance(config)
+    problems += check_dynamic_sampling(config) + check_kl_groups(config) + check_guidance(config)
     if config.data.dev_files and config.data.dev_size == 0:
         problems.append(Problem("data.dev_files", list(config.data.dev_files), "are validated on beside data.dev_size's development rows: set "
                                 "data.dev_size, or give the files as data.val_files"))
@@ -145,6 +145,20 @@ def check_dynamic_sampling(config: PosttrainConfig) -> list[Problem]:
                                 f"algorithm.adv_estimator={config.algorithm.adv_estimator}'s greedy baseline is scored for the step's "
                                 "first prompts, not for the groups dynamic sampling keeps; use grpo/rloo, or turn dynamic sampling off"))
     return problems
+
+
+def check_kl_groups(config: PosttrainConfig) -> list[Problem]:
+    """``filter_groups.kl_groups`` keeps dropped groups for the KL loss alone: what that needs, the first unmet named."""
+    dynamic, estimator = config.algorithm.filter_groups, advantage_estimator_of(config)
+    unmet = [why for met, why in [
+        (dynamic.enable, "keeps some of the groups dynamic sampling drops: set algorithm.filter_groups.enable=true"),
+        (config.actor_rollout_ref.actor.use_kl_loss, "keeps groups at advantage 0 for the KL loss to hold: set "
+                                                     "actor_rollout_ref.actor.use_kl_loss=true"),
+        (estimator is None or estimator.constant_group_zero, f"algorithm.adv_estimator={config.algorithm.adv_estimator} does not give "
+         "a group whose scores are all equal advantage 0, so the groups kept would train the policy too; use grpo, drgrpo, rloo or grpo_passk"),
+        (config.env.filter_groups_quantile == 0, "keeps groups without reward spread, which env.filter_groups_quantile drops again; set that to 0"),
+    ] if not met] if dynamic.kl_groups else []
+    return [Problem("algorithm.filter_groups.kl_groups", dynamic.kl_groups, f"{unmet[0]}, or remove it")] if unmet else []
 
 
 def check_guidance(config: PosttrainConfig) -> list[Problem]:
@@ -471,6 +485,7 @@ RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("trainer.seed", lambda v: v >= 0, "must be >= 0"),
     ("data.dev_size", lambda v: v >= 0, "must be >= 0 (0: validate on data.val_files)"),
     ("algorithm.filter_groups.max_num_gen_batches", lambda v: v >= 1, "must be >= 1 (generation rounds per step at most)"),
+    ("algorithm.filter_groups.kl_groups", lambda v: v >= 0, "must be >= 0 (0: keep none of the dropped groups)"),
     ("reward_model.overlong_buffer.penalty_factor", lambda v: v >= 0, "must be >= 0 (the reward lost at the response limit)"),
     ("trainer.max_restarts", lambda v: v is None or v >= 0, "must be >= 0 (0: stop at the first dead or hung worker), or null for 2 with trainer.save_freq >= 1"),
 )

@@ -129,16 +129,23 @@ Round = tuple[Batch, Metrics]  # a scored rollout and its metrics
 
 
 def dynamic_sample(first: Round, more: Callable[[], Round | None], groups: int, max_rounds: int, shape: UpdateBatchShape,
-                   pad_token_id: int) -> Round:
+                   pad_token_id: int, kl_groups: int = 0) -> Round:
     """DAPO's dynamic sampling. From ``first`` and as many rounds of ``more()`` as it takes (at most
     ``max_rounds`` in all; ``more`` returns None when the data runs out), keep the groups whose
     rewards are not all equal, in order, until ``groups`` are kept; the batch is those groups (past
     ``max_rounds``, the ones kept, trimmed to a count the update can split: :func:`kept_group_count`;
     none at all: ``first`` as it was, which teaches nothing under group advantages).
 
+    ``kl_groups``: up to that many of the dropped groups follow them in the batch, the best-scored first
+    (earlier rounds first among equals), trimmed so the samples still divide over the ranks; their
+    advantage is 0 under a group estimator, so only the KL loss (and an entropy bonus) learns from them.
+    The batch then says its group count (meta GROUP_COUNT): the optimizer steps follow the groups.
+
     Metrics: the rounds' own, merged (each by its kind), and ``dynamic_sampling/rounds``,
-    ``dynamic_sampling/dropped_groups`` (no reward spread), ``dynamic_sampling/kept_groups``."""
+    ``dynamic_sampling/dropped_groups`` (no reward spread), ``dynamic_sampling/kept_groups``,
+    ``dynamic_sampling/kl_groups`` (with ``kl_groups``)."""
     kept: list[Batch] = []
+    flat: list[tuple[float, int, Batch]] = []  # (-mean reward, order, the group's rows): the dropped groups kl_groups may keep
     kept_groups = dropped = rounds = 0
     round_metrics: list[Metrics] = []
     current: Round | None = first
@@ -147,8 +154,14 @@ def dynamic_sample(first: Round, more: Callable[[], Round | None], groups: int, 
         rounds += 1
         round_metrics.append(metrics)
         ids = group_ids_of(batch[keys.UID])
-        varied = rows_of_varied_groups(batch[keys.TOKEN_SCORES].sum(-1), ids)
+        rewards = batch[keys.TOKEN_SCORES].sum(-1)
+        varied = rows_of_varied_groups(rewards, ids)
         dropped += len(set(ids[~varied].tolist()))
+        if kl_groups:
+            for group in sorted(set(ids[~varied].tolist())):
+                rows = torch.nonzero(ids == group).squeeze(1)
+                flat.append((-rewards[rows].mean().item(), len(flat), batch.index(rows)))
+            flat = sorted(flat, key=lambda entry: entry[:2])[:kl_groups]
         if varied.any():
             kept.append(batch.index(torch.nonzero(varied).squeeze(1)))
             kept_groups += len(set(ids[varied].tolist()))
@@ -162,6 +175,16 @@ def dynamic_sample(first: Round, more: Callable[[], Round | None], groups: int, 
     joined = join_rollouts(kept, pad_token_id) if len(kept) > 1 else kept[0]
     ids = group_ids_of(joined[keys.UID])
     batch = joined.index(torch.nonzero(ids < target).squeeze(1))
+    metrics |= {"dynamic_sampling/kept_groups": total(target)}
+    extra = len(flat)
+    while extra and ((target + extra) * shape.group_size) % shape.ranks:
+        extra -= 1
+    if kl_groups:
+        metrics |= {"dynamic_sampling/kl_groups": total(extra)}
+    if extra:
+        batch = join_rollouts([batch, *(rows for _, _, rows in flat[:extra])], pad_token_id)
     batch.tensors[keys.GROUP_IDS] = group_ids_of(batch[keys.UID])
     batch.meta.update(first[0].meta)
-    return batch, metrics | {"dynamic_sampling/kept_groups": total(target)}
+    if extra:
+        batch.meta[keys.GROUP_COUNT] = target + extra
+    return batch, metrics

@@ -71,6 +71,7 @@ class SyncStep:
         # DAPO's dynamic sampling: the next prompts of the run's data, for rounds after the first
         self.more_prompts = more_prompts if dynamic.enable else None
         self.max_rounds, self.groups, self.pad_token_id = dynamic.max_num_gen_batches, config.data.train_batch_size, pad_token_id
+        self.kl_groups = dynamic.kl_groups
         self.shape = update_batch_shape(config)
 
     def __call__(self, roles: Roles, prompts: Batch, step: int) -> dict[str, float]:
@@ -83,7 +84,8 @@ class SyncStep:
                     extra = self.more_prompts()
                     return None if extra is None else self._round(roles, extra, timings)
 
-                batch, metrics = dynamic_sample((batch, metrics), more, self.groups, self.max_rounds, self.shape, self.pad_token_id)
+                batch, metrics = dynamic_sample((batch, metrics), more, self.groups, self.max_rounds, self.shape, self.pad_token_id,
+                                                    self.kl_groups)
             batch, metrics = self.rollout.finish_batch(batch, metrics)
             self.last_prompts = list(dict.fromkeys(batch[keys.UID]))
             self.breakers.check_rollout(metrics, step, notes=self.rollout.first_failures)

@@ -123,3 +123,19 @@ def test_a_declaration_with_an_input_or_option_its_function_lacks_is_refused_whe
         AdvantageEstimator("bad", grpo_advantages, ("rewardz", "response_mask", "group_ids"))
     with pytest.raises(ValueError, match="takes no option gamma"):
         AdvantageEstimator("bad", grpo_advantages, ("token_rewards", "response_mask", "group_ids"), {"gamma": "algorithm.gamma"})
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+def test_an_estimator_that_declares_constant_groups_zero_gives_them_zero_beside_varied_ones(name, gen):
+    """What ``algorithm.filter_groups.kl_groups`` relies on: a group whose scores are all equal adds no policy gradient."""
+    estimator = ADVANTAGE_ESTIMATORS[name]
+    inputs = _full_inputs(gen)
+    constant = inputs.group_ids == inputs.group_ids[0]
+    inputs.token_rewards[constant] = 0.0
+    inputs.token_rewards[constant, -1] = 0.7  # every sample of the first group scores 0.7
+    advantages = estimator(inputs).advantages
+    flat = advantages[constant][inputs.response_mask[constant].bool()]
+    if estimator.constant_group_zero:
+        assert torch.equal(flat, torch.zeros_like(flat)), name
+    elif estimator.needs_groups:
+        assert flat.abs().max() > 0, name  # a batch-wide baseline or whitening moves it: declaring it would be wrong

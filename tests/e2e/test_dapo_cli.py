@@ -81,3 +81,24 @@ def ground_truths(run_dir: Path) -> list[str]:
     rows = pq.read_table(train_file, columns=["reward_model"]).to_pylist()
     assert len(rows) == 24
     return [row["reward_model"]["ground_truth"] for row in rows]
+
+
+def test_kl_groups_train_some_dropped_groups_beside_the_kept_ones(tmp_path):
+    """``filter_groups.kl_groups``: up to that many flat groups (the even answers') join each step's batch, for the
+    KL loss to the reference; the update splits the larger batch and the step trains their prompts too."""
+    run_dir = tmp_path / "kl_groups"
+    done = run(command(run_dir, "trainer.mode=sync", "actor_rollout_ref.rollout.name=hf", "algorithm.filter_groups.kl_groups=2",
+                       "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1"))
+    assert done.returncode == 0, done.stdout[-4000:]
+    steps = records(run_dir)
+    trained = [json.loads(line) for line in (run_dir / "trained_prompts.jsonl").read_text().splitlines()]
+    answers = ground_truths(run_dir)
+    assert [r["step"] for r in steps] == [1, 2] and len(trained) == 2
+    for record, step in zip(trained, steps):
+        metrics = step["metrics"]
+        kept, flat = metrics["dynamic_sampling/kept_groups"], metrics["dynamic_sampling/kl_groups"]
+        assert flat == min(2, metrics["dynamic_sampling/dropped_groups"]) and len(record["prompts"]) == kept + flat, (record, metrics)
+        parity = [int(float(answers[int(uid.split(":")[1])])) % 2 for uid in record["prompts"]]
+        assert parity == [1] * int(kept) + [0] * int(flat), parity  # the varied groups first, then the flat ones
+        assert metrics["actor/kl_loss"] >= 0
+    assert sum(step["metrics"]["dynamic_sampling/kl_groups"] for step in steps) >= 1

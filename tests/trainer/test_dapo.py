@@ -84,3 +84,22 @@ def test_past_the_round_limit_or_the_data_the_step_trains_what_it_kept_in_whole_
     flat = scored_round("a", [[1, 1], [0, 0]])
     batch, metrics = dynamic_sample(flat, lambda: None, 2, 10, UpdateBatchShape(2, 2, 1), pad_token_id=0)
     assert batch is flat[0] and metrics["dynamic_sampling/kept_groups"].value == 0  # nothing varies: the first round, teaching nothing
+
+
+def test_kl_groups_keep_the_best_scored_dropped_groups_after_the_batch_and_say_its_group_count():
+    # a: groups 1, 3 vary, 0 (all 1) and 2 (all 0) do not; b: 0, 2 vary, 1 (all 1) and 3 (all 0.5) do not
+    first = scored_round("a", [[1, 1], [0, 1], [0, 0], [1, 0]])
+    again = lambda: scored_round("b", [[0, 1], [1, 1], [1, 0], [0.5, 0.5]])  # noqa: E731
+    batch, metrics = dynamic_sample(first, again, 4, 10, UpdateBatchShape(4, 2, 1), pad_token_id=0, kl_groups=3)
+    # the four that vary, then the best-scored dropped ones: a:0 and b:1 (1, a:0 earlier), b:3 (0.5) before a:2 (0)
+    assert list(dict.fromkeys(batch[keys.UID])) == ["a:1", "a:3", "b:0", "b:2", "a:0", "b:1", "b:3"]
+    assert batch[keys.GROUP_IDS].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]
+    assert batch.meta[keys.GROUP_COUNT] == 7 and batch.meta[keys.WEIGHT_VERSION] == 7
+    assert metrics["dynamic_sampling/kept_groups"].value == 4 and metrics["dynamic_sampling/kl_groups"].value == 3
+    assert batch[keys.TOKEN_SCORES].sum(-1)[8:].tolist() == [1, 1, 1, 1, 0.5, 0.5]
+    # 4 ranks: 7 groups of 2 samples do not divide, 6 do
+    batch, metrics = dynamic_sample(first, again, 4, 10, UpdateBatchShape(4, 2, 4), pad_token_id=0, kl_groups=3)
+    assert list(dict.fromkeys(batch[keys.UID]))[4:] == ["a:0", "b:1"] and metrics["dynamic_sampling/kl_groups"].value == 2
+    # none asked for: the batch as before, no group count of its own
+    batch, metrics = dynamic_sample(first, again, 4, 10, UpdateBatchShape(4, 2, 1), pad_token_id=0)
+    assert len(set(batch[keys.UID])) == 4 and keys.GROUP_COUNT not in batch.meta and "dynamic_sampling/kl_groups" not in metrics

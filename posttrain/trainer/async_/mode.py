@@ -220,7 +220,8 @@ class AsyncStep:
         self.max_staleness, self.max_response_length = config.async_.max_staleness, config.data.max_response_length
         self.pad_token_id = pad_token_id
         dynamic = config.algorithm.filter_groups  # DAPO's dynamic sampling: more rounds for the same batch
-        self.dynamic = (config.data.train_batch_size, dynamic.max_num_gen_batches, update_batch_shape(config)) if dynamic.enable else None
+        self.dynamic = (config.data.train_batch_size, dynamic.max_num_gen_batches, update_batch_shape(config),
+                        dynamic.kl_groups) if dynamic.enable else None
         self.timeline = Path(config.trainer.default_local_dir) / TIMELINE
         self.trained_samples = 0
         self.last_prompts: list[str] = []  # the ids of the prompts the last step trained on, in unit order
@@ -271,8 +272,8 @@ class AsyncStep:
                 units.extend(extra)
                 return self._join(extra)
 
-            groups, max_rounds, shape = self.dynamic
-            return self.rollout.finish_batch(*dynamic_sample(first, more, groups, max_rounds, shape, self.pad_token_id))
+            groups, max_rounds, shape, kl_groups = self.dynamic
+            return self.rollout.finish_batch(*dynamic_sample(first, more, groups, max_rounds, shape, self.pad_token_id, kl_groups))
         except BaseException:
             self.feed.scheduler.put_back(taken)
             raise
