@@ -27,6 +27,8 @@ RETURNS = "returns"                         # (B, T) float32
 GROUP_IDS = "group_ids"                     # (B,) int64, samples from the same prompt share an id
 BASELINE_SCORES = "reward_baselines"        # (B,) float32, score of the prompt's greedy response (ReMax)
 GUIDED = "guided"                           # (B,) bool, the response is the row's reference answer, not sampled (rollout/guidance.py)
+# (B,) bool, a group dynamic sampling dropped, kept for the KL loss alone (algorithm.filter_groups.kl_groups): advantage 0
+KL_ONLY = "kl_only"
 LOGPROBS = "log_probs"                      # (B, T) float32, log π(token) of the current weights at temperature 1 (SFT loss)
 
 # ---- non-tensors (numpy object arrays of length B) -------------------------------------------
@@ -56,8 +58,9 @@ EPISODE_STATS = "episode_stats"             # dict[str, float], turns, valid act
 
 # ---- meta ------------------------------------------------------------------------------------
 WEIGHT_VERSION = "weight_version"           # int, version of the weights that generated the batch
-GROUP_COUNT = "group_count"                 # int, groups in a batch whose groups vary in samples (EPISODE_IDS): the update makes
+GROUP_COUNT = "group_count"                 # int, groups in a batch whose groups vary in samples (EPISODE_IDS, or KL_ONLY groups): the update makes
                                             # (groups / ppo_mini_batch_size) optimizer steps per epoch, whatever the samples
+KL_GROUP_COUNT = "kl_group_count"           # int, of those the groups kept for the KL loss alone (KL_ONLY): no steps of their own
 TURN_MAX_NEW_TOKENS = "turn_max_new_tokens" # int, token budget of one agent turn
 ROW_OFFSET = "row_offset"                   # int, the first row's place in a whole sampled in pieces (validation's batches): added to the seed
 TURN_STOP = "turn_stop"                     # tuple[str, ...], stop strings that end an agent turn

@@ -25,7 +25,7 @@ import warnings
 import numpy as np
 import torch
 
-from posttrain.keys import GROUP_COUNT
+from posttrain.keys import GROUP_COUNT, KL_GROUP_COUNT
 
 METRICS_META_KEY = "metrics"
 
@@ -381,10 +381,11 @@ def _meta_equal(a: Any, b: Any) -> bool:
 
 def mini_batch_count(batch: Batch, groups_per_mini_batch: int) -> int | None:
     """Optimizer steps per epoch for a batch whose groups vary in samples (meta GROUP_COUNT, set by the
-    trainer for the whole batch, so every rank agrees): its groups over the mini-batch's; None for a batch
-    of whole groups of ``rollout.n``, which splits by size."""
+    trainer for the whole batch, so every rank agrees): its groups over the mini-batch's, less the groups
+    kept for the KL loss alone (meta KL_GROUP_COUNT: they ride in those steps, adding none); None for a
+    batch of whole groups of ``rollout.n``, which splits by size."""
     groups = batch.meta.get(GROUP_COUNT)
-    return None if groups is None else max(1, int(groups) // groups_per_mini_batch)
+    return None if groups is None else max(1, (int(groups) - int(batch.meta.get(KL_GROUP_COUNT, 0))) // groups_per_mini_batch)
 
 
 def _even_bounds(ordered_group_ids: torch.Tensor | None, length: int, count: int) -> list[int]:

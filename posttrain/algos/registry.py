@@ -77,7 +77,7 @@ class AdvantageEstimator:
     function: Callable[..., adv.AdvantageOutput]
     inputs: tuple[str, ...]
     options: Mapping[str, str] = field(default_factory=dict)  # keyword → config key, e.g. {"gamma": "algorithm.gamma"}
-    constant_group_zero: bool = False  # a group whose scores are all equal gets advantage exactly 0 (whatever the batch)
+    constant_group_zero: bool = False  # each group's advantage from its own scores alone, all equal giving exactly 0
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.inputs) - set(_FIELD_HINTS) - set(_ALWAYS))

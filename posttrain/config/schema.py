@@ -238,10 +238,10 @@ class FilterGroupsConfig:
 
     enable: bool = False
     max_num_gen_batches: int = 10  # generation rounds per step at most; then the step trains the groups it kept
-    # groups without reward spread kept anyway, beside the batch's, at advantage 0: the KL loss (and an entropy bonus) still
-    # counts them, so what the policy already answers alike in every sample is held to the reference; the best-scored first
-    # (all answers right before all wrong), from the step's rounds in order. Needs actor.use_kl_loss and an estimator that
-    # gives a constant group 0 (grpo, drgrpo, rloo, grpo_passk); the update's token mean counts their tokens too
+    # groups without reward spread kept anyway, after the batch's, at advantage 0 (marked kl_only): the KL loss (and an entropy
+    # bonus) still counts them, so what the policy already answers alike in every sample is held to the reference; the
+    # best-scored first (all answers right before all wrong), earlier rounds first among equals; no optimizer steps of their own.
+    # The config check says what it needs (validate.check_kl_groups); the update's token mean counts their tokens too
     kl_groups: int = 0
 
 

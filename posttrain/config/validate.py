@@ -148,17 +148,17 @@ def check_dynamic_sampling(config: PosttrainConfig) -> list[Problem]:
 
 
 def check_kl_groups(config: PosttrainConfig) -> list[Problem]:
-    """``filter_groups.kl_groups`` keeps dropped groups for the KL loss alone: what that needs, the first unmet named."""
-    dynamic, estimator = config.algorithm.filter_groups, advantage_estimator_of(config)
+    """``filter_groups.kl_groups`` keeps dropped groups for the KL loss alone, the others' advantages as they were: its needs."""
+    dynamic, actor, estimator = config.algorithm.filter_groups, config.actor_rollout_ref.actor, advantage_estimator_of(config)
     unmet = [why for met, why in [
         (dynamic.enable, "keeps some of the groups dynamic sampling drops: set algorithm.filter_groups.enable=true"),
-        (config.actor_rollout_ref.actor.use_kl_loss, "keeps groups at advantage 0 for the KL loss to hold: set "
-                                                     "actor_rollout_ref.actor.use_kl_loss=true"),
-        (estimator is None or estimator.constant_group_zero, f"algorithm.adv_estimator={config.algorithm.adv_estimator} does not give "
-         "a group whose scores are all equal advantage 0, so the groups kept would train the policy too; use grpo, drgrpo, rloo or grpo_passk"),
+        (actor.use_kl_loss and actor.kl_loss_coef > 0, "keeps groups for the KL loss: set actor_rollout_ref.actor.use_kl_loss=true, kl_loss_coef > 0"),
+        (estimator is None or estimator.constant_group_zero, f"algorithm.adv_estimator={config.algorithm.adv_estimator} does not take each "
+         "group's advantage from its own scores alone, so the groups kept would move the others'; use grpo, drgrpo, rloo or grpo_passk"),
+        (config.env.reward_norm != "batch", "keeps groups that env.reward_norm=batch would count in the batch's mean and spread; use group or none"),
         (config.env.filter_groups_quantile == 0, "keeps groups without reward spread, which env.filter_groups_quantile drops again; set that to 0"),
-    ] if not met] if dynamic.kl_groups else []
-    return [Problem("algorithm.filter_groups.kl_groups", dynamic.kl_groups, f"{unmet[0]}, or remove it")] if unmet else []
+    ] if not met]
+    return [Problem("algorithm.filter_groups.kl_groups", dynamic.kl_groups, f"{unmet[0]}, or remove it")] if dynamic.kl_groups and unmet else []
 
 
 def check_guidance(config: PosttrainConfig) -> list[Problem]:

@@ -128,6 +128,32 @@ def filter_groups(batch: Batch, quantile: float, shape: UpdateBatchShape, metric
 Round = tuple[Batch, Metrics]  # a scored rollout and its metrics
 
 
+class FlatGroups:
+    """The best-scored ``limit`` of the groups dynamic sampling drops (mean reward, then the order seen),
+    for ``algorithm.filter_groups.kl_groups``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.seen = limit, 0
+        self.best: list[tuple[float, int, Batch, torch.Tensor]] = []  # (-mean reward, order, round, its rows)
+
+    def add(self, batch: Batch, rewards: torch.Tensor, ids: torch.Tensor, flat: torch.Tensor) -> None:
+        for group in sorted(set(ids[flat].tolist())):
+            rows = torch.nonzero(ids == group).squeeze(1)
+            self.best.append((-rewards[rows].mean().item(), self.seen, batch, rows))
+            self.seen += 1
+        self.best = sorted(self.best, key=lambda entry: entry[:2])[: self.limit]
+
+    def after(self, batch: Batch, shape: UpdateBatchShape, pad_token_id: int) -> tuple[Batch, int]:
+        """``batch`` (its groups varied) and as many of these as the ranks allow after it, marked KL_ONLY."""
+        extra, groups = len(self.best), len(set(batch[keys.UID]))
+        while extra and keys.EPISODE_IDS not in batch and ((groups + extra) * shape.group_size) % shape.ranks:
+            extra -= 1  # a program's batch is filled to the ranks by fill_episode_batch instead
+        pieces = [batch, *(round_batch.index(rows) for _, _, round_batch, rows in self.best[:extra])]
+        for index, piece in enumerate(pieces):
+            piece.tensors[keys.KL_ONLY] = torch.full((len(piece),), index > 0)
+        return (join_rollouts(pieces, pad_token_id) if extra else batch), extra
+
+
 def dynamic_sample(first: Round, more: Callable[[], Round | None], groups: int, max_rounds: int, shape: UpdateBatchShape,
                    pad_token_id: int, kl_groups: int = 0) -> Round:
     """DAPO's dynamic sampling. From ``first`` and as many rounds of ``more()`` as it takes (at most
@@ -136,16 +162,16 @@ def dynamic_sample(first: Round, more: Callable[[], Round | None], groups: int, 
     ``max_rounds``, the ones kept, trimmed to a count the update can split: :func:`kept_group_count`;
     none at all: ``first`` as it was, which teaches nothing under group advantages).
 
-    ``kl_groups``: up to that many of the dropped groups follow them in the batch, the best-scored first
-    (earlier rounds first among equals), trimmed so the samples still divide over the ranks; their
-    advantage is 0 under a group estimator, so only the KL loss (and an entropy bonus) learns from them.
-    The batch then says its group count (meta GROUP_COUNT): the optimizer steps follow the groups.
+    ``kl_groups``: up to that many of the dropped groups follow them (:class:`FlatGroups`), trimmed so
+    the samples still divide over the ranks, marked KL_ONLY (advantage 0: only the KL loss, and an
+    entropy bonus, learns from them). The batch then says its groups (meta GROUP_COUNT) and those
+    (KL_GROUP_COUNT), and the update makes as many optimizer steps as without them.
 
     Metrics: the rounds' own, merged (each by its kind), and ``dynamic_sampling/rounds``,
     ``dynamic_sampling/dropped_groups`` (no reward spread), ``dynamic_sampling/kept_groups``,
     ``dynamic_sampling/kl_groups`` (with ``kl_groups``)."""
     kept: list[Batch] = []
-    flat: list[tuple[float, int, Batch]] = []  # (-mean reward, order, the group's rows): the dropped groups kl_groups may keep
+    flat = FlatGroups(kl_groups)
     kept_groups = dropped = rounds = 0
     round_metrics: list[Metrics] = []
     current: Round | None = first
@@ -158,10 +184,7 @@ def dynamic_sample(first: Round, more: Callable[[], Round | None], groups: int, 
         varied = rows_of_varied_groups(rewards, ids)
         dropped += len(set(ids[~varied].tolist()))
         if kl_groups:
-            for group in sorted(set(ids[~varied].tolist())):
-                rows = torch.nonzero(ids == group).squeeze(1)
-                flat.append((-rewards[rows].mean().item(), len(flat), batch.index(rows)))
-            flat = sorted(flat, key=lambda entry: entry[:2])[:kl_groups]
+            flat.add(batch, rewards, ids, ~varied)
         if varied.any():
             kept.append(batch.index(torch.nonzero(varied).squeeze(1)))
             kept_groups += len(set(ids[varied].tolist()))
@@ -171,20 +194,18 @@ def dynamic_sample(first: Round, more: Callable[[], Round | None], groups: int, 
     metrics = merge(round_metrics) | {"dynamic_sampling/rounds": total(rounds), "dynamic_sampling/dropped_groups": total(dropped)}
     target = groups if kept_groups >= groups else kept_group_count(kept_groups, shape)
     if target == 0:
-        return first[0], metrics | {"dynamic_sampling/kept_groups": total(0)}
+        none = {"dynamic_sampling/kept_groups": total(0)} | ({"dynamic_sampling/kl_groups": total(0)} if kl_groups else {})
+        return first[0], metrics | none
     joined = join_rollouts(kept, pad_token_id) if len(kept) > 1 else kept[0]
     ids = group_ids_of(joined[keys.UID])
     batch = joined.index(torch.nonzero(ids < target).squeeze(1))
     metrics |= {"dynamic_sampling/kept_groups": total(target)}
-    extra = len(flat)
-    while extra and ((target + extra) * shape.group_size) % shape.ranks:
-        extra -= 1
+    extra = 0
     if kl_groups:
+        batch, extra = flat.after(batch, shape, pad_token_id)
         metrics |= {"dynamic_sampling/kl_groups": total(extra)}
-    if extra:
-        batch = join_rollouts([batch, *(rows for _, _, rows in flat[:extra])], pad_token_id)
     batch.tensors[keys.GROUP_IDS] = group_ids_of(batch[keys.UID])
     batch.meta.update(first[0].meta)
     if extra:
-        batch.meta[keys.GROUP_COUNT] = target + extra
+        batch.meta[keys.GROUP_COUNT], batch.meta[keys.KL_GROUP_COUNT] = target + extra, extra
     return batch, metrics

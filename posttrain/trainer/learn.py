@@ -99,7 +99,8 @@ def kl_controller(kind: str, coef: float, target_kl: float, horizon: int) -> Fix
 
 
 def compute_advantages(batch: Batch, estimator: Callable[[AdvantageInputs], AdvantageOutput]) -> Batch:
-    """ADVANTAGES and RETURNS by the configured estimator (rewards: TOKEN_REWARDS, else TOKEN_SCORES).
+    """ADVANTAGES and RETURNS by the configured estimator (rewards: TOKEN_REWARDS, else TOKEN_SCORES); rows
+    kept for the KL loss alone (KL_ONLY) get advantage 0.
     Where episodes span several samples (EPISODE_IDS) an outcome estimator runs over episodes
     (``algos.per_episode``); a critic's (values) over samples, each its own trajectory."""
     rewards = batch[keys.TOKEN_REWARDS] if keys.TOKEN_REWARDS in batch else batch[keys.TOKEN_SCORES]
@@ -112,7 +113,10 @@ def compute_advantages(batch: Batch, estimator: Callable[[AdvantageInputs], Adva
         out = per_episode(estimator, inputs, episode_index(batch))
     else:
         out = estimator(inputs)
-    return batch.union(Batch.from_dict({keys.ADVANTAGES: out.advantages, keys.RETURNS: out.returns}))
+    advantages = out.advantages
+    if keys.KL_ONLY in batch:  # kept for the KL loss alone: 0 even where shaping (overlong, KL in the reward) made them differ
+        advantages = advantages.masked_fill(batch[keys.KL_ONLY].bool().unsqueeze(-1), 0.0)
+    return batch.union(Batch.from_dict({keys.ADVANTAGES: advantages, keys.RETURNS: out.returns}))
 
 
 def advantage_estimator(config: PosttrainConfig) -> Callable[[AdvantageInputs], AdvantageOutput]:

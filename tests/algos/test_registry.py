@@ -127,7 +127,8 @@ def test_a_declaration_with_an_input_or_option_its_function_lacks_is_refused_whe
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
 def test_an_estimator_that_declares_constant_groups_zero_gives_them_zero_beside_varied_ones(name, gen):
-    """What ``algorithm.filter_groups.kl_groups`` relies on: a group whose scores are all equal adds no policy gradient."""
+    """What ``algorithm.filter_groups.kl_groups`` relies on: a group whose scores are all equal adds no policy gradient,
+    and the groups it adds do not move the others' advantages."""
     estimator = ADVANTAGE_ESTIMATORS[name]
     inputs = _full_inputs(gen)
     constant = inputs.group_ids == inputs.group_ids[0]
@@ -137,5 +138,7 @@ def test_an_estimator_that_declares_constant_groups_zero_gives_them_zero_beside_
     flat = advantages[constant][inputs.response_mask[constant].bool()]
     if estimator.constant_group_zero:
         assert torch.equal(flat, torch.zeros_like(flat)), name
+        inputs.token_rewards[~constant] *= 3.0  # the other group's scores moved: this group's advantages stay
+        assert torch.equal(estimator(inputs).advantages[constant], advantages[constant]), name
     elif estimator.needs_groups:
         assert flat.abs().max() > 0, name  # a batch-wide baseline or whitening moves it: declaring it would be wrong

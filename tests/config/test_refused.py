@@ -16,6 +16,9 @@ from posttrain.rollout.environments import builtin_env_names
 from posttrain.config import ConfigError, load_config, preset_names, preset_path, to_yaml
 from posttrain.cli.preflight import implied_command, load_run_config
 
+# dynamic sampling keeping 4 dropped groups for the KL loss, which it has
+KL_GROUPS = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.kl_groups=4", "actor_rollout_ref.actor.use_kl_loss=true"]
+
 # (overrides, the key the problem names, a fragment of its message)
 WRONG = [
     (["algorithm.adv_estimator=gpro"], "algorithm.adv_estimator", "unknown advantage estimator; choose one of gae, grpo"),
@@ -88,11 +91,15 @@ WRONG = [
     (["algorithm.filter_groups.kl_groups=4", "actor_rollout_ref.actor.use_kl_loss=true"], "algorithm.filter_groups.kl_groups",
      "set algorithm.filter_groups.enable=true"),
     (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.kl_groups=4"], "algorithm.filter_groups.kl_groups",
-     "set actor_rollout_ref.actor.use_kl_loss=true"),
-    (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.kl_groups=4", "actor_rollout_ref.actor.use_kl_loss=true",
-      "algorithm.adv_estimator=reinforce_plus_plus_baseline"], "algorithm.filter_groups.kl_groups", "does not give a group whose scores"),
-    (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.kl_groups=4", "actor_rollout_ref.actor.use_kl_loss=true",
-      "env.filter_groups_quantile=0.5"], "algorithm.filter_groups.kl_groups", "env.filter_groups_quantile drops again"),
+     "set actor_rollout_ref.actor.use_kl_loss=true, kl_loss_coef > 0"),
+    ([*KL_GROUPS, "actor_rollout_ref.actor.kl_loss_coef=0"],
+     "algorithm.filter_groups.kl_groups", "set actor_rollout_ref.actor.use_kl_loss=true, kl_loss_coef > 0"),
+    ([*KL_GROUPS, "algorithm.adv_estimator=reinforce_plus_plus_baseline"],
+     "algorithm.filter_groups.kl_groups", "does not take each group's advantage from its own scores alone"),
+    ([*KL_GROUPS, "env.reward_norm=batch"], "algorithm.filter_groups.kl_groups",
+     "env.reward_norm=batch would count in the batch's mean and spread"),
+    ([*KL_GROUPS, "env.filter_groups_quantile=0.5"], "algorithm.filter_groups.kl_groups",
+     "env.filter_groups_quantile drops again"),
     (["algorithm.filter_groups.enable=true", "algorithm.adv_estimator=remax"], "algorithm.filter_groups.enable",
      "greedy baseline is scored for the step's first prompts, not for the groups dynamic sampling keeps"),
     (["algorithm.guidance.enable=true", "actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=reinforce_plus_plus"],

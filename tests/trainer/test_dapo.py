@@ -12,7 +12,9 @@ from posttrain.algos import overlong_penalty, rows_of_varied_groups
 from posttrain.metrics import mean, total, values
 from posttrain.protocol import Batch
 from posttrain.rollout.groups import UpdateBatchShape, dynamic_sample
-from posttrain.trainer.learn import apply_overlong_penalty
+from posttrain.algos import get_advantage_estimator
+from posttrain.protocol import mini_batch_count
+from posttrain.trainer.learn import apply_overlong_penalty, compute_advantages
 
 
 def test_the_overlong_penalty_is_zero_then_linear_to_minus_the_factor_at_the_limit():
@@ -86,7 +88,7 @@ def test_past_the_round_limit_or_the_data_the_step_trains_what_it_kept_in_whole_
     assert batch is flat[0] and metrics["dynamic_sampling/kept_groups"].value == 0  # nothing varies: the first round, teaching nothing
 
 
-def test_kl_groups_keep_the_best_scored_dropped_groups_after_the_batch_and_say_its_group_count():
+def test_kl_groups_keep_the_best_scored_dropped_groups_after_the_batch_marked_for_the_kl_loss_alone():
     # a: groups 1, 3 vary, 0 (all 1) and 2 (all 0) do not; b: 0, 2 vary, 1 (all 1) and 3 (all 0.5) do not
     first = scored_round("a", [[1, 1], [0, 1], [0, 0], [1, 0]])
     again = lambda: scored_round("b", [[0, 1], [1, 1], [1, 0], [0.5, 0.5]])  # noqa: E731
@@ -94,12 +96,37 @@ def test_kl_groups_keep_the_best_scored_dropped_groups_after_the_batch_and_say_i
     # the four that vary, then the best-scored dropped ones: a:0 and b:1 (1, a:0 earlier), b:3 (0.5) before a:2 (0)
     assert list(dict.fromkeys(batch[keys.UID])) == ["a:1", "a:3", "b:0", "b:2", "a:0", "b:1", "b:3"]
     assert batch[keys.GROUP_IDS].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]
-    assert batch.meta[keys.GROUP_COUNT] == 7 and batch.meta[keys.WEIGHT_VERSION] == 7
+    assert batch[keys.KL_ONLY].tolist() == [False] * 8 + [True] * 6
+    assert batch.meta[keys.GROUP_COUNT] == 7 and batch.meta[keys.KL_GROUP_COUNT] == 3 and batch.meta[keys.WEIGHT_VERSION] == 7
+    assert mini_batch_count(batch, 2) == 2  # the optimizer steps of the 4 kept groups (in 2s): the other 3 ride in them
     assert metrics["dynamic_sampling/kept_groups"].value == 4 and metrics["dynamic_sampling/kl_groups"].value == 3
     assert batch[keys.TOKEN_SCORES].sum(-1)[8:].tolist() == [1, 1, 1, 1, 0.5, 0.5]
+    # among equals the earlier round's stays, however many were cut before it: a:2 (after two lower ones), not b:0
+    low_first = scored_round("a", [[0, 0], [0, 0], [1, 1], [0, 1]])
+    batch, _ = dynamic_sample(low_first, lambda: scored_round("b", [[1, 1], [1, 0]]), 2, 10, UpdateBatchShape(2, 2, 1), pad_token_id=0,
+                              kl_groups=1)
+    assert list(dict.fromkeys(batch[keys.UID])) == ["a:3", "b:1", "a:2"]
     # 4 ranks: 7 groups of 2 samples do not divide, 6 do
     batch, metrics = dynamic_sample(first, again, 4, 10, UpdateBatchShape(4, 2, 4), pad_token_id=0, kl_groups=3)
     assert list(dict.fromkeys(batch[keys.UID]))[4:] == ["a:0", "b:1"] and metrics["dynamic_sampling/kl_groups"].value == 2
     # none asked for: the batch as before, no group count of its own
     batch, metrics = dynamic_sample(first, again, 4, 10, UpdateBatchShape(4, 2, 1), pad_token_id=0)
     assert len(set(batch[keys.UID])) == 4 and keys.GROUP_COUNT not in batch.meta and "dynamic_sampling/kl_groups" not in metrics
+    assert keys.KL_ONLY not in batch
+    # nothing varies: the first round as it was, and the metric still there
+    flat = scored_round("a", [[1, 1], [0, 0]])
+    batch, metrics = dynamic_sample(flat, lambda: None, 2, 10, UpdateBatchShape(2, 2, 1), pad_token_id=0, kl_groups=1)
+    assert batch is flat[0] and metrics["dynamic_sampling/kl_groups"].value == 0
+
+
+def test_groups_kept_for_the_kl_loss_get_advantage_0_even_where_the_overlong_penalty_made_them_differ():
+    first = scored_round("a", [[1, 1], [0, 1]])  # a:0 is flat, kept for the KL loss
+    batch, _ = dynamic_sample(first, lambda: None, 1, 1, UpdateBatchShape(1, 2, 1), pad_token_id=0, kl_groups=1)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 1], [1, 1, 0]])  # a:1 (kept), then a:0 (the KL's alone)
+    batch.tensors[keys.RESPONSE_MASK], batch.tensors[keys.ATTENTION_MASK][:, 2:] = mask, mask
+    shaped, _ = apply_overlong_penalty(batch, 3, 2, 1.0)
+    advantages = compute_advantages(shaped, get_advantage_estimator("grpo"))[keys.ADVANTAGES]
+    assert advantages[2:].abs().sum() == 0  # a:0's two answers scored 1 each, then lengths 3 and 2 moved them apart
+    assert advantages[:2].abs().sum() > 0
+    shaped.tensors.pop(keys.KL_ONLY)
+    assert compute_advantages(shaped, get_advantage_estimator("grpo"))[keys.ADVANTAGES][2:].abs().sum() > 0  # the marks did it
