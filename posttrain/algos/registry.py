@@ -70,8 +70,9 @@ class AdvantageEstimator:
     """An estimator function and what it declares, which the trainer and the config check read (never
     its name): the `AdvantageInputs` fields it takes, in positional order (``values``: a critic runs;
     ``group_ids``: several samples per prompt; ``baseline_scores``: a greedy rollout of the step's
-    prompts with the weights being trained, a phase before learning), and its keyword options with
-    the config key each is read from."""
+    prompts with the weights being trained, a phase before learning), its keyword options with the
+    config key each is read from, and whether each group's advantage comes from its own scores alone
+    (``constant_group_zero``: what ``algorithm.filter_groups.kl_groups`` needs)."""
 
     name: str
     function: Callable[..., adv.AdvantageOutput]

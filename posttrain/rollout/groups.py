@@ -96,7 +96,13 @@ def kept_group_count(groups: int, shape: UpdateBatchShape) -> int:
     one mini-batch) a count whose samples divide over the ranks; 0 when none does."""
     if groups >= shape.groups_per_mini_batch:
         return groups - groups % shape.groups_per_mini_batch
-    while groups and (groups * shape.group_size) % shape.ranks:
+    return most_over_ranks(groups, 0, shape)
+
+
+def most_over_ranks(groups: int, after: int, shape: UpdateBatchShape) -> int:
+    """The most of ``groups`` (whole groups of ``rollout.n``) that, after ``after`` such groups, leave a
+    number of samples that divides over the ranks; 0 when none does."""
+    while groups and ((after + groups) * shape.group_size) % shape.ranks:
         groups -= 1
     return groups
 
@@ -145,9 +151,9 @@ class FlatGroups:
 
     def after(self, batch: Batch, shape: UpdateBatchShape, pad_token_id: int) -> tuple[Batch, int]:
         """``batch`` (its groups varied) and as many of these as the ranks allow after it, marked KL_ONLY."""
-        extra, groups = len(self.best), len(set(batch[keys.UID]))
-        while extra and keys.EPISODE_IDS not in batch and ((groups + extra) * shape.group_size) % shape.ranks:
-            extra -= 1  # a program's batch is filled to the ranks by fill_episode_batch instead
+        extra = len(self.best)
+        if keys.EPISODE_IDS not in batch:  # a program's batch is filled to the ranks by fill_episode_batch instead
+            extra = most_over_ranks(extra, len(set(batch[keys.UID])), shape)
         pieces = [batch, *(round_batch.index(rows) for _, _, round_batch, rows in self.best[:extra])]
         for index, piece in enumerate(pieces):
             piece.tensors[keys.KL_ONLY] = torch.full((len(piece),), index > 0)

@@ -11,7 +11,7 @@ from posttrain import keys
 from posttrain.algos import overlong_penalty, rows_of_varied_groups
 from posttrain.metrics import mean, total, values
 from posttrain.protocol import Batch
-from posttrain.rollout.groups import UpdateBatchShape, dynamic_sample
+from posttrain.rollout.groups import UpdateBatchShape, dynamic_sample, most_over_ranks
 from posttrain.algos import get_advantage_estimator
 from posttrain.protocol import mini_batch_count
 from posttrain.trainer.learn import apply_overlong_penalty, compute_advantages
@@ -109,6 +109,7 @@ def test_kl_groups_keep_the_best_scored_dropped_groups_after_the_batch_marked_fo
     # 4 ranks: 7 groups of 2 samples do not divide, 6 do
     batch, metrics = dynamic_sample(first, again, 4, 10, UpdateBatchShape(4, 2, 4), pad_token_id=0, kl_groups=3)
     assert list(dict.fromkeys(batch[keys.UID]))[4:] == ["a:0", "b:1"] and metrics["dynamic_sampling/kl_groups"].value == 2
+    assert most_over_ranks(3, 1, UpdateBatchShape(4, 2, 4)) == 3 and most_over_ranks(3, 2, UpdateBatchShape(4, 2, 4)) == 2  # counts the groups before
     # none asked for: the batch as before, no group count of its own
     batch, metrics = dynamic_sample(first, again, 4, 10, UpdateBatchShape(4, 2, 1), pad_token_id=0)
     assert len(set(batch[keys.UID])) == 4 and keys.GROUP_COUNT not in batch.meta and "dynamic_sampling/kl_groups" not in metrics
