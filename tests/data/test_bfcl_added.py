@@ -348,3 +348,63 @@ def test_distractors_put_near_functions_first_and_leave_out_namesakes_and_the_qu
     (short,) = distractors([asked], donors, 1, 3, lambda q: len(q.functions) > 2)
     assert len(short.functions) == 2 and "order_taxi" in [f["name"] for f in short.functions]  # one fewer, near kept
     assert distractors([asked], donors, 1, 0, lambda q: True) == []
+
+
+def test_outside_irrelevance_asks_a_gsm8k_problem_with_a_taught_question_s_functions(tmp_path, capsys):
+    """outside_irrelevance=N: irrelevance rows whose question is a GSM8K train word problem (the vendored copy), asked
+    with the functions of a taught question that share no subject word with it and name no arithmetic; no call is
+    right, SFT says so. dev_outside=N makes them from GSM8K's test problems and the held-back questions' functions, in
+    dev_outside.parquet only; every other row and transcript is as without the options."""
+    from posttrain.data.preparers import gsm8k
+    from posttrain.data.preparers.bfcl_added import _ARITHMETIC_WORDS
+
+    assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=80", "sft_val_size=30", "outside_irrelevance=8",
+                 "dev_outside=3", "multi_turn="]) == 0
+    printed = capsys.readouterr().out
+    assert "outside_irrelevance rows (outside_irrelevance=8): 8" in printed and "dev_outside.parquet (dev_outside=3): 3" in printed
+    train, sft = _rows(tmp_path / "train.parquet"), _rows(tmp_path / "sft.parquet")
+    plain = tmp_path / "plain"
+    prepare("bfcl", plain, limit=80, sft_val_size=30, multi_turn="")
+    assert _rows(plain / "train.parquet") == [r for r in train if r["extra_info"]["category"] != "outside_irrelevance"]
+    assert _rows(plain / "sft.parquet") == [r for r in sft if r["extra_info"]["category"] != "outside_irrelevance"]
+    in_sft = {r["extra_info"]["id"]: r["extra_info"]["in_sft"] for r in train}
+    transcripts = {r["extra_info"]["id"]: r["messages"] for r in sft}
+    made = [r for r in train if r["extra_info"]["category"] == "outside_irrelevance"]
+    for rows, split, taught in [(made, "train", True), (_rows(tmp_path / "dev_outside.parquet"), "test", False)]:
+        problems = [p["question"] for p in gsm8k.vendored(split)]
+        assert len(rows) == len({r["extra_info"]["id"] for r in rows}) == (8 if taught else 3)
+        for row in rows:
+            index, donor = row["extra_info"]["id"].removeprefix(f"outside_gsm8k-{split}-").split("+")
+            assert row["prompt"] == [{"role": "user", "content": problems[int(index)]}] and in_sft[donor] is taught
+            functions = json.loads(row["extra_info"]["bfcl_functions"])
+            words = bfcl.subject_words(functions)
+            assert not words & bfcl.question_words(problems[int(index)]) and not words & _ARITHMETIC_WORDS
+            assert row["reward_model"]["ground_truth"] == "[]" and bfcl.check_calls([], [], row["extra_info"]).valid
+            assert not bfcl.check_calls([{"name": functions[0]["name"], "arguments": {}}], [], row["extra_info"]).valid
+            assert transcripts[row["extra_info"]["id"]][-1]["content"] == NO_FUNCTION_ANSWER if taught else row["extra_info"]["id"] not in transcripts
+
+
+def test_outside_rows_offer_no_calculator_and_nothing_the_problem_names():
+    """A question whose functions do arithmetic, or share a longer word with the problem, never lends its functions; a
+    problem with no question left is skipped; a row over the cap is left out; count rows at most, each problem once."""
+    from posttrain.data.preparers import gsm8k
+    from posttrain.data.preparers.bfcl import Question
+    from posttrain.data.preparers.bfcl_added import outside
+
+    def question(qid, name, description):
+        return Question(qid, "live_simple", [{"role": "user", "content": "q"}], [{"name": name, "description": description}], [{name: {}}])
+
+    problems = [p["question"] for p in gsm8k.vendored("train")]
+    calculator = question("calc", "calculator.multiply", "Multiplies two numbers")
+    weather = question("weather", "get_weather", "Current weather of a city")
+    rows = outside("train", [calculator, weather], 20, 0, lambda q: False)
+    assert len(rows) == 20 and len({r.id.split("+")[0] for r in rows}) == 20
+    assert {r.id.split("+")[1] for r in rows} == {"weather"} and all(r.ground_truth == [] and r.category == "outside_irrelevance" for r in rows)
+    assert all(r.messages[0]["content"] == problems[int(r.id.split("+")[0].rsplit("-", 1)[1])] for r in rows)
+    # a donor sharing a problem's word lends to every problem but those that hold that word
+    eggs = question("eggs", "egg_timer", "Counts minutes for boiling")
+    for row in outside("train", [eggs], 40, 0, lambda q: False):
+        assert not {"minutes", "boiling"} & {w.lower() for w in re.findall(r"[A-Za-z]{5,}", row.messages[0]["content"])}
+    assert outside("train", [calculator], 5, 0, lambda q: False) == []
+    assert outside("train", [weather], 5, 0, lambda q: True) == []
+    assert outside("train", [weather], 0, 0, lambda q: False) == []

@@ -100,6 +100,12 @@ value (which values, and what is left out so the label stays right: :func:`~post
 a live_multiple question keeps its functions) says which taught questions are asked so. ``dev_values=N`` writes
 ``dev_values.parquet`` the same way from the questions SFT holds back, asking 2 to ``dev_most_calls`` values, for
 validation only: the development split's stand-in for BFCL's parallel rows, which ``dev_pairs`` (several questions) is not.
+``outside_irrelevance=N`` adds N training rows of category ``outside_irrelevance``: a GSM8K word problem (train split, the
+copy shipped with posttrain) asked with a taught question's functions that share no subject word with it and name no
+arithmetic (:func:`~posttrain.data.preparers.bfcl_added.outside`); no call is right and its SFT transcript says so. BFCL's
+held-out ``irrelevance`` rows ask questions of a kind no training category asks (a computation in words, one function
+about something else), where the swapped rows ask live ones. ``dev_outside=N`` writes ``dev_outside.parquet`` from GSM8K's
+test problems and the functions of the questions SFT holds back, for validation only.
 The row-making code is :mod:`posttrain.data.preparers.bfcl_added`.
 ``near_irrelevance=true`` gives the live_irrelevance training questions that share a subject word with their
 functions (near misses, where RL learns to call wrongly: docs/bfcl_runs.md) the category ``live_irrelevance_near``, so a
@@ -247,6 +253,7 @@ def prepare_bfcl(
     parallel_pairs: int = 0, union_pairs: int = 0, most_calls: int = 2,
     swapped_irrelevance: int = 0, dev_swapped: int = 0,
     masked_irrelevance: int = 0, dev_masked: int = 0, distractors: int = 0, dev_distractors: int = 0, multi_value: int = 0, dev_values: int = 0,
+    outside_irrelevance: int = 0, dev_outside: int = 0,
     values_from: str = added_rows.VALUES_FROM[0],
     dev_pairs: int = 0, dev_most_calls: int = 2, dev_prompt_tokens: int | None = None,
     near_irrelevance: bool = False, joined_values: bool = False,
@@ -335,6 +342,8 @@ def _added(train: list[Question], written: dict[str, Any], held: set[str], seed:
                                               most_calls=most_calls, kinds=values_from),
         "dev_values": added_rows.multi_value(validated, with_calls, made["dev_values"], seed, dev_too_long, most_calls=dev_most_calls,
                                              kinds=values_from),
+        "outside_irrelevance": added_rows.outside("train", taught, made["outside_irrelevance"], seed, too_long),
+        "dev_outside": added_rows.outside("test", validated, made["dev_outside"], seed, dev_too_long),
     }
     report.made = {option: (len(rows), made[option], Counter(len(q.ground_truth) for q in rows)) for option, rows in added.items() if made[option]}
     return added
@@ -379,7 +388,8 @@ def checked_options(given: dict[str, Any]) -> tuple[dict[str, list[str]], dict[s
     _categories(given["multi_turn"], "multi_turn", MULTI_TURN_CATEGORIES, empty=True)
     _categories(given["values_from"], "values_from", added_rows.VALUES_FROM)
     made = {name: given[name] for name in ("parallel_pairs", "union_pairs", "swapped_irrelevance", "dev_swapped", "masked_irrelevance",
-                                           "dev_masked", "dev_pairs", "distractors", "dev_distractors", "multi_value", "dev_values")}
+                                           "dev_masked", "dev_pairs", "distractors", "dev_distractors", "multi_value", "dev_values",
+                                           "outside_irrelevance", "dev_outside")}
     _check_options(splits, given["max_prompt_tokens"], given["limit"], given["sft_val_size"], given["no_call_share"], made,
                    given["most_calls"], given["dev_most_calls"], given["dev_prompt_tokens"], given["rl_prompt_tokens"])
     return splits, made

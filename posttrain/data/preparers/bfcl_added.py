@@ -3,7 +3,8 @@
 at once), ``swapped_irrelevance`` (a question asked with another question's functions, about something else), ``masked_irrelevance`` (a
 question asked with its own functions less the ones its answer calls) and ``distractors`` / ``dev_distractors`` (a question
 asked with its own function among others' functions) and ``multi_value`` (a question asked for several values of one
-argument at once). Each is a seeded draw; ``too_long(row)``
+argument at once) and ``outside_irrelevance`` / ``dev_outside`` (a word problem from outside BFCL asked with a
+question's functions). Each is a seeded draw; ``too_long(row)``
 says which rows the prompt cap leaves out."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from dataclasses import replace
 from typing import Any, Callable, Protocol, TypeVar
 
+from posttrain.data.preparers import gsm8k
 from posttrain.rewards.bfcl import ast_checker, bfcl_module, name_words, question_words, subject_words
 
 
@@ -52,8 +54,16 @@ JOINED_SUFFIX, _JOIN_GAP = "_joined", 40
 # distractors: questions of this category (one function, one call) asked with their function among others', answered by their call
 DISTRACTED_FROM, DISTRACTED_CATEGORY = "live_simple", "synthetic_multiple"
 
+# outside_irrelevance: word problems from outside BFCL (GSM8K, shipped with posttrain), a kind of question no BFCL training
+# category asks, each asked with a taught question's functions about something else
+OUTSIDE_CATEGORY = "outside_irrelevance"
+# subject words of functions that could do a step of a word problem's arithmetic: none such is offered with one
+_ARITHMETIC_WORDS = frozenset("""calculate calculator calculation compute arithmetic math mathematical multiply divide subtract
+sum equation formula percentage""".split())
+
 # the options that add training rows (with their SFT transcripts), and each added-rows option's report line
-TRAIN_OPTIONS = ("parallel_pairs", "union_pairs", "swapped_irrelevance", "masked_irrelevance", "distractors", "multi_value")
+TRAIN_OPTIONS = ("parallel_pairs", "union_pairs", "swapped_irrelevance", "masked_irrelevance", "distractors", "multi_value",
+                 "outside_irrelevance")
 REPORT_LINES = {
     "parallel_pairs": (f"{PAIRS_CATEGORY} rows", f", two (to most_calls) {PAIRED_CATEGORY} questions with the "
                        "same functions asked together, in train and SFT"),
@@ -77,6 +87,10 @@ REPORT_LINES = {
                    "dev_most_calls) values of one argument, for evaluation only"),
     "dev_distractors": ("dev_distractors.parquet", f" {DISTRACTED_CATEGORY} rows, an SFT validation question asked "
                         "with its function among 1 to 3 others', for evaluation only"),
+    "outside_irrelevance": (f"{OUTSIDE_CATEGORY} rows", ", a GSM8K train word problem asked with a taught question's "
+                            "functions, in train and SFT"),
+    "dev_outside": ("dev_outside.parquet", f" {OUTSIDE_CATEGORY} rows, a GSM8K test word problem asked with an SFT "
+                    "validation question's functions, for evaluation only"),
 }
 
 # verbs that start many functions' names: two names sharing only one of them do not do the same thing
@@ -190,6 +204,32 @@ def swapped(pool: list[Question], count: int, seed: int, too_long: TooLong) -> l
         return None if too_long(row) else row
 
     return _drawn(asked, count, rng, swap)
+
+
+def outside(split: str, pool: list[Question], count: int, seed: int, too_long: TooLong) -> list[Question]:
+    """Up to ``count`` irrelevance rows of category :data:`OUTSIDE_CATEGORY`: a GSM8K word problem of ``split`` (the
+    copy vendored in posttrain; a seeded draw, each asked once) asked with the functions of a question of ``pool``
+    (questions with calls; a seeded draw) that share no subject word (:func:`~posttrain.rewards.bfcl.subject_words`) with
+    the problem's longer words and have none of :data:`_ARITHMETIC_WORDS` (a calculator could do a step of the problem).
+    The rows' ids name both: ``outside_gsm8k-train-12+live_simple_3-2-1`` is problem 12 asked with that question's functions."""
+    if count == 0:
+        return []
+    problems = [problem["question"] for problem in gsm8k.vendored(split)]
+    donors = [(d, words) for d in pool if not (words := subject_words(d.functions)) & _ARITHMETIC_WORDS]
+    rng = random.Random(f"{seed} outside")
+
+    def ask(numbered: tuple[int, str]) -> Question | None:
+        index, problem = numbered
+        own = question_words(problem)
+        fitting = [d for d, words in donors if not own & words]
+        if not fitting:
+            return None
+        donor = rng.choice(fitting)
+        row = replace(donor, id=f"outside_gsm8k-{split}-{index}+{donor.id}", category=OUTSIDE_CATEGORY,
+                      messages=[{"role": "user", "content": problem}], ground_truth=[])
+        return None if too_long(row) else row
+
+    return _drawn(list(enumerate(problems)), count, rng, ask)
 
 
 def _stem_words(name: str) -> set[str]:

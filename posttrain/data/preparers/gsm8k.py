@@ -68,11 +68,16 @@ def _problems(split: str) -> list[dict[str, str]]:
         path = hf_hub_download(DATA_SOURCE, HUB_FILES[split], repo_type="dataset")
     except Exception as err:  # noqa: BLE001 - offline, unreachable, or not cached: the vendored copy is the same data
         print(f"posttrain: GSM8K {split} from the copy vendored in posttrain (the Hub: {type(err).__name__})", file=sys.stderr)
-        return _read_jsonl(VENDORED_DIR / f"{split}.jsonl")
+        return vendored(split)
     import pyarrow.parquet as pq
 
     print(f"posttrain: GSM8K {split} from the Hugging Face Hub ({DATA_SOURCE}, {path})", file=sys.stderr)
     return [{"question": row["question"], "answer": row["answer"]} for row in pq.read_table(path).to_pylist()]
+
+
+def vendored(split: str) -> list[dict[str, str]]:
+    """The split's problems (``question``, ``answer``) from the copy vendored in posttrain, read offline."""
+    return _read_jsonl(VENDORED_DIR / f"{split}.jsonl")
 
 
 def _read_jsonl(path: Path) -> list[dict[str, str]]:
