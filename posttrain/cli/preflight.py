@@ -7,7 +7,8 @@ is for (:func:`implied_command`), so that it refuses exactly what that command w
 take the config as checked and judge only what depends on the data (e.g. a schedule's warm-up
 against the number of steps the dataset gives).
 
-``config/validate.py`` holds the config's own rules (choices, ranges, batch arithmetic). The rules here
+``config/validate.py`` holds the config's own rules (choices, ranges, batch arithmetic; the algorithm's settings in
+``config/algorithm_checks.py``). The rules here
 belong to the pieces a run will build, and each is asked of that piece, so that it is written once:
 the training engine's settings (optimizer, schedule, dtype, LoRA) and the rollout engine's sampling
 settings, built from the config exactly as the workers build them (``workers/engines.py``); the
@@ -26,7 +27,8 @@ from typing import Any
 
 from posttrain.config import PosttrainConfig, load_config
 from posttrain.config.schema import SFTConfig
-from posttrain.config.validate import CHOICES, advantage_estimator_of, critic_enabled, get, validate_config
+from posttrain.config.algorithm_checks import advantage_estimator_of, critic_enabled
+from posttrain.config.validate import CHOICES, get, validate_config
 from posttrain.errors import InputError, InvalidSettings, Problem
 from posttrain.trainer.data_setup import builtin_option_problems
 

@@ -241,7 +241,7 @@ class FilterGroupsConfig:
     # groups without reward spread kept anyway, after the batch's, at advantage 0 (marked kl_only): the KL loss (and an entropy
     # bonus) still counts them, so what the policy already answers alike in every sample is held to the reference; the
     # best-scored first (all answers right before all wrong), earlier rounds first among equals; no optimizer steps of their own.
-    # The config check says what it needs (validate.check_kl_groups); the update's token mean counts their tokens too
+    # The config check says what it needs (algorithm_checks.check_kl_groups); the update's token mean counts their tokens too
     kl_groups: int = 0
 
 

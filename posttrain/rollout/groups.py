@@ -18,7 +18,7 @@ import torch
 from posttrain import keys
 from posttrain.algos import first_rows, groups_with_spread, normalize_episode_rewards, rows_of_varied_groups
 from posttrain.config.schema import PosttrainConfig
-from posttrain.config.validate import critic_enabled
+from posttrain.config.algorithm_checks import critic_enabled
 from posttrain.protocol import Batch
 from posttrain.metrics import Metrics, mean, merge, total
 from posttrain.rollout.batching import group_ids_of, join_rollouts

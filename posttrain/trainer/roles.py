@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from posttrain.config.schema import PosttrainConfig
-from posttrain.config.validate import critic_enabled
+from posttrain.config.algorithm_checks import critic_enabled
 from posttrain.controller import ResourcePool, ResourcePoolManager, WorkerGroup, WorkerSpec, kill_group, spawn_pools
 from posttrain.controller.memory import MEMORY_METRIC
 from posttrain.metrics import Metrics, maximum, merge

@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 from posttrain.agents.env import EpisodeSample
 from posttrain.config.mixture import mixture_sources
 from posttrain.config.schema import PosttrainConfig
-from posttrain.config.validate import critic_enabled
+from posttrain.config.algorithm_checks import critic_enabled
 from posttrain.models import load_tokenizer, resolve_model
 from posttrain.rollout import Rollout, build_rollout
 from posttrain.rollout.mixture import rollout_parts

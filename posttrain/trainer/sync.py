@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from posttrain import keys
 from posttrain.config.schema import PosttrainConfig
-from posttrain.config.validate import needs_greedy_baseline
+from posttrain.config.algorithm_checks import needs_greedy_baseline
 from posttrain.metrics import Metrics, values
 from posttrain.protocol import Batch
 from posttrain.rollout import Rollout, repeat_for_groups

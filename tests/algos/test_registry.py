@@ -82,7 +82,7 @@ def test_the_trainer_and_config_check_read_what_an_estimator_declares_not_its_na
     from posttrain.algos.registry import AdvantageEstimator
     from posttrain.cli.preflight import load_run_config
     from posttrain.config import ConfigError, load_config
-    from posttrain.config.validate import critic_enabled, needs_greedy_baseline
+    from posttrain.config.algorithm_checks import critic_enabled, needs_greedy_baseline
     from posttrain.trainer.learn import advantage_estimator
     from posttrain.trainer.sync import GreedyBaseline, estimator_phases
 
