@@ -87,11 +87,12 @@ def split_files(data: DataConfig, key: str, directory: Path | None) -> list[str]
 
 def _dataset_sources(name: str, options: dict[str, Any]) -> bytes:
     """What a built-in dataset depends on besides its options, so that a change writes it anew: the
-    preparer's source and its helpers beside it (``bfcl.py`` and ``bfcl_added.py``), the environments its experts
-    play and the tools they call (``posttrain/agents``, ``posttrain/tools``), and the contents of any option that
-    names a file (``source_file``)."""
+    preparers' sources (one reads another's: bfcl's ``outside_irrelevance`` rows are GSM8K's problems) and the data
+    vendored in posttrain, the environments its experts play and the tools they call (``posttrain/agents``,
+    ``posttrain/tools``), and the contents of any option that names a file (``source_file``)."""
     preparer = Path(inspect.getfile(get_preparer(name)))
-    helpers = sorted(preparer.parent.glob(f"{preparer.stem}_*.py"))
+    helpers = sorted(path for path in [*preparer.parent.glob("*.py"), *(preparer.parents[1] / "vendor").rglob("*")]
+                     if path != preparer and path.is_file())
     agents = sorted(path for folder in ("agents", "tools") for path in (preparer.parents[2] / folder).rglob("*.py"))
     files = [value for value in options.values() if isinstance(value, (str, Path)) and Path(value).is_file()]
     return b"".join(Path(path).read_bytes() for path in [preparer, *helpers, *agents, *files])

@@ -305,7 +305,7 @@ def test_the_config_layer_has_no_import_circle_and_imports_nothing_above_it():
 
 
 def test_each_config_module_imports_first_in_a_fresh_interpreter():
-    for module in ("posttrain.config.validate", "posttrain.config.loader", "posttrain.config"):
+    for module in ("posttrain.config.validate", "posttrain.config.algorithm_checks", "posttrain.config.loader", "posttrain.config"):
         code = (f"import sys, {module}; "
                 "print(sorted(m for m in sys.modules if m.startswith('posttrain.') and not m.startswith('posttrain.config')))")
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -356,7 +356,7 @@ def test_outside_irrelevance_asks_a_gsm8k_problem_with_a_taught_question_s_funct
     right, SFT says so. dev_outside=N makes them from GSM8K's test problems and the held-back questions' functions, in
     dev_outside.parquet only; every other row and transcript is as without the options."""
     from posttrain.data.preparers import gsm8k
-    from posttrain.data.preparers.bfcl_added import _ARITHMETIC_WORDS
+    from posttrain.data.preparers.bfcl_added import does_arithmetic
 
     assert main(["prepare", "bfcl", "--out", str(tmp_path), "limit=80", "sft_val_size=30", "outside_irrelevance=8",
                  "dev_outside=3", "multi_turn="]) == 0
@@ -367,6 +367,7 @@ def test_outside_irrelevance_asks_a_gsm8k_problem_with_a_taught_question_s_funct
     prepare("bfcl", plain, limit=80, sft_val_size=30, multi_turn="")
     assert _rows(plain / "train.parquet") == [r for r in train if r["extra_info"]["category"] != "outside_irrelevance"]
     assert _rows(plain / "sft.parquet") == [r for r in sft if r["extra_info"]["category"] != "outside_irrelevance"]
+    assert all(_rows(plain / name) == _rows(tmp_path / name) for name in ("sft_val.parquet", "test.parquet"))
     in_sft = {r["extra_info"]["id"]: r["extra_info"]["in_sft"] for r in train}
     transcripts = {r["extra_info"]["id"]: r["messages"] for r in sft}
     made = [r for r in train if r["extra_info"]["category"] == "outside_irrelevance"]
@@ -378,7 +379,7 @@ def test_outside_irrelevance_asks_a_gsm8k_problem_with_a_taught_question_s_funct
             assert row["prompt"] == [{"role": "user", "content": problems[int(index)]}] and in_sft[donor] is taught
             functions = json.loads(row["extra_info"]["bfcl_functions"])
             words = bfcl.subject_words(functions)
-            assert not words & bfcl.question_words(problems[int(index)]) and not words & _ARITHMETIC_WORDS
+            assert not words & bfcl.question_words(problems[int(index)]) and not does_arithmetic(functions)
             assert row["reward_model"]["ground_truth"] == "[]" and bfcl.check_calls([], [], row["extra_info"]).valid
             assert not bfcl.check_calls([{"name": functions[0]["name"], "arguments": {}}], [], row["extra_info"]).valid
             assert transcripts[row["extra_info"]["id"]][-1]["content"] == NO_FUNCTION_ANSWER if taught else row["extra_info"]["id"] not in transcripts
@@ -397,6 +398,11 @@ def test_outside_rows_offer_no_calculator_and_nothing_the_problem_names():
     problems = [p["question"] for p in gsm8k.vendored("train")]
     calculator = question("calc", "calculator.multiply", "Multiplies two numbers")
     weather = question("weather", "get_weather", "Current weather of a city")
+    # a calculator by its description alone, in any form or language; "summary" and "multiple" are no arithmetic
+    for name, description in [("get_area_of_square", "Calculates the area of a square"), ("obtener_cotizacion", "Calcula el pago mensual"),
+                              ("stats", "The sum of the values"), ("loan_tool", "Computes a loan's monthly payment")]:
+        assert outside("train", [question("x", name, description)], 3, 0, lambda q: False) == []
+    assert len(outside("train", [question("y", "news_summary", "A summary of multiple stories")], 3, 0, lambda q: False)) == 3
     rows = outside("train", [calculator, weather], 20, 0, lambda q: False)
     assert len(rows) == 20 and len({r.id.split("+")[0] for r in rows}) == 20
     assert {r.id.split("+")[1] for r in rows} == {"weather"} and all(r.ground_truth == [] and r.category == "outside_irrelevance" for r in rows)

@@ -64,3 +64,5 @@ def test_the_dataset_cache_key_follows_the_environment_code_and_input_files(tmp_
     assert b"class DoctorEnv" in _dataset_sources("synthetic-doctor", {})
     # and the preparer's helpers beside it: BFCL's added rows are made in bfcl_added.py
     assert b"def masked(" in _dataset_sources("bfcl", {})
+    # bfcl's outside_irrelevance rows are GSM8K's problems: its preparer and the vendored copy count too
+    assert b"def vendored(" in _dataset_sources("bfcl", {}) and b"Natalia sold clips" in _dataset_sources("bfcl", {})

@@ -57,9 +57,11 @@ DISTRACTED_FROM, DISTRACTED_CATEGORY = "live_simple", "synthetic_multiple"
 # outside_irrelevance: word problems from outside BFCL (GSM8K, shipped with posttrain), a kind of question no BFCL training
 # category asks, each asked with a taught question's functions about something else
 OUTSIDE_CATEGORY = "outside_irrelevance"
-# subject words of functions that could do a step of a word problem's arithmetic: none such is offered with one
-_ARITHMETIC_WORDS = frozenset("""calculate calculator calculation compute arithmetic math mathematical multiply divide subtract
-sum equation formula percentage""".split())
+# how the words of functions that could do a step of a word problem's arithmetic begin (any word of their names and
+# descriptions, whatever its length or form: "Calculates", Spanish "Calcula", "sum_numbers"): none such is offered with one
+_ARITHMETIC_STARTS = ("calcul", "comput", "arithmet", "math", "multiply", "multipli", "divid", "division", "subtract", "percent",
+                      "equation", "formula")
+_ARITHMETIC_WORDS = frozenset({"sum", "sums"})  # whole words: not "summary"
 
 # the options that add training rows (with their SFT transcripts), and each added-rows option's report line
 TRAIN_OPTIONS = ("parallel_pairs", "union_pairs", "swapped_irrelevance", "masked_irrelevance", "distractors", "multi_value",
@@ -210,12 +212,12 @@ def outside(split: str, pool: list[Question], count: int, seed: int, too_long: T
     """Up to ``count`` irrelevance rows of category :data:`OUTSIDE_CATEGORY`: a GSM8K word problem of ``split`` (the
     copy vendored in posttrain; a seeded draw, each asked once) asked with the functions of a question of ``pool``
     (questions with calls; a seeded draw) that share no subject word (:func:`~posttrain.rewards.bfcl.subject_words`) with
-    the problem's longer words and have none of :data:`_ARITHMETIC_WORDS` (a calculator could do a step of the problem).
+    the problem's longer words and do no arithmetic (:func:`does_arithmetic`: a calculator could do a step of the problem).
     The rows' ids name both: ``outside_gsm8k-train-12+live_simple_3-2-1`` is problem 12 asked with that question's functions."""
     if count == 0:
         return []
     problems = [problem["question"] for problem in gsm8k.vendored(split)]
-    donors = [(d, words) for d in pool if not (words := subject_words(d.functions)) & _ARITHMETIC_WORDS]
+    donors = [(d, subject_words(d.functions)) for d in pool if not does_arithmetic(d.functions)]
     rng = random.Random(f"{seed} outside")
 
     def ask(numbered: tuple[int, str]) -> Question | None:
@@ -230,6 +232,13 @@ def outside(split: str, pool: list[Question], count: int, seed: int, too_long: T
         return None if too_long(row) else row
 
     return _drawn(list(enumerate(problems)), count, rng, ask)
+
+
+def does_arithmetic(functions: list[dict[str, Any]]) -> bool:
+    """Whether a word of the functions' names or descriptions begins as :data:`_ARITHMETIC_STARTS` or is one of
+    :data:`_ARITHMETIC_WORDS`: ``get_area_of_square``, "Calculates the area of a square", does."""
+    words = set().union(*(name_words(doc["name"]) | set(re.findall(r"[a-z]+", str(doc.get("description", "")).lower())) for doc in functions))
+    return any(word in _ARITHMETIC_WORDS or word.startswith(_ARITHMETIC_STARTS) for word in words)
 
 
 def _stem_words(name: str) -> set[str]:
