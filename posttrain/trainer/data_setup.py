@@ -91,11 +91,11 @@ def _dataset_sources(name: str, options: dict[str, Any]) -> bytes:
     vendored in posttrain, the environments its experts play and the tools they call (``posttrain/agents``,
     ``posttrain/tools``), and the contents of any option that names a file (``source_file``)."""
     preparer = Path(inspect.getfile(get_preparer(name)))
-    helpers = sorted(path for path in [*preparer.parent.glob("*.py"), *(preparer.parents[1] / "vendor").rglob("*")]
-                     if path != preparer and path.is_file())
+    others = sorted(path for path in [*preparer.parent.glob("*.py"), *(preparer.parents[1] / "vendor").rglob("*")]
+                    if path != preparer and path.is_file())
     agents = sorted(path for folder in ("agents", "tools") for path in (preparer.parents[2] / folder).rglob("*.py"))
     files = [value for value in options.values() if isinstance(value, (str, Path)) and Path(value).is_file()]
-    return b"".join(Path(path).read_bytes() for path in [preparer, *helpers, *agents, *files])
+    return b"".join(Path(path).read_bytes() for path in [preparer, *others, *agents, *files])
 
 
 def _prepare(name: str, out_dir: Path, options: dict[str, Any]) -> None:

@@ -352,7 +352,7 @@ def test_distractors_put_near_functions_first_and_leave_out_namesakes_and_the_qu
 
 def test_outside_irrelevance_asks_a_gsm8k_problem_with_a_taught_question_s_functions(tmp_path, capsys):
     """outside_irrelevance=N: irrelevance rows whose question is a GSM8K train word problem (the vendored copy), asked
-    with the functions of a taught question that share no subject word with it and name no arithmetic; no call is
+    with the functions of a taught question that share no subject word with it and do no arithmetic; no call is
     right, SFT says so. dev_outside=N makes them from GSM8K's test problems and the held-back questions' functions, in
     dev_outside.parquet only; every other row and transcript is as without the options."""
     from posttrain.data.preparers import gsm8k

@@ -101,8 +101,8 @@ a live_multiple question keeps its functions) says which taught questions are as
 ``dev_values.parquet`` the same way from the questions SFT holds back, asking 2 to ``dev_most_calls`` values, for
 validation only: the development split's stand-in for BFCL's parallel rows, which ``dev_pairs`` (several questions) is not.
 ``outside_irrelevance=N`` adds N training rows of category ``outside_irrelevance``: a GSM8K word problem (train split, the
-copy shipped with posttrain) asked with a taught question's functions that share no subject word with it and name no
-arithmetic (:func:`~posttrain.data.preparers.bfcl_added.outside`); no call is right and its SFT transcript says so. BFCL's
+copy shipped with posttrain) asked with a taught question's functions that share no subject word with it and do no
+arithmetic by name or description (:func:`~posttrain.data.preparers.bfcl_added.outside`); no call is right and its SFT transcript says so. BFCL's
 held-out ``irrelevance`` rows ask questions of a kind no training category asks (a computation in words, one function
 about something else), where the swapped rows ask live ones. ``dev_outside=N`` writes ``dev_outside.parquet`` from GSM8K's
 test problems and the functions of the questions SFT holds back, for validation only.

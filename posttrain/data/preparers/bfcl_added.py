@@ -237,7 +237,9 @@ def outside(split: str, pool: list[Question], count: int, seed: int, too_long: T
 def does_arithmetic(functions: list[dict[str, Any]]) -> bool:
     """Whether a word of the functions' names or descriptions begins as :data:`_ARITHMETIC_STARTS` or is one of
     :data:`_ARITHMETIC_WORDS`: ``get_area_of_square``, "Calculates the area of a square", does."""
-    words = set().union(*(name_words(doc["name"]) | set(re.findall(r"[a-z]+", str(doc.get("description", "")).lower())) for doc in functions))
+    words = set()
+    for doc in functions:
+        words |= name_words(doc["name"]) | set(re.findall(r"[a-z]+", str(doc.get("description", "")).lower()))
     return any(word in _ARITHMETIC_WORDS or word.startswith(_ARITHMETIC_STARTS) for word in words)
 
 
